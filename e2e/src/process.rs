@@ -1,0 +1,97 @@
+//! Process and port helpers shared by every harness.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A port that was free a moment ago: bind to port 0 and let it go.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("bind 127.0.0.1:0")
+}
+
+/// The path of a server binary installed by `e2e/setup.sh`, from `var`.
+pub fn binary_from_env(var: &str) -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os(var)
+        .map(PathBuf::from)
+        .ok_or_else(|| anyhow::anyhow!("{var} is not set: run `source e2e/env.sh` (it installs the server)"))?;
+    anyhow::ensure!(path.exists(), "{var}={} does not exist: run e2e/setup.sh", path.display());
+    Ok(path)
+}
+
+/// Kills (SIGKILL) and reaps the child when dropped. Output goes to a log
+/// file in the test's temp dir, printed by [`ChildGuard::log`] on failure.
+pub struct ChildGuard {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl ChildGuard {
+    /// Spawn `cmd` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> anyhow::Result<ChildGuard> {
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+        let err = out.try_clone()?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = cmd.spawn().map_err(|e| anyhow::anyhow!("spawn {name} ({:?}): {e}", cmd.get_program()))?;
+        Ok(ChildGuard { name: name.to_string(), child: Some(child), log })
+    }
+
+    /// The process output so far (for assertion messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn id(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// Stop the process now (SIGKILL) and wait for it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Wait until something accepts TCP connections on `addr`.
+pub async fn wait_for_tcp(addr: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "nothing listening on {addr} after {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Wait until `GET url` answers 2xx.
+pub async fn wait_for_http(url: &str, timeout: Duration) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + timeout;
+    loop {
+        match client.get(url).timeout(Duration::from_secs(2)).send().await {
+            Ok(r) if r.status().is_success() => return Ok(()),
+            _ => {}
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{url} not ready after {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,160 @@
+//! The spine, end to end on real parts: a change in a real Consul reaches a
+//! real Envoy through meshbridge (in-process, on free ports).
+//!
+//! Needs `source e2e/env.sh` (MESHBRIDGE_CONSUL_BIN, MESHBRIDGE_ENVOY_BIN).
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant, SystemTime};
+
+use meshbridge::run::{App, RunArgs};
+use meshbridge::translate::envoy::ENDPOINT_TYPE;
+use meshbridge_e2e::backend::Backend;
+use meshbridge_e2e::consul::{CheckStatus, Consul};
+use meshbridge_e2e::envoy::{AdsMode, Envoy};
+use serde_json::json;
+
+const CLUSTER: &str = "outbound|8080||web.dc1.consul";
+
+async fn start_meshbridge(consul: &Consul, dir: &std::path::Path) -> anyhow::Result<App> {
+    // vport pins the service port at 8080 whatever ports the instances use,
+    // so the static route's cluster name is stable; endpoints keep theirs.
+    std::fs::write(
+        dir.join("mcpbridge.yaml"),
+        format!(
+            r#"apiVersion: networking.higress.io/v1
+kind: McpBridge
+metadata: {{ name: default, namespace: higress-system }}
+spec:
+  registries:
+    - type: consul
+      name: local
+      domain: 127.0.0.1
+      port: {port}
+      consulDatacenter: dc1
+      consulRefreshInterval: 5000000000
+      vport: {{ default: 8080 }}
+"#,
+            port = consul.http_port
+        ),
+    )?;
+    App::start(RunArgs {
+        config_dir: dir.to_path_buf(),
+        xds_addr: "127.0.0.1:0".parse()?,
+        admin_addr: "127.0.0.1:0".parse()?,
+    })
+    .await
+}
+
+fn instance(id: &str, backend: &Backend, address: &str) -> serde_json::Value {
+    json!({
+        "ID": id,
+        "Name": "web",
+        "Address": address,
+        "Port": backend.addr.port(),
+        "Check": { "CheckID": format!("{id}-ttl"), "TTL": "300s", "Status": "passing" },
+    })
+}
+
+/// Send `n` requests through Envoy and collect the statuses and bodies.
+async fn sample(envoy: &Envoy, n: usize) -> (BTreeSet<u16>, BTreeSet<String>) {
+    let mut statuses = BTreeSet::new();
+    let mut bodies = BTreeSet::new();
+    for _ in 0..n {
+        match envoy.get("/").await {
+            Ok((status, body)) => {
+                statuses.insert(status);
+                if status == 200 {
+                    bodies.insert(body);
+                }
+            }
+            Err(_) => {
+                statuses.insert(0);
+            }
+        }
+    }
+    (statuses, bodies)
+}
+
+/// Poll until 20 requests in a row give exactly `want` (bodies of 200s, or
+/// the single status when `want_status` is not 200).
+async fn wait_for_traffic(envoy: &Envoy, want_status: u16, want: &[&str], what: &str) {
+    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (statuses, bodies) = sample(envoy, 20).await;
+        if statuses == BTreeSet::from([want_status]) && bodies == want {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("{what}: got statuses {statuses:?} bodies {bodies:?}, want {want_status} {want:?}\n{}", envoy.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Time from `since` until Envoy ACKs an EDS response sent after it.
+async fn eds_ack_after(app: &App, since: SystemTime) -> Duration {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let acked = app.clients.snapshot().into_iter().filter_map(|c| c.types.get(ENDPOINT_TYPE)?.last_ack_time).max();
+        if let Some(t) = acked.filter(|t| *t > since) {
+            return t.duration_since(since).unwrap_or_default();
+        }
+        assert!(Instant::now() < deadline, "no EDS ACK after the change");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+async fn spine(mode: AdsMode) {
+    let mut consul = Consul::start().await.expect("start consul");
+    let dir = tempfile::tempdir().unwrap();
+    let app = start_meshbridge(&consul, dir.path()).await.expect("start meshbridge");
+    let b1 = Backend::start("127.0.0.1", "backend-1").await.unwrap();
+    let b2 = Backend::start("127.0.0.1", "backend-2").await.unwrap();
+    consul.register(instance("web-1", &b1, "127.0.0.1")).await.unwrap();
+    // No service address: the node's address must be used.
+    consul.register(instance("web-2", &b2, "")).await.unwrap();
+
+    let envoy = Envoy::start(app.xds_addr, mode, CLUSTER).await.expect("start envoy");
+    wait_for_traffic(&envoy, 200, &["backend-1", "backend-2"], "both instances serve").await;
+
+    // A failing check removes that instance alone.
+    let t0 = SystemTime::now();
+    consul.set_ttl_check("web-2-ttl", CheckStatus::Fail).await.unwrap();
+    let latency = eds_ack_after(&app, t0).await;
+    println!("FIGURE consul_change_to_envoy_eds_ack mode={mode:?} ms={:.1}", latency.as_secs_f64() * 1e3);
+    wait_for_traffic(&envoy, 200, &["backend-1"], "failed check removes web-2").await;
+
+    // Deregistering the last passing instance empties the cluster: 503.
+    consul.deregister("web-1").await.unwrap();
+    wait_for_traffic(&envoy, 503, &[], "last instance gone").await;
+
+    // Back to one instance, then Consul goes away: the endpoint must stay.
+    consul.register(instance("web-1", &b1, "127.0.0.1")).await.unwrap();
+    wait_for_traffic(&envoy, 200, &["backend-1"], "re-registered").await;
+    consul.stop();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while app.cache.statuses().iter().any(|(_, st, ..)| st.healthy) {
+        assert!(Instant::now() < deadline, "registry still reported healthy with Consul stopped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (statuses, bodies) = sample(&envoy, 20).await;
+    assert_eq!(
+        (statuses, bodies),
+        (BTreeSet::from([200]), BTreeSet::from(["backend-1".to_string()])),
+        "Consul outage must keep endpoints"
+    );
+    let clusters = envoy.admin("/clusters").await.unwrap();
+    assert!(clusters.contains(&format!("{CLUSTER}::{}", b1.addr)), "envoy lost the endpoint:\n{clusters}");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_to_envoy_sotw() {
+    spine(AdsMode::Sotw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_to_envoy_delta() {
+    spine(AdsMode::Delta).await;
+}

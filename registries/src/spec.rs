@@ -1,0 +1,154 @@
+//! The validated registry configuration a watcher is built from. The binary
+//! turns a Higress `McpBridge` registry entry into this; the reconciler
+//! compares specs to decide whether a watcher must restart.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// Registry types, spelled as in Higress's `McpBridge.spec.registries[].type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RegistryKind {
+    Nacos,
+    Nacos2,
+    Nacos3,
+    Consul,
+    Zookeeper,
+    Eureka,
+    Static,
+    Dns,
+}
+
+impl RegistryKind {
+    pub const ALL: [RegistryKind; 8] = [
+        RegistryKind::Nacos,
+        RegistryKind::Nacos2,
+        RegistryKind::Nacos3,
+        RegistryKind::Consul,
+        RegistryKind::Zookeeper,
+        RegistryKind::Eureka,
+        RegistryKind::Static,
+        RegistryKind::Dns,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RegistryKind::Nacos => "nacos",
+            RegistryKind::Nacos2 => "nacos2",
+            RegistryKind::Nacos3 => "nacos3",
+            RegistryKind::Consul => "consul",
+            RegistryKind::Zookeeper => "zookeeper",
+            RegistryKind::Eureka => "eureka",
+            RegistryKind::Static => "static",
+            RegistryKind::Dns => "dns",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RegistryKind> {
+        RegistryKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl fmt::Display for RegistryKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A secret value. Its `Debug` never shows the value, so a spec can be
+/// logged or put in an error without leaking credentials.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+    /// The value itself, for the one place that sends it to the registry.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Everything a watcher needs, already validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegistrySpec {
+    pub kind: RegistryKind,
+    pub name: String,
+    /// Address (host name, IP, or comma list for static/dns/eureka).
+    pub domain: String,
+    pub port: u16,
+    /// `protocol` field: the default protocol of the registry's services.
+    pub protocol: Option<String>,
+    pub sni: Option<String>,
+    pub proxy_name: Option<String>,
+    /// `vport`: the service port to expose instead of the instances' port.
+    pub vport_default: Option<u16>,
+    pub vport_services: BTreeMap<String, u16>,
+
+    pub nacos_address_server: Option<String>,
+    pub nacos_access_key: Option<Secret>,
+    pub nacos_secret_key: Option<Secret>,
+    pub nacos_namespace_id: Option<String>,
+    pub nacos_namespace: Option<String>,
+    pub nacos_groups: Vec<String>,
+    pub nacos_refresh_interval: Option<Duration>,
+
+    pub consul_namespace: Option<String>,
+    pub consul_datacenter: Option<String>,
+    pub consul_service_tag: Option<String>,
+    pub consul_refresh_interval: Option<Duration>,
+
+    pub zk_services_path: Vec<String>,
+
+    /// Data of the Secret named by `authSecretName`, resolved by the binary.
+    /// Keys as in Higress: `consulToken`, `nacosUsername`, `nacosPassword`.
+    pub auth: BTreeMap<String, Secret>,
+}
+
+impl RegistrySpec {
+    /// A spec with only the common fields set; the rest default.
+    pub fn new(kind: RegistryKind, name: impl Into<String>, domain: impl Into<String>, port: u16) -> Self {
+        RegistrySpec {
+            kind,
+            name: name.into(),
+            domain: domain.into(),
+            port,
+            protocol: None,
+            sni: None,
+            proxy_name: None,
+            vport_default: None,
+            vport_services: BTreeMap::new(),
+            nacos_address_server: None,
+            nacos_access_key: None,
+            nacos_secret_key: None,
+            nacos_namespace_id: None,
+            nacos_namespace: None,
+            nacos_groups: Vec::new(),
+            nacos_refresh_interval: None,
+            consul_namespace: None,
+            consul_datacenter: None,
+            consul_service_tag: None,
+            consul_refresh_interval: None,
+            zk_services_path: Vec::new(),
+            auth: BTreeMap::new(),
+        }
+    }
+
+    /// The service port to expose for `service`: the vport override for that
+    /// service, else the registry default, else `None` (use the instances').
+    pub fn vport_for(&self, service: &str) -> Option<u16> {
+        self.vport_services.get(service).copied().or(self.vport_default)
+    }
+
+    /// `domain:port` without credentials, for logs and the admin API.
+    pub fn endpoint(&self) -> String {
+        format!("{}:{}", self.domain, self.port)
+    }
+}

@@ -1,0 +1,343 @@
+//! The memory cache of per-registry services.
+//!
+//! Each registry owns a map host → service that only its own watcher writes
+//! (through a [`RegistrySink`]). Readers take a merged, ordered view. Every
+//! change that alters content bumps a revision on a `watch` channel, which
+//! coalesces bursts: the publisher always translates the newest state.
+//!
+//! Outage rule: only answers from a registry change its services. Errors
+//! update the registry's status and nothing else, so endpoints survive a
+//! registry that goes away.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use meshbridge_registries::{RegistryError, RegistryKind, Service, Sink, Update};
+use serde::Serialize;
+use tokio::sync::watch;
+use tracing::debug;
+
+/// Registries are keyed by (type, name), as the reconciler diffs them.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RegistryKey {
+    pub kind: RegistryKind,
+    pub name: String,
+}
+
+impl RegistryKey {
+    pub fn new(kind: RegistryKind, name: impl Into<String>) -> Self {
+        RegistryKey { kind, name: name.into() }
+    }
+}
+
+impl fmt::Display for RegistryKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.kind, self.name)
+    }
+}
+
+/// What we know about a registry's health, from real calls to it.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegistryStatus {
+    /// The most recent call to the registry succeeded.
+    pub healthy: bool,
+    /// The first full sync has completed.
+    pub ready: bool,
+    pub last_sync_time: Option<SystemTime>,
+    pub last_change_time: Option<SystemTime>,
+    pub last_error: Option<String>,
+    pub last_error_time: Option<SystemTime>,
+    pub consecutive_failures: u64,
+}
+
+#[derive(Debug, Default)]
+struct RegistryEntry {
+    /// Bumped each time a watcher is (re)started, so that a stopped
+    /// watcher's late updates are dropped.
+    generation: u64,
+    services: BTreeMap<String, Arc<Service>>,
+    status: RegistryStatus,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    registries: BTreeMap<RegistryKey, RegistryEntry>,
+    revision: u64,
+}
+
+/// Service cache shared by watchers (writers) and the publisher (reader).
+#[derive(Debug)]
+pub struct Cache {
+    state: Mutex<State>,
+    changed: watch::Sender<u64>,
+}
+
+/// A service with the registry that reported it.
+#[derive(Debug, Clone)]
+pub struct CachedService {
+    pub registry: RegistryKey,
+    pub service: Arc<Service>,
+}
+
+/// A merged view of the cache at one revision.
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    pub revision: u64,
+    /// Services by host; on a host reported by several registries the first
+    /// registry in key order wins and the clash is listed in `conflicts`.
+    pub services: BTreeMap<String, CachedService>,
+    pub conflicts: Vec<String>,
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Cache { state: Mutex::new(State::default()), changed: watch::channel(0).0 }
+    }
+}
+
+impl Cache {
+    pub fn new() -> Arc<Cache> {
+        Arc::new(Cache::default())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic elsewhere while holding the lock must not take the cache
+        // down with it: the data is always left consistent between calls.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Revision changes whenever content changes.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn bump(&self, state: &mut State) {
+        state.revision += 1;
+        self.changed.send_replace(state.revision);
+    }
+
+    /// Prepare for a (new or restarted) watcher of `key` and return the sink
+    /// it writes through. The registry's services are kept, so a restart
+    /// does not flap them: the new watcher's first snapshot replaces them.
+    pub fn attach(self: &Arc<Self>, key: &RegistryKey) -> Arc<dyn Sink> {
+        let mut state = self.lock();
+        let entry = state.registries.entry(key.clone()).or_default();
+        entry.generation += 1;
+        entry.status.ready = false;
+        Arc::new(RegistrySink { cache: self.clone(), key: key.clone(), generation: entry.generation })
+    }
+
+    /// Forget a registry and its services.
+    pub fn remove(&self, key: &RegistryKey) {
+        let mut state = self.lock();
+        if let Some(entry) = state.registries.remove(key) {
+            if !entry.services.is_empty() {
+                self.bump(&mut state);
+            }
+        }
+    }
+
+    /// Record a registry that cannot run (bad spec): it has a status but no
+    /// services, and it counts as having finished (failed) its first sync.
+    pub fn set_failed(&self, key: &RegistryKey, error: &str) {
+        let mut state = self.lock();
+        let entry = state.registries.entry(key.clone()).or_default();
+        entry.generation += 1;
+        entry.status.healthy = false;
+        entry.status.last_error = Some(error.to_string());
+        entry.status.last_error_time = Some(SystemTime::now());
+        entry.status.consecutive_failures += 1;
+    }
+
+    pub fn view(&self) -> View {
+        let state = self.lock();
+        let mut view = View { revision: state.revision, ..View::default() };
+        for (key, entry) in &state.registries {
+            for (host, svc) in &entry.services {
+                if let Some(first) = view.services.get(host) {
+                    view.conflicts.push(format!(
+                        "host {host}: reported by {key} and {}; using {}",
+                        first.registry, first.registry
+                    ));
+                    continue;
+                }
+                view.services.insert(host.clone(), CachedService { registry: key.clone(), service: svc.clone() });
+            }
+        }
+        view
+    }
+
+    pub fn statuses(&self) -> Vec<(RegistryKey, RegistryStatus, usize, usize)> {
+        let state = self.lock();
+        state
+            .registries
+            .iter()
+            .map(|(k, e)| {
+                let endpoints = e.services.values().map(|s| s.endpoints.len()).sum();
+                (k.clone(), e.status.clone(), e.services.len(), endpoints)
+            })
+            .collect()
+    }
+
+    /// Services of one registry, by host.
+    pub fn registry_services(&self, key: &RegistryKey) -> Option<BTreeMap<String, Arc<Service>>> {
+        self.lock().registries.get(key).map(|e| e.services.clone())
+    }
+
+    fn with_entry(&self, key: &RegistryKey, generation: u64, f: impl FnOnce(&mut RegistryEntry) -> bool) {
+        let mut state = self.lock();
+        let Some(entry) = state.registries.get_mut(key) else {
+            return;
+        };
+        if entry.generation != generation {
+            debug!(registry = %key, "dropping update from a stopped watcher");
+            return;
+        }
+        if f(entry) {
+            entry.status.last_change_time = Some(SystemTime::now());
+            self.bump(&mut state);
+        }
+    }
+}
+
+/// Apply an update; true if content changed.
+fn apply(services: &mut BTreeMap<String, Arc<Service>>, update: Update) -> bool {
+    match update {
+        Update::Snapshot(list) => {
+            let new: BTreeMap<String, Arc<Service>> = list.into_iter().map(|s| (s.host.clone(), Arc::new(s))).collect();
+            if *services == new {
+                return false;
+            }
+            *services = new;
+            true
+        }
+        Update::Upsert(svc) => {
+            if services.get(&svc.host).is_some_and(|old| **old == svc) {
+                return false;
+            }
+            services.insert(svc.host.clone(), Arc::new(svc));
+            true
+        }
+        Update::Remove(host) => services.remove(&host).is_some(),
+    }
+}
+
+/// The cache's side of [`Sink`] for one watcher generation.
+struct RegistrySink {
+    cache: Arc<Cache>,
+    key: RegistryKey,
+    generation: u64,
+}
+
+impl Sink for RegistrySink {
+    fn update(&self, update: Update) {
+        let full = matches!(update, Update::Snapshot(_));
+        self.cache.with_entry(&self.key, self.generation, |entry| {
+            let now = SystemTime::now();
+            if full {
+                entry.status.ready = true;
+                entry.status.last_sync_time = Some(now);
+            }
+            entry.status.healthy = true;
+            entry.status.consecutive_failures = 0;
+            apply(&mut entry.services, update)
+        });
+    }
+
+    fn healthy(&self) {
+        self.cache.with_entry(&self.key, self.generation, |entry| {
+            entry.status.healthy = true;
+            entry.status.consecutive_failures = 0;
+            false
+        });
+    }
+
+    fn error(&self, error: &RegistryError) {
+        // The watcher logs the failure itself; this is the cache's side of it.
+        debug!(registry = %self.key, kind = error.kind(), %error, "registry call failed; keeping last known services");
+        self.cache.with_entry(&self.key, self.generation, |entry| {
+            entry.status.healthy = false;
+            entry.status.last_error = Some(error.to_string());
+            entry.status.last_error_time = Some(SystemTime::now());
+            entry.status.consecutive_failures += 1;
+            false
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshbridge_registries::{Endpoint, Protocol, ServicePort};
+
+    fn svc(host: &str, addrs: &[&str]) -> Service {
+        let eps = addrs
+            .iter()
+            .map(|a| Endpoint { address: a.to_string(), port: 80, weight: 1, labels: Default::default() })
+            .collect();
+        Service::new(host, vec![ServicePort { number: 80, protocol: Protocol::Http, name: "http-80".into() }], eps)
+    }
+
+    fn key(name: &str) -> RegistryKey {
+        RegistryKey::new(RegistryKind::Consul, name)
+    }
+
+    #[test]
+    fn error_keeps_services_and_answer_replaces_them() {
+        let cache = Cache::new();
+        let sink = cache.attach(&key("a"));
+        sink.update(Update::Snapshot(vec![svc("web.dc1.consul", &["10.0.0.1", "10.0.0.2"])]));
+        let rev = cache.view().revision;
+        sink.error(&RegistryError::Unreachable { registry: "a".into(), reason: "refused".into() });
+        let view = cache.view();
+        assert_eq!(view.revision, rev, "an error must not change content");
+        assert_eq!(view.services["web.dc1.consul"].service.endpoints.len(), 2);
+        let (_, status, _, _) = &cache.statuses()[0];
+        assert!(!status.healthy);
+        assert_eq!(status.consecutive_failures, 1);
+
+        // An authoritative empty answer does empty the service.
+        sink.update(Update::Upsert(svc("web.dc1.consul", &[])));
+        assert!(cache.view().services["web.dc1.consul"].service.endpoints.is_empty());
+    }
+
+    #[test]
+    fn equal_updates_do_not_bump_revision() {
+        let cache = Cache::new();
+        let sink = cache.attach(&key("a"));
+        sink.update(Update::Upsert(svc("web.dc1.consul", &["10.0.0.1"])));
+        let rev = cache.view().revision;
+        sink.update(Update::Upsert(svc("web.dc1.consul", &["10.0.0.1"])));
+        sink.update(Update::Snapshot(vec![svc("web.dc1.consul", &["10.0.0.1"])]));
+        assert_eq!(cache.view().revision, rev);
+    }
+
+    #[test]
+    fn restart_keeps_services_and_drops_stale_writer() {
+        let cache = Cache::new();
+        let old = cache.attach(&key("a"));
+        old.update(Update::Snapshot(vec![svc("web.dc1.consul", &["10.0.0.1"])]));
+        let new = cache.attach(&key("a"));
+        // No flap: the services are still there before the new watcher speaks.
+        assert_eq!(cache.view().services.len(), 1);
+        old.update(Update::Remove("web.dc1.consul".into()));
+        assert_eq!(cache.view().services.len(), 1, "stale generation must be ignored");
+        new.update(Update::Snapshot(vec![]));
+        assert!(cache.view().services.is_empty());
+    }
+
+    #[test]
+    fn host_conflict_first_registry_wins() {
+        let cache = Cache::new();
+        cache.attach(&key("a")).update(Update::Upsert(svc("x.static", &["10.0.0.1"])));
+        cache.attach(&key("b")).update(Update::Upsert(svc("x.static", &["10.0.0.2"])));
+        let view = cache.view();
+        assert_eq!(view.services["x.static"].registry, key("a"));
+        assert_eq!(view.conflicts.len(), 1);
+        cache.remove(&key("a"));
+        assert_eq!(cache.view().services["x.static"].registry, key("b"));
+    }
+}

@@ -1,0 +1,9 @@
+use clap::Parser;
+
+fn main() -> anyhow::Result<()> {
+    // aws-lc-rs must never be picked implicitly beside ring (DEPENDENCIES.md).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = meshbridge::run::Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(meshbridge::run::main(cli))
+}

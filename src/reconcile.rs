@@ -1,0 +1,188 @@
+//! Diffs the desired registries against the running watchers and starts,
+//! restarts or stops watchers to match.
+//!
+//! Registries are keyed by (type, name). A watcher restarts only when its
+//! spec changed; its services stay in the cache until the new watcher's
+//! first answer replaces them, so a restart does not flap endpoints.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use meshbridge_registries::{RegistrySpec, watcher_for};
+use tokio::task::JoinHandle;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::cache::{Cache, RegistryKey};
+
+/// What the reconciler does for one registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Start(RegistryKey),
+    Restart(RegistryKey),
+    Stop(RegistryKey),
+}
+
+/// The pure part: what must happen to go from `running` to `desired`.
+/// Actions come out in key order: stops, then restarts, then starts.
+pub fn diff(running: &BTreeMap<RegistryKey, RegistrySpec>, desired: &[RegistrySpec]) -> Vec<Action> {
+    let want: BTreeMap<RegistryKey, &RegistrySpec> =
+        desired.iter().map(|s| (RegistryKey::new(s.kind, s.name.clone()), s)).collect();
+    let mut actions = Vec::new();
+    actions.extend(running.keys().filter(|k| !want.contains_key(*k)).map(|k| Action::Stop(k.clone())));
+    for (key, spec) in &want {
+        match running.get(key) {
+            Some(old) if old != *spec => actions.push(Action::Restart(key.clone())),
+            Some(_) => {}
+            None => actions.push(Action::Start(key.clone())),
+        }
+    }
+    actions.sort_by_key(|a| match a {
+        Action::Stop(_) => 0,
+        Action::Restart(_) => 1,
+        Action::Start(_) => 2,
+    });
+    actions
+}
+
+struct Running {
+    spec: RegistrySpec,
+    /// `None` when the spec could not be turned into a watcher.
+    task: Option<JoinHandle<()>>,
+}
+
+/// Owns the watcher tasks. Dropping it stops them all.
+pub struct Reconciler {
+    cache: Arc<Cache>,
+    running: BTreeMap<RegistryKey, Running>,
+}
+
+impl Reconciler {
+    pub fn new(cache: Arc<Cache>) -> Self {
+        Reconciler { cache, running: BTreeMap::new() }
+    }
+
+    /// Bring the watchers in line with `desired`; returns what was done.
+    pub fn apply(&mut self, desired: &[RegistrySpec]) -> Vec<Action> {
+        let current: BTreeMap<RegistryKey, RegistrySpec> =
+            self.running.iter().map(|(k, r)| (k.clone(), r.spec.clone())).collect();
+        let actions = diff(&current, desired);
+        for action in &actions {
+            match action {
+                Action::Stop(key) => {
+                    info!(registry = %key, "stopping watcher");
+                    if let Some(r) = self.running.remove(key) {
+                        abort(r);
+                    }
+                    self.cache.remove(key);
+                }
+                Action::Restart(key) | Action::Start(key) => {
+                    let spec = desired.iter().find(|s| s.kind == key.kind && s.name == key.name).cloned();
+                    let Some(spec) = spec else { continue };
+                    if let Some(old) = self.running.remove(key) {
+                        info!(registry = %key, "spec changed; restarting watcher");
+                        abort(old);
+                    } else {
+                        info!(registry = %key, endpoint = spec.endpoint(), "starting watcher");
+                    }
+                    let task = self.spawn(key, &spec);
+                    self.running.insert(key.clone(), Running { spec, task });
+                }
+            }
+        }
+        actions
+    }
+
+    fn spawn(&self, key: &RegistryKey, spec: &RegistrySpec) -> Option<JoinHandle<()>> {
+        match watcher_for(spec) {
+            Ok(watcher) => {
+                let sink = self.cache.attach(key);
+                let span = info_span!("watcher", registry = %key);
+                Some(tokio::spawn(watcher.run(sink).instrument(span)))
+            }
+            Err(error) => {
+                warn!(registry = %key, %error, "cannot start watcher");
+                self.cache.set_failed(key, &error.to_string());
+                None
+            }
+        }
+    }
+
+    pub fn running(&self) -> impl Iterator<Item = &RegistryKey> {
+        self.running.keys()
+    }
+}
+
+fn abort(r: Running) {
+    if let Some(task) = r.task {
+        task.abort();
+    }
+}
+
+impl Drop for Reconciler {
+    fn drop(&mut self) {
+        for (_, r) in std::mem::take(&mut self.running) {
+            abort(r);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshbridge_registries::RegistryKind;
+
+    fn spec(kind: RegistryKind, name: &str, port: u16) -> RegistrySpec {
+        RegistrySpec::new(kind, name, "127.0.0.1", port)
+    }
+
+    fn running(specs: &[RegistrySpec]) -> BTreeMap<RegistryKey, RegistrySpec> {
+        specs.iter().map(|s| (RegistryKey::new(s.kind, s.name.clone()), s.clone())).collect()
+    }
+
+    #[test]
+    fn diff_starts_restarts_and_stops() {
+        let a = spec(RegistryKind::Consul, "a", 8500);
+        let b = spec(RegistryKind::Consul, "b", 8500);
+        let c = spec(RegistryKind::Consul, "c", 8500);
+        let now = running(&[a.clone(), b.clone()]);
+        let b2 = spec(RegistryKind::Consul, "b", 8501);
+        let actions = diff(&now, &[b2, c]);
+        assert_eq!(
+            actions,
+            vec![
+                Action::Stop(RegistryKey::new(RegistryKind::Consul, "a")),
+                Action::Restart(RegistryKey::new(RegistryKind::Consul, "b")),
+                Action::Start(RegistryKey::new(RegistryKind::Consul, "c")),
+            ]
+        );
+    }
+
+    #[test]
+    fn unchanged_spec_is_left_alone() {
+        let a = spec(RegistryKind::Consul, "a", 8500);
+        assert!(diff(&running(std::slice::from_ref(&a)), &[a]).is_empty());
+    }
+
+    #[test]
+    fn same_name_other_type_is_another_registry() {
+        let a = spec(RegistryKind::Consul, "a", 8500);
+        let n = spec(RegistryKind::Nacos2, "a", 8848);
+        let actions = diff(&running(&[a]), &[n]);
+        assert_eq!(actions.len(), 2);
+        assert!(matches!(&actions[0], Action::Stop(k) if k.kind == RegistryKind::Consul));
+        assert!(matches!(&actions[1], Action::Start(k) if k.kind == RegistryKind::Nacos2));
+    }
+
+    #[tokio::test]
+    async fn unsupported_type_fails_alone() {
+        let cache = Cache::new();
+        let mut r = Reconciler::new(cache.clone());
+        r.apply(&[spec(RegistryKind::Eureka, "e", 8761), spec(RegistryKind::Consul, "c", 1)]);
+        let statuses = cache.statuses();
+        let eureka = statuses.iter().find(|(k, ..)| k.kind == RegistryKind::Eureka).unwrap();
+        assert!(eureka.1.last_error.as_deref().unwrap().contains("type"));
+        assert_eq!(r.running().count(), 2);
+        r.apply(&[]);
+        assert!(cache.statuses().is_empty());
+    }
+}

@@ -1,0 +1,112 @@
+//! Registry services → Envoy clusters and endpoint assignments.
+//!
+//! Cluster names follow Istio: `outbound|{port}|{subset}|{host}`. Every
+//! cluster is EDS over ADS, so an endpoint change is an EDS push alone.
+
+use envoy_types::pb::envoy::config::cluster::v3::{
+    Cluster,
+    cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy},
+};
+use envoy_types::pb::envoy::config::core::v3::{
+    Address, AggregatedConfigSource, ApiVersion, ConfigSource, Http2ProtocolOptions, SocketAddress,
+    address::Address as AddressKind, config_source::ConfigSourceSpecifier, socket_address::PortSpecifier,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint::HostIdentifier,
+};
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
+    HttpProtocolOptions,
+    http_protocol_options::{ExplicitHttpConfig, UpstreamProtocolOptions, explicit_http_config::ProtocolConfig},
+};
+use envoy_types::pb::google::protobuf::{Duration, UInt32Value};
+use envoy_types::util::pack_any;
+use meshbridge_registries::{Protocol, Service, ServicePort};
+
+use super::Resource;
+
+pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+pub const ENDPOINT_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+pub const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+
+const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+
+/// Istio's outbound cluster name.
+pub fn cluster_name(port: u16, subset: &str, host: &str) -> String {
+    format!("outbound|{port}|{subset}|{host}")
+}
+
+fn ads() -> ConfigSource {
+    ConfigSource {
+        resource_api_version: ApiVersion::V3 as i32,
+        config_source_specifier: Some(ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
+        ..Default::default()
+    }
+}
+
+/// One EDS cluster per service port.
+pub fn clusters(svc: &Service) -> Vec<Resource> {
+    svc.ports.iter().map(|p| cluster(svc, p)).map(|c| Resource::new(c.name.clone(), pack_any(c))).collect()
+}
+
+fn cluster(svc: &Service, port: &ServicePort) -> Cluster {
+    let mut cluster = Cluster {
+        name: cluster_name(port.number, "", &svc.host),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
+        eds_cluster_config: Some(EdsClusterConfig { eds_config: Some(ads()), service_name: String::new() }),
+        connect_timeout: Some(Duration { seconds: 5, nanos: 0 }),
+        lb_policy: LbPolicy::RoundRobin as i32,
+        ..Default::default()
+    };
+    if matches!(port.protocol, Protocol::Grpc | Protocol::Http2) {
+        let opts = HttpProtocolOptions {
+            upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
+                protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(Http2ProtocolOptions::default())),
+            })),
+            ..Default::default()
+        };
+        cluster.typed_extension_protocol_options.insert(HTTP_PROTOCOL_OPTIONS.into(), pack_any(opts));
+    }
+    cluster
+}
+
+/// One ClusterLoadAssignment per cluster. Each endpoint keeps its own port.
+pub fn load_assignments(svc: &Service) -> Vec<Resource> {
+    svc.ports
+        .iter()
+        .map(|p| {
+            let cla = load_assignment(svc, p);
+            Resource::new(cla.cluster_name.clone(), pack_any(cla))
+        })
+        .collect()
+}
+
+fn load_assignment(svc: &Service, port: &ServicePort) -> ClusterLoadAssignment {
+    let lb_endpoints: Vec<LbEndpoint> = svc
+        .endpoints
+        .iter()
+        .map(|ep| LbEndpoint {
+            host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
+                address: Some(Address {
+                    address: Some(AddressKind::SocketAddress(SocketAddress {
+                        address: ep.address.clone(),
+                        port_specifier: Some(PortSpecifier::PortValue(ep.port.into())),
+                        ..Default::default()
+                    })),
+                }),
+                ..Default::default()
+            })),
+            load_balancing_weight: Some(UInt32Value { value: ep.weight.max(1) }),
+            ..Default::default()
+        })
+        .collect();
+    ClusterLoadAssignment {
+        cluster_name: cluster_name(port.number, "", &svc.host),
+        endpoints: if lb_endpoints.is_empty() {
+            Vec::new()
+        } else {
+            vec![LocalityLbEndpoints { lb_endpoints, ..Default::default() }]
+        },
+        ..Default::default()
+    }
+}
