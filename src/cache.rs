@@ -133,10 +133,8 @@ impl Cache {
     /// Forget a registry and its services.
     pub fn remove(&self, key: &RegistryKey) {
         let mut state = self.lock();
-        if let Some(entry) = state.registries.remove(key) {
-            if !entry.services.is_empty() {
-                self.bump(&mut state);
-            }
+        if state.registries.remove(key).is_some_and(|e| !e.services.is_empty()) {
+            self.bump(&mut state);
         }
     }
 

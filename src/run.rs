@@ -158,12 +158,10 @@ impl App {
     }
 }
 
+/// The config source already warned about each problem; this logs what is
+/// in force. Specs redact their secrets in Debug.
 fn log_desired(d: &crate::config::Desired) {
-    for e in &d.errors {
-        tracing::warn!(error = %e, "config problem");
-    }
-    // Specs redact their secrets in Debug.
-    info!(registries = ?d.registries, "effective config");
+    info!(registries = ?d.registries, problems = d.errors.len(), "effective config");
 }
 
 async fn wait_true(mut rx: watch::Receiver<bool>) {

@@ -47,26 +47,36 @@ impl SotwStream {
         let type_url = req.type_url.clone();
         let st = self.types.entry(type_url.clone()).or_default();
         let first = st.nonce.is_empty();
-        if !req.response_nonce.is_empty() && req.response_nonce != st.nonce {
+        // What the client says it applied is recorded even from a stale
+        // request (it is still true); only the latest nonce drives the protocol.
+        let stale = !req.response_nonce.is_empty() && req.response_nonce != st.nonce;
+        match (&req.error_detail, req.response_nonce.is_empty()) {
+            (Some(status), _) => {
+                warn!(
+                    type_url,
+                    nonce = req.response_nonce,
+                    version = req.version_info,
+                    detail = status.message,
+                    stale,
+                    "NACK: client kept its last good config"
+                );
+                self.client.nack(&type_url, &req.version_info, &status.message);
+            }
+            (None, false) => {
+                debug!(type_url, nonce = req.response_nonce, version = req.version_info, stale, "ACK");
+                self.client.ack(&type_url, &req.version_info);
+            }
+            (None, true) => {}
+        }
+        if stale {
             debug!(type_url, nonce = req.response_nonce, latest = st.nonce, "ignoring stale nonce");
             return Vec::new();
         }
         let sub = Subscription::from_names(&type_url, &req.resource_names);
-        if let Some(status) = &req.error_detail {
-            warn!(
-                type_url,
-                nonce = req.response_nonce,
-                version = req.version_info,
-                detail = status.message,
-                "NACK: client kept its last good config"
-            );
-            self.client.nack(&type_url, &req.version_info, &status.message);
+        if req.error_detail.is_some() {
+            // Nothing is re-sent until the config changes.
             st.sub = sub;
             return Vec::new();
-        }
-        if !req.response_nonce.is_empty() {
-            debug!(type_url, nonce = req.response_nonce, version = req.version_info, "ACK");
-            self.client.ack(&type_url, &req.version_info);
         }
         let changed = sub != st.sub;
         st.sub = sub;

@@ -1,0 +1,111 @@
+//! What meshbridge should be doing, read from Higress-style Kubernetes YAML:
+//! `McpBridge` (registries and proxies), the `Secret`s their
+//! `authSecretName`s point at, and `Ingress`es (kept raw for the Ingress
+//! translator).
+//!
+//! The flow is `parse` (text to [`Document`]s) → `validate` (one entry to
+//! one spec) → `build` (documents to [`Desired`], with last-good fallback)
+//! → a source such as [`DirSource`] that publishes each new [`Desired`].
+//!
+//! Problems are never fatal: a file that does not parse keeps its last good
+//! documents, an invalid registry keeps its last good spec (or is left out),
+//! and every current problem is listed in [`Desired::errors`] with the object
+//! and field it concerns, for example
+//! `McpBridge higress-system/default: spec.registries[2].port: must be 1..65535`.
+//! Unknown fields only warn, as Kubernetes does for forward compatibility.
+//! Credentials are never printed: `Secret` redacts itself and raw entries
+//! redact their credential fields.
+
+mod build;
+mod dir;
+mod model;
+mod parse;
+mod state;
+mod validate;
+
+#[cfg(test)]
+mod config_tests;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshbridge_registries::RegistrySpec;
+
+pub use build::Builder;
+pub use dir::DirSource;
+pub use model::{Document, IngressDoc, McpBridgeDoc, RawEntry, SecretDoc};
+pub use parse::parse_documents;
+pub use state::ConfigState;
+
+/// Everything the config sources say we should be doing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Desired {
+    /// Validated, secrets resolved, sorted by (kind, name).
+    pub registries: Vec<RegistrySpec>,
+    /// Validated, sorted by name. Names are unique across all McpBridges.
+    pub proxies: Vec<ProxySpec>,
+    /// As written, sorted by (namespace, name).
+    pub ingresses: Vec<IngressDoc>,
+    /// Every current problem, human-readable, for logs and `/debug`.
+    pub errors: Vec<String>,
+}
+
+/// A validated `McpBridge.spec.proxies[]` entry: an HTTP CONNECT proxy that
+/// registries with a matching `proxyName` are reached through.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxySpec {
+    pub name: String,
+    pub server_address: String,
+    pub server_port: u16,
+    /// `None` when the entry leaves it 0: Higress then assigns the first free
+    /// port from 50001 on.
+    pub listener_port: Option<u16>,
+    /// `None` when unset; Higress then uses [`DEFAULT_PROXY_CONNECT_TIMEOUT`].
+    pub connect_timeout: Option<Duration>,
+}
+
+/// Higress's connect timeout for a proxy without `connectTimeout`.
+pub const DEFAULT_PROXY_CONNECT_TIMEOUT: Duration = Duration::from_millis(1200);
+
+/// Build [`Desired`] from documents, in source order, with no memory of
+/// earlier builds. Use a [`Builder`] (or [`ConfigState`]) to keep last good
+/// registries across builds.
+pub fn build_desired<'a>(docs: impl IntoIterator<Item = &'a Document>) -> Desired {
+    Builder::default().build(docs)
+}
+
+/// Errors of config sources. Problems inside a document that parsed (a bad
+/// registry, a missing Secret) are not errors of this type: they are listed
+/// in [`Desired::errors`].
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ConfigError {
+    /// The file is not valid YAML. `document` (1-based) and `line` are given
+    /// when the parser knows where it stopped.
+    #[error("{file}{}: {reason}", location(*document, *line))]
+    Yaml { file: String, document: Option<usize>, line: Option<u64>, reason: String },
+    /// A YAML document is not an object we can use: not a mapping, no `kind`
+    /// or `metadata.name`, a `spec` of the wrong shape, or Secret data that
+    /// does not decode. The reason names the field, never a Secret value.
+    #[error("{file}{}: {reason}", location(Some(*document), *line))]
+    Document {
+        file: String,
+        /// 1-based index among the file's non-empty documents.
+        document: usize,
+        /// First line of the document, when known.
+        line: Option<u64>,
+        reason: String,
+    },
+    /// A file or directory could not be read.
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: Arc<std::io::Error> },
+}
+
+fn location(document: Option<usize>, line: Option<u64>) -> String {
+    match (document, line) {
+        (Some(d), Some(l)) => format!(": document {d}, line {l}"),
+        (Some(d), None) => format!(": document {d}"),
+        (None, Some(l)) => format!(": line {l}"),
+        (None, None) => String::new(),
+    }
+}

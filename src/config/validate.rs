@@ -1,0 +1,308 @@
+//! One raw `spec.registries[]` / `spec.proxies[]` entry to a validated spec.
+//! Field paths in errors are relative to the entry; `build` prefixes them
+//! with the object and `spec.registries[i]`.
+//!
+//! Things that need more than the entry itself (the auth Secret, the proxy a
+//! registry names, duplicates across McpBridges) are checked in `build`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use meshbridge_registries::{RegistryKind, RegistrySpec};
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::ProxySpec;
+use super::model::{PROXY_FIELDS, ProxyConfig, REGISTRY_FIELDS, REGISTRY_IGNORED_FIELDS, RegistryConfig};
+
+/// Refresh intervals below this are raised to it.
+pub(crate) const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+/// The service port Higress (its console) gives `static` registries, whose
+/// endpoint ports come from `domain`.
+pub(crate) const STATIC_DEFAULT_PORT: u16 = 80;
+
+/// A problem with one field of an entry. `field` is a path inside the entry
+/// (`port`, `vport.services[0].value`), empty for the entry as a whole.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct FieldError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl FieldError {
+    fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        FieldError { field: field.into(), reason: reason.into() }
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+/// A registry entry that passed every check that needs only the entry.
+#[derive(Debug)]
+pub(crate) struct CheckedRegistry {
+    /// Everything but `auth`, which `build` fills from the Secret.
+    pub spec: RegistrySpec,
+    pub auth_secret_name: Option<String>,
+}
+
+/// Validate one registry entry. Warnings (unknown or ignored fields, clamped
+/// intervals) go to `warnings` whether or not the entry is valid.
+pub(crate) fn registry(raw: &Value, warnings: &mut Vec<FieldError>) -> Result<CheckedRegistry, Vec<FieldError>> {
+    let cfg: RegistryConfig = typed(raw, REGISTRY_FIELDS, REGISTRY_IGNORED_FIELDS, warnings)?;
+    let mut errors = Vec::new();
+
+    let kind = match cfg.kind.as_str() {
+        "" => {
+            errors.push(FieldError::new("type", "required"));
+            None
+        }
+        s => RegistryKind::parse(s).or_else(|| {
+            let known: Vec<_> = RegistryKind::ALL.iter().map(|k| k.as_str()).collect();
+            errors.push(FieldError::new(
+                "type",
+                format!("unknown registry type {s:?} (expected one of {})", known.join(", ")),
+            ));
+            None
+        }),
+    };
+    check_name(&cfg.name, &mut errors);
+
+    let port = kind.and_then(|kind| check_address(kind, &cfg, &mut errors));
+    let nacos_refresh_interval = interval("nacosRefreshInterval", cfg.nacos_refresh_interval, &mut errors, warnings);
+    let consul_refresh_interval = interval("consulRefreshInterval", cfg.consul_refresh_interval, &mut errors, warnings);
+    if cfg.nacos_timeout < 0 {
+        errors.push(FieldError::new("nacosTimeout", "must not be negative"));
+    } else if cfg.nacos_timeout > 0 {
+        warnings.push(FieldError::new("nacosTimeout", "not supported yet, ignored"));
+    }
+
+    let mut vport_default = None;
+    let mut vport_services = BTreeMap::new();
+    if let Some(vport) = &cfg.vport {
+        if vport.default != 0 {
+            vport_default = port_in_range("vport.default", vport.default, &mut errors);
+        }
+        for (i, svc) in vport.services.iter().enumerate() {
+            let field = |f: &str| format!("vport.services[{i}].{f}");
+            if svc.name.is_empty() {
+                errors.push(FieldError::new(field("name"), "required"));
+                continue;
+            }
+            let Some(value) = port_in_range(&field("value"), svc.value, &mut errors) else {
+                continue;
+            };
+            if vport_services.insert(svc.name.clone(), value).is_some() {
+                errors.push(FieldError::new(field("name"), format!("duplicate service {:?}", svc.name)));
+            }
+        }
+    }
+
+    let (Some(kind), Some(port), true) = (kind, port, errors.is_empty()) else {
+        return Err(errors);
+    };
+    let mut spec = RegistrySpec::new(kind, cfg.name, cfg.domain, port);
+    spec.protocol = non_empty(cfg.protocol);
+    spec.sni = non_empty(cfg.sni);
+    spec.proxy_name = non_empty(cfg.proxy_name);
+    spec.vport_default = vport_default;
+    spec.vport_services = vport_services;
+    spec.nacos_address_server = non_empty(cfg.nacos_address_server);
+    spec.nacos_access_key = cfg.nacos_access_key;
+    spec.nacos_secret_key = cfg.nacos_secret_key;
+    spec.nacos_namespace_id = non_empty(cfg.nacos_namespace_id);
+    spec.nacos_namespace = non_empty(cfg.nacos_namespace);
+    spec.nacos_groups = cfg.nacos_groups.into_iter().filter(|g| !g.is_empty()).collect();
+    spec.nacos_refresh_interval = nacos_refresh_interval;
+    spec.consul_namespace = non_empty(cfg.consul_namespace);
+    spec.consul_datacenter = non_empty(cfg.consul_datacenter);
+    spec.consul_service_tag = non_empty(cfg.consul_service_tag);
+    spec.consul_refresh_interval = consul_refresh_interval;
+    spec.zk_services_path = cfg.zk_services_path.into_iter().filter(|p| !p.is_empty()).collect();
+    Ok(CheckedRegistry { spec, auth_secret_name: non_empty(cfg.auth_secret_name) })
+}
+
+/// Check `domain` and `port` the way each registry type uses them; returns
+/// the port to use. Higress's `static` registry reads endpoint `ip:port`s
+/// from `domain` and uses `port` only as the service port (its console
+/// always writes 80); `dns` resolves each host in `domain` on `port`.
+fn check_address(kind: RegistryKind, cfg: &RegistryConfig, errors: &mut Vec<FieldError>) -> Option<u16> {
+    let domain = cfg.domain.trim();
+    match kind {
+        RegistryKind::Static => {
+            if domain.is_empty() {
+                errors.push(FieldError::new("domain", "required"));
+            }
+            for ep in domain.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                if !ep.parse::<SocketAddr>().is_ok_and(|a| a.port() != 0) {
+                    errors.push(FieldError::new("domain", format!("{ep:?} is not an IP:port endpoint")));
+                }
+            }
+            if cfg.port == 0 { Some(STATIC_DEFAULT_PORT) } else { port_in_range("port", cfg.port, errors) }
+        }
+        RegistryKind::Dns => {
+            if domain.is_empty() {
+                errors.push(FieldError::new("domain", "required"));
+            }
+            for host in domain.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                if !is_dns_name(host) {
+                    errors.push(FieldError::new("domain", format!("{host:?} is not a DNS name")));
+                }
+            }
+            port_in_range("port", cfg.port, errors)
+        }
+        // Higress passes nacosAddressServer only to its nacos2 and nacos3
+        // watchers; the address server then supplies the servers' addresses.
+        RegistryKind::Nacos2 | RegistryKind::Nacos3 if domain.is_empty() => {
+            if cfg.nacos_address_server.is_empty() {
+                errors.push(FieldError::new("domain", "required (or nacosAddressServer)"));
+                None
+            } else if cfg.port == 0 {
+                Some(0)
+            } else {
+                port_in_range("port", cfg.port, errors)
+            }
+        }
+        _ => {
+            if domain.is_empty() {
+                errors.push(FieldError::new("domain", "required"));
+            }
+            port_in_range("port", cfg.port, errors)
+        }
+    }
+}
+
+/// Validate one proxy entry.
+pub(crate) fn proxy(raw: &Value, warnings: &mut Vec<FieldError>) -> Result<ProxySpec, Vec<FieldError>> {
+    let cfg: ProxyConfig = typed(raw, PROXY_FIELDS, &[], warnings)?;
+    let mut errors = Vec::new();
+    match cfg.kind.as_str() {
+        "" => errors.push(FieldError::new("type", "required")),
+        "http" => {}
+        other => errors.push(FieldError::new("type", format!("unknown proxy type {other:?} (expected http)"))),
+    }
+    check_name(&cfg.name, &mut errors);
+    if cfg.server_address.trim().is_empty() {
+        errors.push(FieldError::new("serverAddress", "required"));
+    }
+    let server_port = port_in_range("serverPort", cfg.server_port, &mut errors);
+    let listener_port = match cfg.listener_port {
+        0 => None,
+        p => port_in_range("listenerPort", p, &mut errors),
+    };
+    match server_port {
+        Some(server_port) if errors.is_empty() => Ok(ProxySpec {
+            name: cfg.name,
+            server_address: cfg.server_address.trim().to_owned(),
+            server_port,
+            listener_port,
+            connect_timeout: (cfg.connect_timeout > 0).then(|| Duration::from_millis(cfg.connect_timeout.into())),
+        }),
+        _ => Err(errors),
+    }
+}
+
+/// Deserialize an entry into `T` with field paths in errors, after warning
+/// about fields we do not read. Nulls are dropped first: in protobuf JSON a
+/// null field is an unset one.
+fn typed<T: DeserializeOwned>(
+    raw: &Value,
+    known: &[&str],
+    ignored: &[&str],
+    warnings: &mut Vec<FieldError>,
+) -> Result<T, Vec<FieldError>> {
+    let Value::Object(map) = raw else {
+        return Err(vec![FieldError::new("", "must be a mapping")]);
+    };
+    let map: Map<String, Value> =
+        map.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
+    for key in map.keys() {
+        if ignored.contains(&key.as_str()) {
+            warnings.push(FieldError::new(key, "MCP server fields are not supported, ignored"));
+        } else if !known.contains(&key.as_str()) {
+            warnings.push(FieldError::new(key, "unknown field, ignored"));
+        }
+    }
+    serde_path_to_error::deserialize(Value::Object(map)).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { String::new() } else { path };
+        vec![FieldError::new(field, e.into_inner().to_string())]
+    })
+}
+
+fn check_name(name: &str, errors: &mut Vec<FieldError>) {
+    if name.is_empty() {
+        errors.push(FieldError::new("name", "required"));
+    } else if !is_dns_label(name) {
+        errors.push(FieldError::new(
+            "name",
+            format!(
+                "{name:?} is not a DNS label (lowercase letters, digits and '-', \
+                 starting and ending with a letter or digit, at most 63 characters)"
+            ),
+        ));
+    }
+}
+
+fn port_in_range(field: &str, port: u32, errors: &mut Vec<FieldError>) -> Option<u16> {
+    match u16::try_from(port) {
+        Ok(p) if p != 0 => Some(p),
+        _ => {
+            errors.push(FieldError::new(field, "must be 1..65535"));
+            None
+        }
+    }
+}
+
+/// An `int64` nanosecond interval: 0 is unset, negative is an error, and
+/// anything below [`MIN_REFRESH_INTERVAL`] is raised to it.
+fn interval(field: &str, nanos: i64, errors: &mut Vec<FieldError>, warnings: &mut Vec<FieldError>) -> Option<Duration> {
+    match u64::try_from(nanos) {
+        Err(_) => {
+            errors.push(FieldError::new(field, "must not be negative"));
+            None
+        }
+        Ok(0) => None,
+        Ok(n) => {
+            let d = Duration::from_nanos(n);
+            if d < MIN_REFRESH_INTERVAL {
+                warnings.push(FieldError::new(
+                    field,
+                    format!("{n}ns is below the minimum of 1s, using 1s (the value is in nanoseconds)"),
+                ));
+                Some(MIN_REFRESH_INTERVAL)
+            } else {
+                Some(d)
+            }
+        }
+    }
+}
+
+fn non_empty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+/// RFC 1123 label, as Kubernetes checks object names.
+pub(crate) fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    let ok = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !b.is_empty() && b.len() <= 63 && b.iter().all(|c| ok(c) || *c == b'-') && ok(&b[0]) && ok(&b[b.len() - 1])
+}
+
+/// A host name: dot-separated labels of letters, digits and '-'.
+fn is_dns_name(s: &str) -> bool {
+    let s = s.strip_suffix('.').unwrap_or(s);
+    s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
