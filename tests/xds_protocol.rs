@@ -71,8 +71,7 @@ async fn sotw_cds_then_eds_ack_and_endpoint_only_push() {
     c.send(SotwClient::request(CLUSTER_TYPE, &[], "", "")).await;
     let cds = c.recv().await;
     assert_eq!(cds.type_url, CLUSTER_TYPE);
-    let names: Vec<String> =
-        cds.resources.iter().map(|r| Cluster::decode(r.value.as_slice()).unwrap().name).collect();
+    let names: Vec<String> = cds.resources.iter().map(|r| Cluster::decode(r.value.as_slice()).unwrap().name).collect();
     assert_eq!(names, vec![cluster("a.dc1.consul"), cluster("b.dc1.consul")]);
     c.ack(&cds, &[]).await;
 

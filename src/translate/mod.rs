@@ -74,3 +74,7 @@ pub fn content_hash(bytes: &[u8]) -> String {
     }
     format!("{h:016x}")
 }
+
+#[cfg(test)]
+#[path = "translate_tests.rs"]
+mod tests;

@@ -1,0 +1,103 @@
+//! Snapshot tests of the translation: the exact Istio objects and Envoy
+//! resources a given set of registry services turns into.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use meshbridge_registries::{Endpoint, Protocol, RegistryKind, Service, ServicePort};
+use prost::Message;
+
+use super::*;
+use crate::cache::{CachedService, RegistryKey, View};
+
+fn endpoint(addr: &str, port: u16, weight: u32, labels: &[(&str, &str)]) -> Endpoint {
+    Endpoint {
+        address: addr.into(),
+        port,
+        weight,
+        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    }
+}
+
+fn port(number: u16, protocol: Protocol) -> ServicePort {
+    ServicePort { number, protocol, name: format!("{}-{number}", protocol.as_str().to_lowercase()) }
+}
+
+fn view(services: Vec<(RegistryKey, Service)>) -> View {
+    View {
+        revision: 7,
+        services: services
+            .into_iter()
+            .map(|(k, s)| (s.host.clone(), CachedService { registry: k, service: Arc::new(s) }))
+            .collect(),
+        conflicts: vec![],
+    }
+}
+
+fn consul() -> RegistryKey {
+    RegistryKey::new(RegistryKind::Consul, "consul-local")
+}
+
+fn web() -> Service {
+    Service::new(
+        "web.dc1.consul",
+        vec![port(8080, Protocol::Http)],
+        vec![
+            endpoint("10.0.0.2", 8081, 3, &[("version", "v2")]),
+            endpoint("10.0.0.1", 8080, 1, &[("version", "v1")]),
+        ],
+    )
+}
+
+fn grpc() -> Service {
+    Service::new("orders.dc1.consul", vec![port(9090, Protocol::Grpc)], vec![endpoint("10.0.1.1", 9090, 1, &[])])
+}
+
+#[test]
+fn service_entry_json() {
+    let set = config_set(&view(vec![(consul(), web()), (consul(), grpc())]));
+    insta::assert_json_snapshot!(set.service_entries);
+}
+
+#[test]
+fn envoy_clusters() {
+    let set = config_set(&view(vec![(consul(), web()), (consul(), grpc())]));
+    let clusters: BTreeMap<&String, Cluster> = set.envoy[envoy::CLUSTER_TYPE]
+        .iter()
+        .map(|(n, r)| (n, Cluster::decode(r.body.value.as_slice()).unwrap()))
+        .collect();
+    insta::assert_debug_snapshot!(clusters);
+}
+
+#[test]
+fn envoy_load_assignments_keep_each_endpoint_port_and_weight() {
+    let set = config_set(&view(vec![(consul(), web())]));
+    let cla = &set.envoy[envoy::ENDPOINT_TYPE]["outbound|8080||web.dc1.consul"];
+    let cla = ClusterLoadAssignment::decode(cla.body.value.as_slice()).unwrap();
+    insta::assert_debug_snapshot!(cla);
+}
+
+#[test]
+fn versions_are_content_hashes() {
+    let a = config_set(&view(vec![(consul(), web())]));
+    let b = config_set(&view(vec![(consul(), web())]));
+    let name = "outbound|8080||web.dc1.consul";
+    assert_eq!(a.envoy[envoy::ENDPOINT_TYPE][name].version, b.envoy[envoy::ENDPOINT_TYPE][name].version);
+    let mut changed = web();
+    changed.endpoints[0].weight = 5;
+    let c = config_set(&view(vec![(consul(), changed)]));
+    assert_ne!(a.envoy[envoy::ENDPOINT_TYPE][name].version, c.envoy[envoy::ENDPOINT_TYPE][name].version);
+    // The cluster does not depend on endpoints, so its version holds.
+    assert_eq!(a.envoy[envoy::CLUSTER_TYPE][name].version, c.envoy[envoy::CLUSTER_TYPE][name].version);
+}
+
+#[test]
+fn service_without_ports_is_left_out_with_a_reason() {
+    let empty = Service::new("ghost.dc1.consul", vec![], vec![]);
+    let set = config_set(&view(vec![(consul(), empty), (consul(), web())]));
+    assert_eq!(set.service_entries.len(), 1);
+    assert!(set.envoy[envoy::CLUSTER_TYPE].keys().all(|k| !k.contains("ghost")));
+    assert_eq!(set.warnings, vec!["ServiceEntry ghost.dc1.consul: no port known yet; left out".to_string()]);
+}
