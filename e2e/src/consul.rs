@@ -1,0 +1,213 @@
+//! A real Consul dev agent (`consul agent -dev`) on free loopback ports.
+//!
+//! [`Consul::restart`] brings the agent back on the same ports and data dir,
+//! so clients reconnect to the same address. The agent reloads its services
+//! and checks from the data dir, but (Consul 1.8) TTL checks come back
+//! critical, and re-registering does not reset an existing check's status:
+//! use [`Consul::set_ttl_check`] to make an instance pass again.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use tempfile::TempDir;
+
+use crate::process::{ChildGuard, binary_from_env, free_port};
+
+const BIN_VAR: &str = "MESHBRIDGE_CONSUL_BIN";
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Attempts at a fresh start: a port picked by `free_port` can be taken by
+/// another test before Consul binds it.
+const START_ATTEMPTS: usize = 3;
+
+/// A TTL check's next state, for [`Consul::set_ttl_check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckStatus {
+    Pass,
+    Warn,
+    Fail,
+}
+
+impl CheckStatus {
+    fn as_path(self) -> &'static str {
+        match self {
+            CheckStatus::Pass => "pass",
+            CheckStatus::Warn => "warn",
+            CheckStatus::Fail => "fail",
+        }
+    }
+}
+
+pub struct Consul {
+    pub http_port: u16,
+    /// The ACL master token when started with [`Consul::start_with_acl`].
+    pub token: Option<String>,
+    args: Vec<String>,
+    http: reqwest::Client,
+    guard: ChildGuard,
+    dir: TempDir,
+}
+
+impl Consul {
+    /// Start a dev agent and wait until it has a leader.
+    pub async fn start() -> anyhow::Result<Consul> {
+        Consul::start_inner(None).await
+    }
+
+    /// Start a dev agent with ACLs on, default policy `deny`, and `master` as
+    /// the master token. The harness's own calls use that token.
+    pub async fn start_with_acl(master: &str) -> anyhow::Result<Consul> {
+        Consul::start_inner(Some(master.to_string())).await
+    }
+
+    async fn start_inner(token: Option<String>) -> anyhow::Result<Consul> {
+        let bin = binary_from_env(BIN_VAR)?;
+        let mut last_err = None;
+        for _ in 0..START_ATTEMPTS {
+            let dir = tempfile::Builder::new().prefix("meshbridge-consul-").tempdir()?;
+            let http_port = free_port();
+            let args = agent_args(http_port, &dir, token.as_deref());
+            let guard = spawn(&bin, &args, &dir)?;
+            let mut consul = Consul { http_port, token: token.clone(), args, http: reqwest::Client::new(), guard, dir };
+            match consul.wait_ready().await {
+                Ok(()) => return Ok(consul),
+                Err(e) => last_err = Some(e.context(format!("consul log:\n{}", consul.log()))),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| anyhow::anyhow!("consul did not start")))
+    }
+
+    /// `http://127.0.0.1:{http_port}`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http_port)
+    }
+
+    /// The agent's output so far.
+    pub fn log(&self) -> String {
+        self.guard.log()
+    }
+
+    /// Kill the agent (SIGKILL): clients see connection refused.
+    pub fn stop(&mut self) {
+        self.guard.kill();
+    }
+
+    /// Start the agent again with the same arguments, ports and data dir.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.guard.kill();
+        let bin = binary_from_env(BIN_VAR)?;
+        self.guard = spawn(&bin, &self.args, &self.dir)?;
+        self.wait_ready().await.with_context(|| format!("consul log:\n{}", self.log()))
+    }
+
+    /// `PUT /v1/agent/service/register` with a service definition, e.g.
+    /// `{"ID": "web-1", "Name": "web", "Port": 8080, "Check": {"CheckID": "web-1", "TTL": "60s", "Status": "passing"}}`.
+    pub async fn register(&self, service: serde_json::Value) -> anyhow::Result<()> {
+        self.put("/v1/agent/service/register", Some(service)).await
+    }
+
+    /// `PUT /v1/agent/service/deregister/:id`.
+    pub async fn deregister(&self, id: &str) -> anyhow::Result<()> {
+        self.put(&format!("/v1/agent/service/deregister/{id}"), None).await
+    }
+
+    /// `PUT /v1/agent/check/{pass,warn,fail}/:id` for a TTL check.
+    pub async fn set_ttl_check(&self, check_id: &str, status: CheckStatus) -> anyhow::Result<()> {
+        self.put(&format!("/v1/agent/check/{}/{check_id}", status.as_path()), None).await
+    }
+
+    async fn put(&self, path: &str, body: Option<serde_json::Value>) -> anyhow::Result<()> {
+        let mut req = self.http.put(format!("{}{path}", self.url())).timeout(Duration::from_secs(10));
+        if let Some(token) = &self.token {
+            req = req.header("X-Consul-Token", token);
+        }
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.with_context(|| format!("PUT {path}"))?;
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        ensure!(status.is_success(), "PUT {path}: {status}: {text}");
+        Ok(())
+    }
+
+    /// Ready means a leader is elected and, with ACLs, the master token works
+    /// (it is bootstrapped just after the election).
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if !self.guard.is_running() {
+                bail!("consul exited during startup");
+            }
+            if self.has_leader().await && self.token_works().await {
+                return Ok(());
+            }
+            ensure!(Instant::now() < deadline, "consul not ready after {READY_TIMEOUT:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn has_leader(&self) -> bool {
+        let url = format!("{}/v1/status/leader", self.url());
+        match self.http.get(url).timeout(Duration::from_secs(2)).send().await {
+            Ok(r) if r.status().is_success() => r.json::<String>().await.is_ok_and(|leader| !leader.is_empty()),
+            _ => false,
+        }
+    }
+
+    async fn token_works(&self) -> bool {
+        let Some(token) = &self.token else {
+            return true;
+        };
+        let url = format!("{}/v1/agent/self", self.url());
+        let req = self.http.get(url).header("X-Consul-Token", token).timeout(Duration::from_secs(2));
+        req.send().await.is_ok_and(|r| r.status().is_success())
+    }
+}
+
+fn agent_args(http_port: u16, dir: &TempDir, token: Option<&str>) -> Vec<String> {
+    let port = |p: u16| p.to_string();
+    let node = format!("mb-{}-{http_port}", std::process::id());
+    let mut args: Vec<String> = [
+        "agent",
+        "-dev",
+        "-bind",
+        "127.0.0.1",
+        "-client",
+        "127.0.0.1",
+        "-log-level",
+        "debug",
+        "-dns-port",
+        "-1",
+        "-grpc-port",
+        "-1",
+        "-serf-wan-port",
+        "-1",
+    ]
+    .map(String::from)
+    .into();
+    args.extend([
+        "-http-port".into(),
+        port(http_port),
+        "-serf-lan-port".into(),
+        port(free_port()),
+        "-server-port".into(),
+        port(free_port()),
+        "-data-dir".into(),
+        dir.path().join("data").display().to_string(),
+        "-node".into(),
+        node,
+    ]);
+    if let Some(token) = token {
+        args.push("-hcl".into());
+        args.push(format!(r#"acl {{ enabled = true, default_policy = "deny", tokens {{ master = "{token}" }} }}"#));
+    }
+    args
+}
+
+fn spawn(bin: &PathBuf, args: &[String], dir: &TempDir) -> anyhow::Result<ChildGuard> {
+    let mut cmd = Command::new(bin);
+    cmd.args(args);
+    ChildGuard::spawn("consul", cmd, dir.path().join("consul.log"))
+}

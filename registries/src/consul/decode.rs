@@ -1,0 +1,303 @@
+//! Pure translation of Consul answers into neutral records: JSON decoding,
+//! the tag filter, host naming, ports and labels. No I/O here, so every rule
+//! is unit-tested below.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Deserialize;
+
+use crate::{Endpoint, Protocol, RegistrySpec, Service, ServicePort, host_part};
+
+/// Consul registers itself as a service; it is never a mesh service.
+const CONSUL_SERVICE: &str = "consul";
+
+/// One element of `GET /v1/health/service/:name`. Only the fields we read;
+/// everything is optional so that a sparse or odd answer still decodes.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct HealthEntry {
+    #[serde(default)]
+    node: Option<NodeJson>,
+    #[serde(default)]
+    service: Option<ServiceJson>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct NodeJson {
+    #[serde(default)]
+    address: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ServiceJson {
+    #[serde(default)]
+    address: Option<String>,
+    #[serde(default)]
+    port: Option<i64>,
+    #[serde(default)]
+    weights: Option<WeightsJson>,
+    #[serde(default)]
+    meta: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct WeightsJson {
+    #[serde(default)]
+    passing: Option<i64>,
+}
+
+/// Decode `GET /v1/catalog/services`: service name -> tags.
+pub(crate) fn decode_catalog(body: &[u8]) -> Result<BTreeMap<String, Vec<String>>, serde_json::Error> {
+    let raw: BTreeMap<String, Option<Vec<String>>> = serde_json::from_slice(body)?;
+    Ok(raw.into_iter().map(|(name, tags)| (name, tags.unwrap_or_default())).collect())
+}
+
+/// Decode `GET /v1/health/service/:name` into endpoints. Addresses may still
+/// be host names here; the caller resolves them. Instances without a usable
+/// address or port are dropped: the mesh cannot route to them.
+pub(crate) fn decode_health(body: &[u8]) -> Result<Vec<Endpoint>, serde_json::Error> {
+    let entries: Vec<HealthEntry> = serde_json::from_slice(body)?;
+    Ok(entries.into_iter().filter_map(endpoint_of).collect())
+}
+
+fn endpoint_of(entry: HealthEntry) -> Option<Endpoint> {
+    let service = entry.service?;
+    // Consul's own rule: an empty Service.Address means "the node's address".
+    let address = service
+        .address
+        .filter(|a| !a.is_empty())
+        .or_else(|| entry.node.and_then(|n| n.address))
+        .filter(|a| !a.is_empty())?;
+    let port = u16::try_from(service.port?).ok().filter(|p| *p != 0)?;
+    let weight = match service.weights.and_then(|w| w.passing) {
+        Some(w) if w > 0 => u32::try_from(w).unwrap_or(u32::MAX),
+        _ => 1,
+    };
+    let labels = service
+        .meta
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, v)| is_valid_label_key(k) && is_valid_label_value(v))
+        .collect();
+    Some(Endpoint { address, port, weight, labels })
+}
+
+/// The services to watch: every catalog entry but Consul itself, and when a
+/// tag filter is set, only those with a tag equal to it ignoring case.
+pub(crate) fn select_services(catalog: &BTreeMap<String, Vec<String>>, tag: Option<&str>) -> BTreeSet<String> {
+    let tag = tag.map(str::to_lowercase);
+    catalog
+        .iter()
+        .filter(|(name, _)| name.as_str() != CONSUL_SERVICE)
+        .filter(|(_, tags)| match &tag {
+            None => true,
+            Some(want) => tags.iter().any(|t| t.to_lowercase() == *want),
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// Mesh host of a Consul service: `{service}.{datacenter}.consul`, lowercase
+/// and with `_` replaced, as Higress names it.
+pub(crate) fn host_name(service: &str, datacenter: &str) -> String {
+    host_part(&format!("{service}.{datacenter}.consul")).to_lowercase()
+}
+
+/// Everything needed to turn a service name and its endpoints into a
+/// [`Service`]. Fixed for the life of a watcher.
+#[derive(Debug, Clone)]
+pub(crate) struct Naming {
+    pub datacenter: String,
+    pub protocol: Protocol,
+    spec: RegistrySpec,
+}
+
+impl Naming {
+    pub fn new(spec: &RegistrySpec, datacenter: &str) -> Naming {
+        let protocol = spec.protocol.as_deref().and_then(Protocol::parse).unwrap_or(Protocol::Http);
+        Naming { datacenter: datacenter.to_string(), protocol, spec: spec.clone() }
+    }
+
+    pub fn host(&self, service: &str) -> String {
+        host_name(service, &self.datacenter)
+    }
+
+    /// The service record for `name`. The port is the configured vport, else
+    /// the lowest instance port, else (no instances) the port we last
+    /// reported so the service keeps its shape while empty. With none of
+    /// these there is no port at all: 0 is never a valid service port.
+    pub fn service(&self, name: &str, endpoints: Vec<Endpoint>, last_port: Option<u16>) -> Service {
+        let number = self
+            .spec
+            .vport_for(name)
+            .or_else(|| endpoints.iter().map(|e| e.port).min())
+            .or(last_port)
+            .filter(|p| *p != 0);
+        let ports = number
+            .map(|number| {
+                let name = format!("{}-{number}", self.protocol.as_str().to_lowercase());
+                vec![ServicePort { number, protocol: self.protocol, name }]
+            })
+            .unwrap_or_default();
+        Service::new(self.host(name), ports, endpoints)
+    }
+}
+
+/// A Kubernetes label key: an optional DNS-subdomain prefix and `/`, then a
+/// name of at most 63 characters (alphanumerics, `-`, `_`, `.`, starting and
+/// ending alphanumeric).
+pub(crate) fn is_valid_label_key(key: &str) -> bool {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    let prefix_ok = prefix.is_none_or(|p| {
+        p.len() <= 253
+            && p.split('.').all(|part| {
+                !part.is_empty()
+                    && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !part.starts_with('-')
+                    && !part.ends_with('-')
+            })
+    });
+    prefix_ok && !name.is_empty() && is_label_name(name)
+}
+
+/// A Kubernetes label value: empty, or a name as in [`is_valid_label_key`].
+pub(crate) fn is_valid_label_value(value: &str) -> bool {
+    value.is_empty() || is_label_name(value)
+}
+
+fn is_label_name(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (Some(first), Some(last)) => {
+            bytes.len() <= 63
+                && first.is_ascii_alphanumeric()
+                && last.is_ascii_alphanumeric()
+                && bytes.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RegistryKind;
+
+    const HEALTH: &str = r#"[
+      {"Node": {"Node": "n1", "Address": "10.0.0.1"},
+       "Service": {"ID": "web-1", "Service": "web", "Address": "", "Port": 8081,
+                   "Weights": {"Passing": 5, "Warning": 1},
+                   "Meta": {"version": "v1", "_private": "x", "note": "has space"}},
+       "Checks": [{"Status": "passing"}]},
+      {"Node": {"Node": "n2", "Address": "10.0.0.2"},
+       "Service": {"ID": "web-2", "Service": "web", "Address": "10.1.0.2", "Port": 8080,
+                   "Weights": {"Passing": 0, "Warning": 1}, "Meta": null}},
+      {"Node": {"Address": "10.0.0.3"}, "Service": {"Port": 0}},
+      {"Node": {"Address": "10.0.0.4"}, "Service": {"Port": 70000}},
+      {"Node": {"Address": ""}, "Service": {"Address": "", "Port": 80}},
+      {"Node": null, "Service": null}
+    ]"#;
+
+    fn spec() -> RegistrySpec {
+        RegistrySpec::new(RegistryKind::Consul, "c", "127.0.0.1", 8500)
+    }
+
+    #[test]
+    fn health_answer_decodes_to_endpoints() {
+        let eps = decode_health(HEALTH.as_bytes()).unwrap();
+        assert_eq!(eps.len(), 2, "{eps:?}");
+        // Empty Service.Address falls back to the node's.
+        assert_eq!(eps[0].address, "10.0.0.1");
+        assert_eq!(eps[0].port, 8081);
+        assert_eq!(eps[0].weight, 5);
+        // Keys or values Kubernetes would reject are dropped, not the endpoint.
+        assert_eq!(eps[0].labels, BTreeMap::from([("version".to_string(), "v1".to_string())]));
+        assert_eq!(eps[1].address, "10.1.0.2");
+        assert_eq!(eps[1].weight, 1, "a zero passing weight means 1");
+        assert!(eps[1].labels.is_empty());
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for body in ["", "{", "null", "{}", "[1,2]", r#"[{"Service": {"Port": "x"}}]"#, "\u{0}"] {
+            assert!(decode_health(body.as_bytes()).is_err(), "{body:?}");
+        }
+        for body in ["", "[]", r#"{"web": "x"}"#, r#"{"web": [1]}"#] {
+            assert!(decode_catalog(body.as_bytes()).is_err(), "{body:?}");
+        }
+        assert_eq!(decode_health(b"[]").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn catalog_decodes_null_tags() {
+        let cat = decode_catalog(br#"{"consul": [], "web": null, "api": ["a", "b"]}"#).unwrap();
+        assert_eq!(cat["web"], Vec::<String>::new());
+        assert_eq!(cat["api"], vec!["a", "b"]);
+    }
+
+    #[test]
+    fn tag_filter_is_case_insensitive_and_skips_consul() {
+        let cat = BTreeMap::from([
+            ("consul".to_string(), vec!["Mesh".to_string()]),
+            ("web".to_string(), vec!["MESH".to_string(), "x".to_string()]),
+            ("api".to_string(), vec!["meshy".to_string()]),
+            ("db".to_string(), vec![]),
+        ]);
+        let all: Vec<_> = select_services(&cat, None).into_iter().collect();
+        assert_eq!(all, vec!["api", "db", "web"]);
+        let tagged: Vec<_> = select_services(&cat, Some("mesh")).into_iter().collect();
+        assert_eq!(tagged, vec!["web"]);
+    }
+
+    #[test]
+    fn host_names_follow_higress() {
+        assert_eq!(host_name("web", "dc1"), "web.dc1.consul");
+        assert_eq!(host_name("Pay_API", "DC_East"), "pay-api.dc-east.consul");
+    }
+
+    fn ep(port: u16) -> Endpoint {
+        Endpoint { address: "10.0.0.1".into(), port, weight: 1, labels: BTreeMap::new() }
+    }
+
+    #[test]
+    fn service_port_rules() {
+        let mut spec = spec();
+        spec.protocol = Some("grpc".into());
+        let naming = Naming::new(&spec, "dc1");
+        let svc = naming.service("web", vec![ep(9090), ep(8080)], Some(7000));
+        assert_eq!(svc.host, "web.dc1.consul");
+        assert_eq!(svc.ports, vec![ServicePort { number: 8080, protocol: Protocol::Grpc, name: "grpc-8080".into() }]);
+        // No instances: keep the last known port, else no port at all.
+        assert_eq!(naming.service("web", vec![], Some(7000)).ports[0].number, 7000);
+        assert_eq!(naming.service("web", vec![], None).ports, vec![]);
+
+        spec.protocol = Some("bogus".into());
+        spec.vport_default = Some(80);
+        spec.vport_services.insert("api".into(), 9000);
+        let naming = Naming::new(&spec, "dc1");
+        assert_eq!(naming.service("web", vec![ep(8080)], None).ports[0].name, "http-80");
+        assert_eq!(naming.service("api", vec![], None).ports[0].name, "http-9000");
+    }
+
+    #[test]
+    fn label_rules() {
+        for ok in ["a", "version", "app.kubernetes.io/name", "x_y-z.1", "example.com/A"] {
+            assert!(is_valid_label_key(ok), "{ok}");
+        }
+        let long = "a".repeat(64);
+        for bad in ["", "_x", "x-", "a/b/c", "/x", "Upper.Com/x", "has space", long.as_str()] {
+            assert!(!is_valid_label_key(bad), "{bad}");
+        }
+        assert!(is_valid_label_value(""));
+        assert!(is_valid_label_value("v1.2_3-rc"));
+        assert!(!is_valid_label_value("a b"));
+        assert!(!is_valid_label_value("-a"));
+        assert!(!is_valid_label_value(&long));
+    }
+}
