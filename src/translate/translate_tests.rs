@@ -44,10 +44,7 @@ fn web() -> Service {
     Service::new(
         "web.dc1.consul",
         vec![port(8080, Protocol::Http)],
-        vec![
-            endpoint("10.0.0.2", 8081, 3, &[("version", "v2")]),
-            endpoint("10.0.0.1", 8080, 1, &[("version", "v1")]),
-        ],
+        vec![endpoint("10.0.0.2", 8081, 3, &[("version", "v2")]), endpoint("10.0.0.1", 8080, 1, &[("version", "v1")])],
     )
 }
 

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The project's test command (README, .ci/run): installs the real servers
+# the tests use (cached; see e2e/setup.sh), then runs format and lint checks
+# and every test in the workspace. Tests start and stop their own servers on
+# free ports, so nothing needs to be running beforehand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export MESHBRIDGE_CACHE="${MESHBRIDGE_CACHE:-$HOME/.cache/meshbridge}"
+# Outside the work tree, so a fresh clone (CI) still builds incrementally.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MESHBRIDGE_CACHE/target}"
+
+# shellcheck source=e2e/env.sh
+source e2e/env.sh consul envoy
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --workspace --locked -- --nocapture 2>&1 | tee "$MESHBRIDGE_CACHE/last-test.log" | grep -v '^\[' || true
+# tee/grep swallow cargo's status: take it from the pipeline.
+status=${PIPESTATUS[0]}
+grep -h '^FIGURE' "$MESHBRIDGE_CACHE/last-test.log" || true
+exit "$status"
