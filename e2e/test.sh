@@ -18,8 +18,14 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
-cargo test --workspace --locked -- --nocapture 2>&1 | tee "$MESHBRIDGE_CACHE/last-test.log" | grep -v '^\[' || true
-# tee/grep swallow cargo's status: take it from the pipeline.
+log="$MESHBRIDGE_CACHE/last-test.log"
+set +e
+cargo test --workspace --locked --lib --bins --tests -- --nocapture 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
-grep -h '^FIGURE' "$MESHBRIDGE_CACHE/last-test.log" || true
+set -e
+echo "== figures"
+grep -h '^FIGURE' "$log" || true
+# One closing line for the whole run, summed over every test binary.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"
