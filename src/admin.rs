@@ -1,17 +1,37 @@
-//! Admin HTTP: readiness, liveness and debug views, on `--admin-addr`.
+//! Admin HTTP on `--admin-addr`: probes, per-registry health, debug views
+//! and Prometheus metrics. Every answer is JSON (metrics aside), errors
+//! included (`{"error": "…"}`), and none ever contains a credential.
+//!
+//! | path | what |
+//! | --- | --- |
+//! | `/healthz`, `/ready` | liveness; readiness (open even when a token is required) |
+//! | `/v1/registries[/{name}[/services/{host}]]` | registry health and contents ([`registries`]) |
+//! | `/registry/watcherStatus` | Higress-compatible registry status |
+//! | `/debug/configz`, `/debug/xdsz` | the Istio config set; connected xDS clients |
+//! | `/metrics` | Prometheus ([`crate::metrics`]) |
 
+mod auth;
+pub mod registries;
+pub mod time;
+
+use std::borrow::Cow;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Json};
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
 use serde_json::json;
 use tokio::sync::watch;
 
+pub use auth::{Auth, ct_eq};
+
 use crate::cache::Cache;
+use crate::metrics::{self, Metrics};
 use crate::translate::ConfigSet;
+use crate::translate::istio::IstioObject;
 use crate::xds::Clients;
 
 #[derive(Clone)]
@@ -19,14 +39,50 @@ pub struct AdminState {
     pub cache: Arc<Cache>,
     pub config: watch::Receiver<Arc<ConfigSet>>,
     pub clients: Arc<Clients>,
+    pub metrics: Arc<Metrics>,
+    pub auth: Auth,
+}
+
+/// An error answer: `{"error": message}` with a status.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into() }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({"error": self.message}))).into_response()
+    }
 }
 
 pub fn router(state: AdminState) -> Router {
+    let auth = state.auth.clone();
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
+        .route("/v1/registries", get(registries::list))
+        .route("/v1/registries/{name}", get(registries::one))
+        .route("/v1/registries/{name}/services/{host}", get(registries::service))
+        .route("/registry/watcherStatus", get(registries::watcher_status))
         .route("/debug/configz", get(configz))
         .route("/debug/xdsz", get(xdsz))
+        .route("/metrics", get(prometheus))
+        .fallback(|uri: Uri| async move { ApiError::not_found(format!("no such endpoint: {}", uri.path())) })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "the admin API is read-only: use GET")
+        })
+        .layer(axum::middleware::from_fn_with_state(auth, auth::require))
         .with_state(state)
 }
 
@@ -47,17 +103,46 @@ async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
     }
 }
 
+/// Every Istio object of a config set: [`ConfigSet::istio`], plus objects of
+/// the typed lists that are not (yet) copied there, so nothing translation
+/// produced is missing from `/debug/configz` or the metrics.
+pub fn istio_objects(set: &ConfigSet) -> Vec<Cow<'_, IstioObject>> {
+    let key = |o: &IstioObject| (o.kind.clone(), o.metadata.namespace.clone(), o.metadata.name.clone());
+    let mut seen: HashSet<_> = set.istio.iter().map(key).collect();
+    let mut out: Vec<Cow<'_, IstioObject>> = set.istio.iter().map(Cow::Borrowed).collect();
+    let typed = set
+        .service_entries
+        .iter()
+        .map(|o| IstioObject::from(o.clone()))
+        .chain(set.destination_rules.iter().map(|o| IstioObject::from(o.clone())));
+    for o in typed {
+        if seen.insert(key(&o)) {
+            out.push(Cow::Owned(o));
+        }
+    }
+    out
+}
+
 /// The current Istio objects, as a Kubernetes `List`.
 async fn configz(State(s): State<AdminState>) -> impl IntoResponse {
     let set = s.config.borrow().clone();
+    let items = istio_objects(&set);
     Json(json!({
         "apiVersion": "v1",
         "kind": "List",
         "metadata": {"resourceVersion": set.revision.to_string()},
-        "items": set.service_entries,
+        "items": items,
     }))
 }
 
 async fn xdsz(State(s): State<AdminState>) -> impl IntoResponse {
     Json(json!({"clients": s.clients.snapshot()}))
+}
+
+async fn prometheus(State(s): State<AdminState>) -> Result<Response, ApiError> {
+    let body = s
+        .metrics
+        .render()
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response())
 }

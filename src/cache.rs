@@ -8,16 +8,21 @@
 //! Outage rule: only answers from a registry change its services. Errors
 //! update the registry's status and nothing else, so endpoints survive a
 //! registry that goes away.
+//!
+//! The cache also keeps what the admin API and metrics report per registry:
+//! its endpoint (never credentials), status, and event and error counters.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
-use meshbridge_registries::{RegistryError, RegistryKind, Service, Sink, Update};
+use meshbridge_registries::{RegistryError, RegistryKind, RegistrySpec, Secret, Service, Sink, Update};
 use serde::Serialize;
 use tokio::sync::watch;
 use tracing::debug;
+
+use crate::metrics::{RegistryErrorLabels, RegistryLabels, RegistryMetrics};
 
 /// Registries are keyed by (type, name), as the reconciler diffs them.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -60,12 +65,20 @@ struct RegistryEntry {
     generation: u64,
     services: BTreeMap<String, Arc<Service>>,
     status: RegistryStatus,
+    /// `domain:port`, from the spec.
+    endpoint: String,
+    /// The spec's credentials, scrubbed from every error message we keep.
+    secrets: Vec<Secret>,
+    /// Error kinds counted so far, to drop their series on removal.
+    error_kinds: BTreeSet<&'static str>,
 }
 
 #[derive(Debug, Default)]
 struct State {
     registries: BTreeMap<RegistryKey, RegistryEntry>,
     revision: u64,
+    /// When the oldest change not yet taken by [`Cache::take_view`] happened.
+    pending_since: Option<Instant>,
 }
 
 /// Service cache shared by watchers (writers) and the publisher (reader).
@@ -73,6 +86,18 @@ struct State {
 pub struct Cache {
     state: Mutex<State>,
     changed: watch::Sender<u64>,
+    metrics: RegistryMetrics,
+}
+
+/// One registry as the admin API and metrics report it.
+#[derive(Debug, Clone)]
+pub struct RegistryReport {
+    pub key: RegistryKey,
+    /// `domain:port` as configured; empty if the spec was never described.
+    pub endpoint: String,
+    pub status: RegistryStatus,
+    pub services: usize,
+    pub endpoints: usize,
 }
 
 /// A service with the registry that reported it.
@@ -94,7 +119,7 @@ pub struct View {
 
 impl Default for Cache {
     fn default() -> Self {
-        Cache { state: Mutex::new(State::default()), changed: watch::channel(0).0 }
+        Cache { state: Mutex::new(State::default()), changed: watch::channel(0).0, metrics: RegistryMetrics::default() }
     }
 }
 
@@ -116,7 +141,23 @@ impl Cache {
 
     fn bump(&self, state: &mut State) {
         state.revision += 1;
+        state.pending_since.get_or_insert_with(Instant::now);
         self.changed.send_replace(state.revision);
+    }
+
+    /// The counters and histograms the sinks record.
+    pub fn metrics(&self) -> &RegistryMetrics {
+        &self.metrics
+    }
+
+    /// Remember what a registry's spec says about where it is and what its
+    /// credentials are: the endpoint is reported, the credentials are
+    /// scrubbed from every error message the cache keeps.
+    pub fn describe(&self, key: &RegistryKey, spec: &RegistrySpec) {
+        let mut state = self.lock();
+        let entry = state.registries.entry(key.clone()).or_default();
+        entry.endpoint = spec.endpoint();
+        entry.secrets = spec_secrets(spec);
     }
 
     /// Prepare for a (new or restarted) watcher of `key` and return the sink
@@ -133,7 +174,11 @@ impl Cache {
     /// Forget a registry and its services.
     pub fn remove(&self, key: &RegistryKey) {
         let mut state = self.lock();
-        if state.registries.remove(key).is_some_and(|e| !e.services.is_empty()) {
+        let Some(entry) = state.registries.remove(key) else {
+            return;
+        };
+        self.metrics.forget(key, &entry.error_kinds);
+        if !entry.services.is_empty() {
             self.bump(&mut state);
         }
     }
@@ -144,14 +189,30 @@ impl Cache {
         let mut state = self.lock();
         let entry = state.registries.entry(key.clone()).or_default();
         entry.generation += 1;
+        // A spec that cannot become a watcher is RegistryError::Config.
+        let labels = RegistryErrorLabels { name: key.name.clone(), r#type: key.kind.as_str(), kind: "config" };
+        self.metrics.errors.get_or_create(&labels).inc();
+        entry.error_kinds.insert("config");
         entry.status.healthy = false;
-        entry.status.last_error = Some(error.to_string());
+        entry.status.last_error = Some(scrub(error, &entry.secrets));
         entry.status.last_error_time = Some(SystemTime::now());
         entry.status.consecutive_failures += 1;
     }
 
     pub fn view(&self) -> View {
-        let state = self.lock();
+        Self::merged(&self.lock())
+    }
+
+    /// The view to publish, with the time of the oldest change it is the
+    /// first to include (taken: the next call reports newer changes only).
+    /// Feeds the event-to-push latency metrics.
+    pub fn take_view(&self) -> (View, Option<Instant>) {
+        let mut state = self.lock();
+        let view = Self::merged(&state);
+        (view, state.pending_since.take())
+    }
+
+    fn merged(state: &State) -> View {
         let mut view = View { revision: state.revision, ..View::default() };
         for (key, entry) in &state.registries {
             for (host, svc) in &entry.services {
@@ -180,6 +241,18 @@ impl Cache {
             .collect()
     }
 
+    /// Every registry, in key order, as the admin API reports it.
+    pub fn registries(&self) -> Vec<RegistryReport> {
+        let state = self.lock();
+        state.registries.iter().map(|(k, e)| report(k, e)).collect()
+    }
+
+    /// One registry's report and services.
+    pub fn registry(&self, key: &RegistryKey) -> Option<(RegistryReport, BTreeMap<String, Arc<Service>>)> {
+        let state = self.lock();
+        state.registries.get(key).map(|e| (report(key, e), e.services.clone()))
+    }
+
     /// Services of one registry, by host.
     pub fn registry_services(&self, key: &RegistryKey) -> Option<BTreeMap<String, Arc<Service>>> {
         self.lock().registries.get(key).map(|e| e.services.clone())
@@ -199,6 +272,44 @@ impl Cache {
             self.bump(&mut state);
         }
     }
+}
+
+fn report(key: &RegistryKey, e: &RegistryEntry) -> RegistryReport {
+    RegistryReport {
+        key: key.clone(),
+        endpoint: e.endpoint.clone(),
+        status: e.status.clone(),
+        services: e.services.len(),
+        endpoints: e.services.values().map(|s| s.endpoints.len()).sum(),
+    }
+}
+
+/// Every credential a spec carries. User names are not secret, and
+/// scrubbing one (often a plain word such as `nacos`) would garble messages.
+fn spec_secrets(spec: &RegistrySpec) -> Vec<Secret> {
+    let mut out: Vec<Secret> = spec
+        .auth
+        .iter()
+        .filter(|(k, _)| !k.to_ascii_lowercase().contains("username"))
+        .map(|(_, v)| v.clone())
+        .collect();
+    out.extend(spec.nacos_access_key.iter().cloned());
+    out.extend(spec.nacos_secret_key.iter().cloned());
+    out.retain(|s| !s.expose().is_empty());
+    out
+}
+
+/// `message` with every credential replaced. Watchers already keep
+/// credentials out of their errors; this makes sure of it for everything
+/// the admin API shows, whatever a client library put in its message.
+fn scrub(message: &str, secrets: &[Secret]) -> String {
+    let mut out = message.to_string();
+    for s in secrets {
+        if out.contains(s.expose()) {
+            out = out.replace(s.expose(), "<redacted>");
+        }
+    }
+    out
 }
 
 /// Apply an update; true if content changed.
@@ -233,7 +344,9 @@ struct RegistrySink {
 impl Sink for RegistrySink {
     fn update(&self, update: Update) {
         let full = matches!(update, Update::Snapshot(_));
+        let metrics = &self.cache.metrics;
         self.cache.with_entry(&self.key, self.generation, |entry| {
+            metrics.events.get_or_create(&RegistryLabels::from(&self.key)).inc();
             let now = SystemTime::now();
             if full {
                 entry.status.ready = true;
@@ -256,11 +369,24 @@ impl Sink for RegistrySink {
     fn error(&self, error: &RegistryError) {
         // The watcher logs the failure itself; this is the cache's side of it.
         debug!(registry = %self.key, kind = error.kind(), %error, "registry call failed; keeping last known services");
+        let metrics = &self.cache.metrics;
         self.cache.with_entry(&self.key, self.generation, |entry| {
+            let kind = error.kind();
+            let labels = RegistryErrorLabels { name: self.key.name.clone(), r#type: self.key.kind.as_str(), kind };
+            metrics.errors.get_or_create(&labels).inc();
+            entry.error_kinds.insert(kind);
             entry.status.healthy = false;
-            entry.status.last_error = Some(error.to_string());
+            entry.status.last_error = Some(scrub(&error.to_string(), &entry.secrets));
             entry.status.last_error_time = Some(SystemTime::now());
             entry.status.consecutive_failures += 1;
+            false
+        });
+    }
+
+    fn synced(&self, took: Duration) {
+        let metrics = &self.cache.metrics;
+        self.cache.with_entry(&self.key, self.generation, |_| {
+            metrics.sync_duration.get_or_create(&RegistryLabels::from(&self.key)).observe(took.as_secs_f64());
             false
         });
     }
@@ -325,6 +451,62 @@ mod tests {
         assert_eq!(cache.view().services.len(), 1, "stale generation must be ignored");
         new.update(Update::Snapshot(vec![]));
         assert!(cache.view().services.is_empty());
+    }
+
+    #[test]
+    fn take_view_carries_the_oldest_unpublished_change() {
+        let cache = Cache::new();
+        let sink = cache.attach(&key("a"));
+        assert_eq!(cache.take_view().1, None);
+        let before = Instant::now();
+        sink.update(Update::Upsert(svc("web.dc1.consul", &["10.0.0.1"])));
+        let _ = cache.view(); // does not take it
+        let after_first = Instant::now();
+        sink.update(Update::Upsert(svc("web.dc1.consul", &["10.0.0.2"])));
+        let (view, taken) = cache.take_view();
+        let taken = taken.expect("a change is pending");
+        assert!(taken >= before && taken <= after_first, "the oldest change's time");
+        assert_eq!(view.services["web.dc1.consul"].service.endpoints[0].address, "10.0.0.2");
+        assert_eq!(cache.take_view().1, None, "taken once");
+        // A status-only call is not a change.
+        sink.healthy();
+        assert_eq!(cache.take_view().1, None);
+    }
+
+    #[test]
+    fn reports_endpoint_and_scrubs_credentials() {
+        let cache = Cache::new();
+        let k = key("a");
+        let mut spec = RegistrySpec::new(RegistryKind::Consul, "a", "consul.local", 8500);
+        spec.auth.insert("consulToken".into(), Secret::new("tok-123"));
+        spec.auth.insert("nacosUsername".into(), Secret::new("echoed"));
+        cache.describe(&k, &spec);
+        let sink = cache.attach(&k);
+        sink.error(&RegistryError::Unreachable { registry: "a".into(), reason: "echoed tok-123 back".into() });
+        let (report, _) = cache.registry(&k).unwrap();
+        assert_eq!(report.endpoint, "consul.local:8500");
+        assert_eq!(report.status.last_error.as_deref(), Some("a: unreachable: echoed <redacted> back"));
+        let labels = RegistryErrorLabels { name: "a".into(), r#type: "consul", kind: "unreachable" };
+        assert_eq!(cache.metrics().errors.get_or_create(&labels).get(), 1);
+    }
+
+    #[test]
+    fn counts_events_and_forgets_series_on_removal() {
+        let cache = Cache::new();
+        let sink = cache.attach(&key("a"));
+        sink.update(Update::Snapshot(vec![svc("web.dc1.consul", &["10.0.0.1", "10.0.0.2"])]));
+        sink.update(Update::Upsert(svc("web.dc1.consul", &["10.0.0.1", "10.0.0.2"])));
+        sink.synced(Duration::from_millis(5));
+        sink.error(&RegistryError::Unreachable { registry: "a".into(), reason: "refused".into() });
+        let labels = RegistryLabels::from(&key("a"));
+        assert_eq!(cache.metrics().events.get_or_create(&labels).get(), 2);
+        let reports = cache.registries();
+        assert_eq!((reports[0].services, reports[0].endpoints), (1, 2));
+        cache.remove(&key("a"));
+        assert!(cache.metrics().events.get(&labels).is_none());
+        assert!(cache.metrics().sync_duration.get(&labels).is_none());
+        let unreachable = RegistryErrorLabels { name: "a".into(), r#type: "consul", kind: "unreachable" };
+        assert!(cache.metrics().errors.get(&unreachable).is_none());
     }
 
     #[test]

@@ -7,6 +7,8 @@
 pub mod admin;
 pub mod cache;
 pub mod config;
+pub mod metrics;
+pub mod publish;
 pub mod reconcile;
 pub mod run;
 pub mod translate;

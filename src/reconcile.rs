@@ -93,6 +93,7 @@ impl Reconciler {
     }
 
     fn spawn(&self, key: &RegistryKey, spec: &RegistrySpec) -> Option<JoinHandle<()>> {
+        self.cache.describe(key, spec);
         match watcher_for(spec) {
             Ok(watcher) => {
                 let sink = self.cache.attach(key);
@@ -174,13 +175,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn unsupported_type_fails_alone() {
+    async fn a_spec_that_cannot_run_fails_alone() {
         let cache = Cache::new();
         let mut r = Reconciler::new(cache.clone());
-        r.apply(&[spec(RegistryKind::Eureka, "e", 8761), spec(RegistryKind::Consul, "c", 1)]);
+        // A static registry whose domain has no port cannot be built.
+        r.apply(&[spec(RegistryKind::Static, "s", 80), spec(RegistryKind::Consul, "c", 1)]);
         let statuses = cache.statuses();
-        let eureka = statuses.iter().find(|(k, ..)| k.kind == RegistryKind::Eureka).unwrap();
-        assert!(eureka.1.last_error.as_deref().unwrap().contains("type"));
+        let bad = statuses.iter().find(|(k, ..)| k.kind == RegistryKind::Static).unwrap();
+        assert!(bad.1.last_error.as_deref().unwrap().contains("domain"), "{:?}", bad.1.last_error);
         assert_eq!(r.running().count(), 2);
         r.apply(&[]);
         assert!(cache.statuses().is_empty());

@@ -118,3 +118,43 @@ impl DeltaClient {
         .await
     }
 }
+
+/// An ADS server on a free port fed from a cache, the way the binary wires
+/// them (cache → publisher → server), with one registry's sink to drive it.
+pub struct XdsFixture {
+    pub addr: std::net::SocketAddr,
+    pub cache: std::sync::Arc<crate::cache::Cache>,
+    pub sink: std::sync::Arc<dyn meshbridge_registries::Sink>,
+    pub clients: std::sync::Arc<crate::xds::Clients>,
+    pub config: tokio::sync::watch::Receiver<std::sync::Arc<crate::translate::ConfigSet>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl XdsFixture {
+    /// Serve `initial` as the full contents of a Consul registry `test`.
+    pub async fn start(initial: Vec<meshbridge_registries::Service>) -> XdsFixture {
+        use meshbridge_registries::{RegistryKind, Update};
+        let cache = crate::cache::Cache::new();
+        let sink = cache.attach(&crate::cache::RegistryKey::new(RegistryKind::Consul, "test"));
+        sink.update(Update::Snapshot(initial));
+        let mut tasks = Vec::new();
+        let desired = tokio::sync::watch::channel(std::sync::Arc::new(crate::config::Desired::default())).1;
+        let config = crate::publish::spawn(&cache, desired, Default::default(), &mut tasks);
+        let clients = crate::xds::Clients::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = crate::xds::AdsServer::new(config.clone(), clients.clone());
+        tasks.push(tokio::spawn(async move {
+            let _ = server.serve(listener, std::future::pending()).await;
+        }));
+        XdsFixture { addr, cache, sink, clients, config, tasks }
+    }
+}
+
+impl Drop for XdsFixture {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}

@@ -8,7 +8,11 @@
 
 pub mod backend;
 pub mod consul;
+pub mod dns_fake;
 pub mod envoy;
+pub mod eureka_fake;
+pub mod nacos;
 pub mod process;
+pub mod zookeeper;
 
 pub use process::{ChildGuard, free_port, wait_for_http, wait_for_tcp};

@@ -51,6 +51,10 @@ const BACKOFF_START: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// `Sink::healthy` at most this often while all is well.
 const HEALTHY_EVERY: Duration = Duration::from_secs(1);
+/// How often the probe asks Consul for its leader. Blocking queries can sit
+/// for `wait` without a word from Consul, so without the probe an outage
+/// could go unnoticed (and `healthy` stay stale) for that long.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
 /// Health calls in flight at once during a full sync.
 const SYNC_CONCURRENCY: usize = 8;
 
@@ -112,6 +116,9 @@ impl ConsulWatcher {
             health,
             state: Mutex::default(),
         });
+        // Dropping the watcher's future drops this set, which stops the probe.
+        let mut probe = JoinSet::new();
+        probe.spawn(probe_leader(ctx.clone()).in_current_span());
 
         let mut backoff = Backoff::default();
         let first = loop {
@@ -220,6 +227,7 @@ impl Ctx {
     }
 
     async fn full_sync(&self) -> Result<FullSync, RegistryError> {
+        let started = Instant::now();
         let catalog = self.client.catalog_services(0, self.wait).await?;
         let names = select_services(&catalog.value, self.tag.as_deref());
         let services = stream::iter(names)
@@ -231,6 +239,7 @@ impl Ctx {
             .try_collect()
             .await?;
         self.health.ok();
+        self.sink.synced(started.elapsed());
         Ok(FullSync { catalog_index: catalog.index, services })
     }
 
@@ -406,6 +415,21 @@ async fn watch_service(ctx: Arc<Ctx>, name: String, generation: u64, mut index: 
                 ctx.health.fail(&e);
                 tokio::time::sleep(backoff.next()).await;
             }
+        }
+    }
+}
+
+/// Ask Consul for its leader every [`PROBE_EVERY`], so that health is fresh
+/// even while every blocking query is parked. A success after a failure
+/// also triggers the recovery resync.
+async fn probe_leader(ctx: Arc<Ctx>) {
+    let mut ticker = tokio::time::interval(PROBE_EVERY);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        match ctx.client.leader().await {
+            Ok(_) => ctx.health.ok(),
+            Err(e) => ctx.health.fail(&e),
         }
     }
 }

@@ -7,15 +7,21 @@
 //! registry has its own Higress-compatible naming rule.
 
 pub mod consul;
+pub mod dns;
+pub mod eureka;
+pub mod fixed;
 mod model;
+pub mod nacos;
 mod spec;
+pub mod zookeeper;
 
-pub use model::{Endpoint, Protocol, Service, ServicePort};
+pub use model::{Endpoint, Protocol, Service, ServicePort, Tls};
 pub use spec::{RegistryKind, RegistrySpec, Secret};
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// What a watcher tells the cache. The split between *authoritative* data and
 /// *errors* is the heart of outage handling: an answer from the registry
@@ -40,6 +46,11 @@ pub trait Sink: Send + Sync + 'static {
     fn healthy(&self);
     /// A call to the registry failed. The last known services stay.
     fn error(&self, error: &RegistryError);
+    /// A full sync (every service read and sent as one [`Update::Snapshot`])
+    /// took `took`. For metrics; watchers without full syncs never call it.
+    fn synced(&self, took: Duration) {
+        let _ = took;
+    }
 }
 
 /// A running registry watcher. `run` returns only when the watcher cannot
@@ -78,16 +89,18 @@ impl RegistryError {
     }
 }
 
-/// Build the watcher for a spec. Kinds this crate cannot watch yet are a
-/// config error for that registry alone.
+/// Build the watcher for a spec. A spec the watcher cannot use is a config
+/// error for that registry alone.
 pub fn watcher_for(spec: &RegistrySpec) -> Result<Box<dyn Watcher>, RegistryError> {
     match spec.kind {
         RegistryKind::Consul => Ok(Box::new(consul::ConsulWatcher::new(spec.clone())?)),
-        other => Err(RegistryError::Config {
-            registry: spec.name.clone(),
-            field: "type".into(),
-            reason: format!("registry type {other} is not supported yet"),
-        }),
+        RegistryKind::Eureka => Ok(Box::new(eureka::EurekaWatcher::new(spec.clone())?)),
+        RegistryKind::Static => Ok(Box::new(fixed::StaticWatcher::new(spec.clone())?)),
+        RegistryKind::Dns => Ok(Box::new(dns::DnsWatcher::new(spec.clone())?)),
+        RegistryKind::Zookeeper => Ok(Box::new(zookeeper::ZookeeperWatcher::new(spec.clone())?)),
+        RegistryKind::Nacos | RegistryKind::Nacos2 | RegistryKind::Nacos3 => {
+            Ok(Box::new(nacos::NacosWatcher::new(spec.clone())?))
+        }
     }
 }
 

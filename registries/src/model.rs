@@ -87,6 +87,17 @@ pub struct Service {
     pub ports: Vec<ServicePort>,
     /// Endpoints, sorted. Empty means the registry says there are none.
     pub endpoints: Vec<Endpoint>,
+    /// Set when the mesh must talk TLS to the endpoints (protocol `https` or
+    /// `grpcs`, or a Eureka secure port); translation then originates TLS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<Tls>,
+}
+
+/// How to originate TLS to a service's endpoints.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Tls {
+    /// Server name to send in the TLS handshake; none sends no SNI.
+    pub sni: Option<String>,
 }
 
 impl Service {
@@ -98,6 +109,11 @@ impl Service {
         let mut ports = ports;
         ports.sort();
         ports.dedup_by_key(|p| p.number);
-        Service { host: host.into(), ports, endpoints }
+        Service { host: host.into(), ports, endpoints, tls: None }
+    }
+
+    /// The same service, reached over TLS.
+    pub fn with_tls(self, tls: Tls) -> Self {
+        Service { tls: Some(tls), ..self }
     }
 }

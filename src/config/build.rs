@@ -62,7 +62,17 @@ impl Builder {
             }
             match doc {
                 Document::McpBridge(b) => bridges.push(b),
-                Document::Secret(s) => secrets.entry(s.name.as_str()).or_default().push(s),
+                Document::Secret(s) => {
+                    if let (Some(crt), Some(key)) = (s.data.get("tls.crt"), s.data.get("tls.key")) {
+                        run.desired.tls_secrets.push(super::TlsSecret {
+                            namespace: s.namespace.clone(),
+                            name: s.name.clone(),
+                            cert_chain_pem: crt.expose().to_string(),
+                            private_key_pem: key.clone(),
+                        });
+                    }
+                    secrets.entry(s.name.as_str()).or_default().push(s)
+                }
                 Document::Ingress(i) => run.desired.ingresses.push(i.clone()),
             }
         }
@@ -145,6 +155,7 @@ impl Builder {
         d.registries.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
         d.proxies.sort_by(|a, b| a.name.cmp(&b.name));
         d.ingresses.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        d.tls_secrets.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         d.errors = run.errors;
         Built { desired: run.desired, warnings: run.warnings }
     }

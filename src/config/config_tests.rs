@@ -481,7 +481,7 @@ async fn standalone_example_dir_source() {
     let (_source, rx) = DirSource::start(dir).await.unwrap();
     let d = rx.borrow().clone();
     assert_eq!(d.errors, Vec::<String>::new());
-    assert_eq!(names(&d), ["consul/consul-local"]);
+    assert_eq!(names(&d), ["consul/consul-local", "static/local-echo"]);
 }
 
 /// Wait (at most 10s) for the channel to publish a `Desired` matching `ok`.

@@ -26,11 +26,12 @@ mod validate;
 #[cfg(test)]
 mod config_tests;
 
+use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use meshbridge_registries::RegistrySpec;
+use meshbridge_registries::{RegistrySpec, Secret};
 
 pub use build::Builder;
 pub use dir::DirSource;
@@ -47,8 +48,32 @@ pub struct Desired {
     pub proxies: Vec<ProxySpec>,
     /// As written, sorted by (namespace, name).
     pub ingresses: Vec<IngressDoc>,
+    /// Secrets holding `tls.crt` and `tls.key`, sorted by (namespace, name):
+    /// certificates for the standalone gateway's HTTPS listener.
+    pub tls_secrets: Vec<TlsSecret>,
     /// Every current problem, human-readable, for logs and `/debug`.
     pub errors: Vec<String>,
+}
+
+/// A certificate from a `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`),
+/// named by Gateway servers' `credentialName`. Its `Debug` never shows the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TlsSecret {
+    pub namespace: String,
+    pub name: String,
+    pub cert_chain_pem: String,
+    pub private_key_pem: Secret,
+}
+
+impl fmt::Debug for TlsSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsSecret")
+            .field("namespace", &self.namespace)
+            .field("name", &self.name)
+            .field("cert_chain_pem", &format_args!("<{} bytes>", self.cert_chain_pem.len()))
+            .field("private_key_pem", &self.private_key_pem)
+            .finish()
+    }
 }
 
 /// A validated `McpBridge.spec.proxies[]` entry: an HTTP CONNECT proxy that

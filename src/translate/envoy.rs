@@ -8,19 +8,21 @@ use envoy_types::pb::envoy::config::cluster::v3::{
     cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy},
 };
 use envoy_types::pb::envoy::config::core::v3::{
-    Address, AggregatedConfigSource, ApiVersion, ConfigSource, Http2ProtocolOptions, SocketAddress,
+    Address, AggregatedConfigSource, ApiVersion, ConfigSource, Http2ProtocolOptions, SocketAddress, TransportSocket,
     address::Address as AddressKind, config_source::ConfigSourceSpecifier, socket_address::PortSpecifier,
+    transport_socket::ConfigType,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint::HostIdentifier,
 };
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{CommonTlsContext, UpstreamTlsContext};
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions,
     http_protocol_options::{ExplicitHttpConfig, UpstreamProtocolOptions, explicit_http_config::ProtocolConfig},
 };
 use envoy_types::pb::google::protobuf::{Duration, UInt32Value};
 use envoy_types::util::pack_any;
-use meshbridge_registries::{Protocol, Service, ServicePort};
+use meshbridge_registries::{Protocol, Service, ServicePort, Tls};
 
 use super::Resource;
 
@@ -30,6 +32,7 @@ pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Li
 pub const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 
 const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
 
 /// Istio's outbound cluster name.
 pub fn cluster_name(port: u16, subset: &str, host: &str) -> String {
@@ -58,7 +61,11 @@ fn cluster(svc: &Service, port: &ServicePort) -> Cluster {
         lb_policy: LbPolicy::RoundRobin as i32,
         ..Default::default()
     };
-    if matches!(port.protocol, Protocol::Grpc | Protocol::Http2) {
+    let h2 = matches!(port.protocol, Protocol::Grpc | Protocol::Http2);
+    if let Some(tls) = &svc.tls {
+        cluster.transport_socket = Some(tls_socket(tls, h2));
+    }
+    if h2 {
         let opts = HttpProtocolOptions {
             upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
                 protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(Http2ProtocolOptions::default())),
@@ -68,6 +75,17 @@ fn cluster(svc: &Service, port: &ServicePort) -> Cluster {
         cluster.typed_extension_protocol_options.insert(HTTP_PROTOCOL_OPTIONS.into(), pack_any(opts));
     }
     cluster
+}
+
+/// TLS origination to the endpoints. HTTP/2 must be negotiated by ALPN over
+/// TLS, and gRPC servers refuse a TLS connection that did not.
+fn tls_socket(tls: &Tls, h2: bool) -> TransportSocket {
+    let context = UpstreamTlsContext {
+        sni: tls.sni.clone().unwrap_or_default(),
+        common_tls_context: h2.then(|| CommonTlsContext { alpn_protocols: vec!["h2".into()], ..Default::default() }),
+        ..Default::default()
+    };
+    TransportSocket { name: TLS_TRANSPORT_SOCKET.into(), config_type: Some(ConfigType::TypedConfig(pack_any(context))) }
 }
 
 /// One ClusterLoadAssignment per cluster. Each endpoint keeps its own port.

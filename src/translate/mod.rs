@@ -4,13 +4,17 @@
 //! hashes and the output snapshot-testable.
 
 pub mod envoy;
+pub mod gateway;
+pub mod ingress;
 pub mod istio;
+pub mod mcp;
 
 use std::collections::BTreeMap;
 
 use envoy_types::pb::google::protobuf::Any;
 
 use crate::cache::View;
+use crate::config::{IngressDoc, TlsSecret};
 
 /// An Envoy resource ready to send: its name, content-hash version and body.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,14 +38,108 @@ pub struct ConfigSet {
     /// Cache revision this set was built from.
     pub revision: u64,
     pub service_entries: Vec<istio::ServiceEntry>,
+    /// One per service reached over TLS (registry `https`/`grpcs`), in host
+    /// order: Istio's side of the Envoy clusters' TLS transport socket.
+    pub destination_rules: Vec<istio::DestinationRule>,
+    /// Every Istio object (ServiceEntries included), sorted by kind,
+    /// namespace and name: what Pilot gets over MCP and `/debug/configz` shows.
+    pub istio: Vec<istio::IstioObject>,
     /// Envoy resources by type URL, then by name.
     pub envoy: BTreeMap<&'static str, BTreeMap<String, Resource>>,
+    /// MCP resources by collection (`group/Kind`, see [`mcp::collection`]),
+    /// then by `namespace/name`.
+    pub mcp: BTreeMap<String, BTreeMap<String, Resource>>,
     /// Problems found while translating (objects left out, conflicts).
     pub warnings: Vec<String>,
+    /// When the oldest registry change this set is the first to carry
+    /// happened; set by the publisher (`run.rs`), never by translation.
+    pub changed_at: Option<std::time::Instant>,
 }
 
-/// Translate a cache view into the full config set.
+impl ConfigSet {
+    /// The resources a type URL asks for: Envoy's by type URL, MCP's by
+    /// collection whatever version the client names.
+    pub fn resources(&self, type_url: &str) -> Option<&BTreeMap<String, Resource>> {
+        match mcp::collection(type_url) {
+            Some(c) => self.mcp.get(&c),
+            None => self.envoy.get(type_url),
+        }
+    }
+}
+
+/// What translation reads besides the registries' services.
+#[derive(Debug, Clone, Default)]
+pub struct Inputs<'a> {
+    pub ingresses: &'a [IngressDoc],
+    pub tls_secrets: &'a [TlsSecret],
+    /// `known_secrets` is filled from `tls_secrets`.
+    pub ingress: ingress::IngressOptions,
+    pub gateway: gateway::GatewayOptions,
+}
+
+/// Translate a cache view alone (no Ingress), with creation times all zero.
 pub fn config_set(view: &View) -> ConfigSet {
+    build(view, &Inputs::default(), |_| 0)
+}
+
+/// Translate everything into one config set: registry services into
+/// ServiceEntries, DestinationRules and Envoy clusters/endpoints; Ingresses
+/// into Gateways, VirtualServices and DestinationRules; all Istio objects
+/// into MCP resources; and Gateways/VirtualServices into Envoy listeners and
+/// routes for a standalone gateway. `create_time` gives each object's stable
+/// MCP creation time in seconds since the epoch.
+pub fn build(view: &View, inputs: &Inputs<'_>, create_time: impl Fn(&istio::IstioObject) -> i64) -> ConfigSet {
+    let mut set = registry_set(view);
+
+    let mut opts = inputs.ingress.clone();
+    opts.known_secrets.extend(inputs.tls_secrets.iter().map(|t| (t.namespace.clone(), t.name.clone())));
+    let from_ingress = ingress::translate(inputs.ingresses, &opts);
+    set.warnings.extend(from_ingress.warnings);
+
+    let mut objects = from_ingress.objects;
+    let registry_rules = set.destination_rules.iter().cloned().map(istio::IstioObject::from);
+    merge_destination_rules(&mut objects, registry_rules);
+    objects.extend(set.service_entries.iter().cloned().map(istio::IstioObject::from));
+    objects.sort_by(|a, b| {
+        (&a.kind, &a.metadata.namespace, &a.metadata.name).cmp(&(&b.kind, &b.metadata.namespace, &b.metadata.name))
+    });
+    let (mcp, rejected) = mcp::resources(&objects, create_time);
+    set.mcp = mcp;
+    set.warnings.extend(rejected);
+
+    let services = view.services.iter().map(|(h, c)| (h.clone(), (*c.service).clone())).collect();
+    let gw = gateway::envoy_gateway(&objects, &services, inputs.tls_secrets, &inputs.gateway);
+    set.warnings.extend(gw.warnings);
+    for (type_url, list) in [
+        (envoy::CLUSTER_TYPE, gw.clusters),
+        (envoy::ENDPOINT_TYPE, gw.load_assignments),
+        (envoy::LISTENER_TYPE, gw.listeners),
+        (envoy::ROUTE_TYPE, gw.routes),
+    ] {
+        let by_name = set.envoy.entry(type_url).or_default();
+        for r in list {
+            by_name.insert(r.name.clone(), r);
+        }
+    }
+    set.istio = objects;
+    set
+}
+
+/// A registry DestinationRule only fills what an Ingress one for the same
+/// host leaves unset; without an Ingress rule it stands alone.
+fn merge_destination_rules(objects: &mut Vec<istio::IstioObject>, registry: impl Iterator<Item = istio::IstioObject>) {
+    for rule in registry {
+        let host = &rule.spec["host"];
+        let ingress_rule = objects.iter_mut().find(|o| o.kind == "DestinationRule" && &o.spec["host"] == host);
+        match ingress_rule {
+            Some(primary) => istio::fill_unset(&mut primary.spec, &rule.spec),
+            None => objects.push(rule),
+        }
+    }
+}
+
+/// Envoy clusters and endpoints, and ServiceEntries, for every service.
+fn registry_set(view: &View) -> ConfigSet {
     let mut set = ConfigSet { revision: view.revision, warnings: view.conflicts.clone(), ..ConfigSet::default() };
     let clusters = set.envoy.entry(envoy::CLUSTER_TYPE).or_default();
     for cached in view.services.values() {
@@ -60,6 +158,7 @@ pub fn config_set(view: &View) -> ConfigSet {
             Ok(se) => set.service_entries.push(se),
             Err(e) => set.warnings.push(e),
         }
+        set.destination_rules.extend(istio::destination_rule(&cached.registry, &cached.service));
     }
     set
 }

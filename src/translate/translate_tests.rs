@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
-use meshbridge_registries::{Endpoint, Protocol, RegistryKind, Service, ServicePort};
+use meshbridge_registries::{Endpoint, Protocol, RegistryKind, Service, ServicePort, Tls};
 use prost::Message;
 
 use super::*;
@@ -97,4 +97,45 @@ fn service_without_ports_is_left_out_with_a_reason() {
     assert_eq!(set.service_entries.len(), 1);
     assert!(set.envoy[envoy::CLUSTER_TYPE].keys().all(|k| !k.contains("ghost")));
     assert_eq!(set.warnings, vec!["ServiceEntry ghost.dc1.consul: no port known yet; left out".to_string()]);
+}
+
+/// A `dns` registry with `protocol: grpcs` (SNI: its one host) and a
+/// `static` one with `https` and no SNI, beside a plain service.
+fn tls_services() -> Vec<(RegistryKey, Service)> {
+    let dns = RegistryKey::new(RegistryKind::Dns, "payments");
+    let pay = Service::new("payments.dns", vec![port(443, Protocol::Grpc)], vec![endpoint("10.0.2.1", 443, 1, &[])])
+        .with_tls(Tls { sni: Some("api.payments.example".into()) });
+    let fixed = RegistryKey::new(RegistryKind::Static, "legacy");
+    let legacy =
+        Service::new("legacy.static", vec![port(80, Protocol::Https)], vec![endpoint("10.0.3.1", 8443, 1, &[])])
+            .with_tls(Tls { sni: None });
+    vec![(dns, pay), (fixed, legacy), (consul(), web())]
+}
+
+#[test]
+fn tls_services_get_a_destination_rule_and_a_tls_socket() {
+    use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
+
+    let set = config_set(&view(tls_services()));
+    insta::assert_json_snapshot!("tls_destination_rules", set.destination_rules);
+
+    // Cluster -> transport socket name and its decoded TLS context.
+    let sockets: BTreeMap<&String, Option<(String, UpstreamTlsContext)>> = set.envoy[envoy::CLUSTER_TYPE]
+        .iter()
+        .map(|(n, r)| {
+            let socket = Cluster::decode(r.body.value.as_slice()).unwrap().transport_socket;
+            let tls = socket.map(|s| {
+                let Some(ConfigType::TypedConfig(any)) = s.config_type else { panic!("{n}: no typed config") };
+                assert_eq!(
+                    any.type_url,
+                    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+                );
+                (s.name, UpstreamTlsContext::decode(any.value.as_slice()).unwrap())
+            });
+            (n, tls)
+        })
+        .collect();
+    assert_eq!(sockets[&"outbound|8080||web.dc1.consul".to_string()], None, "plain stays plain");
+    insta::assert_debug_snapshot!("tls_cluster_transport_sockets", sockets);
 }

@@ -1,23 +1,52 @@
-//! Who is connected and what they acknowledged: the data behind the
-//! `/debug/xdsz` admin endpoint.
+//! Who is connected, what they subscribed to and what they acknowledged: the
+//! data behind the `/debug/xdsz` admin endpoint, and the xDS metrics.
+//!
+//! Each stream owns a [`ClientHandle`]; the protocol state machines call its
+//! hooks (`subscribed`, `sent`, `ack`, `nack`) and nothing else.
+//!
+//! Push latency is measured from the registry change a config set is the
+//! first to carry ([`ConfigSet::changed_at`](crate::translate::ConfigSet))
+//! to the response that carries it, and to the ACK of that response (by
+//! nonce). Each change is observed once per type and stream, and only for
+//! changes made after the stream connected, so the initial fetch of a new
+//! client is not counted as latency.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Instant, SystemTime};
 
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse};
 use serde::Serialize;
+
+use super::Subscription;
+use crate::admin::time;
+use crate::metrics::{XdsLabels, XdsMetrics};
+
+/// Responses awaiting ACK kept per type for the latency metric; older ones
+/// are dropped (a client that never ACKs must not grow the map).
+const MAX_PENDING: usize = 16;
 
 /// Per type URL, what happened last on one stream.
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TypeStatus {
+    /// The client currently asks for this type (wildcard or some names).
+    pub subscribed: bool,
+    pub wildcard: bool,
+    /// How many names the client asked for explicitly.
+    pub resource_names: usize,
+    /// SotW: the response's `version_info`; delta: its nonce.
     pub last_sent_version: Option<String>,
+    pub last_sent_nonce: Option<String>,
+    #[serde(serialize_with = "time::opt_rfc3339")]
     pub last_sent_time: Option<SystemTime>,
     pub last_ack: Option<String>,
+    #[serde(serialize_with = "time::opt_rfc3339")]
     pub last_ack_time: Option<SystemTime>,
     pub last_nack: Option<String>,
     pub last_nack_detail: Option<String>,
+    #[serde(serialize_with = "time::opt_rfc3339")]
     pub last_nack_time: Option<SystemTime>,
     pub pushes: u64,
     pub nacks: u64,
@@ -30,7 +59,10 @@ pub struct ClientStatus {
     pub node_id: String,
     pub peer: String,
     pub mode: &'static str,
+    #[serde(serialize_with = "time::rfc3339_ser")]
     pub connected_at: SystemTime,
+    /// Type URLs the client currently subscribes to.
+    pub subscribed_types: BTreeSet<String>,
     pub types: BTreeMap<String, TypeStatus>,
 }
 
@@ -39,11 +71,17 @@ pub struct ClientStatus {
 pub struct Clients {
     next_id: AtomicU64,
     streams: Mutex<BTreeMap<u64, ClientStatus>>,
+    metrics: XdsMetrics,
 }
 
 impl Clients {
     pub fn new() -> Arc<Clients> {
         Arc::new(Clients::default())
+    }
+
+    /// The counters and histograms the streams record.
+    pub fn metrics(&self) -> &XdsMetrics {
+        &self.metrics
     }
 
     pub fn connect(self: &Arc<Self>, peer: &str, mode: &'static str) -> ClientHandle {
@@ -54,19 +92,72 @@ impl Clients {
             peer: peer.to_string(),
             mode,
             connected_at: SystemTime::now(),
+            subscribed_types: BTreeSet::new(),
             types: BTreeMap::new(),
         };
         self.lock().insert(id, status);
-        ClientHandle { clients: self.clone(), id }
+        ClientHandle { clients: self.clone(), id, mode, connected: Instant::now(), latency: Mutex::default() }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, ClientStatus>> {
-        self.streams.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, ClientStatus>> {
+        self.streams.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub fn snapshot(&self) -> Vec<ClientStatus> {
         self.lock().values().cloned().collect()
     }
+
+    /// Connected streams per mode (`sotw`, `delta`).
+    pub fn count_by_mode(&self) -> BTreeMap<&'static str, usize> {
+        let mut out = BTreeMap::new();
+        for c in self.lock().values() {
+            *out.entry(c.mode).or_default() += 1;
+        }
+        out
+    }
+}
+
+/// What [`ClientHandle::sent`] needs to know about a response.
+pub trait Pushed: prost::Message {
+    fn type_url(&self) -> &str;
+    fn nonce(&self) -> &str;
+    /// What `/debug/xdsz` shows as the version sent.
+    fn version(&self) -> &str;
+}
+
+impl Pushed for DiscoveryResponse {
+    fn type_url(&self) -> &str {
+        &self.type_url
+    }
+    fn nonce(&self) -> &str {
+        &self.nonce
+    }
+    fn version(&self) -> &str {
+        &self.version_info
+    }
+}
+
+impl Pushed for DeltaDiscoveryResponse {
+    fn type_url(&self) -> &str {
+        &self.type_url
+    }
+    fn nonce(&self) -> &str {
+        &self.nonce
+    }
+    /// Delta responses carry per-resource versions only; the nonce names the
+    /// response, and it is what the client's ACK refers to.
+    fn version(&self) -> &str {
+        &self.nonce
+    }
+}
+
+/// Latency bookkeeping for one type on one stream.
+#[derive(Debug, Default)]
+struct Latency {
+    /// The change last observed, so each is counted once.
+    last_event: Option<Instant>,
+    /// (nonce, change time) of responses awaiting ACK, oldest first.
+    pending: VecDeque<(String, Instant)>,
 }
 
 /// One stream's handle; dropping it marks the client disconnected.
@@ -74,6 +165,10 @@ impl Clients {
 pub struct ClientHandle {
     clients: Arc<Clients>,
     id: u64,
+    mode: &'static str,
+    connected: Instant,
+    /// Only this stream's task uses it; the lock is never contended.
+    latency: Mutex<BTreeMap<String, Latency>>,
 }
 
 impl ClientHandle {
@@ -91,6 +186,23 @@ impl ClientHandle {
         self.with(|c| f(c.types.entry(type_url.to_string()).or_default()))
     }
 
+    fn labels(&self, type_url: &str) -> XdsLabels {
+        XdsLabels { type_url: type_url.to_string(), mode: self.mode }
+    }
+
+    fn latency(&self) -> MutexGuard<'_, BTreeMap<String, Latency>> {
+        self.latency.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Take the pending response `nonce` (and the older ones it supersedes)
+    /// and return the change time it carried.
+    fn settle(&self, type_url: &str, nonce: &str) -> Option<Instant> {
+        let mut latency = self.latency();
+        let t = latency.get_mut(type_url)?;
+        let i = t.pending.iter().position(|(n, _)| n == nonce)?;
+        t.pending.drain(..=i).next_back().map(|(_, at)| at)
+    }
+
     pub fn set_node(&self, node_id: &str) {
         self.with(|c| {
             if c.node_id != node_id {
@@ -99,22 +211,64 @@ impl ClientHandle {
         })
     }
 
-    pub fn sent(&self, type_url: &str, version: &str) {
+    /// The client's subscription for `type_url` is now `sub`.
+    pub fn subscribed(&self, type_url: &str, sub: &Subscription) {
+        let on = sub.wildcard || !sub.names.is_empty();
+        self.with(|c| {
+            if on {
+                c.subscribed_types.insert(type_url.to_string());
+            } else {
+                c.subscribed_types.remove(type_url);
+            }
+            let t = c.types.entry(type_url.to_string()).or_default();
+            t.subscribed = on;
+            t.wildcard = sub.wildcard;
+            t.resource_names = sub.names.len();
+        })
+    }
+
+    /// `resp` is about to be sent; `changed_at` is its config set's.
+    pub fn sent(&self, resp: &impl Pushed, changed_at: Option<Instant>) {
+        let type_url = resp.type_url();
+        let labels = self.labels(type_url);
+        let m = &self.clients.metrics;
+        m.pushes.get_or_create(&labels).inc();
+        m.push_bytes.get_or_create(&labels).inc_by(resp.encoded_len() as u64);
+        if let Some(at) = changed_at.filter(|at| *at >= self.connected) {
+            let mut latency = self.latency();
+            let t = latency.entry(type_url.to_string()).or_default();
+            if t.last_event != Some(at) {
+                t.last_event = Some(at);
+                m.event_to_send.get_or_create(&labels).observe(at.elapsed().as_secs_f64());
+                if t.pending.len() == MAX_PENDING {
+                    t.pending.pop_front();
+                }
+                t.pending.push_back((resp.nonce().to_string(), at));
+            }
+        }
         self.with_type(type_url, |t| {
-            t.last_sent_version = Some(version.to_string());
+            t.last_sent_version = Some(resp.version().to_string());
+            t.last_sent_nonce = Some(resp.nonce().to_string());
             t.last_sent_time = Some(SystemTime::now());
             t.pushes += 1;
         })
     }
 
-    pub fn ack(&self, type_url: &str, version: &str) {
+    /// The client applied the response `nonce`; `version` is what it says it has.
+    pub fn ack(&self, type_url: &str, nonce: &str, version: &str) {
+        if let Some(at) = self.settle(type_url, nonce) {
+            self.clients.metrics.event_to_ack.get_or_create(&self.labels(type_url)).observe(at.elapsed().as_secs_f64());
+        }
         self.with_type(type_url, |t| {
             t.last_ack = Some(version.to_string());
             t.last_ack_time = Some(SystemTime::now());
         })
     }
 
-    pub fn nack(&self, type_url: &str, version: &str, detail: &str) {
+    /// The client rejected the response `nonce` and keeps `version`.
+    pub fn nack(&self, type_url: &str, nonce: &str, version: &str, detail: &str) {
+        self.settle(type_url, nonce);
+        self.clients.metrics.nacks.get_or_create(&self.labels(type_url)).inc();
         self.with_type(type_url, |t| {
             t.last_nack = Some(version.to_string());
             t.last_nack_detail = Some(detail.to_string());
@@ -127,5 +281,76 @@ impl ClientHandle {
 impl Drop for ClientHandle {
     fn drop(&mut self) {
         self.clients.lock().remove(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resp(type_url: &str, nonce: &str) -> DiscoveryResponse {
+        DiscoveryResponse {
+            type_url: type_url.into(),
+            nonce: nonce.into(),
+            version_info: "v".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn latency_counts_each_change_once_and_settles_by_nonce() {
+        let clients = Clients::new();
+        let before = Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let c = clients.connect("peer", "sotw");
+        c.sent(&resp("t", "1"), Some(before)); // older than the stream: initial fetch
+        let at = Instant::now();
+        c.sent(&resp("t", "2"), Some(at));
+        c.sent(&resp("t", "3"), Some(at)); // same change again: not re-counted
+        let labels = XdsLabels { type_url: "t".into(), mode: "sotw" };
+        let pending = |c: &ClientHandle| c.latency().get("t").map(|l| l.pending.len()).unwrap_or(0);
+        assert_eq!(pending(&c), 1);
+        c.ack("t", "1", "v"); // a nonce that carried no change
+        assert_eq!(pending(&c), 1);
+        c.ack("t", "2", "v");
+        assert_eq!(pending(&c), 0);
+        let m = clients.metrics();
+        assert_eq!(m.pushes.get_or_create(&labels).get(), 3);
+        assert!(m.push_bytes.get_or_create(&labels).get() > 0);
+
+        c.sent(&resp("t", "4"), Some(Instant::now()));
+        c.nack("t", "4", "v", "bad");
+        assert_eq!(pending(&c), 0);
+        assert_eq!(m.nacks.get_or_create(&labels).get(), 1);
+        let snap = clients.snapshot();
+        assert_eq!(snap[0].types["t"].last_nack_detail.as_deref(), Some("bad"));
+        assert_eq!(clients.count_by_mode()["sotw"], 1);
+        drop(c);
+        assert!(clients.snapshot().is_empty());
+    }
+
+    #[test]
+    fn pending_is_bounded() {
+        let clients = Clients::new();
+        let c = clients.connect("peer", "delta");
+        for i in 0..(MAX_PENDING as u64 + 10) {
+            let at = Instant::now() + std::time::Duration::from_millis(i + 1);
+            c.sent(&resp("t", &i.to_string()), Some(at));
+        }
+        assert_eq!(c.latency()["t"].pending.len(), MAX_PENDING);
+    }
+
+    #[test]
+    fn subscription_is_reported() {
+        let clients = Clients::new();
+        let c = clients.connect("peer", "sotw");
+        c.subscribed("cds", &Subscription::from_names("cds", &[]));
+        c.subscribed("eds", &Subscription::from_names("eds", &["a".into(), "b".into()]));
+        let s = &clients.snapshot()[0];
+        assert_eq!(s.subscribed_types.iter().collect::<Vec<_>>(), ["cds", "eds"]);
+        assert!(s.types["cds"].wildcard);
+        assert_eq!(s.types["eds"].resource_names, 2);
+        c.subscribed("eds", &Subscription::default());
+        assert!(!clients.snapshot()[0].subscribed_types.contains("eds"));
     }
 }

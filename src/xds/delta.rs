@@ -66,6 +66,7 @@ impl DeltaStream {
             let sub = st.sub.clone();
             st.sent.retain(|n, _| sub.wants(n));
         }
+        self.client.subscribed(&type_url, &st.sub);
         if !req.response_nonce.is_empty() {
             match &req.error_detail {
                 Some(status) => {
@@ -75,11 +76,11 @@ impl DeltaStream {
                         detail = status.message,
                         "NACK: client kept its last good config"
                     );
-                    self.client.nack(&type_url, &req.response_nonce, &status.message);
+                    self.client.nack(&type_url, &req.response_nonce, &req.response_nonce, &status.message);
                 }
                 None => {
                     debug!(type_url, nonce = req.response_nonce, "ACK");
-                    self.client.ack(&type_url, &req.response_nonce);
+                    self.client.ack(&type_url, &req.response_nonce, &req.response_nonce);
                 }
             }
         }
@@ -137,13 +138,14 @@ impl DeltaStream {
         self.next_nonce += 1;
         let nonce = self.next_nonce.to_string();
         debug!(type_url, nonce, size = resources.len(), removed = removed.len(), "sent delta response");
-        self.client.sent(type_url, &nonce);
-        Some(DeltaDiscoveryResponse {
+        let resp = DeltaDiscoveryResponse {
             resources,
             type_url: type_url.to_string(),
             removed_resources: removed,
             nonce,
             ..Default::default()
-        })
+        };
+        self.client.sent(&resp, set.changed_at);
+        Some(resp)
     }
 }

@@ -60,11 +60,11 @@ impl SotwStream {
                     stale,
                     "NACK: client kept its last good config"
                 );
-                self.client.nack(&type_url, &req.version_info, &status.message);
+                self.client.nack(&type_url, &req.response_nonce, &req.version_info, &status.message);
             }
             (None, false) => {
                 debug!(type_url, nonce = req.response_nonce, version = req.version_info, stale, "ACK");
-                self.client.ack(&type_url, &req.version_info);
+                self.client.ack(&type_url, &req.response_nonce, &req.version_info);
             }
             (None, true) => {}
         }
@@ -73,6 +73,7 @@ impl SotwStream {
             return Vec::new();
         }
         let sub = Subscription::from_names(&type_url, &req.resource_names);
+        self.client.subscribed(&type_url, &sub);
         if req.error_detail.is_some() {
             // Nothing is re-sent until the config changes.
             st.sub = sub;
@@ -165,14 +166,15 @@ impl SotwStream {
         }
         st.nonce = nonce.clone();
         debug!(type_url, nonce, version, size = resources.len(), "sent response");
-        self.client.sent(type_url, &version);
-        Some(DiscoveryResponse {
+        let resp = DiscoveryResponse {
             version_info: version,
             resources: resources.iter().map(|r| r.body.clone()).collect(),
             type_url: type_url.to_string(),
             nonce,
             ..Default::default()
-        })
+        };
+        self.client.sent(&resp, set.changed_at);
+        Some(resp)
     }
 }
 
@@ -182,8 +184,7 @@ pub(super) fn subscribed<'a>(
     type_url: &str,
     sub: &Subscription,
 ) -> BTreeMap<&'a str, &'a Resource> {
-    set.envoy
-        .get(type_url)
+    set.resources(type_url)
         .map(|m| m.iter().filter(|(n, _)| sub.wants(n)).map(|(n, r)| (n.as_str(), r)).collect())
         .unwrap_or_default()
 }

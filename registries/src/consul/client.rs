@@ -98,6 +98,18 @@ impl Client {
         Ok(agent.config.datacenter)
     }
 
+    /// `GET /v1/status/leader`: the cheapest call that proves the agent and
+    /// its cluster answer (no ACL needed). No leader is an error: reads fail then.
+    pub async fn leader(&self) -> Result<String, RegistryError> {
+        let what = "/v1/status/leader";
+        let (body, _) = self.get(what, &["v1", "status", "leader"], &[], Duration::ZERO).await?;
+        let leader: String = serde_json::from_slice(&body).map_err(|e| self.bad(what, e.to_string()))?;
+        if leader.is_empty() {
+            return Err(self.bad(what, "no cluster leader".into()));
+        }
+        Ok(leader)
+    }
+
     /// `GET /v1/catalog/services`, blocking when `index > 0`.
     pub async fn catalog_services(
         &self,

@@ -1,0 +1,223 @@
+//! A real ZooKeeper 3.8 standalone server, from Debian's `zookeeper` package
+//! (`MESHBRIDGE_ZK_JAR`, see `e2e/setup.sh`), on a free loopback port, and a
+//! small client for tests to create and delete nodes.
+//!
+//! The server ticks every 500 ms and caps sessions at [`MAX_SESSION`], so a
+//! session whose server has been gone a few seconds expires: tests can see
+//! expiry without long waits. [`ZooKeeper::restart`] keeps the port and the
+//! data dir, so persistent nodes survive it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use tempfile::TempDir;
+use zookeeper_client as zk;
+
+use crate::process::{ChildGuard, binary_from_env, free_port};
+
+const JAR_VAR: &str = "MESHBRIDGE_ZK_JAR";
+/// The JVM is slow to start on a busy 2-core machine.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// `maxSessionTimeout`: what the server negotiates any session down to.
+pub const MAX_SESSION: Duration = Duration::from_secs(3);
+/// Attempts at a fresh start: a port picked by `free_port` can be taken by
+/// another test before ZooKeeper binds it.
+const START_ATTEMPTS: usize = 3;
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct ZooKeeper {
+    pub port: u16,
+    jar: PathBuf,
+    guard: ChildGuard,
+    dir: TempDir,
+}
+
+impl ZooKeeper {
+    /// Start a standalone server and wait until it serves a session.
+    pub async fn start() -> anyhow::Result<ZooKeeper> {
+        let jar = binary_from_env(JAR_VAR)?;
+        let mut last_err = None;
+        for _ in 0..START_ATTEMPTS {
+            let dir = tempfile::Builder::new().prefix("meshbridge-zk-").tempdir()?;
+            let port = free_port();
+            std::fs::write(dir.path().join("zoo.cfg"), config(port, dir.path()))?;
+            let guard = spawn(&jar, dir.path())?;
+            let mut zk = ZooKeeper { port, jar: jar.clone(), guard, dir };
+            match zk.wait_ready().await {
+                Ok(()) => return Ok(zk),
+                Err(e) => last_err = Some(e.context(format!("zookeeper log:\n{}", zk.log()))),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| anyhow::anyhow!("zookeeper did not start")))
+    }
+
+    /// `127.0.0.1:{port}`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The server's output so far (its tail is what matters).
+    pub fn log(&self) -> String {
+        let mut s = self.guard.log();
+        let cut = s.len().saturating_sub(8000);
+        s.split_off(s.char_indices().map(|(i, _)| i).find(|i| *i >= cut).unwrap_or(0))
+    }
+
+    /// Kill the server (SIGKILL): clients see connection refused.
+    pub fn stop(&mut self) {
+        self.guard.kill();
+    }
+
+    /// Start the server again on the same port and data dir.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.guard.kill();
+        self.guard = spawn(&self.jar, self.dir.path())?;
+        self.wait_ready().await.with_context(|| format!("zookeeper log:\n{}", self.log()))
+    }
+
+    /// A new client session, for the test to change the tree with.
+    pub async fn client(&self) -> anyhow::Result<ZkClient> {
+        ZkClient::connect(&self.addr()).await
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if !self.guard.is_running() {
+                bail!("zookeeper exited during startup");
+            }
+            if let Ok(client) = ZkClient::connect(&self.addr()).await
+                && client.exists("/").await.unwrap_or(false)
+            {
+                return Ok(());
+            }
+            ensure!(Instant::now() < deadline, "zookeeper not ready after {READY_TIMEOUT:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+fn config(port: u16, dir: &Path) -> String {
+    format!(
+        "dataDir={data}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+         tickTime=500\nmaxSessionTimeout={max}\n4lw.commands.whitelist=*\n",
+        data = dir.join("data").display(),
+        max = MAX_SESSION.as_millis(),
+    )
+}
+
+fn spawn(jar: &Path, dir: &Path) -> anyhow::Result<ChildGuard> {
+    // Debian's zookeeper.jar names its dependencies in its manifest; a
+    // logging backend is all it lacks.
+    let mut classpath = jar.display().to_string();
+    if let Some(simple) = jar.parent().map(|d| d.join("slf4j-simple.jar")).filter(|p| p.exists()) {
+        classpath = format!("{classpath}:{}", simple.display());
+    }
+    let java = std::env::var_os("JAVA_HOME").map(|h| PathBuf::from(h).join("bin/java")).filter(|j| j.exists());
+    let mut cmd = Command::new(java.unwrap_or_else(|| "java".into()));
+    cmd.args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Dzookeeper.admin.enableServer=false"])
+        .arg("-cp")
+        .arg(classpath)
+        .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+        .arg(dir.join("zoo.cfg"))
+        .current_dir(dir);
+    ChildGuard::spawn("zookeeper", cmd, dir.join("zookeeper.log"))
+}
+
+/// A client session for tests: persistent nodes, parents made as needed.
+pub struct ZkClient {
+    client: zk::Client,
+}
+
+impl ZkClient {
+    pub async fn connect(addr: &str) -> anyhow::Result<ZkClient> {
+        let connector = zk::Client::connector().with_session_timeout(MAX_SESSION).with_fail_eagerly();
+        let client = tokio::time::timeout(CALL_TIMEOUT, connector.connect(addr))
+            .await
+            .with_context(|| format!("connect {addr}: timed out"))?
+            .with_context(|| format!("connect {addr}"))?;
+        Ok(ZkClient { client })
+    }
+
+    pub async fn exists(&self, path: &str) -> anyhow::Result<bool> {
+        Ok(timed(path, self.client.check_stat(path)).await?.is_some())
+    }
+
+    /// Create `path` with `data`, and any missing parents (empty), or set
+    /// its data if it exists.
+    pub async fn put(&self, path: &str, data: &[u8]) -> anyhow::Result<()> {
+        let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        if let Some((parent, _)) = path.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
+            timed(parent, self.client.mkdir(parent, &options)).await?;
+        }
+        match timed(path, self.client.create(path, data, &options)).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.downcast_ref::<zk::Error>() == Some(&zk::Error::NodeExists) => {
+                timed(path, self.client.set_data(path, data, None)).await.map(|_| ())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Delete `path` and everything under it; nothing there is fine.
+    pub async fn delete_tree(&self, path: &str) -> anyhow::Result<()> {
+        let children = match timed(path, self.client.list_children(path)).await {
+            Ok(children) => children,
+            Err(e) if e.downcast_ref::<zk::Error>() == Some(&zk::Error::NoNode) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        for child in children {
+            let child = if path == "/" { format!("/{child}") } else { format!("{path}/{child}") };
+            Box::pin(self.delete_tree(&child)).await?;
+        }
+        match timed(path, self.client.delete(path, None)).await {
+            Err(e) if e.downcast_ref::<zk::Error>() == Some(&zk::Error::NoNode) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Register a Dubbo provider the way Dubbo does: a node named by its URL,
+    /// encoded once, under `/dubbo/{interface}/providers`. Returns its path.
+    pub async fn add_dubbo_provider(&self, interface: &str, url: &str) -> anyhow::Result<String> {
+        let path = format!("/dubbo/{interface}/providers/{}", dubbo_node_name(url));
+        self.put(&path, b"").await?;
+        Ok(path)
+    }
+}
+
+async fn timed<T>(path: &str, call: impl Future<Output = Result<T, zk::Error>>) -> anyhow::Result<T> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(anyhow::Error::new(e).context(format!("zookeeper call on {path}"))),
+        Err(_) => bail!("zookeeper call on {path}: timed out"),
+    }
+}
+
+/// What Java's `URLEncoder.encode(url, "UTF-8")` gives, which is how Dubbo
+/// names provider nodes.
+pub fn dubbo_node_name(url: &str) -> String {
+    let mut out = String::with_capacity(url.len() * 2);
+    for b in url.bytes() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'.' | b'-' | b'_' | b'*' => out.push(b as char),
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_are_form_encoded() {
+        assert_eq!(
+            dubbo_node_name("dubbo://10.0.0.1:20880/a.B?x=1&y=a b"),
+            "dubbo%3A%2F%2F10.0.0.1%3A20880%2Fa.B%3Fx%3D1%26y%3Da+b"
+        );
+    }
+}

@@ -1,0 +1,362 @@
+//! The ZooKeeper watcher against a real ZooKeeper 3.8 (`MESHBRIDGE_ZK_JAR`,
+//! see `e2e/env.sh`). Each test starts its own server. Tests of changes use a
+//! resync period longer than the test ([`WATCH_ONLY`]), so every change they
+//! see came through the watches; outage tests use 2 s. Every assertion polls
+//! the recorded sink calls with a deadline.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshbridge_e2e::free_port;
+use meshbridge_e2e::zookeeper::{MAX_SESSION, ZkClient, ZooKeeper};
+use meshbridge_registries::zookeeper::{ZookeeperStats, ZookeeperWatcher};
+use meshbridge_registries::{
+    Endpoint, Protocol, RegistryError, RegistryKind, RegistrySpec, Service, ServicePort, Sink, Update, Watcher,
+};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+const RESYNC: Duration = Duration::from_secs(2);
+/// A resync period no test lasts: changes can only arrive through watches.
+const WATCH_ONLY: Duration = Duration::from_secs(600);
+const DEADLINE: Duration = Duration::from_secs(20);
+
+#[derive(Debug, Clone)]
+enum Event {
+    Update(Update),
+    Healthy,
+    Error(RegistryError),
+}
+
+struct ChannelSink(mpsc::UnboundedSender<(Instant, Event)>);
+
+impl Sink for ChannelSink {
+    fn update(&self, update: Update) {
+        let _ = self.0.send((Instant::now(), Event::Update(update)));
+    }
+    fn healthy(&self) {
+        let _ = self.0.send((Instant::now(), Event::Healthy));
+    }
+    fn error(&self, error: &RegistryError) {
+        let _ = self.0.send((Instant::now(), Event::Error(error.clone())));
+    }
+}
+
+/// A running watcher and everything it told its sink, plus the services as
+/// a cache applying those updates would hold them.
+struct Recorder {
+    task: tokio::task::JoinHandle<()>,
+    rx: mpsc::UnboundedReceiver<(Instant, Event)>,
+    events: Vec<(Instant, Event)>,
+    view: BTreeMap<String, Service>,
+    stats: Arc<ZookeeperStats>,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Recorder {
+    fn start(spec: RegistrySpec, resync: Duration) -> Recorder {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let watcher = ZookeeperWatcher::new(spec).expect("valid spec").with_resync(resync);
+        let stats = watcher.stats();
+        let task = tokio::spawn(Box::new(watcher).run(Arc::new(ChannelSink(tx))));
+        Recorder { task, rx, events: Vec::new(), view: BTreeMap::new(), stats }
+    }
+
+    /// Wait until `pred` holds, re-checking after every sink call.
+    async fn until(&mut self, what: &str, mut pred: impl FnMut(&Recorder) -> bool) {
+        let deadline = Instant::now() + DEADLINE;
+        while !pred(self) {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(event)) => self.push(event),
+                Ok(None) => panic!("watcher stopped while waiting for {what}"),
+                Err(_) => panic!("no {what} after {DEADLINE:?}; sink calls:\n{}", self.dump()),
+            }
+        }
+    }
+
+    fn push(&mut self, (at, event): (Instant, Event)) {
+        if let Event::Update(update) = &event {
+            match update.clone() {
+                Update::Snapshot(all) => self.view = all.into_iter().map(|s| (s.host.clone(), s)).collect(),
+                Update::Upsert(s) => {
+                    self.view.insert(s.host.clone(), s);
+                }
+                Update::Remove(host) => {
+                    self.view.remove(&host);
+                }
+            }
+        }
+        self.events.push((at, event));
+    }
+
+    fn mark(&self) -> usize {
+        self.events.len()
+    }
+
+    fn since(&self, mark: usize) -> impl Iterator<Item = &Event> {
+        self.events[mark..].iter().map(|(_, e)| e)
+    }
+
+    fn updates_since(&self, mark: usize) -> Vec<&Update> {
+        self.since(mark).filter_map(|e| if let Event::Update(u) = e { Some(u) } else { None }).collect()
+    }
+
+    fn errors_since(&self, mark: usize) -> Vec<&RegistryError> {
+        self.since(mark).filter_map(|e| if let Event::Error(e) = e { Some(e) } else { None }).collect()
+    }
+
+    fn snapshot_since(&self, mark: usize) -> Option<&Vec<Service>> {
+        self.updates_since(mark).into_iter().find_map(|u| if let Update::Snapshot(s) = u { Some(s) } else { None })
+    }
+
+    /// `address:port` of each endpoint of `host` in the view.
+    fn endpoints(&self, host: &str) -> Option<Vec<String>> {
+        self.view.get(host).map(|s| s.endpoints.iter().map(|e| format!("{}:{}", e.address, e.port)).collect())
+    }
+
+    fn hosts(&self) -> Vec<&str> {
+        self.view.keys().map(String::as_str).collect()
+    }
+
+    fn dump(&self) -> String {
+        let start = self.events.first().map(|(at, _)| *at);
+        let lines = self.events.iter().map(|(at, e)| {
+            let ms = start.map(|s| at.duration_since(s).as_millis()).unwrap_or(0);
+            format!("  +{ms}ms {e:?}")
+        });
+        lines.collect::<Vec<_>>().join("\n")
+    }
+}
+
+fn spec(port: u16) -> RegistrySpec {
+    RegistrySpec::new(RegistryKind::Zookeeper, "zk-e2e", "127.0.0.1", port)
+}
+
+async fn zookeeper() -> (ZooKeeper, ZkClient) {
+    let zk = ZooKeeper::start().await.expect("start zookeeper (source e2e/env.sh zookeeper)");
+    let client = zk.client().await.expect("zookeeper client");
+    (zk, client)
+}
+
+/// Curator's `ServiceInstance` JSON as Spring Cloud Zookeeper writes it.
+fn instance(name: &str, address: &str, port: u16, metadata: serde_json::Value) -> Vec<u8> {
+    json!({
+        "name": name, "id": format!("{name}-{port}"), "address": address, "port": port, "sslPort": null,
+        "payload": {"@class": "org.springframework.cloud.zookeeper.discovery.ZookeeperInstance",
+                    "id": name, "name": name, "metadata": metadata},
+        "registrationTimeUTC": 1_700_000_000_000u64, "serviceType": "DYNAMIC",
+    })
+    .to_string()
+    .into_bytes()
+}
+
+const GREETER: &str = "com.example.Greeter";
+const GREETER_HOST: &str = "providers:com.example.Greeter:0.0.0:.zookeeper";
+const ORDERS_V1_BLUE: &str = "providers:com.example.Orders:1.0.0:blue.zookeeper";
+const ORDERS_V2: &str = "providers:com.example.Orders:2.0.0:.zookeeper";
+
+#[tokio::test]
+async fn dubbo_providers_follow_nodes() {
+    let (zk, c) = zookeeper().await;
+    // Everything Dubbo keeps beside providers, none of which is a service.
+    c.put("/dubbo/config/dubbo/demo.configurators", b"x").await.unwrap();
+    c.put("/dubbo/metadata/com.example.Greeter/provider/demo", b"{}").await.unwrap();
+    c.put("/dubbo/mapping/com.example.Greeter", b"demo").await.unwrap();
+    c.put("/dubbo/com.example.Greeter/consumers/consumer%3A%2F%2F10.9.9.9%2Fcom.example.Greeter", b"").await.unwrap();
+    c.put("/dubbo/com.example.Greeter/configurators", b"").await.unwrap();
+    c.put("/dubbo/com.example.Greeter/routers", b"").await.unwrap();
+    let a = "dubbo://127.0.0.2:20880/com.example.Greeter?application=demo&side=provider&weight=5&methods=a,b";
+    let a = c.add_dubbo_provider(GREETER, a).await.unwrap();
+    let blue = "dubbo://127.0.0.3:20881/com.example.Orders?version=1.0.0&group=blue&application=orders";
+    c.add_dubbo_provider("com.example.Orders", blue).await.unwrap();
+    c.add_dubbo_provider("com.example.Orders", "dubbo://127.0.0.4:20882/com.example.Orders?version=2.0.0")
+        .await
+        .unwrap();
+
+    let mut rec = Recorder::start(spec(zk.port), WATCH_ONLY);
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+    let first = rec.updates_since(0)[0].clone();
+    let Update::Snapshot(all) = first else { panic!("the first update must be the snapshot: {first:?}") };
+    let hosts: Vec<&str> = all.iter().map(|s| s.host.as_str()).collect();
+    assert_eq!(hosts, [GREETER_HOST, ORDERS_V1_BLUE, ORDERS_V2], "{all:#?}");
+    let greeter = &all[0];
+    assert_eq!(greeter.ports, vec![ServicePort { number: 20880, protocol: Protocol::Tcp, name: "tcp-20880".into() }]);
+    let labels: BTreeMap<String, String> =
+        [("application", "demo"), ("protocol", "dubbo"), ("side", "provider"), ("weight", "5")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    let want = Endpoint { address: "127.0.0.2".into(), port: 20880, weight: 5, labels };
+    assert_eq!(greeter.endpoints, vec![want]);
+    assert!(rec.stats.dropped_labels() >= 1, "methods=a,b is not a label value");
+    assert_eq!(rec.endpoints(ORDERS_V1_BLUE), Some(vec!["127.0.0.3:20881".to_string()]));
+    assert!(rec.since(0).any(|e| matches!(e, Event::Healthy)));
+
+    let mark = rec.mark();
+    let b = c.add_dubbo_provider(GREETER, "dubbo://127.0.0.5:20879/com.example.Greeter").await.unwrap();
+    let both = vec!["127.0.0.2:20880".to_string(), "127.0.0.5:20879".to_string()];
+    rec.until("second provider", |r| r.endpoints(GREETER_HOST) == Some(both.clone())).await;
+    assert!(rec.updates_since(mark).iter().all(|u| matches!(u, Update::Upsert(_))), "{}", rec.dump());
+    assert_eq!(rec.view[GREETER_HOST].ports[0].number, 20879, "the lowest provider port");
+
+    c.delete_tree(&a).await.unwrap();
+    rec.until("first provider gone", |r| r.endpoints(GREETER_HOST) == Some(vec!["127.0.0.5:20879".into()])).await;
+
+    let mark = rec.mark();
+    c.delete_tree(&b).await.unwrap();
+    rec.until("authoritative empty service", |r| {
+        r.updates_since(mark)
+            .iter()
+            .any(|u| matches!(u, Update::Upsert(s) if s.host == GREETER_HOST && s.endpoints.is_empty()))
+    })
+    .await;
+    assert_eq!(rec.view[GREETER_HOST].ports[0].number, 20879, "an empty service keeps its last port");
+
+    c.delete_tree("/dubbo/com.example.Greeter").await.unwrap();
+    rec.until("interface removed", |r| r.updates_since(mark).contains(&&Update::Remove(GREETER_HOST.into()))).await;
+    assert_eq!(rec.hosts(), [ORDERS_V1_BLUE, ORDERS_V2]);
+
+    // A new version of a known interface is a new host beside the others.
+    c.add_dubbo_provider("com.example.Orders", "dubbo://127.0.0.6:20883/x?version=3.0.0&group=g").await.unwrap();
+    rec.until("v3", |r| r.view.contains_key("providers:com.example.Orders:3.0.0:g.zookeeper")).await;
+    let leaked = rec.updates_since(0).iter().any(|u| match u {
+        Update::Snapshot(all) => all.iter().any(|s| !s.host.starts_with("providers:com.example.")),
+        Update::Upsert(s) => !s.host.starts_with("providers:com.example."),
+        Update::Remove(h) => !h.starts_with("providers:com.example."),
+    });
+    assert!(!leaked, "consumers, config, metadata or mapping became services:\n{}", rec.dump());
+}
+
+#[tokio::test]
+async fn spring_cloud_instances_under_services_and_a_custom_path() {
+    let (zk, c) = zookeeper().await;
+    c.put("/services/orders/i-1", &instance("orders", "127.0.0.6", 8080, json!({"zone": "a"}))).await.unwrap();
+    let billing = instance("billing", "127.0.0.7", 9090, json!({"protocol": "grpc", "note": "not a label"}));
+    c.put("/custom/apps/billing/i-1", &billing).await.unwrap();
+    const ORDERS: &str = "orders.services.zookeeper";
+    const BILLING: &str = "billing.custom-apps.zookeeper";
+
+    let mut spec = spec(zk.port);
+    spec.zk_services_path = vec!["/custom/apps/".into(), "/services".into()];
+    let mut rec = Recorder::start(spec, WATCH_ONLY);
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+    let all = rec.snapshot_since(0).unwrap().clone();
+    assert_eq!(all.iter().map(|s| s.host.as_str()).collect::<Vec<_>>(), [BILLING, ORDERS]);
+    assert_eq!((all[0].ports[0].name.as_str(), all[1].ports[0].name.as_str()), ("grpc-9090", "http-8080"));
+    assert_eq!(all[1].endpoints[0].labels, BTreeMap::from([("zone".to_string(), "a".to_string())]));
+    assert_eq!(all[0].endpoints[0].labels.get("protocol").map(String::as_str), Some("grpc"));
+
+    // Curator's updateService rewrites an instance in place.
+    let moved = instance("orders", "127.0.0.6", 8081, json!({"zone": "b"}));
+    c.put("/services/orders/i-1", &moved).await.unwrap();
+    rec.until("changed instance", |r| r.endpoints(ORDERS) == Some(vec!["127.0.0.6:8081".into()])).await;
+    assert_eq!(rec.view[ORDERS].endpoints[0].labels["zone"], "b");
+
+    c.put("/services/orders/i-2", &instance("orders", "127.0.0.8", 8082, json!({}))).await.unwrap();
+    let both = vec!["127.0.0.6:8081".to_string(), "127.0.0.8:8082".to_string()];
+    rec.until("second instance", |r| r.endpoints(ORDERS) == Some(both.clone())).await;
+
+    let mark = rec.mark();
+    c.delete_tree("/services/orders/i-2").await.unwrap();
+    rec.until("one instance left", |r| r.endpoints(ORDERS) == Some(vec!["127.0.0.6:8081".into()])).await;
+    c.delete_tree("/services/orders/i-1").await.unwrap();
+    rec.until("empty orders", |r| r.endpoints(ORDERS) == Some(vec![])).await;
+    assert_eq!(rec.view[ORDERS].ports[0].name, "http-8081", "an empty service keeps its last port");
+    c.delete_tree("/services/orders").await.unwrap();
+    rec.until("orders removed", |r| r.updates_since(mark).contains(&&Update::Remove(ORDERS.into()))).await;
+
+    c.put("/custom/apps/late/i-1", &instance("late", "127.0.0.9", 7000, json!({}))).await.unwrap();
+    rec.until("a new service under the custom path", |r| {
+        r.endpoints("late.custom-apps.zookeeper") == Some(vec!["127.0.0.9:7000".into()])
+    })
+    .await;
+    assert_eq!(rec.hosts(), [BILLING, "late.custom-apps.zookeeper"]);
+}
+
+#[tokio::test]
+async fn malformed_nodes_are_skipped_and_counted() {
+    let (zk, c) = zookeeper().await;
+    let providers = "/dubbo/com.example.Greeter/providers";
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.2:20880/com.example.Greeter").await.unwrap();
+    for bad in ["not-a-url", "dubbo%3A%2F%2F127.0.0.9%3Anope%2Fx", "%FF%FE", "tri%3A%2F%2F127.0.0.9%3A50051%2Fx"] {
+        c.put(&format!("{providers}/{bad}"), b"").await.unwrap();
+    }
+    c.put("/services/orders/good", &instance("orders", "127.0.0.6", 8080, json!({}))).await.unwrap();
+    c.put("/services/orders/bad-json", b"{not json").await.unwrap();
+    c.put("/services/orders/no-port", br#"{"address": "127.0.0.9"}"#).await.unwrap();
+    c.put("/services/orders/empty", b"").await.unwrap();
+
+    let mut rec = Recorder::start(spec(zk.port), WATCH_ONLY);
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+    assert_eq!(rec.endpoints(GREETER_HOST), Some(vec!["127.0.0.2:20880".into()]));
+    assert_eq!(rec.endpoints("orders.services.zookeeper"), Some(vec!["127.0.0.6:8080".into()]));
+    assert!(rec.stats.malformed() >= 7, "malformed = {}", rec.stats.malformed());
+
+    // The watcher goes on: a good node among the bad ones still shows up.
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.3:20880/com.example.Greeter").await.unwrap();
+    let both = vec!["127.0.0.2:20880".to_string(), "127.0.0.3:20880".to_string()];
+    rec.until("a later good provider", |r| r.endpoints(GREETER_HOST) == Some(both.clone())).await;
+    assert!(!rec.task.is_finished());
+    assert!(rec.errors_since(0).is_empty(), "a malformed node is not a registry error:\n{}", rec.dump());
+}
+
+#[tokio::test]
+async fn outage_keeps_endpoints_then_restart_resyncs() {
+    let (mut zk, c) = zookeeper().await;
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.2:20880/com.example.Greeter").await.unwrap();
+    drop(c);
+    let mut rec = Recorder::start(spec(zk.port), RESYNC);
+    rec.until("provider", |r| r.endpoints(GREETER_HOST) == Some(vec!["127.0.0.2:20880".into()])).await;
+    let mark = rec.mark();
+    rec.until("a periodic snapshot", |r| r.snapshot_since(mark).is_some()).await;
+    assert_eq!(rec.endpoints(GREETER_HOST), Some(vec!["127.0.0.2:20880".into()]));
+
+    let mark = rec.mark();
+    let stopped = Instant::now();
+    zk.stop();
+    // Long enough for a resync period and for the session to expire on the
+    // client side (1.4 x the negotiated timeout): both must only give errors.
+    let window = (RESYNC + Duration::from_millis(500)).max(MAX_SESSION.mul_f64(1.4) + Duration::from_secs(1));
+    rec.until("errors over the outage", |r| {
+        let errors = r.errors_since(mark);
+        let last = r.events.last().map(|(at, _)| *at).unwrap_or(stopped);
+        errors.len() >= 3
+            && errors.iter().any(|e| e.to_string().contains("session ended"))
+            && last.duration_since(stopped) > window
+    })
+    .await;
+    assert!(rec.errors_since(mark).iter().all(|e| matches!(e, RegistryError::Unreachable { .. })), "{}", rec.dump());
+    assert!(rec.updates_since(mark).is_empty(), "no update while ZooKeeper is down:\n{}", rec.dump());
+    assert_eq!(rec.endpoints(GREETER_HOST), Some(vec!["127.0.0.2:20880".into()]));
+
+    // Back on the same port and data: a fresh snapshot, then watches work.
+    let mark = rec.mark();
+    zk.restart().await.expect("restart zookeeper");
+    rec.until("healthy and a fresh snapshot", |r| {
+        r.since(mark).any(|e| matches!(e, Event::Healthy)) && r.snapshot_since(mark).is_some()
+    })
+    .await;
+    assert_eq!(rec.endpoints(GREETER_HOST), Some(vec!["127.0.0.2:20880".into()]), "persistent nodes survive");
+    let c = zk.client().await.unwrap();
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.3:20880/com.example.Greeter").await.unwrap();
+    let both = vec!["127.0.0.2:20880".to_string(), "127.0.0.3:20880".to_string()];
+    rec.until("a provider added after the restart", |r| r.endpoints(GREETER_HOST) == Some(both.clone())).await;
+}
+
+#[tokio::test]
+async fn unreachable_from_the_start_gives_errors_only() {
+    // Nothing listens on this port.
+    let mut rec = Recorder::start(spec(free_port()), RESYNC);
+    rec.until("three errors", |r| r.errors_since(0).len() >= 3).await;
+    assert!(rec.errors_since(0).iter().all(|e| matches!(e, RegistryError::Unreachable { .. })), "{}", rec.dump());
+    assert!(rec.updates_since(0).is_empty(), "{}", rec.dump());
+    assert!(!rec.since(0).any(|e| matches!(e, Event::Healthy)));
+    assert!(!rec.task.is_finished(), "the watcher keeps retrying");
+}

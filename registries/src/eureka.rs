@@ -1,0 +1,172 @@
+//! Eureka registry watcher.
+//!
+//! Polls the way Eureka's own `DiscoveryClient` does: a full
+//! `GET /eureka/apps` first, then every interval `GET /eureka/apps/delta`,
+//! applied to our copy of the registry (every status kept). After applying a
+//! delta the copy's reconcile hashcode (`DOWN_1_UP_3_`: instance counts per
+//! status) must equal the delta's `apps__hashcode`, the server's hashcode of
+//! its whole registry; if not, deltas were missed and a full fetch
+//! reconciles. Changed apps then go out as [`Update::Upsert`], vanished apps
+//! as [`Update::Remove`], and every full fetch as [`Update::Snapshot`] (the
+//! first one marks the registry ready).
+//!
+//! The interval is 30 s: Eureka clients' `registryFetchIntervalSeconds`
+//! default and Higress's full-refresh period; McpBridge has no field for it.
+//!
+//! Failure handling:
+//! - `domain` may list several servers; a failed call fails over to the next
+//!   (see `client.rs`). The sink hears errors only when every server failed
+//!   in that round, one error per server, so a working failover never marks
+//!   the registry unhealthy.
+//! - A failed delta (including a 403, which is how a server says deltas are
+//!   disabled or it is still warming up) falls back to a full fetch.
+//! - After any failed round, or when the answering server changed, the next
+//!   round is a full fetch: deltas are a server's recent-change queue, held
+//!   only three minutes and not shared between servers.
+//! - Errors never change what was sent, so the cache keeps the last
+//!   endpoints while Eureka is down.
+
+mod client;
+mod decode;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use self::client::{APPS, Client, DELTA};
+use self::decode::{Naming, Registry};
+use crate::{RegistryError, RegistrySpec, Service, Sink, Update, Watcher};
+
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+const BACKOFF_START: Duration = Duration::from_secs(1);
+
+/// Watches one Eureka cluster. Built by [`crate::watcher_for`].
+pub struct EurekaWatcher {
+    spec: RegistrySpec,
+    client: Client,
+    naming: Naming,
+    interval: Duration,
+}
+
+impl EurekaWatcher {
+    pub fn new(spec: RegistrySpec) -> Result<EurekaWatcher, RegistryError> {
+        let client = Client::new(&spec)?;
+        let naming = Naming::new(&spec);
+        Ok(EurekaWatcher { spec, client, naming, interval: DEFAULT_INTERVAL })
+    }
+
+    /// Poll every `interval` (at least 100 ms) instead of 30 s; tests use a
+    /// short one. Retries after a failure never wait longer than this.
+    pub fn with_interval(mut self, interval: Duration) -> EurekaWatcher {
+        self.interval = interval.max(MIN_INTERVAL);
+        self
+    }
+}
+
+impl Watcher for EurekaWatcher {
+    fn run(self: Box<Self>, sink: Arc<dyn Sink>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let span = info_span!("eureka", registry = %self.spec.name);
+        Box::pin(self.run_inner(sink).instrument(span))
+    }
+}
+
+/// What we hold between rounds.
+struct State {
+    registry: Registry,
+    /// Host -> the service last sent.
+    sent: BTreeMap<String, Service>,
+    /// The server our registry copy came from; `None` forces a full fetch.
+    server: Option<usize>,
+}
+
+impl EurekaWatcher {
+    async fn run_inner(mut self, sink: Arc<dyn Sink>) {
+        info!(servers = ?self.client.servers(), interval = ?self.interval, "starting");
+        let mut st = State { registry: Registry::default(), sent: BTreeMap::new(), server: None };
+        let mut failures: u32 = 0;
+        loop {
+            let round = match st.server {
+                None => self.full(&mut st, &*sink).await,
+                Some(server) => self.delta(&mut st, server, &*sink).await,
+            };
+            let wait = match round {
+                Ok(()) => {
+                    failures = 0;
+                    sink.healthy();
+                    self.interval
+                }
+                Err(errors) => {
+                    for e in &errors {
+                        sink.error(e);
+                    }
+                    st.server = None;
+                    failures += 1;
+                    // Faster than the interval while we have nothing yet or
+                    // just lost the servers; never slower.
+                    BACKOFF_START.saturating_mul(1 << (failures - 1).min(16)).min(self.interval)
+                }
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// A full fetch: the registry copy is replaced and sent as a snapshot.
+    async fn full(&mut self, st: &mut State, sink: &dyn Sink) -> Result<(), Vec<RegistryError>> {
+        let started = Instant::now();
+        let (server, apps) = self.client.fetch(APPS).await?;
+        st.registry = Registry::from_full(apps.instances);
+        st.sent = self.naming.services(&st.registry, &st.sent);
+        st.server = Some(server);
+        let all: Vec<Service> = st.sent.values().cloned().collect();
+        info!(
+            services = all.len(),
+            hashcode = %st.registry.reconcile_hash_code(),
+            server = %self.client.servers()[server],
+            "full fetch"
+        );
+        sink.update(Update::Snapshot(all));
+        sink.synced(started.elapsed());
+        Ok(())
+    }
+
+    async fn delta(&mut self, st: &mut State, server: usize, sink: &dyn Sink) -> Result<(), Vec<RegistryError>> {
+        let (answered_by, delta) = match self.client.fetch(DELTA).await {
+            Ok(answer) => answer,
+            Err(errors) => {
+                debug!(errors = errors.len(), "delta failed; trying a full fetch");
+                return self.full(st, sink).await;
+            }
+        };
+        if answered_by != server {
+            info!(server = %self.client.servers()[answered_by], "another server answered; full fetch");
+            return self.full(st, sink).await;
+        }
+        let mut next = st.registry.clone();
+        next.apply_delta(delta.instances);
+        let local = next.reconcile_hash_code();
+        let remote = delta.hashcode.unwrap_or_default();
+        if local != remote {
+            warn!(client = %local, server = %remote, "reconcile hashcodes differ; full fetch");
+            return self.full(st, sink).await;
+        }
+        st.registry = next;
+        let services = self.naming.services(&st.registry, &st.sent);
+        for (host, service) in &services {
+            if st.sent.get(host) != Some(service) {
+                debug!(%host, endpoints = service.endpoints.len(), "app changed");
+                sink.update(Update::Upsert(service.clone()));
+            }
+        }
+        for host in st.sent.keys().filter(|h| !services.contains_key(*h)) {
+            info!(%host, "app gone");
+            sink.update(Update::Remove(host.clone()));
+        }
+        st.sent = services;
+        Ok(())
+    }
+}

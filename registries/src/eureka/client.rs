@@ -1,0 +1,186 @@
+//! A thin Eureka REST client on the binary's reqwest, over a list of
+//! servers with failover.
+//!
+//! `domain` is a comma list of `host`, `host:port`, `[v6]` or `[v6]:port`
+//! (port default: `port`). A call goes to the server that answered last; if
+//! it fails (unreachable, an error status, or an answer we cannot read) the
+//! next server is tried, wrapping around, each at most once per call, like
+//! the Java client's `makeRemoteCall` walking its service URLs.
+
+use std::net::Ipv6Addr;
+use std::time::Duration;
+
+use reqwest::Url;
+use reqwest::header::{ACCEPT, HeaderMap, HeaderValue};
+use tracing::{debug, warn};
+
+use super::decode::{Applications, decode_apps};
+use crate::{RegistryError, RegistrySpec};
+
+pub(crate) const APPS: &str = "/eureka/apps";
+pub(crate) const DELTA: &str = "/eureka/apps/delta";
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A full registry can be megabytes; give it time.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub(crate) struct Client {
+    http: reqwest::Client,
+    /// `http://host:port`, no trailing slash.
+    servers: Vec<String>,
+    /// Index of the server that answered last; calls start there.
+    current: usize,
+    registry: String,
+}
+
+impl Client {
+    pub fn new(spec: &RegistrySpec) -> Result<Client, RegistryError> {
+        let servers = parse_servers(&spec.domain, spec.port).map_err(|reason| RegistryError::Config {
+            registry: spec.name.clone(),
+            field: "domain".into(),
+            reason,
+        })?;
+        let mut headers = HeaderMap::new();
+        // Eureka answers XML unless asked otherwise.
+        headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
+        let http = reqwest::Client::builder()
+            .default_headers(headers)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .map_err(|e| RegistryError::Config {
+                registry: spec.name.clone(),
+                field: "domain".into(),
+                reason: format!("cannot build HTTP client: {e}"),
+            })?;
+        Ok(Client { http, servers, current: 0, registry: spec.name.clone() })
+    }
+
+    pub fn servers(&self) -> &[String] {
+        &self.servers
+    }
+
+    /// GET `path` from the current server, failing over to the others.
+    /// Returns the index of the server that answered, or every server's
+    /// error when none did.
+    pub async fn fetch(&mut self, path: &str) -> Result<(usize, Applications), Vec<RegistryError>> {
+        let mut errors = Vec::new();
+        for step in 0..self.servers.len() {
+            let index = (self.current + step) % self.servers.len();
+            match self.get(index, path).await {
+                Ok(apps) => {
+                    if index != self.current {
+                        warn!(from = %self.servers[self.current], to = %self.servers[index], "failed over");
+                        self.current = index;
+                    }
+                    return Ok((index, apps));
+                }
+                Err(e) => {
+                    warn!(server = %self.servers[index], error = %e, kind = e.kind(), "eureka call failed");
+                    errors.push(e);
+                }
+            }
+        }
+        Err(errors)
+    }
+
+    async fn get(&self, index: usize, path: &str) -> Result<Applications, RegistryError> {
+        let what = format!("{}{path}", self.servers[index]);
+        let resp = self.http.get(&what).send().await.map_err(|e| self.unreachable(&what, &e))?;
+        let status = resp.status();
+        let body = resp.bytes().await.map_err(|e| self.unreachable(&what, &e))?;
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+            debug!(what, status = status.as_u16(), body = %text.trim(), "eureka error answer");
+            return Err(RegistryError::Status { registry: self.registry.clone(), what, status: status.as_u16() });
+        }
+        decode_apps(&body).map_err(|e| RegistryError::BadResponse {
+            registry: self.registry.clone(),
+            what,
+            reason: e.to_string(),
+        })
+    }
+
+    fn unreachable(&self, what: &str, e: &reqwest::Error) -> RegistryError {
+        let mut reason = String::from(if e.is_timeout() {
+            "timed out"
+        } else if e.is_connect() {
+            "connect failed"
+        } else {
+            "request failed"
+        });
+        // reqwest's own message repeats the URL; the cause is in the chain.
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            reason.push_str(": ");
+            reason.push_str(&s.to_string());
+            source = s.source();
+        }
+        RegistryError::Unreachable { registry: self.registry.clone(), reason: format!("GET {what}: {reason}") }
+    }
+}
+
+/// `domain` as base URLs, in order, duplicates removed.
+pub(crate) fn parse_servers(domain: &str, default_port: u16) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for item in domain.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let bad = |why: &str| format!("{item:?}: {why}");
+        let (host, port) = if let Some(rest) = item.strip_prefix('[') {
+            let (v6, tail) = rest.split_once(']').ok_or_else(|| bad("missing ']'"))?;
+            v6.parse::<Ipv6Addr>().map_err(|_| bad("not an IPv6 address"))?;
+            let port = match tail {
+                "" => None,
+                t => Some(t.strip_prefix(':').ok_or_else(|| bad("expected :port after ']'"))?),
+            };
+            (format!("[{v6}]"), port)
+        } else if item.parse::<Ipv6Addr>().is_ok() {
+            (format!("[{item}]"), None)
+        } else {
+            match item.split_once(':') {
+                Some((host, port)) => (host.to_string(), Some(port)),
+                None => (item.to_string(), None),
+            }
+        };
+        let port = match port {
+            None if default_port == 0 => return Err(bad("no port, and the registry has none")),
+            None => default_port,
+            Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| bad("port must be 1..65535"))?,
+        };
+        let base = format!("http://{host}:{port}");
+        let url = Url::parse(&base).map_err(|e| bad(&e.to_string()))?;
+        if url.host_str().is_none_or(str::is_empty) || url.path() != "/" {
+            return Err(bad("not a host"));
+        }
+        if !out.contains(&base) {
+            out.push(base);
+        }
+    }
+    if out.is_empty() {
+        return Err("no servers".into());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_lists() {
+        let got = parse_servers(" eureka-a, 10.0.0.2:8762,[::1]:9000, ::2,[fe80::1], eureka-a:8761 ,", 8761).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                "http://eureka-a:8761",
+                "http://10.0.0.2:8762",
+                "http://[::1]:9000",
+                "http://[::2]:8761",
+                "http://[fe80::1]:8761"
+            ]
+        );
+        for bad in ["", " , ", "a:0", "a:x", "a:70000", "[::1", "[nope]:80", "[::1]x", "a/b", "a b"] {
+            assert!(parse_servers(bad, 8761).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_servers("a", 0).is_err());
+        assert_eq!(parse_servers("a:1", 0).unwrap(), vec!["http://a:1"]);
+    }
+}

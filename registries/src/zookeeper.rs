@@ -1,0 +1,531 @@
+//! ZooKeeper registry watcher: Dubbo providers under `/dubbo` and Spring
+//! Cloud Zookeeper (Curator) instances under `/services` and every
+//! `zkServicesPath`, named as Higress names them (see [`tree`]).
+//!
+//! # Watches: one persistent recursive watch per root
+//!
+//! Each root gets one `addWatch(root, PERSISTENT_RECURSIVE)` (ZooKeeper 3.6+).
+//! The alternative, a oneshot child watch per root and per service re-armed
+//! after every event (what Higress and Dubbo itself do), was rejected:
+//! - it costs one watch per service and a task to re-arm each; ours costs one
+//!   per root, whatever the size of the registry;
+//! - a child watch misses data changes, and Curator changes an instance in
+//!   place (`updateService`, e.g. Spring's `OUT_OF_SERVICE` status); a
+//!   recursive watch reports `NodeDataChanged` with the instance's path;
+//! - every event names the full path, so [`tree::Tree::classify`] maps it
+//!   straight to the one service to re-read (or to nothing: consumers,
+//!   routers and config nodes are filtered there, cheaply).
+//!
+//! The price: servers older than 3.6 answer `Unimplemented` (reported as a
+//! config-like error on every retry; 3.5 is end-of-life), and events during a
+//! reconnection can be lost (ZOOKEEPER-4698). That second one is covered the
+//! same way the first start is: every (re)connection ends with a full re-list.
+//!
+//! # Flow
+//!
+//! One task. A session loop connects, adds the watches, and runs a full sync
+//! (list every root, read every service) sent as an [`Update::Snapshot`].
+//! Then events mark services dirty; each dirty service is re-read and sent as
+//! an [`Update::Upsert`] if it changed, or [`Update::Remove`] for each of its
+//! hosts if its node is gone. A provider or instance node gone just leaves
+//! the service with fewer endpoints, down to an authoritative empty service
+//! that keeps its last port. A full sync runs again every resync period (30 s
+//! by default; Higress has none for ZooKeeper), after a reconnect and after a
+//! session expiry (a new session).
+//!
+//! # Outages
+//!
+//! Errors only ever reach [`Sink::error`]: a failed read emits nothing, so
+//! the cache keeps the last known endpoints, and asks for a full sync, retried
+//! with backoff until ZooKeeper answers. A malformed provider or instance
+//! node is skipped with a warning (once per node) and counted in
+//! [`ZookeeperStats`]; the rest of its service is still served.
+
+mod dubbo;
+mod labels;
+mod read;
+mod spring;
+mod tree;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::net::Ipv6Addr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tracing::{Instrument, debug, info, info_span, warn};
+use zookeeper_client as zk;
+
+use self::read::{Read, Reader};
+use self::tree::{Naming, ServiceKey, Touch, Tree};
+use crate::{RegistryError, RegistrySpec, Service, Sink, Update, Watcher};
+
+const DEFAULT_RESYNC: Duration = Duration::from_secs(30);
+const MIN_RESYNC: Duration = Duration::from_millis(100);
+/// Higress's ZooKeeper timeout (`DEFAULT_REG_TIMEOUT`). The server may
+/// negotiate it down (to at most 20 ticks).
+const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+const BACKOFF_START: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// `Sink::healthy` at most this often while all is well.
+const HEALTHY_EVERY: Duration = Duration::from_secs(1);
+
+/// Watches one ZooKeeper ensemble. Built by [`crate::watcher_for`].
+pub struct ZookeeperWatcher {
+    spec: RegistrySpec,
+    tree: Tree,
+    connect: String,
+    resync: Duration,
+    stats: Arc<ZookeeperStats>,
+}
+
+/// Counters a running watcher keeps; get them with
+/// [`ZookeeperWatcher::stats`] before running it.
+#[derive(Debug, Default)]
+pub struct ZookeeperStats {
+    malformed: AtomicU64,
+    dropped_labels: AtomicU64,
+}
+
+impl ZookeeperStats {
+    /// Provider or instance nodes skipped because they could not be read,
+    /// counted at every read (a node that stays bad counts again each resync).
+    pub fn malformed(&self) -> u64 {
+        self.malformed.load(Ordering::Relaxed)
+    }
+
+    /// Metadata entries (Dubbo URL parameters, Curator metadata) not kept as
+    /// labels: not valid Kubernetes labels, or repeated. Counted per read.
+    pub fn dropped_labels(&self) -> u64 {
+        self.dropped_labels.load(Ordering::Relaxed)
+    }
+}
+
+impl ZookeeperWatcher {
+    pub fn new(spec: RegistrySpec) -> Result<ZookeeperWatcher, RegistryError> {
+        let tree = Tree::new(&spec.name, &spec.zk_services_path)?;
+        let connect = connect_string(&spec)?;
+        Ok(ZookeeperWatcher { spec, tree, connect, resync: DEFAULT_RESYNC, stats: Arc::default() })
+    }
+
+    /// Run a full sync this often (at least 100 ms); tests use a short one.
+    pub fn with_resync(mut self, every: Duration) -> ZookeeperWatcher {
+        self.resync = every.max(MIN_RESYNC);
+        self
+    }
+
+    /// The counters this watcher will keep once running.
+    pub fn stats(&self) -> Arc<ZookeeperStats> {
+        self.stats.clone()
+    }
+}
+
+/// `host:port` for each host in `domain` (comma-separated), IPv6 bracketed.
+fn connect_string(spec: &RegistrySpec) -> Result<String, RegistryError> {
+    let config = |reason: String| RegistryError::Config { registry: spec.name.clone(), field: "domain".into(), reason };
+    let mut hosts = Vec::new();
+    for host in spec.domain.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if bare.parse::<Ipv6Addr>().is_ok() {
+            hosts.push(format!("[{bare}]:{}", spec.port));
+        } else if host.contains([':', '/', '[', ']']) || host.contains(char::is_whitespace) {
+            return Err(config(format!("{host:?} is not a host name or IP (the port goes in `port`)")));
+        } else {
+            hosts.push(format!("{host}:{}", spec.port));
+        }
+    }
+    if hosts.is_empty() {
+        return Err(config("required".into()));
+    }
+    Ok(hosts.join(","))
+}
+
+impl Watcher for ZookeeperWatcher {
+    fn run(self: Box<Self>, sink: Arc<dyn Sink>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let span = info_span!("zookeeper", registry = %self.spec.name);
+        Box::pin(self.run_inner(sink).instrument(span))
+    }
+}
+
+/// What the session loop shares with its helpers.
+struct Ctx {
+    registry: String,
+    tree: Tree,
+    resync: Duration,
+    health: Health,
+}
+
+impl ZookeeperWatcher {
+    async fn run_inner(self, sink: Arc<dyn Sink>) {
+        let roots: Vec<&str> = self.tree.roots().iter().map(|r| r.path.as_str()).collect();
+        info!(endpoint = %self.connect, ?roots, resync = ?self.resync, "starting");
+        let mut view = View {
+            sink: sink.clone(),
+            naming: Naming::new(&self.spec),
+            stats: self.stats,
+            sent: BTreeMap::new(),
+            malformed_seen: HashSet::new(),
+        };
+        let ctx = Ctx { registry: self.spec.name, tree: self.tree, resync: self.resync, health: Health::new(sink) };
+        let mut backoff = Backoff::default();
+        loop {
+            let client = match connect(&self.connect, &ctx.registry).await {
+                Ok(client) => client,
+                Err(e) => {
+                    ctx.health.fail(&e);
+                    tokio::time::sleep(backoff.next()).await;
+                    continue;
+                }
+            };
+            info!(session = %client.session_id(), timeout = ?client.session_timeout(), "session established");
+            let (end, synced) = run_session(&ctx, &mut view, &client).await;
+            let reason = format!("session ended ({end:?}), starting a new one");
+            ctx.health.fail(&RegistryError::Unreachable { registry: ctx.registry.clone(), reason });
+            if synced {
+                backoff.reset();
+            }
+            tokio::time::sleep(backoff.next()).await;
+        }
+    }
+}
+
+async fn connect(addr: &str, registry: &str) -> Result<zk::Client, RegistryError> {
+    // Fail fast when every host refuses: our own backoff does the retrying.
+    let connector = zk::Client::connector().with_session_timeout(SESSION_TIMEOUT).with_fail_eagerly();
+    let reason = match tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(addr)).await {
+        Ok(Ok(client)) => return Ok(client),
+        Ok(Err(e)) => format!("connect {addr}: {e}"),
+        Err(_) => format!("connect {addr}: no session after {CONNECT_TIMEOUT:?}"),
+    };
+    Err(RegistryError::Unreachable { registry: registry.to_string(), reason })
+}
+
+/// Serve one session until it ends (expired, closed, auth failed). Returns
+/// the final state and whether any full sync succeeded.
+async fn run_session(ctx: &Ctx, view: &mut View, client: &zk::Client) -> (zk::SessionState, bool) {
+    let reader = Reader { client, tree: &ctx.tree, registry: &ctx.registry };
+    let mut states = client.state_watcher();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    // Dropped on return, which stops the forwarders.
+    let mut forwarders = JoinSet::new();
+    let mut watching = vec![false; ctx.tree.roots().len()];
+    let mut backoff = Backoff::default();
+    let mut synced = false;
+    let mut need_sync = true;
+    let mut retry_at = tokio::time::Instant::now();
+    let mut dirty = Dirty::default();
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + ctx.resync, ctx.resync);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        if need_sync && tokio::time::Instant::now() >= retry_at {
+            let started = Instant::now();
+            let result = async {
+                // Watches first, so that nothing changing during the listing
+                // goes unseen; a root's watch stays for the whole session.
+                for (i, root) in ctx.tree.roots().iter().enumerate() {
+                    if watching[i] {
+                        continue;
+                    }
+                    let watcher = reader.watch(&root.path).await?;
+                    forwarders.spawn(forward(i, watcher, tx.clone()).in_current_span());
+                    watching[i] = true;
+                }
+                reader.read_all().await
+            }
+            .await;
+            match result {
+                Ok(reads) => {
+                    ctx.health.ok();
+                    view.snapshot(&ctx.tree, reads);
+                    view.sink.synced(started.elapsed());
+                    (need_sync, synced) = (false, true);
+                    dirty = Dirty::default();
+                    backoff.reset();
+                    ticker.reset();
+                }
+                Err(e) => {
+                    ctx.health.fail(&e);
+                    retry_at = tokio::time::Instant::now() + backoff.next();
+                }
+            }
+        } else if !need_sync && !dirty.is_empty() {
+            match refresh(&reader, view, &ctx.tree, std::mem::take(&mut dirty)).await {
+                Ok(()) => ctx.health.ok(),
+                Err(e) => {
+                    // Some services were not re-read: a full sync will.
+                    ctx.health.fail(&e);
+                    need_sync = true;
+                    retry_at = tokio::time::Instant::now() + backoff.next();
+                }
+            }
+        }
+        tokio::select! {
+            biased;
+            state = states.changed() => match state {
+                s if s.is_terminated() => return (s, synced),
+                zk::SessionState::Disconnected => {
+                    let reason = "connection lost, reconnecting".to_string();
+                    ctx.health.fail(&RegistryError::Unreachable { registry: ctx.registry.clone(), reason });
+                    if !need_sync {
+                        need_sync = true;
+                        retry_at = tokio::time::Instant::now() + backoff.next();
+                    }
+                }
+                // Back on the same session. Events during the gap may be lost
+                // (ZOOKEEPER-4698), so re-list everything now.
+                _ => {
+                    info!(?state, "reconnected, resyncing");
+                    need_sync = true;
+                    retry_at = tokio::time::Instant::now();
+                }
+            },
+            Some((root, event)) = rx.recv() => {
+                dirty.note(&ctx.tree, root, &event);
+                while let Ok((root, event)) = rx.try_recv() {
+                    dirty.note(&ctx.tree, root, &event);
+                }
+            }
+            _ = ticker.tick(), if !need_sync => {
+                need_sync = true;
+                retry_at = tokio::time::Instant::now();
+            }
+            () = tokio::time::sleep_until(retry_at), if need_sync => {}
+        }
+    }
+}
+
+/// Pass one root's watch events to the session loop.
+async fn forward(
+    root: usize,
+    mut watcher: zk::PersistentWatcher,
+    tx: mpsc::UnboundedSender<(usize, zk::WatchedEvent)>,
+) {
+    loop {
+        let event = watcher.changed().await;
+        // Polling again after a terminal session event would panic.
+        let terminal = event.event_type == zk::EventType::Session && event.session_state.is_terminated();
+        if tx.send((root, event)).is_err() || terminal {
+            return;
+        }
+    }
+}
+
+/// What changed since the last read.
+#[derive(Default)]
+struct Dirty {
+    roots: BTreeSet<usize>,
+    services: BTreeSet<ServiceKey>,
+}
+
+impl Dirty {
+    fn note(&mut self, tree: &Tree, root: usize, event: &zk::WatchedEvent) {
+        if event.event_type == zk::EventType::Session {
+            return; // the state watcher handles those
+        }
+        match tree.classify(root, &event.path) {
+            Touch::Root(root) => {
+                self.roots.insert(root);
+            }
+            Touch::Service(key) => {
+                debug!(path = %event.path, event = ?event.event_type, service = %key.name, "changed");
+                self.services.insert(key);
+            }
+            Touch::Nothing => {}
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.roots.is_empty() && self.services.is_empty()
+    }
+}
+
+/// Re-read what changed and send what differs. Answers are applied even if
+/// another read failed: each is authoritative for its own service.
+async fn refresh(reader: &Reader<'_>, view: &mut View, tree: &Tree, dirty: Dirty) -> Result<(), RegistryError> {
+    let mut keys = dirty.services;
+    for root in dirty.roots {
+        keys.extend(reader.list_root(root).await?);
+        keys.extend(view.sent.keys().filter(|k| k.root == root).cloned());
+    }
+    let mut first_error = None;
+    for (key, read) in reader.read_many(keys).await {
+        match read {
+            Ok(read) => view.apply(tree, key, read),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// What was sent to the sink, per ZooKeeper service and host.
+struct View {
+    sink: Arc<dyn Sink>,
+    naming: Naming,
+    stats: Arc<ZookeeperStats>,
+    sent: BTreeMap<ServiceKey, BTreeMap<String, Service>>,
+    /// Malformed nodes already warned about (a resync keeps only those
+    /// still there), so a bad node warns once, not every resync.
+    malformed_seen: HashSet<String>,
+}
+
+impl View {
+    fn snapshot(&mut self, tree: &Tree, reads: Vec<(ServiceKey, Read)>) {
+        let mut sent = BTreeMap::new();
+        let mut seen = HashSet::new();
+        for (key, read) in reads {
+            // Listed, then deleted before its read: not there.
+            let Read::Present { members, malformed, dropped_labels } = read else { continue };
+            self.count(malformed, dropped_labels, &mut seen);
+            sent.insert(key.clone(), self.naming.render(tree, &key, members, self.sent.get(&key)));
+        }
+        self.malformed_seen = seen;
+        self.sent = sent;
+        let mut all: Vec<Service> = self.sent.values().flat_map(|hosts| hosts.values().cloned()).collect();
+        all.sort();
+        info!(services = all.len(), "full sync");
+        self.sink.update(Update::Snapshot(all));
+    }
+
+    fn apply(&mut self, tree: &Tree, key: ServiceKey, read: Read) {
+        match read {
+            Read::Gone => {
+                for host in self.sent.remove(&key).into_iter().flat_map(BTreeMap::into_keys) {
+                    info!(service = %key.name, %host, "service node gone");
+                    self.sink.update(Update::Remove(host));
+                }
+            }
+            Read::Present { members, malformed, dropped_labels } => {
+                let mut seen = std::mem::take(&mut self.malformed_seen);
+                self.count(malformed, dropped_labels, &mut seen);
+                self.malformed_seen = seen;
+                let old = self.sent.get(&key);
+                let new = self.naming.render(tree, &key, members, old);
+                for (host, service) in &new {
+                    if old.and_then(|o| o.get(host)) != Some(service) {
+                        debug!(%host, endpoints = service.endpoints.len(), "service changed");
+                        self.sink.update(Update::Upsert(service.clone()));
+                    }
+                }
+                self.sent.insert(key, new);
+            }
+        }
+    }
+
+    fn count(&self, malformed: Vec<(String, String)>, dropped_labels: usize, seen: &mut HashSet<String>) {
+        self.stats.malformed.fetch_add(malformed.len() as u64, Ordering::Relaxed);
+        self.stats.dropped_labels.fetch_add(dropped_labels as u64, Ordering::Relaxed);
+        for (path, reason) in malformed {
+            if self.malformed_seen.contains(&path) || seen.contains(&path) {
+                debug!(%path, %reason, "malformed node skipped");
+            } else {
+                warn!(%path, %reason, "malformed node skipped");
+            }
+            seen.insert(path);
+        }
+    }
+}
+
+/// Reports health to the sink.
+struct Health {
+    sink: Arc<dyn Sink>,
+    failed: AtomicBool,
+    last_healthy: Mutex<Option<Instant>>,
+}
+
+impl Health {
+    fn new(sink: Arc<dyn Sink>) -> Health {
+        Health { sink, failed: AtomicBool::new(false), last_healthy: Mutex::new(None) }
+    }
+
+    fn ok(&self) {
+        let recovered = self.failed.swap(false, Ordering::SeqCst);
+        let now = Instant::now();
+        let mut last = self.last_healthy.lock().unwrap_or_else(PoisonError::into_inner);
+        if recovered || last.is_none_or(|t| now.duration_since(t) >= HEALTHY_EVERY) {
+            *last = Some(now);
+            self.sink.healthy();
+        }
+    }
+
+    fn fail(&self, e: &RegistryError) {
+        warn!(error = %e, kind = e.kind(), "zookeeper call failed");
+        self.failed.store(true, Ordering::SeqCst);
+        self.sink.error(e);
+    }
+}
+
+/// Exponential backoff, 200 ms doubling to 10 s, with ±20% jitter.
+struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff { next: BACKOFF_START }
+    }
+}
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (d * 2).min(BACKOFF_MAX);
+        let r = RandomState::new().hash_one(Instant::now()) % 1000;
+        d.mul_f64(0.8 + 0.4 * r as f64 / 1000.0)
+    }
+
+    fn reset(&mut self) {
+        self.next = BACKOFF_START;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RegistryKind;
+
+    fn spec(domain: &str) -> RegistrySpec {
+        RegistrySpec::new(RegistryKind::Zookeeper, "zk", domain, 2181)
+    }
+
+    #[test]
+    fn connect_strings() {
+        assert_eq!(connect_string(&spec("zk.example.com")).unwrap(), "zk.example.com:2181");
+        assert_eq!(connect_string(&spec("10.0.0.1, 10.0.0.2")).unwrap(), "10.0.0.1:2181,10.0.0.2:2181");
+        assert_eq!(connect_string(&spec("::1")).unwrap(), "[::1]:2181");
+        assert_eq!(connect_string(&spec("[fe80::1]")).unwrap(), "[fe80::1]:2181");
+        for bad in ["", " , ", "zk:2181", "zk/chroot", "a b"] {
+            let err = connect_string(&spec(bad)).unwrap_err();
+            assert!(err.to_string().starts_with("zk: domain: "), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn new_checks_services_paths() {
+        let mut s = spec("127.0.0.1");
+        s.zk_services_path = vec!["relative".into()];
+        assert!(ZookeeperWatcher::new(s).is_err());
+        let w = ZookeeperWatcher::new(spec("127.0.0.1")).unwrap().with_resync(Duration::ZERO);
+        assert_eq!(w.resync, MIN_RESYNC);
+        assert_eq!(w.stats().malformed(), 0);
+    }
+
+    #[test]
+    fn backoff_doubles_to_a_cap_with_jitter() {
+        let mut b = Backoff::default();
+        for i in 0..10 {
+            let base = (BACKOFF_START * 2u32.pow(i)).min(BACKOFF_MAX);
+            let d = b.next();
+            assert!(d >= base.mul_f64(0.8) && d <= base.mul_f64(1.2), "step {i}: {d:?}");
+        }
+        b.reset();
+        assert!(b.next() <= BACKOFF_START.mul_f64(1.2));
+    }
+}

@@ -1,0 +1,256 @@
+//! Reading services out of ZooKeeper: list a root, read one service's
+//! members, add a root's watch. Every call has a deadline, and every failure
+//! becomes a [`RegistryError`] naming the call and path (never a provider
+//! URL, which may hold credentials). `NoNode` is an answer, not a failure.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+use tracing::warn;
+use zookeeper_client as zk;
+
+use super::dubbo;
+use super::spring;
+use super::tree::{Kind, Member, ServiceKey, Tree, join};
+use crate::RegistryError;
+
+/// Deadline of one ZooKeeper call. While the session is disconnected, calls
+/// wait for it to come back; this turns that wait into an error we report.
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Services, or instance nodes of one service, read at once.
+const CONCURRENCY: usize = 8;
+
+/// One service as ZooKeeper answered for it.
+#[derive(Debug)]
+pub(crate) enum Read {
+    /// The service node does not exist (any more).
+    Gone,
+    /// The service node exists; these are its usable members.
+    Present {
+        members: Vec<Member>,
+        /// Member nodes skipped: (path for logs, reason).
+        malformed: Vec<(String, String)>,
+        /// Metadata entries not kept as labels, over all members.
+        dropped_labels: usize,
+    },
+}
+
+pub(crate) struct Reader<'a> {
+    pub client: &'a zk::Client,
+    pub tree: &'a Tree,
+    pub registry: &'a str,
+}
+
+impl Reader<'_> {
+    /// One persistent recursive watch on `path` (which need not exist).
+    pub async fn watch(&self, path: &str) -> Result<zk::PersistentWatcher, RegistryError> {
+        let watch = self.client.watch(path, zk::AddWatchMode::PersistentRecursive);
+        let watcher = self.call("watch", path, watch).await?;
+        // `watch` never answers NoNode; treat it as the server being odd.
+        watcher.ok_or_else(|| bad(self.registry, "watch", path, "no node"))
+    }
+
+    /// Every service under every root, read. Any failure fails the whole.
+    pub async fn read_all(&self) -> Result<Vec<(ServiceKey, Read)>, RegistryError> {
+        let mut keys = Vec::new();
+        for root in 0..self.tree.roots().len() {
+            keys.extend(self.list_root(root).await?);
+        }
+        self.read_many(keys).await.into_iter().map(|(key, read)| read.map(|r| (key, r))).collect()
+    }
+
+    /// The services of root `root`; none when the root does not exist.
+    pub async fn list_root(&self, root: usize) -> Result<Vec<ServiceKey>, RegistryError> {
+        let Some(r) = self.tree.roots().get(root) else { return Ok(Vec::new()) };
+        let children = self.call("list", &r.path, self.client.list_children(&r.path)).await?.unwrap_or_default();
+        let services = children.into_iter().filter(|c| self.tree.is_service(root, c));
+        Ok(services.map(|name| ServiceKey { root, name }).collect())
+    }
+
+    pub async fn read_many(
+        &self,
+        keys: impl IntoIterator<Item = ServiceKey>,
+    ) -> Vec<(ServiceKey, Result<Read, RegistryError>)> {
+        stream::iter(keys)
+            .map(|key| async move {
+                let read = self.read(&key).await;
+                (key, read)
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await
+    }
+
+    pub async fn read(&self, key: &ServiceKey) -> Result<Read, RegistryError> {
+        let read = match self.tree.kind(key) {
+            Kind::Dubbo => self.read_dubbo(key).await?,
+            Kind::Spring => self.read_spring(key).await?,
+        };
+        Ok(match read {
+            Read::Present { members, malformed, dropped_labels } => {
+                Read::Present { members: resolve(members).await, malformed, dropped_labels }
+            }
+            gone => gone,
+        })
+    }
+
+    async fn read_dubbo(&self, key: &ServiceKey) -> Result<Read, RegistryError> {
+        let providers = self.tree.members_path(key);
+        let Some(nodes) = self.call("list", &providers, self.client.list_children(&providers)).await? else {
+            // No providers node: the interface exists (empty) or is gone.
+            let path = self.tree.service_path(key);
+            let stat = self.call("stat", &path, self.client.check_stat(&path)).await?.flatten();
+            return Ok(if stat.is_some() { present(Vec::new(), Vec::new(), 0) } else { Read::Gone });
+        };
+        let (mut members, mut malformed, mut dropped) = (Vec::new(), Vec::new(), 0);
+        for node in nodes {
+            match dubbo::provider(&key.name, &node) {
+                Ok(p) => {
+                    dropped += p.dropped_labels;
+                    members.push(Member { host: p.host, endpoint: p.endpoint, protocol: None, tls: false });
+                }
+                Err(e) => malformed.push((join(&providers, &dubbo::redact(&node)), e.to_string())),
+            }
+        }
+        Ok(present(members, malformed, dropped))
+    }
+
+    async fn read_spring(&self, key: &ServiceKey) -> Result<Read, RegistryError> {
+        let dir = self.tree.members_path(key);
+        let Some(ids) = self.call("list", &dir, self.client.list_children(&dir)).await? else {
+            return Ok(Read::Gone);
+        };
+        let host = self.tree.spring_host(key);
+        let datas: Vec<_> = stream::iter(ids)
+            .map(|id| {
+                let path = join(&dir, &id);
+                async move {
+                    let data = self.call("get", &path, self.client.get_data(&path)).await;
+                    (path, data)
+                }
+            })
+            .buffered(CONCURRENCY)
+            .collect()
+            .await;
+        let (mut members, mut malformed, mut dropped) = (Vec::new(), Vec::new(), 0);
+        for (path, data) in datas {
+            // Gone between the list and the read: deleted, skip it.
+            let Some((data, _)) = data? else { continue };
+            match spring::parse_instance(&data) {
+                Ok(i) => {
+                    dropped += i.dropped_labels;
+                    members.push(Member { host: host.clone(), endpoint: i.endpoint, protocol: i.protocol, tls: i.tls });
+                }
+                Err(e) => malformed.push((path, e.to_string())),
+            }
+        }
+        Ok(present(members, malformed, dropped))
+    }
+
+    /// Run one call with a deadline; `NoNode` is `Ok(None)`.
+    async fn call<T>(
+        &self,
+        op: &str,
+        path: &str,
+        call: impl Future<Output = Result<T, zk::Error>>,
+    ) -> Result<Option<T>, RegistryError> {
+        match tokio::time::timeout(CALL_TIMEOUT, call).await {
+            Ok(Ok(value)) => Ok(Some(value)),
+            Ok(Err(zk::Error::NoNode)) => Ok(None),
+            Ok(Err(e)) => Err(zk_error(self.registry, op, path, &e)),
+            Err(_) => Err(RegistryError::Unreachable {
+                registry: self.registry.to_string(),
+                reason: format!("{op} {path}: no answer in {CALL_TIMEOUT:?}"),
+            }),
+        }
+    }
+}
+
+fn present(members: Vec<Member>, malformed: Vec<(String, String)>, dropped_labels: usize) -> Read {
+    Read::Present { members, malformed, dropped_labels }
+}
+
+fn bad(registry: &str, op: &str, path: &str, reason: &str) -> RegistryError {
+    RegistryError::BadResponse { registry: registry.to_string(), what: format!("{op} {path}"), reason: reason.into() }
+}
+
+/// The one place that sorts ZooKeeper errors: losing the server is
+/// `Unreachable`, anything else the server said is a `BadResponse`.
+pub(crate) fn zk_error(registry: &str, op: &str, path: &str, e: &zk::Error) -> RegistryError {
+    match e {
+        zk::Error::ConnectionLoss
+        | zk::Error::SessionExpired
+        | zk::Error::SessionMoved
+        | zk::Error::ClientClosed
+        | zk::Error::NoHosts
+        | zk::Error::Timeout => {
+            RegistryError::Unreachable { registry: registry.to_string(), reason: format!("{op} {path}: {e}") }
+        }
+        zk::Error::Unimplemented if op == "watch" => {
+            bad(registry, op, path, "persistent recursive watches need ZooKeeper 3.6 or later")
+        }
+        other => bad(registry, op, path, &other.to_string()),
+    }
+}
+
+/// Registries may name hosts; the mesh needs IPs. A name becomes one member
+/// per address it resolves to; one that does not resolve is left out.
+async fn resolve(members: Vec<Member>) -> Vec<Member> {
+    let mut out = Vec::with_capacity(members.len());
+    for m in members {
+        if let Ok(ip) = m.endpoint.address.parse::<IpAddr>() {
+            out.push(Member { endpoint: crate::Endpoint { address: ip.to_string(), ..m.endpoint }, ..m });
+            continue;
+        }
+        let lookup = tokio::net::lookup_host((m.endpoint.address.as_str(), m.endpoint.port));
+        match tokio::time::timeout(RESOLVE_TIMEOUT, lookup).await {
+            Ok(Ok(addrs)) => {
+                let mut ips: Vec<IpAddr> = addrs.map(|a| a.ip()).collect();
+                ips.sort();
+                ips.dedup();
+                for ip in ips {
+                    let mut member = m.clone();
+                    member.endpoint.address = ip.to_string();
+                    out.push(member);
+                }
+            }
+            Ok(Err(e)) => warn!(host = %m.host, address = %m.endpoint.address, error = %e, "address does not resolve"),
+            Err(_) => warn!(host = %m.host, address = %m.endpoint.address, "address lookup timed out"),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_sorted_by_kind() {
+        let kind = |op: &str, e: zk::Error| zk_error("zk", op, "/dubbo", &e).kind();
+        for e in [zk::Error::ConnectionLoss, zk::Error::SessionExpired, zk::Error::NoHosts, zk::Error::Timeout] {
+            assert_eq!(kind("list", e), "unreachable");
+        }
+        assert_eq!(kind("list", zk::Error::NoAuth), "bad_response");
+        let old = zk_error("zk", "watch", "/dubbo", &zk::Error::Unimplemented);
+        assert!(old.to_string().contains("3.6"), "{old}");
+    }
+
+    #[tokio::test]
+    async fn resolve_keeps_ips_and_expands_names() {
+        let m = |a: &str| Member {
+            host: "h".into(),
+            endpoint: crate::Endpoint { address: a.into(), port: 80, weight: 1, labels: Default::default() },
+            protocol: None,
+            tls: false,
+        };
+        let out = resolve(vec![m("10.0.0.1"), m("::1"), m("localhost"), m("no-such-host.invalid")]).await;
+        assert_eq!(out[0].endpoint.address, "10.0.0.1");
+        assert_eq!(out[1].endpoint.address, "::1");
+        assert!(out[2..].iter().all(|m| m.endpoint.address.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())));
+        assert!(out.iter().all(|m| m.endpoint.address != "no-such-host.invalid"));
+    }
+}

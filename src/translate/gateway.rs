@@ -1,0 +1,135 @@
+//! Istio Gateway + VirtualService + DestinationRule → Envoy resources for a
+//! bare Envoy acting as a standalone gateway (what Higress's gateway would
+//! get from Pilot, without Pilot).
+//!
+//! - Listeners: `http.{port}` for each HTTP port, and `https.{port}` when at
+//!   least one Gateway server has `tls.mode: SIMPLE` with a known
+//!   certificate. Each takes its routes by RDS over ADS from the
+//!   RouteConfiguration of the same name.
+//! - Routes: a virtual host per VirtualService host bound to a Gateway
+//!   server; `http[]` entries in order.
+//! - Clusters: only the subset clusters (`outbound|{port}|{subset}|{host}`)
+//!   DestinationRules call for. A service's own clusters come from
+//!   [`envoy::clusters`](super::envoy::clusters) for every registry service.
+//!
+//! No route names a cluster the Envoy will not have: a destination that is
+//! not a registry service (a Kubernetes `*.svc.cluster.local` Service, a
+//! typo) is left out with a warning, and a route left with no destination
+//! answers 503. The xDS server pushes CDS, EDS, LDS, RDS in that order, so
+//! the clusters are there before any route names them.
+
+mod clusters;
+mod listeners;
+mod routes;
+mod servers;
+mod spec;
+
+use std::collections::BTreeMap;
+
+use envoy_types::util::pack_any;
+use meshbridge_registries::Service;
+
+use super::Resource;
+use super::istio::IstioObject;
+use servers::Side;
+
+/// How the standalone Envoy listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayOptions {
+    /// `--gateway-http-port`; one HTTP listener each.
+    pub http_ports: Vec<u16>,
+    /// Port of the HTTPS listener, made only when a server needs it.
+    pub https_port: u16,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        GatewayOptions { http_ports: vec![80], https_port: 443 }
+    }
+}
+
+/// A TLS certificate for the HTTPS listener, from a `kubernetes.io/tls` Secret.
+pub use crate::config::TlsSecret as GatewayTls;
+
+/// Envoy resources for the standalone gateway, each list sorted by name.
+/// Listener bodies carry private keys inline: show names and versions, not
+/// bodies.
+#[derive(Debug, Clone, Default)]
+pub struct GatewayOutput {
+    pub listeners: Vec<Resource>,
+    pub routes: Vec<Resource>,
+    /// Subset clusters only; see the module docs.
+    pub clusters: Vec<Resource>,
+    /// The subset clusters' endpoints.
+    pub load_assignments: Vec<Resource>,
+    /// Objects, servers, routes and destinations left out, and why.
+    pub warnings: Vec<String>,
+}
+
+/// Translate the Istio objects (anything other than Gateways,
+/// VirtualServices and DestinationRules is ignored) into the standalone
+/// gateway's Envoy resources. `services` is host → registry service.
+pub fn envoy_gateway(
+    objects: &[IstioObject],
+    services: &BTreeMap<String, Service>,
+    tls: &[GatewayTls],
+    opts: &GatewayOptions,
+) -> GatewayOutput {
+    let mut warnings = Vec::new();
+    let specs = spec::parse(objects, &mut warnings);
+    let servers = servers::servers(&specs.gateways, tls, &mut warnings);
+    let mut clusters = clusters::Clusters::new(services, &specs.destination_rules);
+    let bound = routes::bind(&specs, &mut clusters, &mut warnings);
+
+    for b in &bound {
+        let served = [Side::Http, Side::Https].iter().any(|side| !routes::served_hosts(b, &servers, *side).is_empty());
+        if !served {
+            warnings.push(format!(
+                "VirtualService {}: no host matches a served server of its gateways; not routed",
+                b.vs.key()
+            ));
+        }
+    }
+
+    let mut out = GatewayOutput::default();
+    let mut http_ports = opts.http_ports.clone();
+    http_ports.sort_unstable();
+    http_ports.dedup();
+    for port in &http_ports {
+        let name = format!("http.{port}");
+        let rc = routes::route_configuration(name.clone(), &bound, &servers, Side::Http);
+        out.routes.push(Resource::new(name.clone(), pack_any(rc)));
+        out.listeners.push(Resource::new(name.clone(), pack_any(listeners::http_listener(&name, *port))));
+    }
+
+    let name = format!("https.{}", opts.https_port);
+    let chains = listeners::https_chains(&servers, &name, &mut warnings);
+    if !chains.is_empty() {
+        if http_ports.contains(&opts.https_port) {
+            warnings.push(format!("HTTPS port {} is also an HTTP port; no HTTPS listener", opts.https_port));
+        } else {
+            let rc = routes::route_configuration(name.clone(), &bound, &servers, Side::Https);
+            out.routes.push(Resource::new(name.clone(), pack_any(rc)));
+            let listener = listeners::https_listener(&name, opts.https_port, chains);
+            out.listeners.push(Resource::new(name, pack_any(listener)));
+        }
+    }
+
+    (out.clusters, out.load_assignments) = clusters.into_resources();
+    out.listeners.sort_by(|a, b| a.name.cmp(&b.name));
+    out.routes.sort_by(|a, b| a.name.cmp(&b.name));
+    dedup_keep_order(&mut warnings);
+    out.warnings = warnings;
+    out
+}
+
+/// The same route may be reached from several places (a VirtualService on
+/// two listeners); say each thing once.
+fn dedup_keep_order(warnings: &mut Vec<String>) {
+    let mut seen = std::collections::BTreeSet::new();
+    warnings.retain(|w| seen.insert(w.clone()));
+}
+
+#[cfg(test)]
+#[path = "gateway_tests.rs"]
+mod tests;

@@ -1,0 +1,168 @@
+//! Envoy listeners of the standalone gateway: plain HTTP on each configured
+//! port, and HTTPS with one SNI filter chain per served Gateway server. Every
+//! listener takes its routes by RDS over ADS, from a RouteConfiguration of
+//! the listener's own name.
+
+use std::collections::BTreeSet;
+
+use envoy_types::pb::envoy::config::core::v3::{
+    Address, AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, SocketAddress, TransportSocket,
+    address::Address as AddressKind, config_source::ConfigSourceSpecifier, data_source::Specifier,
+    socket_address::PortSpecifier, transport_socket,
+};
+use envoy_types::pb::envoy::config::listener::v3::{
+    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
+};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, HttpFilter, Rds, http_connection_manager::CodecType,
+    http_connection_manager::RouteSpecifier, http_filter,
+};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CommonTlsContext, DownstreamTlsContext, TlsCertificate,
+};
+use envoy_types::pb::google::protobuf::BoolValue;
+use envoy_types::util::pack_any;
+
+use super::servers::{BoundServer, Side};
+
+pub const HCM_FILTER: &str = "envoy.filters.network.http_connection_manager";
+pub const ROUTER_FILTER: &str = "envoy.filters.http.router";
+pub const TLS_INSPECTOR: &str = "envoy.filters.listener.tls_inspector";
+pub const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
+
+fn ads() -> ConfigSource {
+    ConfigSource {
+        resource_api_version: ApiVersion::V3 as i32,
+        config_source_specifier: Some(ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
+        ..Default::default()
+    }
+}
+
+fn any_address(port: u16) -> Address {
+    Address {
+        address: Some(AddressKind::SocketAddress(SocketAddress {
+            address: "0.0.0.0".into(),
+            port_specifier: Some(PortSpecifier::PortValue(port.into())),
+            ..Default::default()
+        })),
+    }
+}
+
+/// An HTTP connection manager routing by RDS `route_config`.
+fn hcm(route_config: &str) -> Filter {
+    let hcm = HttpConnectionManager {
+        stat_prefix: route_config.to_string(),
+        codec_type: CodecType::Auto as i32,
+        route_specifier: Some(RouteSpecifier::Rds(Rds {
+            config_source: Some(ads()),
+            route_config_name: route_config.to_string(),
+        })),
+        http_filters: vec![HttpFilter {
+            name: ROUTER_FILTER.into(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(Router::default()))),
+            ..Default::default()
+        }],
+        // An edge proxy: the peer address is the client's, so X-Forwarded-For
+        // is appended to rather than trusted.
+        use_remote_address: Some(BoolValue { value: true }),
+        ..Default::default()
+    };
+    Filter { name: HCM_FILTER.into(), config_type: Some(filter::ConfigType::TypedConfig(pack_any(hcm))) }
+}
+
+/// `http.{port}`: the listener and its RouteConfiguration share the name.
+pub fn http_listener(name: &str, port: u16) -> Listener {
+    Listener {
+        name: name.to_string(),
+        address: Some(any_address(port)),
+        filter_chains: vec![FilterChain { filters: vec![hcm(name)], ..Default::default() }],
+        ..Default::default()
+    }
+}
+
+/// The HTTPS filter chains, one per HTTPS server, in Gateway order. An SNI
+/// name already taken by an earlier server is left out of later ones, since
+/// Envoy rejects the whole listener when two chains match alike.
+pub fn https_chains(servers: &[BoundServer<'_>], route_config: &str, warnings: &mut Vec<String>) -> Vec<FilterChain> {
+    let mut taken: BTreeSet<String> = BTreeSet::new();
+    let mut catch_all_taken = false;
+    let mut chains = Vec::new();
+    for server in servers.iter().filter(|s| s.side == Side::Https) {
+        let Some(secret) = server.tls else { continue };
+        // `*` means any SNI, including none: a chain without server_names.
+        let catch_all = server.hosts.iter().any(|h| h.host == "*");
+        let server_names: Vec<String> = if catch_all {
+            if catch_all_taken {
+                warnings
+                    .push(format!("Gateway {}: host * already served by an earlier server; left out", server.label()));
+                continue;
+            }
+            catch_all_taken = true;
+            Vec::new()
+        } else {
+            let mut names = Vec::new();
+            for h in &server.hosts {
+                if taken.contains(&h.host) {
+                    if !names.contains(&h.host) {
+                        warnings.push(format!(
+                            "Gateway {}: SNI {} already served by an earlier server; left out of this one",
+                            server.label(),
+                            h.host
+                        ));
+                    }
+                } else {
+                    taken.insert(h.host.clone());
+                    names.push(h.host.clone());
+                }
+            }
+            if names.is_empty() {
+                continue;
+            }
+            names
+        };
+        let tls = DownstreamTlsContext {
+            common_tls_context: Some(CommonTlsContext {
+                tls_certificates: vec![TlsCertificate {
+                    certificate_chain: Some(inline(&secret.cert_chain_pem)),
+                    private_key: Some(inline(secret.private_key_pem.expose())),
+                    ..Default::default()
+                }],
+                alpn_protocols: vec!["h2".into(), "http/1.1".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        chains.push(FilterChain {
+            name: server.label(),
+            filter_chain_match: Some(FilterChainMatch { server_names, ..Default::default() }),
+            filters: vec![hcm(route_config)],
+            transport_socket: Some(TransportSocket {
+                name: TLS_TRANSPORT_SOCKET.into(),
+                config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(tls))),
+            }),
+            ..Default::default()
+        });
+    }
+    chains
+}
+
+fn inline(pem: &str) -> DataSource {
+    DataSource { specifier: Some(Specifier::InlineString(pem.to_string())), ..Default::default() }
+}
+
+/// `https.{port}`, reading SNI with the TLS inspector to pick a chain.
+pub fn https_listener(name: &str, port: u16, filter_chains: Vec<FilterChain>) -> Listener {
+    Listener {
+        name: name.to_string(),
+        address: Some(any_address(port)),
+        listener_filters: vec![ListenerFilter {
+            name: TLS_INSPECTOR.into(),
+            config_type: Some(listener_filter::ConfigType::TypedConfig(pack_any(TlsInspector::default()))),
+            ..Default::default()
+        }],
+        filter_chains,
+        ..Default::default()
+    }
+}

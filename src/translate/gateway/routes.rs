@@ -1,0 +1,314 @@
+//! VirtualServices bound to Gateways → Envoy virtual hosts and routes.
+//!
+//! Each VirtualService's `http[]` is translated once, in order (the Ingress
+//! translation has already ordered it), then placed in the virtual host of
+//! every host it serves on a listener side. Two VirtualServices on the same
+//! host are merged into one virtual host, in `namespace/name` order, because
+//! Envoy rejects a whole RouteConfiguration with a domain given twice.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use envoy_types::pb::envoy::config::route::v3::{
+    DirectResponseAction, HeaderMatcher, QueryParameterMatcher, Route, RouteAction, RouteConfiguration, RouteMatch,
+    VirtualHost, WeightedCluster, header_matcher::HeaderMatchSpecifier,
+    query_parameter_matcher::QueryParameterMatchSpecifier, route, route_action, route_match::PathSpecifier,
+    virtual_host::TlsRequirementType, weighted_cluster::ClusterWeight,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{
+    RegexMatchAndSubstitute, RegexMatcher, StringMatcher, string_matcher::MatchPattern,
+};
+use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
+
+use super::clusters::Clusters;
+use super::servers::{BoundServer, Side, intersect};
+use super::spec::{HttpMatch, HttpRoute, Named, Pattern, Specs, StringMatch, VirtualServiceSpec};
+
+/// `http[]` fields that replace routing altogether; without a `route` such
+/// an entry has nothing this translation can do.
+const REPLACING: [&str; 3] = ["redirect", "directResponse", "delegate"];
+
+/// A VirtualService bound to at least one existing Gateway, translated.
+#[derive(Debug)]
+pub struct BoundVs<'a> {
+    pub vs: &'a Named<VirtualServiceSpec>,
+    /// Keys (`namespace/name`) of the Gateways it names that exist.
+    pub gateways: BTreeSet<String>,
+    pub routes: Vec<Route>,
+}
+
+/// Translate every VirtualService that names an existing Gateway. Those
+/// naming only `mesh` (or nothing, which means `mesh`) are not ours.
+pub fn bind<'a>(specs: &'a Specs, clusters: &mut Clusters<'_>, warnings: &mut Vec<String>) -> Vec<BoundVs<'a>> {
+    let mut out = Vec::new();
+    for vs in &specs.virtual_services {
+        let mut gateways = BTreeSet::new();
+        for reference in &vs.spec.gateways {
+            if reference == "mesh" {
+                continue;
+            }
+            let (ns, name) = reference.split_once('/').unwrap_or((&vs.namespace, reference));
+            match specs.gateway(ns, name) {
+                Some(gw) => {
+                    gateways.insert(gw.key());
+                }
+                None => warnings.push(format!("VirtualService {}: gateway {ns}/{name} not found", vs.key())),
+            }
+        }
+        if gateways.is_empty() {
+            continue;
+        }
+        let routes = translate(vs, clusters, warnings);
+        out.push(BoundVs { vs, gateways, routes });
+    }
+    out
+}
+
+/// The hosts a VirtualService serves on one listener side, each with
+/// whether a server asks for an HTTPS redirect.
+pub fn served_hosts(bound: &BoundVs<'_>, servers: &[BoundServer<'_>], side: Side) -> BTreeMap<String, bool> {
+    let mut out: BTreeMap<String, bool> = BTreeMap::new();
+    let servers = servers.iter().filter(|s| s.side == side && bound.gateways.contains(&s.gateway.key()));
+    for server in servers {
+        for sh in server.hosts.iter().filter(|sh| sh.admits(&bound.vs.namespace)) {
+            for host in &bound.vs.spec.hosts {
+                if let Some(h) = intersect(&sh.host, &host.to_ascii_lowercase()) {
+                    *out.entry(h).or_default() |= server.https_redirect;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The RouteConfiguration of one listener: a virtual host per served host.
+pub fn route_configuration(
+    name: String,
+    bound: &[BoundVs<'_>],
+    servers: &[BoundServer<'_>],
+    side: Side,
+) -> RouteConfiguration {
+    let mut hosts: BTreeMap<String, (Vec<Route>, bool)> = BTreeMap::new();
+    for b in bound {
+        for (host, redirect) in served_hosts(b, servers, side) {
+            let entry = hosts.entry(host).or_default();
+            entry.0.extend(b.routes.iter().cloned());
+            entry.1 |= redirect;
+        }
+    }
+    let virtual_hosts = hosts
+        .into_iter()
+        .map(|(host, (routes, redirect))| VirtualHost {
+            domains: domains(&host),
+            name: host,
+            routes,
+            require_tls: if redirect { TlsRequirementType::All as i32 } else { TlsRequirementType::None as i32 },
+            ..Default::default()
+        })
+        .collect();
+    RouteConfiguration {
+        name,
+        virtual_hosts,
+        // The listener's own port (10080, 10443, …) is not the one clients
+        // may put in Host, and a `*.suffix:*` domain cannot be written (a
+        // leading `*` makes the rest a literal suffix), so match hosts alone.
+        ignore_port_in_host_matching: true,
+        ..Default::default()
+    }
+}
+
+fn domains(host: &str) -> Vec<String> {
+    if host.starts_with('*') { vec![host.to_string()] } else { vec![host.to_string(), format!("{host}:*")] }
+}
+
+/// One VirtualService's `http[]` → routes, one per match, in order.
+fn translate(vs: &Named<VirtualServiceSpec>, clusters: &mut Clusters<'_>, warnings: &mut Vec<String>) -> Vec<Route> {
+    let mut routes = Vec::new();
+    for (i, http) in vs.spec.http.iter().enumerate() {
+        let at = if http.name.is_empty() {
+            format!("VirtualService {}: http[{i}]", vs.key())
+        } else {
+            format!("VirtualService {}: http[{i}] ({})", vs.key(), http.name)
+        };
+        let unsupported = http.other.keys().map(String::as_str).collect::<Vec<_>>().join(", ");
+        if http.route.is_empty() {
+            if http.other.keys().any(|k| REPLACING.contains(&k.as_str())) {
+                warnings.push(format!("{at}: {unsupported} not supported by the standalone gateway; left out"));
+            } else {
+                warnings.push(format!("{at}: no route; left out"));
+            }
+            continue;
+        }
+        if !unsupported.is_empty() {
+            warnings.push(format!("{at}: {unsupported} not supported by the standalone gateway; ignored"));
+        }
+        let action = action(http, &at, clusters, warnings);
+        let matches: Vec<RouteMatch> = if http.matches.is_empty() {
+            vec![prefix_match("/")]
+        } else {
+            http.matches
+                .iter()
+                .enumerate()
+                .filter_map(|(j, m)| {
+                    // Dropping a match we cannot express narrows the entry;
+                    // widening it would route traffic it was never meant for.
+                    route_match(m).map_err(|e| warnings.push(format!("{at}: match[{j}]: {e}; match left out"))).ok()
+                })
+                .collect()
+        };
+        routes.extend(matches.into_iter().map(|m| Route {
+            name: http.name.clone(),
+            r#match: Some(m),
+            action: Some(action.clone()),
+            ..Default::default()
+        }));
+    }
+    routes
+}
+
+fn prefix_match(prefix: &str) -> RouteMatch {
+    RouteMatch { path_specifier: Some(PathSpecifier::Prefix(prefix.to_string())), ..Default::default() }
+}
+
+fn regex(pattern: &str) -> RegexMatcher {
+    // No engine_type: RE2 is Envoy's default, and `google_re2` is deprecated.
+    RegexMatcher { regex: pattern.to_string(), engine_type: None }
+}
+
+fn route_match(m: &HttpMatch) -> Result<RouteMatch, String> {
+    if !m.other.is_empty() {
+        let keys = m.other.keys().map(String::as_str).collect::<Vec<_>>().join(", ");
+        return Err(format!("{keys} not supported by the standalone gateway"));
+    }
+    let uri = match &m.uri {
+        Some(u) => u.pattern().map_err(|e| format!("uri: {e}"))?,
+        None => None,
+    };
+    let path = match uri {
+        None => PathSpecifier::Prefix("/".into()),
+        Some(Pattern::Exact(p)) => PathSpecifier::Path(p.into()),
+        Some(Pattern::Prefix(p)) => PathSpecifier::Prefix(p.into()),
+        Some(Pattern::Regex(r)) => PathSpecifier::SafeRegex(regex(r)),
+    };
+    let mut headers = Vec::new();
+    for (name, sm) in &m.headers {
+        headers.push(header(name, sm, false).map_err(|e| format!("headers.{name}: {e}"))?);
+    }
+    for (name, sm) in &m.without_headers {
+        headers.push(header(name, sm, true).map_err(|e| format!("withoutHeaders.{name}: {e}"))?);
+    }
+    let mut query_parameters = Vec::new();
+    for (name, sm) in &m.query_params {
+        let spec = match sm.pattern().map_err(|e| format!("queryParams.{name}: {e}"))? {
+            None => QueryParameterMatchSpecifier::PresentMatch(true),
+            Some(p) => QueryParameterMatchSpecifier::StringMatch(string_matcher(p)),
+        };
+        if name.is_empty() {
+            return Err("queryParams: empty parameter name".into());
+        }
+        query_parameters
+            .push(QueryParameterMatcher { name: name.clone(), query_parameter_match_specifier: Some(spec) });
+    }
+    Ok(RouteMatch {
+        path_specifier: Some(path),
+        // Istio: "the case will be ignored only in the case of exact and
+        // prefix URI matches"; Envoy likewise ignores it for safe_regex.
+        case_sensitive: m.ignore_uri_case.then_some(BoolValue { value: false }),
+        headers,
+        query_parameters,
+        ..Default::default()
+    })
+}
+
+fn header(name: &str, sm: &StringMatch, invert: bool) -> Result<HeaderMatcher, String> {
+    if name.is_empty() {
+        return Err("empty header name".into());
+    }
+    let spec = match sm.pattern()? {
+        None => HeaderMatchSpecifier::PresentMatch(true),
+        Some(p) => HeaderMatchSpecifier::StringMatch(string_matcher(p)),
+    };
+    Ok(HeaderMatcher {
+        name: name.to_ascii_lowercase(),
+        invert_match: invert,
+        header_match_specifier: Some(spec),
+        ..Default::default()
+    })
+}
+
+fn string_matcher(p: Pattern<'_>) -> StringMatcher {
+    let pattern = match p {
+        Pattern::Exact(s) => MatchPattern::Exact(s.into()),
+        Pattern::Prefix(s) => MatchPattern::Prefix(s.into()),
+        Pattern::Regex(s) => MatchPattern::SafeRegex(regex(s)),
+    };
+    StringMatcher { match_pattern: Some(pattern), ignore_case: false }
+}
+
+/// The action of an `http[]` entry. Destinations without a cluster are left
+/// out so that no route names a cluster the Envoy lacks; with none left the
+/// route answers 503.
+fn action(http: &HttpRoute, at: &str, clusters: &mut Clusters<'_>, warnings: &mut Vec<String>) -> route::Action {
+    // Istio: one destination takes all traffic whatever its weight; with
+    // several, a zero weight takes none, and all unset means an even split.
+    let weighted = http.route.len() > 1 && http.route.iter().any(|d| d.weight > 0);
+    let mut targets: Vec<(String, u32)> = Vec::new();
+    let mut missing = Vec::new();
+    for rd in &http.route {
+        let weight = if weighted { rd.weight } else { 1 };
+        if weight == 0 {
+            continue;
+        }
+        match clusters.resolve(&rd.destination) {
+            // Two destinations on one cluster: one entry with both weights.
+            Ok(name) => match targets.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, w)) => *w = w.saturating_add(weight),
+                None => targets.push((name, weight)),
+            },
+            Err(reason) => missing.push(reason),
+        }
+    }
+    if targets.is_empty() {
+        for reason in missing {
+            warnings.push(format!("{at}: {reason}; answering 503"));
+        }
+        return route::Action::DirectResponse(DirectResponseAction { status: 503, ..Default::default() });
+    }
+    for reason in missing {
+        warnings.push(format!("{at}: {reason}; left out of the weighted route"));
+    }
+    let cluster_specifier = if let [(name, _)] = targets.as_slice() {
+        route_action::ClusterSpecifier::Cluster(name.clone())
+    } else {
+        route_action::ClusterSpecifier::WeightedClusters(WeightedCluster {
+            clusters: targets
+                .into_iter()
+                .map(|(name, weight)| ClusterWeight {
+                    name,
+                    weight: Some(UInt32Value { value: weight }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })
+    };
+    let mut ra = RouteAction { cluster_specifier: Some(cluster_specifier), ..Default::default() };
+    if let Some(rw) = &http.rewrite {
+        ra.prefix_rewrite = rw.uri.clone();
+        if let Some(rr) = &rw.uri_regex_rewrite {
+            if rw.uri.is_empty() {
+                ra.regex_rewrite = Some(RegexMatchAndSubstitute {
+                    pattern: Some(regex(&rr.pattern)),
+                    substitution: rr.rewrite.clone(),
+                });
+            } else {
+                // Envoy rejects a route with both.
+                warnings.push(format!("{at}: rewrite has both uri and uriRegexRewrite; uriRegexRewrite ignored"));
+            }
+        }
+        if !rw.authority.is_empty() {
+            ra.host_rewrite_specifier =
+                Some(route_action::HostRewriteSpecifier::HostRewriteLiteral(rw.authority.clone()));
+        }
+    }
+    route::Action::Route(ra)
+}

@@ -1,0 +1,629 @@
+//! Snapshot tests of the standalone gateway translation: the exact listeners,
+//! routes and subset clusters a set of Istio objects turns into.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::{
+    address::Address as AddressKind, socket_address::PortSpecifier, transport_socket,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint::HostIdentifier};
+use envoy_types::pb::envoy::config::listener::v3::{Listener, filter, listener_filter};
+use envoy_types::pb::envoy::config::route::v3::{
+    RouteConfiguration, VirtualHost, route, route_action::ClusterSpecifier, route_match::PathSpecifier,
+};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, http_connection_manager::RouteSpecifier, http_filter,
+};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
+use meshbridge_registries::{Endpoint, Protocol, Secret, Service, ServicePort};
+use prost::Message;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::translate::envoy;
+use crate::translate::istio::ObjectMeta;
+
+const GW_NS: &str = "higress-system";
+const CERT: &str = "-----BEGIN CERTIFICATE-----\nTESTCERT\n-----END CERTIFICATE-----\n";
+const KEY: &str = "-----BEGIN PRIVATE KEY-----\nTESTKEY-do-not-log\n-----END PRIVATE KEY-----\n";
+
+fn obj(kind: &str, namespace: &str, name: &str, spec: Value) -> IstioObject {
+    IstioObject {
+        api_version: "networking.istio.io/v1".into(),
+        kind: kind.into(),
+        metadata: ObjectMeta { name: name.into(), namespace: namespace.into(), ..Default::default() },
+        spec,
+    }
+}
+
+/// An HTTP Gateway on every host, as the Ingress translation makes.
+fn http_gateway() -> IstioObject {
+    obj(
+        "Gateway",
+        GW_NS,
+        "gw",
+        json!({"servers": [{"port": {"number": 80, "protocol": "HTTP", "name": "http-80"}, "hosts": ["*"]}]}),
+    )
+}
+
+fn https_gateway(hosts: &[&str], credential: &str) -> IstioObject {
+    obj(
+        "Gateway",
+        GW_NS,
+        "gw",
+        json!({"servers": [
+            {"port": {"number": 80, "protocol": "HTTP", "name": "http-80"}, "hosts": hosts},
+            {"port": {"number": 443, "protocol": "HTTPS", "name": "https-443"}, "hosts": hosts,
+             "tls": {"mode": "SIMPLE", "credentialName": credential}}
+        ]}),
+    )
+}
+
+fn vs(name: &str, hosts: &[&str], http: Value) -> IstioObject {
+    obj("VirtualService", "default", name, json!({"hosts": hosts, "gateways": [format!("{GW_NS}/gw")], "http": http}))
+}
+
+fn dest(host: &str, port: u16) -> Value {
+    json!({"destination": {"host": host, "port": {"number": port}}})
+}
+
+fn endpoint(addr: &str, port: u16, labels: &[(&str, &str)]) -> Endpoint {
+    Endpoint {
+        address: addr.into(),
+        port,
+        weight: 1,
+        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    }
+}
+
+fn services() -> BTreeMap<String, Service> {
+    let web = Service::new(
+        "web.dc1.consul",
+        vec![ServicePort { number: 8080, protocol: Protocol::Http, name: "http-8080".into() }],
+        vec![
+            endpoint("10.0.0.1", 8080, &[("version", "v1"), ("zone", "a")]),
+            endpoint("10.0.0.2", 8080, &[("version", "v2"), ("zone", "a")]),
+            endpoint("10.0.0.3", 8080, &[("version", "v2"), ("zone", "b")]),
+        ],
+    );
+    let api = Service::new(
+        "api.dc1.consul",
+        vec![ServicePort { number: 9090, protocol: Protocol::Grpc, name: "grpc-9090".into() }],
+        vec![endpoint("10.0.1.1", 9090, &[])],
+    );
+    [web, api].into_iter().map(|s| (s.host.clone(), s)).collect()
+}
+
+fn opts() -> GatewayOptions {
+    GatewayOptions { http_ports: vec![10080], https_port: 10443 }
+}
+
+fn tls(namespace: &str, name: &str) -> GatewayTls {
+    GatewayTls {
+        namespace: namespace.into(),
+        name: name.into(),
+        cert_chain_pem: CERT.into(),
+        private_key_pem: Secret::new(KEY),
+    }
+}
+
+fn run(objects: &[IstioObject]) -> GatewayOutput {
+    let out = envoy_gateway(objects, &services(), &[], &opts());
+    assert_routes_resolve(&out);
+    out
+}
+
+fn decode<M: Message + Default>(r: &Resource) -> M {
+    M::decode(r.body.value.as_slice()).unwrap()
+}
+
+fn route_config(out: &GatewayOutput, name: &str) -> RouteConfiguration {
+    decode(out.routes.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no route config {name}")))
+}
+
+fn vhost(out: &GatewayOutput, listener: &str, host: &str) -> VirtualHost {
+    let rc = route_config(out, listener);
+    rc.virtual_hosts.into_iter().find(|v| v.name == host).unwrap_or_else(|| panic!("no vhost {host}"))
+}
+
+/// The invariant: every cluster a route names is one the Envoy has.
+fn assert_routes_resolve(out: &GatewayOutput) {
+    let mut known: BTreeSet<String> = services().values().flat_map(envoy::clusters).map(|r| r.name).collect();
+    known.extend(out.clusters.iter().map(|r| r.name.clone()));
+    for rc in &out.routes {
+        let rc: RouteConfiguration = decode(rc);
+        for route in rc.virtual_hosts.iter().flat_map(|v| &v.routes) {
+            if let Some(route::Action::Route(ra)) = &route.action {
+                let names: Vec<String> = match ra.cluster_specifier.as_ref().unwrap() {
+                    ClusterSpecifier::Cluster(c) => vec![c.clone()],
+                    ClusterSpecifier::WeightedClusters(w) => w.clusters.iter().map(|c| c.name.clone()).collect(),
+                    other => panic!("unexpected {other:?}"),
+                };
+                for n in names {
+                    assert!(known.contains(&n), "route {} names unknown cluster {n}", rc.name);
+                }
+            }
+        }
+    }
+}
+
+/// A listener with its typed configs decoded beside it (their bytes emptied
+/// in the listener), so the snapshot reads as configuration.
+#[derive(Debug)]
+#[allow(dead_code)]
+struct ListenerView {
+    listener: Listener,
+    hcm: Vec<HttpConnectionManager>,
+    tls: Vec<Option<DownstreamTlsContext>>,
+}
+
+fn view_listener(r: &Resource) -> ListenerView {
+    let mut listener: Listener = decode(r);
+    let mut hcm = Vec::new();
+    let mut tls = Vec::new();
+    for lf in &mut listener.listener_filters {
+        if let Some(listener_filter::ConfigType::TypedConfig(any)) = &mut lf.config_type {
+            any.value.clear();
+        }
+    }
+    for chain in &mut listener.filter_chains {
+        for f in &mut chain.filters {
+            if let Some(filter::ConfigType::TypedConfig(any)) = &mut f.config_type {
+                hcm.push(HttpConnectionManager::decode(any.value.as_slice()).unwrap());
+                any.value.clear();
+            }
+        }
+        tls.push(chain.transport_socket.as_mut().map(|ts| match &mut ts.config_type {
+            Some(transport_socket::ConfigType::TypedConfig(any)) => {
+                let ctx = DownstreamTlsContext::decode(any.value.as_slice()).unwrap();
+                any.value.clear();
+                ctx
+            }
+            None => panic!("transport socket without config"),
+        }));
+    }
+    ListenerView { listener, hcm, tls }
+}
+
+#[test]
+fn prefix_exact_and_regex_matches_in_order() {
+    let out = run(&[
+        http_gateway(),
+        vs(
+            "web",
+            &["web.example.com"],
+            json!([
+                {"name": "health", "match": [{"uri": {"exact": "/healthz"}}], "route": [dest("web.dc1.consul", 8080)]},
+                {"name": "versioned", "match": [{"uri": {"regex": "/v[0-9]+/.*"}}], "route": [dest("api.dc1.consul", 9090)]},
+                {"name": "canary", "match": [{"uri": {"prefix": "/"}, "headers": {"X-Canary": {"exact": "yes"}},
+                  "queryParams": {"debug": {}}}], "route": [dest("api.dc1.consul", 9090)]},
+                {"name": "root", "match": [{"uri": {"prefix": "/"}}], "route": [dest("web.dc1.consul", 8080)]}
+            ]),
+        ),
+    ]);
+    assert_eq!(out.warnings, Vec::<String>::new());
+    insta::assert_debug_snapshot!(route_config(&out, "http.10080"));
+}
+
+#[test]
+fn weighted_80_20_across_two_destinations() {
+    let mut a = dest("web.dc1.consul", 8080);
+    a["weight"] = json!(80);
+    let mut b = dest("api.dc1.consul", 9090);
+    b["weight"] = json!(20);
+    let out = run(&[http_gateway(), vs("split", &["split.example.com"], json!([{"route": [a, b]}]))]);
+    assert_eq!(out.warnings, Vec::<String>::new());
+    let routes = vhost(&out, "http.10080", "split.example.com").routes;
+    insta::assert_debug_snapshot!(routes);
+}
+
+#[test]
+fn subsets_make_subset_clusters_with_filtered_endpoints() {
+    let dr = obj(
+        "DestinationRule",
+        "default",
+        "web",
+        json!({"host": "web.dc1.consul", "subsets": [
+            {"name": "v1", "labels": {"version": "v1"}},
+            {"name": "v2", "labels": {"version": "v2"}},
+            {"name": "v2-b", "labels": {"version": "v2", "zone": "b"}},
+            {"name": "unused", "labels": {"version": "v9"}}
+        ]}),
+    );
+    let sub = |subset: &str, weight: u32| json!({"destination": {"host": "web.dc1.consul", "subset": subset}, "weight": weight});
+    let out = run(&[
+        http_gateway(),
+        dr,
+        vs(
+            "canary",
+            &["web.example.com"],
+            json!([
+                {"match": [{"uri": {"prefix": "/b"}}], "route": [sub("v2-b", 100)]},
+                {"route": [sub("v1", 90), sub("v2", 10)]}
+            ]),
+        ),
+    ]);
+    assert_eq!(out.warnings, Vec::<String>::new());
+    let names: Vec<&str> = out.clusters.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["outbound|8080|v1|web.dc1.consul", "outbound|8080|v2-b|web.dc1.consul", "outbound|8080|v2|web.dc1.consul"]
+    );
+    let addresses = |r: &Resource| -> Vec<String> {
+        let cla: ClusterLoadAssignment = decode(r);
+        cla.endpoints
+            .iter()
+            .flat_map(|l| &l.lb_endpoints)
+            .map(|e| match &e.host_identifier {
+                Some(HostIdentifier::Endpoint(ep)) => match &ep.address.as_ref().unwrap().address {
+                    Some(AddressKind::SocketAddress(sa)) => match sa.port_specifier {
+                        Some(PortSpecifier::PortValue(p)) => format!("{}:{p}", sa.address),
+                        _ => unreachable!(),
+                    },
+                    _ => unreachable!(),
+                },
+                _ => unreachable!(),
+            })
+            .collect()
+    };
+    let by_cluster: BTreeMap<&str, Vec<String>> =
+        out.load_assignments.iter().map(|r| (r.name.as_str(), addresses(r))).collect();
+    assert_eq!(by_cluster["outbound|8080|v1|web.dc1.consul"], ["10.0.0.1:8080"]);
+    assert_eq!(by_cluster["outbound|8080|v2|web.dc1.consul"], ["10.0.0.2:8080", "10.0.0.3:8080"]);
+    assert_eq!(by_cluster["outbound|8080|v2-b|web.dc1.consul"], ["10.0.0.3:8080"]);
+
+    let clusters: BTreeMap<&str, Cluster> = out.clusters.iter().map(|r| (r.name.as_str(), decode(r))).collect();
+    let cla: BTreeMap<&str, ClusterLoadAssignment> =
+        out.load_assignments.iter().map(|r| (r.name.as_str(), decode(r))).collect();
+    insta::assert_debug_snapshot!("subset_clusters", clusters);
+    insta::assert_debug_snapshot!("subset_load_assignments", cla);
+    insta::assert_debug_snapshot!("subset_routes", vhost(&out, "http.10080", "web.example.com").routes);
+}
+
+#[test]
+fn subset_cluster_keeps_the_service_cluster_options() {
+    // api is gRPC: its cluster speaks HTTP/2 upstream, and so must its subsets.
+    let dr = obj("DestinationRule", "default", "api", json!({"host": "api.dc1.consul", "subsets": [{"name": "all"}]}));
+    let out = run(&[
+        http_gateway(),
+        dr,
+        vs(
+            "api",
+            &["api.example.com"],
+            json!([{"route": [{"destination": {"host": "api.dc1.consul", "subset": "all"}}]}]),
+        ),
+    ]);
+    let base: Cluster = decode(&envoy::clusters(&services()["api.dc1.consul"])[0]);
+    let mut subset: Cluster = decode(&out.clusters[0]);
+    assert_eq!(subset.name, "outbound|9090|all|api.dc1.consul");
+    subset.name = base.name.clone();
+    assert_eq!(subset, base);
+    let cla: ClusterLoadAssignment = decode(&out.load_assignments[0]);
+    assert_eq!(cla.endpoints[0].lb_endpoints.len(), 1);
+}
+
+#[test]
+fn rewrite_uri_and_authority() {
+    let out = run(&[
+        http_gateway(),
+        vs(
+            "rw",
+            &["rw.example.com"],
+            json!([{"match": [{"uri": {"prefix": "/api/"}}], "rewrite": {"uri": "/", "authority": "web.internal"},
+                    "route": [dest("web.dc1.consul", 8080)]}]),
+        ),
+    ]);
+    assert_eq!(out.warnings, Vec::<String>::new());
+    insta::assert_debug_snapshot!(vhost(&out, "http.10080", "rw.example.com").routes);
+}
+
+#[test]
+fn ignore_uri_case_makes_the_match_case_insensitive() {
+    let out = run(&[
+        http_gateway(),
+        vs(
+            "ci",
+            &["ci.example.com"],
+            json!([{"match": [{"uri": {"prefix": "/Docs"}, "ignoreUriCase": true}, {"uri": {"exact": "/Exact"}}],
+                    "route": [dest("web.dc1.consul", 8080)]}]),
+        ),
+    ]);
+    let matches: Vec<_> =
+        vhost(&out, "http.10080", "ci.example.com").routes.into_iter().map(|r| r.r#match.unwrap()).collect();
+    assert_eq!(matches[0].case_sensitive.map(|b| b.value), Some(false));
+    assert_eq!(matches[1].case_sensitive, None);
+    insta::assert_debug_snapshot!(matches);
+}
+
+#[test]
+fn destination_without_cluster_answers_503_and_warns() {
+    let mut web = dest("web.dc1.consul", 8080);
+    web["weight"] = json!(80);
+    let mut k8s = dest("legacy.default.svc.cluster.local", 80);
+    k8s["weight"] = json!(20);
+    let out = run(&[
+        http_gateway(),
+        vs(
+            "mixed",
+            &["mixed.example.com"],
+            json!([
+                {"name": "k8s", "match": [{"uri": {"prefix": "/legacy"}}], "route": [dest("legacy.default.svc.cluster.local", 80)]},
+                {"name": "wrong-port", "match": [{"uri": {"prefix": "/port"}}], "route": [dest("web.dc1.consul", 9999)]},
+                {"name": "subset", "match": [{"uri": {"prefix": "/subset"}}],
+                 "route": [{"destination": {"host": "web.dc1.consul", "subset": "nope"}}]},
+                {"name": "split", "route": [web, k8s]}
+            ]),
+        ),
+    ]);
+    let routes = vhost(&out, "http.10080", "mixed.example.com").routes;
+    let actions: Vec<String> = routes
+        .iter()
+        .map(|r| match r.action.as_ref().unwrap() {
+            route::Action::DirectResponse(d) => format!("{}: direct {}", r.name, d.status),
+            route::Action::Route(ra) => format!("{}: {:?}", r.name, ra.cluster_specifier.as_ref().unwrap()),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            "k8s: direct 503",
+            "wrong-port: direct 503",
+            "subset: direct 503",
+            "split: Cluster(\"outbound|8080||web.dc1.consul\")"
+        ]
+    );
+    assert!(out.clusters.is_empty());
+    insta::assert_json_snapshot!(out.warnings);
+}
+
+#[test]
+fn missing_port_uses_the_only_port() {
+    let out = run(&[
+        http_gateway(),
+        vs("np", &["np.example.com"], json!([{"route": [{"destination": {"host": "web.dc1.consul"}}]}])),
+    ]);
+    let routes = vhost(&out, "http.10080", "np.example.com").routes;
+    match routes[0].action.as_ref().unwrap() {
+        route::Action::Route(ra) => {
+            assert_eq!(ra.cluster_specifier, Some(ClusterSpecifier::Cluster("outbound|8080||web.dc1.consul".into())))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn https_listener_with_a_known_secret() {
+    let objects = [
+        https_gateway(&["web.example.com", "*.shop.example.com"], "web-cert"),
+        vs("web", &["web.example.com", "a.shop.example.com"], json!([{"route": [dest("web.dc1.consul", 8080)]}])),
+    ];
+    let secrets = [tls("other", "web-cert"), tls(GW_NS, "web-cert")];
+    let out = envoy_gateway(&objects, &services(), &secrets, &opts());
+    assert_routes_resolve(&out);
+    assert_eq!(out.warnings, Vec::<String>::new());
+    let names: Vec<&str> = out.listeners.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["http.10080", "https.10443"]);
+    let https = route_config(&out, "https.10443");
+    let hosts: Vec<&str> = https.virtual_hosts.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(hosts, ["a.shop.example.com", "web.example.com"]);
+    insta::assert_debug_snapshot!(view_listener(&out.listeners[1]));
+    // The key is in the listener, and nowhere it could be logged.
+    assert!(!format!("{secrets:?}").contains("TESTKEY"));
+    let body = &out.listeners[1].body.value;
+    assert!(body.windows(KEY.len()).any(|w| w == KEY.as_bytes()), "the key is inline in the listener");
+    assert!(!out.warnings.join("\n").contains("TESTKEY"));
+}
+
+#[test]
+fn https_listener_sni_names_are_not_claimed_twice() {
+    let second = obj(
+        "Gateway",
+        GW_NS,
+        "gw-tls-2",
+        json!({"servers": [{"port": {"number": 443, "protocol": "HTTPS", "name": "https"},
+            "hosts": ["web.example.com", "b.example.com"], "tls": {"mode": "SIMPLE", "credentialName": "higress-system/b-cert"}}]}),
+    );
+    let objects = [https_gateway(&["web.example.com"], "web-cert"), second];
+    let out = envoy_gateway(&objects, &services(), &[tls(GW_NS, "web-cert"), tls(GW_NS, "b-cert")], &opts());
+    let listener = view_listener(out.listeners.iter().find(|l| l.name == "https.10443").unwrap()).listener;
+    let sni: Vec<Vec<String>> =
+        listener.filter_chains.iter().map(|c| c.filter_chain_match.clone().unwrap().server_names).collect();
+    assert_eq!(sni, [vec!["web.example.com".to_string()], vec!["b.example.com".to_string()]]);
+    assert_eq!(
+        out.warnings,
+        [
+            "Gateway higress-system/gw-tls-2 servers[0]: SNI web.example.com already served by an earlier server; left out of this one"
+        ]
+    );
+}
+
+#[test]
+fn https_server_with_a_missing_secret_gets_no_chain() {
+    let objects = [
+        https_gateway(&["web.example.com"], "missing-cert"),
+        vs("web", &["web.example.com"], json!([{"route": [dest("web.dc1.consul", 8080)]}])),
+    ];
+    let out = envoy_gateway(&objects, &services(), &[tls(GW_NS, "web-cert")], &opts());
+    let names: Vec<&str> = out.listeners.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["http.10080"]);
+    assert_eq!(out.routes.len(), 1);
+    // Plain HTTP still serves the host.
+    assert_eq!(vhost(&out, "http.10080", "web.example.com").routes.len(), 1);
+    insta::assert_json_snapshot!(out.warnings);
+}
+
+#[test]
+fn malformed_specs_warn_and_are_skipped() {
+    let objects = [
+        http_gateway(),
+        obj("Gateway", GW_NS, "bad-gw", json!({"servers": 5})),
+        obj("VirtualService", "default", "not-a-list", json!({"hosts": ["x.example.com"], "http": "nope"})),
+        obj(
+            "VirtualService",
+            "default",
+            "bad-port",
+            json!({"hosts": ["y.example.com"], "gateways": ["higress-system/gw"],
+                   "http": [{"route": [{"destination": {"host": "web.dc1.consul", "port": {"number": "eighty"}}}]}]}),
+        ),
+        obj("DestinationRule", "default", "scalar", json!(42)),
+        obj(
+            "VirtualService",
+            "default",
+            "odd-match",
+            json!({"hosts": ["z.example.com"], "gateways": ["gw.higress-system", "higress-system/gw"],
+            "http": [
+                {"match": [{"method": {"exact": "GET"}}, {"uri": {"exact": "/a", "prefix": "/b"}}],
+                 "route": [dest("web.dc1.consul", 8080)]},
+                {"redirect": {"uri": "/elsewhere"}},
+                {"route": [dest("web.dc1.consul", 8080)], "timeout": "5s"}
+            ]}),
+        ),
+        vs("good", &["good.example.com"], json!([{"route": [dest("web.dc1.consul", 8080)], "rewrite": null}])),
+    ];
+    let out = run(&objects);
+    // The well-formed objects still made it.
+    assert_eq!(vhost(&out, "http.10080", "good.example.com").routes.len(), 1);
+    // A match that cannot be expressed is dropped, not widened to "/".
+    assert_eq!(vhost(&out, "http.10080", "z.example.com").routes.len(), 1);
+    insta::assert_json_snapshot!(out.warnings);
+}
+
+#[test]
+fn virtual_services_on_one_host_merge_and_hosts_follow_the_servers() {
+    let gw = obj(
+        "Gateway",
+        GW_NS,
+        "gw",
+        json!({"servers": [
+            {"port": {"number": 80, "protocol": "HTTP"}, "hosts": ["*.example.com", "default/only-default.org"],
+             "tls": {"httpsRedirect": true}},
+            {"port": {"number": 8080, "protocol": "HTTP"}, "hosts": ["other/*"]}
+        ]}),
+    );
+    let objects = [
+        gw,
+        vs(
+            "b",
+            &["a.example.com"],
+            json!([{"match": [{"uri": {"prefix": "/b"}}], "route": [dest("web.dc1.consul", 8080)]}]),
+        ),
+        vs(
+            "a",
+            &["A.example.com", "*", "only-default.org"],
+            json!([{"match": [{"uri": {"prefix": "/a"}}], "route": [dest("api.dc1.consul", 9090)]}]),
+        ),
+        vs("c", &["not-served.org"], json!([{"route": [dest("web.dc1.consul", 8080)]}])),
+    ];
+    let out = run(&objects);
+    let rc = route_config(&out, "http.10080");
+    let summary: Vec<(String, Vec<String>, Vec<String>, i32)> = rc
+        .virtual_hosts
+        .iter()
+        .map(|v| {
+            let prefixes = v
+                .routes
+                .iter()
+                .map(|r| match r.r#match.as_ref().unwrap().path_specifier.as_ref().unwrap() {
+                    PathSpecifier::Prefix(p) => p.clone(),
+                    other => format!("{other:?}"),
+                })
+                .collect();
+            (v.name.clone(), v.domains.clone(), prefixes, v.require_tls)
+        })
+        .collect();
+    insta::assert_debug_snapshot!(summary);
+    assert!(rc.ignore_port_in_host_matching);
+    assert_eq!(out.warnings, ["VirtualService default/c: no host matches a served server of its gateways; not routed"]);
+}
+
+#[test]
+fn listener_rds_names_match_route_configurations() {
+    let objects = [
+        https_gateway(&["web.example.com"], "web-cert"),
+        vs("web", &["web.example.com"], json!([{"route": [dest("web.dc1.consul", 8080)]}])),
+    ];
+    let o = GatewayOptions { http_ports: vec![10080, 80, 10080], https_port: 10443 };
+    let out = envoy_gateway(&objects, &services(), &[tls(GW_NS, "web-cert")], &o);
+    let route_names: Vec<&str> = out.routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(route_names, ["http.10080", "http.80", "https.10443"]);
+    for r in &out.listeners {
+        assert_eq!(r.body.type_url, envoy::LISTENER_TYPE);
+        let listener: Listener = decode(r);
+        assert_eq!(listener.name, r.name);
+        assert!(!listener.filter_chains.is_empty());
+        for chain in &listener.filter_chains {
+            let [f] = chain.filters.as_slice() else { panic!("one filter expected") };
+            assert_eq!(f.name, "envoy.filters.network.http_connection_manager");
+            let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else { panic!("typed_config expected") };
+            assert_eq!(
+                any.type_url,
+                "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+            );
+            let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+            let Some(RouteSpecifier::Rds(rds)) = &hcm.route_specifier else { panic!("RDS expected") };
+            assert_eq!(rds.route_config_name, r.name);
+            assert!(route_names.contains(&rds.route_config_name.as_str()));
+            let rc = route_config(&out, &rds.route_config_name);
+            assert_eq!(rc.name, rds.route_config_name);
+            let [router] = hcm.http_filters.as_slice() else { panic!("one http filter expected") };
+            let Some(http_filter::ConfigType::TypedConfig(any)) = &router.config_type else { panic!() };
+            assert_eq!(any.type_url, "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router");
+        }
+    }
+    for r in &out.routes {
+        assert_eq!(r.body.type_url, envoy::ROUTE_TYPE);
+    }
+}
+
+#[test]
+fn same_input_same_versions_whatever_the_order() {
+    let dr = obj(
+        "DestinationRule",
+        "default",
+        "web",
+        json!({"host": "web.dc1.consul", "subsets": [
+        {"name": "v1", "labels": {"version": "v1"}}, {"name": "v2", "labels": {"version": "v2"}}]}),
+    );
+    let sub = |s: &str, w: u32| json!({"destination": {"host": "web.dc1.consul", "subset": s}, "weight": w});
+    let mut objects = vec![
+        https_gateway(&["web.example.com", "api.example.com"], "web-cert"),
+        dr,
+        vs("web", &["web.example.com"], json!([{"route": [sub("v1", 50), sub("v2", 50)]}])),
+        vs(
+            "api",
+            &["api.example.com"],
+            json!([{"match": [{"uri": {"regex": "/x.*"}, "headers": {"a": {"exact": "1"}, "b": {"prefix": "2"}}}], "route": [dest("api.dc1.consul", 9090)]}]),
+        ),
+    ];
+    let secrets = [tls(GW_NS, "web-cert")];
+    let versions = |out: &GatewayOutput| -> Vec<(String, String)> {
+        [&out.listeners, &out.routes, &out.clusters, &out.load_assignments]
+            .into_iter()
+            .flatten()
+            .map(|r| (r.name.clone(), r.version.clone()))
+            .collect()
+    };
+    let first = envoy_gateway(&objects, &services(), &secrets, &opts());
+    objects.reverse();
+    let second = envoy_gateway(&objects, &services(), &secrets, &opts());
+    assert_eq!(versions(&first), versions(&second));
+    assert_eq!(first.warnings, second.warnings);
+    assert_eq!(versions(&first).len(), 2 + 2 + 2 + 2);
+    for (a, b) in [&first.listeners, &first.routes]
+        .into_iter()
+        .flatten()
+        .zip([&second.listeners, &second.routes].into_iter().flatten())
+    {
+        assert_eq!(a.body, b.body);
+    }
+}
+
+#[test]
+fn tls_debug_never_shows_the_key() {
+    let t = tls(GW_NS, "web-cert");
+    let shown = format!("{t:?}");
+    assert!(!shown.contains("TESTKEY"), "{shown}");
+    assert!(shown.contains("web-cert"));
+}

@@ -1,0 +1,615 @@
+//! Kubernetes Ingress → Istio `Gateway`, `VirtualService`s and
+//! `DestinationRule`s, the way Higress converts them
+//! (`pkg/ingress/kube/ingressv1/controller.go`), as one pure function.
+//!
+//! - **Class.** `kubernetes.io/ingress.class` wins over
+//!   `spec.ingressClassName`. An empty option takes every Ingress. The option
+//!   `higress` (Higress's default class) also takes Ingresses with no class;
+//!   any other option only takes Ingresses that name it.
+//! - **Gateway.** One, `{gateway_namespace}/{gateway_name}`, selecting
+//!   Higress's gateway pods: `higress: {gateway_namespace}-{gateway_name}`
+//!   (Higress's `--gatewaySelectorKey`/`--gatewaySelectorValue` defaults,
+//!   `higress` / `higress-system-higress-gateway`). An HTTP server on 80 for
+//!   every routed host, and an HTTPS server on 443 per TLS Secret. A Secret
+//!   in the gateway's namespace is named plainly in `credentialName`, one
+//!   elsewhere (an Ingress's Secret lives in the Ingress's namespace) as
+//!   `kubernetes-gateway://{namespace}/{name}`: Istio's own cross-namespace
+//!   form, which `translate::gateway` reads too (it does not read
+//!   `kubernetes://`). Whether the gateway may read that Secret is Pilot's
+//!   call. A Secret not in `known_secrets` leaves its server out.
+//! - **Routes.** One VirtualService per host, in the gateway namespace. A
+//!   `Prefix` path (and `ImplementationSpecific`, as in Higress) matches by
+//!   path element: `/foo` becomes `exact: /foo` plus `prefix: /foo/`; `/`
+//!   stays `prefix: /`. Order (Higress `SortHTTPRoutes`): Exact, then Prefix,
+//!   longer paths first, then the `/` catch-all, then the default backend.
+//!   The same (host, type, path) from two Ingresses: the older one wins
+//!   (`creationTimestamp`, missing counts as oldest as in Higress, then
+//!   namespace/name) and the other is reported.
+//! - **Backends.** A Service becomes `{name}.{namespace}.svc.cluster.local`.
+//!   A Service port given by name cannot be resolved without the Service, so
+//!   the destination has no port (Istio then uses the Service's only port)
+//!   and a warning says so. The McpBridge resource backend takes its
+//!   destinations from `higress.io/destination`; subsets get a
+//!   DestinationRule whose subset `v1` selects endpoints labelled
+//!   `version: v1` (Higress generates no subsets itself; this is the Istio
+//!   convention, and registry instance metadata become endpoint labels).
+//! - **defaultBackend.** As in Higress: a catch-all route, last, on `*` and
+//!   on every host of the same Ingress that has no `/` Prefix path.
+
+mod annotations;
+mod model;
+mod types;
+
+#[cfg(test)]
+mod ingress_tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use self::annotations::{DESTINATION, IngressAnnotations, RewriteRule};
+use self::model::{Backend, CLASS_ANNOTATION, HttpPath, Ingress};
+use self::types::*;
+use super::istio::{IstioObject, ObjectMeta};
+use crate::config::IngressDoc;
+
+pub use self::annotations::{DestinationError, McpDestination, parse_destination};
+
+const API_VERSION: &str = "networking.istio.io/v1";
+/// Higress's default ingress class, which also takes class-less Ingresses.
+pub const DEFAULT_INGRESS_CLASS: &str = "higress";
+const HTTP_PORT: u32 = 80;
+const HTTPS_PORT: u32 = 443;
+
+/// What the translation needs besides the Ingresses.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct IngressOptions {
+    /// `None` or `""`: every Ingress. The caller picks the default
+    /// ([`DEFAULT_INGRESS_CLASS`]).
+    pub ingress_class: Option<String>,
+    /// e.g. `higress-system`; also where the VirtualServices and
+    /// DestinationRules go.
+    pub gateway_namespace: String,
+    /// e.g. `higress-gateway`.
+    pub gateway_name: String,
+    /// (namespace, name) of the TLS Secrets that exist.
+    pub known_secrets: BTreeSet<(String, String)>,
+}
+
+/// The translated Ingresses.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct IngressTranslation {
+    /// Gateways, VirtualServices and DestinationRules, sorted by
+    /// (kind, namespace, name).
+    pub objects: Vec<IstioObject>,
+    /// Everything left out, and why, in the order found.
+    pub warnings: Vec<String>,
+    /// `higress.io/*` and `nginx.ingress.kubernetes.io/*` annotations that
+    /// were not understood, over all Ingresses of our class.
+    pub ignored_annotations: u64,
+}
+
+/// Translate the Ingresses of our class.
+pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTranslation {
+    let mut t = Translator {
+        opts,
+        hosts: BTreeMap::new(),
+        tls_servers: BTreeMap::new(),
+        tls_hosts: BTreeMap::new(),
+        warnings: Vec::new(),
+        ignored_annotations: 0,
+    };
+    let mut ours = Vec::new();
+    for doc in ingresses {
+        let id = format!("{}/{}", doc.namespace, doc.name);
+        let ingress = match model::parse(&doc.object) {
+            Ok(i) => i,
+            Err(e) => {
+                t.warnings.push(format!("Ingress {id}: {e}; left out"));
+                continue;
+            }
+        };
+        if !class_matches(&ingress, opts.ingress_class.as_deref()) {
+            continue;
+        }
+        let created = ingress.metadata.creation_timestamp.as_deref().and_then(|ts| {
+            let parsed = model::parse_timestamp(ts);
+            if parsed.is_none() {
+                t.warnings.push(format!("Ingress {id}: metadata.creationTimestamp {ts:?} is not an RFC 3339 time"));
+            }
+            parsed
+        });
+        let ann = IngressAnnotations::read(&ingress.metadata);
+        t.ignored_annotations += ann.ignored;
+        ours.push(Parsed { id, namespace: doc.namespace.clone(), name: doc.name.clone(), created, ingress, ann });
+    }
+    // Oldest first, so that the first claim on a path is the one that stands.
+    ours.sort_by(|a, b| (a.created, &a.namespace, &a.name).cmp(&(b.created, &b.namespace, &b.name)));
+
+    for ing in &ours {
+        t.warnings.extend(ing.ann.warnings.iter().map(|w| format!("Ingress {}: {w}", ing.id)));
+        if ing.ingress.spec.rules.is_empty() && ing.ingress.spec.default_backend.is_none() {
+            t.warnings.push(format!("Ingress {}: neither rules nor defaultBackend; nothing to route", ing.id));
+        }
+        t.tls(ing);
+        t.rules(ing);
+    }
+    // After every path is known, as Higress does: a host's own `/` path
+    // takes precedence over any Ingress's defaultBackend.
+    for ing in &ours {
+        t.default_backend(ing);
+    }
+    t.finish()
+}
+
+/// An Ingress of our class, read.
+struct Parsed {
+    /// `namespace/name`, for messages.
+    id: String,
+    namespace: String,
+    name: String,
+    created: Option<(i64, u32)>,
+    ingress: Ingress,
+    ann: IngressAnnotations,
+}
+
+/// Higress's `shouldProcessIngressWithClass`, without IngressClass objects
+/// (an IngressClass is matched by the name the Ingress gives, which is the
+/// same test).
+fn class_matches(ingress: &Ingress, wanted: Option<&str>) -> bool {
+    let wanted = wanted.unwrap_or("");
+    if wanted.is_empty() {
+        return true;
+    }
+    let class = ingress.metadata.annotation(CLASS_ANNOTATION).or_else(|| ingress.spec.ingress_class_name.clone());
+    match class.as_deref() {
+        None | Some("") => wanted == DEFAULT_INGRESS_CLASS,
+        Some(c) => c == wanted,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum PathKind {
+    Exact,
+    Prefix,
+}
+
+/// A route for one host, before ordering.
+struct Candidate {
+    /// `None` for the default backend.
+    path: Option<(PathKind, String)>,
+    route: HttpRoute,
+}
+
+impl Candidate {
+    /// Higress's order: Exact, then Prefix, longer first; then the `/`
+    /// catch-all; then the default backend. Ties keep insertion order
+    /// (older Ingress first), as the sort is stable.
+    fn order(&self) -> (u8, std::cmp::Reverse<usize>) {
+        match &self.path {
+            Some((PathKind::Exact, p)) => (0, std::cmp::Reverse(p.len())),
+            Some((PathKind::Prefix, p)) if p != "/" => (1, std::cmp::Reverse(p.len())),
+            Some((PathKind::Prefix, _)) => (2, std::cmp::Reverse(0)),
+            None => (3, std::cmp::Reverse(0)),
+        }
+    }
+}
+
+#[derive(Default)]
+struct HostRoutes {
+    routes: Vec<Candidate>,
+    /// (type, path) → the Ingress that holds it.
+    owners: BTreeMap<(PathKind, String), String>,
+    /// The Ingress whose defaultBackend this host uses.
+    default_owner: Option<String>,
+}
+
+/// An HTTPS server being built: hosts served with one Secret.
+#[derive(Default)]
+struct TlsServer {
+    hosts: BTreeSet<String>,
+}
+
+struct Translator<'a> {
+    opts: &'a IngressOptions,
+    hosts: BTreeMap<String, HostRoutes>,
+    /// (namespace, secret) → server.
+    tls_servers: BTreeMap<(String, String), TlsServer>,
+    /// TLS host → (namespace, secret, Ingress) that claimed it first.
+    tls_hosts: BTreeMap<String, (String, String, String)>,
+    warnings: Vec<String>,
+    ignored_annotations: u64,
+}
+
+impl Translator<'_> {
+    fn tls(&mut self, ing: &Parsed) {
+        for (i, tls) in ing.ingress.spec.tls.iter().enumerate() {
+            let Some(secret) = tls.secret_name.as_deref().filter(|s| !s.is_empty()) else {
+                self.warnings.push(format!("Ingress {}: spec.tls[{i}] has no secretName; ignored", ing.id));
+                continue;
+            };
+            let key = (ing.namespace.clone(), secret.to_owned());
+            // Higress: a TLS entry without hosts covers every host.
+            let hosts: Vec<String> = if tls.hosts.is_empty() { vec!["*".into()] } else { tls.hosts.clone() };
+            if !self.opts.known_secrets.contains(&key) {
+                self.warnings.push(format!(
+                    "Ingress {}: TLS Secret {}/{secret} not found; HTTPS for {} left out",
+                    ing.id,
+                    ing.namespace,
+                    hosts.join(", ")
+                ));
+                continue;
+            }
+            for raw in hosts {
+                let Some(host) = normalize_host(&raw) else {
+                    self.warnings
+                        .push(format!("Ingress {}: spec.tls[{i}]: {raw:?} is not a valid host; ignored", ing.id));
+                    continue;
+                };
+                match self.tls_hosts.get(&host) {
+                    Some((ns, s, owner)) if (ns, s) != (&key.0, &key.1) => {
+                        self.warnings.push(format!(
+                            "Ingress {}: TLS host {host} already uses Secret {ns}/{s} (Ingress {owner}); ignored",
+                            ing.id
+                        ));
+                        continue;
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.tls_hosts.insert(host.clone(), (key.0.clone(), key.1.clone(), ing.id.clone()));
+                    }
+                }
+                self.tls_servers.entry(key.clone()).or_default().hosts.insert(host);
+            }
+        }
+    }
+
+    fn rules(&mut self, ing: &Parsed) {
+        // Counts every path, kept or not, so a route's name does not change
+        // when an earlier path is fixed or broken.
+        let mut index = 0;
+        for rule in &ing.ingress.spec.rules {
+            let Some(http) = &rule.http else { continue };
+            let raw_host = rule.host.as_deref().unwrap_or("");
+            let host = if raw_host.is_empty() { Some("*".to_owned()) } else { normalize_host(raw_host) };
+            let Some(host) = host else {
+                self.warnings
+                    .push(format!("Ingress {}: host {raw_host:?} is not a valid host name; rule left out", ing.id));
+                index += http.paths.len();
+                continue;
+            };
+            for path in &http.paths {
+                self.path(ing, &host, index, path);
+                index += 1;
+            }
+        }
+    }
+
+    fn path(&mut self, ing: &Parsed, host: &str, index: usize, p: &HttpPath) {
+        let raw = p.path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/");
+        let left_out = |why: String| format!("Ingress {}: path {raw} on host {host} left out: {why}", ing.id);
+        if !raw.starts_with('/') {
+            self.warnings.push(left_out("a path must start with '/'".into()));
+            return;
+        }
+        let kind = match p.path_type.as_deref() {
+            // Higress defaults a missing pathType to Prefix, as ingress-nginx does.
+            None | Some("Prefix" | "ImplementationSpecific") => PathKind::Prefix,
+            Some("Exact") => PathKind::Exact,
+            Some(other) => {
+                self.warnings.push(left_out(format!("unknown pathType {other:?}")));
+                return;
+            }
+        };
+        // Higress trims one trailing '/' from a Prefix path: `/foo/` and
+        // `/foo` are the same path.
+        let origin = match kind {
+            PathKind::Prefix if raw != "/" => raw.strip_suffix('/').unwrap_or(raw),
+            _ => raw,
+        };
+        let route = match self.destinations(ing, &p.backend) {
+            Ok(route) => route,
+            Err(why) => return self.warnings.push(left_out(why)),
+        };
+        let rewrite = match &ing.ann.rewrite {
+            Ok(r) => r.as_ref(),
+            Err(why) => return self.warnings.push(left_out(why.clone())),
+        };
+        let key = (kind, origin.to_owned());
+        let routes = self.hosts.entry(host.to_owned()).or_default();
+        if let Some(owner) = routes.owners.get(&key) {
+            self.warnings
+                .push(format!("Ingress {}: path {raw} on host {host} conflicts with {owner}; ignored", ing.id));
+            return;
+        }
+        routes.owners.insert(key.clone(), ing.id.clone());
+        let ignore_uri_case = ing.ann.ignore_path_case;
+        let m = |uri| HttpMatch { uri, ignore_uri_case };
+        let matches = match kind {
+            PathKind::Exact => vec![m(StringMatch::Exact(origin.into()))],
+            PathKind::Prefix if origin == "/" => vec![m(StringMatch::Prefix("/".into()))],
+            PathKind::Prefix => {
+                vec![m(StringMatch::Exact(origin.into())), m(StringMatch::Prefix(format!("{origin}/")))]
+            }
+        };
+        let rewrite = rewrite.map(|r| rewrite_for(r, &matches, ignore_uri_case));
+        let name = format!("{}-{}-{index}", ing.namespace, ing.name);
+        routes.routes.push(Candidate { path: Some(key), route: HttpRoute { name, matches, route, rewrite } });
+    }
+
+    fn default_backend(&mut self, ing: &Parsed) {
+        let Some(backend) = &ing.ingress.spec.default_backend else { return };
+        let route = match self.destinations(ing, backend) {
+            Ok(route) => route,
+            Err(why) => return self.warnings.push(format!("Ingress {}: defaultBackend left out: {why}", ing.id)),
+        };
+        let mut hosts = BTreeSet::from(["*".to_owned()]);
+        for rule in &ing.ingress.spec.rules {
+            match rule.host.as_deref() {
+                None | Some("") => {}
+                Some(h) => hosts.extend(normalize_host(h)),
+            }
+        }
+        for host in hosts {
+            let routes = self.hosts.entry(host.clone()).or_default();
+            if routes.owners.contains_key(&(PathKind::Prefix, "/".to_owned())) {
+                continue;
+            }
+            if let Some(owner) = &routes.default_owner {
+                self.warnings
+                    .push(format!("Ingress {}: defaultBackend on host {host} conflicts with {owner}; ignored", ing.id));
+                continue;
+            }
+            routes.default_owner = Some(ing.id.clone());
+            let name = format!("{}-{}-default", ing.namespace, ing.name);
+            routes.routes.push(Candidate {
+                path: None,
+                route: HttpRoute { name, matches: vec![], route: route.clone(), rewrite: None },
+            });
+        }
+    }
+
+    /// Where a backend sends traffic, or why it cannot be routed.
+    fn destinations(&mut self, ing: &Parsed, backend: &Backend) -> Result<Vec<RouteDestination>, String> {
+        if let Some(svc) = &backend.service {
+            if !annotations::valid_dns_label(&svc.name) {
+                return Err(format!("backend service name {:?} is not a valid Service name", svc.name));
+            }
+            let port = match (svc.port.number, svc.port.name.as_deref().filter(|n| !n.is_empty())) {
+                (Some(n @ 1..=65535), _) => Some(PortSelector { number: n as u32 }),
+                (Some(n), _) => return Err(format!("backend service port {n} is not from 1 to 65535")),
+                (None, Some(name)) => {
+                    self.warnings.push(format!(
+                        "Ingress {}: backend service {} port {name:?} is named; named ports need the Service, \
+                         so the route has no port and Istio uses the Service's only port",
+                        ing.id, svc.name
+                    ));
+                    None
+                }
+                (None, None) => return Err(format!("backend service {} has no port", svc.name)),
+            };
+            let host = format!("{}.{}.svc.cluster.local", svc.name, ing.namespace);
+            return Ok(vec![RouteDestination { destination: Destination { host, subset: None, port }, weight: None }]);
+        }
+        let Some(resource) = &backend.resource else {
+            return Err("backend has neither service nor resource".into());
+        };
+        if !resource.is_mcp_bridge() {
+            return Err(format!(
+                "backend resource {}/{} {:?} is not supported (only networking.higress.io/McpBridge \"default\")",
+                resource.api_group.as_deref().unwrap_or(""),
+                resource.kind,
+                resource.name
+            ));
+        }
+        let list = match &ing.ann.destination {
+            None => return Err(format!("an McpBridge backend needs annotation {DESTINATION}")),
+            Some(Err(e)) => return Err(format!("annotation {DESTINATION}: {e}")),
+            Some(Ok(list)) => list,
+        };
+        let single = list.len() == 1;
+        Ok(list
+            .iter()
+            .map(|d| RouteDestination {
+                destination: Destination {
+                    host: d.host.clone(),
+                    subset: d.subset.clone(),
+                    port: d.port.map(|p| PortSelector { number: p.into() }),
+                },
+                weight: (!single).then_some(d.weight),
+            })
+            .collect())
+    }
+
+    fn finish(mut self) -> IngressTranslation {
+        let ns = self.opts.gateway_namespace.clone();
+        let gateway_ref = format!("{ns}/{}", self.opts.gateway_name);
+        let mut objects = Vec::new();
+
+        let routed: Vec<String> =
+            self.hosts.iter().filter(|(_, r)| !r.routes.is_empty()).map(|(h, _)| h.clone()).collect();
+        let vs_names = object_names(routed.iter().map(String::as_str));
+        let mut subsets: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for host in &routed {
+            let mut routes = std::mem::take(&mut self.hosts.get_mut(host).expect("routed host").routes);
+            routes.sort_by_key(Candidate::order);
+            for d in routes.iter().flat_map(|c| &c.route.route) {
+                if let Some(s) = &d.destination.subset {
+                    subsets.entry(d.destination.host.clone()).or_default().insert(s.clone());
+                }
+            }
+            let spec = VirtualServiceSpec {
+                hosts: vec![host.clone()],
+                gateways: vec![gateway_ref.clone()],
+                http: routes.into_iter().map(|c| c.route).collect(),
+            };
+            objects.push(object("VirtualService", &vs_names[host.as_str()], &ns, &spec));
+        }
+
+        let dr_names = object_names(subsets.keys().map(String::as_str));
+        for (host, names) in &subsets {
+            let spec = DestinationRuleSpec {
+                host: host.clone(),
+                subsets: names
+                    .iter()
+                    .map(|n| Subset { name: n.clone(), labels: BTreeMap::from([("version".into(), n.clone())]) })
+                    .collect(),
+            };
+            objects.push(object("DestinationRule", &dr_names[host.as_str()], &ns, &spec));
+        }
+
+        let mut servers = Vec::new();
+        if !routed.is_empty() {
+            let name = format!("http-{HTTP_PORT}-ingress");
+            servers.push(Server {
+                port: ServerPort { number: HTTP_PORT, protocol: "HTTP", name },
+                hosts: routed,
+                tls: None,
+            });
+        }
+        let mut taken = BTreeSet::new();
+        for ((secret_ns, secret), server) in std::mem::take(&mut self.tls_servers) {
+            let mut name = format!("https-{HTTPS_PORT}-ingress-{}", sanitize(&format!("{secret_ns}-{secret}")));
+            if !taken.insert(name.clone()) {
+                name = format!("{name}-{}", short_hash(&format!("{secret_ns}/{secret}")));
+                taken.insert(name.clone());
+            }
+            let credential_name =
+                if secret_ns == ns { secret } else { format!("kubernetes-gateway://{secret_ns}/{secret}") };
+            servers.push(Server {
+                port: ServerPort { number: HTTPS_PORT, protocol: "HTTPS", name },
+                hosts: server.hosts.into_iter().collect(),
+                tls: Some(ServerTls { mode: "SIMPLE", credential_name }),
+            });
+        }
+        if !servers.is_empty() {
+            let selector = BTreeMap::from([("higress".to_owned(), format!("{ns}-{}", self.opts.gateway_name))]);
+            objects.push(object("Gateway", &self.opts.gateway_name, &ns, &GatewaySpec { selector, servers }));
+        }
+
+        objects.sort_by(|a, b| {
+            (&a.kind, &a.metadata.namespace, &a.metadata.name).cmp(&(&b.kind, &b.metadata.namespace, &b.metadata.name))
+        });
+        IngressTranslation { objects, warnings: self.warnings, ignored_annotations: self.ignored_annotations }
+    }
+}
+
+/// The rewrite of one route. `rewrite-path` follows Higress: the matched
+/// prefix is replaced, and the replacement gets a trailing `/` when a match
+/// is a `prefix` ending in `/` (so `/foo/x` → `/bar/x`, not `/barx`).
+/// `rewrite-target` follows Higress too, a regex substitution of the
+/// Ingress path (its `uriRegex`). Three changes, none of which alters a
+/// rewrite Higress gets right: the pattern is anchored at the start, so a
+/// later repeat of the path in the URI is left alone; it is case-insensitive
+/// when the match is, so every request the route takes is rewritten; and for
+/// a Prefix path and a target ending in `/` it takes the `/` after the path
+/// too, so `rewrite-target: /` on `/static` sends `/static/x` as `/x`, where
+/// Higress sends `//x`.
+fn rewrite_for(rule: &RewriteRule, matches: &[HttpMatch], ignore_case: bool) -> Rewrite {
+    match rule {
+        RewriteRule::Path(path) => {
+            let mut uri = path.clone();
+            let prefix_dir = matches.iter().any(|m| matches!(&m.uri, StringMatch::Prefix(p) if p.ends_with('/')));
+            if prefix_dir && !uri.ends_with('/') {
+                uri.push('/');
+            }
+            Rewrite { uri: Some(uri), uri_regex_rewrite: None }
+        }
+        RewriteRule::Target(target) => {
+            // Higress takes the first match's value: the exact path for
+            // Exact and for Prefix (its exact twin comes first), `/` for `/`.
+            let first = match matches.first().map(|m| &m.uri) {
+                Some(StringMatch::Exact(p) | StringMatch::Prefix(p)) => p.as_str(),
+                None => "/",
+            };
+            let flags = if ignore_case { "(?i)" } else { "" };
+            let is_dir_prefix = matches.iter().any(|m| matches!(&m.uri, StringMatch::Prefix(p) if p.len() > 1));
+            let slash = if is_dir_prefix && target.ends_with('/') { "/?" } else { "" };
+            let pattern = format!("{flags}^{}{slash}", regex_escape(first));
+            Rewrite { uri: None, uri_regex_rewrite: Some(RegexRewrite { pattern, rewrite: target.clone() }) }
+        }
+    }
+}
+
+/// Escape RE2 metacharacters.
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if r"\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn object<T: Serialize>(kind: &str, name: &str, namespace: &str, spec: &T) -> IstioObject {
+    IstioObject {
+        api_version: API_VERSION.into(),
+        kind: kind.into(),
+        metadata: ObjectMeta { name: name.into(), namespace: namespace.into(), ..ObjectMeta::default() },
+        // Plain structs of strings, numbers and maps: serialisation cannot fail.
+        spec: serde_json::to_value(spec).unwrap_or_default(),
+    }
+}
+
+/// A host as Istio wants it: lowercase; `*`, `*.example.com` or a DNS name.
+/// `None` if it is none of those.
+fn normalize_host(host: &str) -> Option<String> {
+    let host = host.to_ascii_lowercase();
+    if host == "*" {
+        return Some(host);
+    }
+    let name = host.strip_prefix("*.").unwrap_or(&host);
+    let labels_ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        });
+    labels_ok.then_some(host)
+}
+
+/// Object names for hosts: `shop.example.com` → `shop-example-com`,
+/// `*.example.com` → `wildcard-example-com`, `*` → `wildcard`. Hosts whose
+/// names would collide (`a-b.com`, `a.b-com`; registry hosts differing in
+/// case) each get a hash of the host appended, so names stay unique and
+/// stable.
+fn object_names<'h>(hosts: impl IntoIterator<Item = &'h str>) -> BTreeMap<&'h str, String> {
+    let mut by_base: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for h in hosts {
+        let base = match h.strip_prefix('*') {
+            Some(rest) => sanitize(&format!("wildcard{rest}")),
+            None => sanitize(h),
+        };
+        by_base.entry(base).or_default().push(h);
+    }
+    let mut out = BTreeMap::new();
+    for (base, hosts) in by_base {
+        let shared = hosts.len() > 1;
+        for h in hosts {
+            out.insert(h, if shared { format!("{base}-{}", short_hash(h)) } else { base.clone() });
+        }
+    }
+    out
+}
+
+/// Lowercase letters, digits and `-`, at most 200 characters (room for a
+/// hash suffix within Kubernetes' 253).
+fn sanitize(s: &str) -> String {
+    let mapped: String =
+        s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    let trimmed = mapped.trim_matches('-');
+    match trimmed {
+        "" => "host".into(),
+        t if t.len() > 200 => format!("{}-{}", t[..191].trim_end_matches('-'), short_hash(s)),
+        t => t.into(),
+    }
+}
+
+fn short_hash(s: &str) -> String {
+    super::content_hash(s.as_bytes())[..8].to_owned()
+}

@@ -1,0 +1,224 @@
+//! The Ingress annotations the translation understands, read once per
+//! Ingress. Like Higress, `rewrite-target` and `ignore-path-case` are read
+//! under both `higress.io/` and `nginx.ingress.kubernetes.io/` (Higress's
+//! "ASAP" keys, `higress.io/` first); `destination` and `rewrite-path` only
+//! under `higress.io/`. Any other key under those two prefixes is counted as
+//! ignored.
+
+use super::model::Metadata;
+
+const HIGRESS: &str = "higress.io/";
+const NGINX: &str = "nginx.ingress.kubernetes.io/";
+
+pub const DESTINATION: &str = "higress.io/destination";
+const REWRITE_PATH: &str = "higress.io/rewrite-path";
+const REWRITE_TARGET: &str = "rewrite-target";
+const IGNORE_PATH_CASE: &str = "ignore-path-case";
+
+/// What one Ingress's annotations say.
+#[derive(Debug)]
+pub struct IngressAnnotations {
+    /// `higress.io/destination`, parsed; `None` when absent.
+    pub destination: Option<Result<Vec<McpDestination>, DestinationError>>,
+    /// The rewrite for this Ingress's paths; `Err` names an annotation we
+    /// cannot honour, so its paths are left out rather than routed unrewritten.
+    pub rewrite: Result<Option<RewriteRule>, String>,
+    pub ignore_path_case: bool,
+    /// `higress.io/*` and `nginx.ingress.kubernetes.io/*` keys not understood.
+    pub ignored: u64,
+    /// Annotations that were understood but whose value was not.
+    pub warnings: Vec<String>,
+}
+
+/// How the matched path is rewritten before it is sent upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RewriteRule {
+    /// `higress.io/rewrite-path`: the matched prefix is replaced (Istio
+    /// `rewrite.uri`).
+    Path(String),
+    /// `rewrite-target`: Higress substitutes the target for a regex match of
+    /// the Ingress path (Istio `rewrite.uriRegexRewrite`).
+    Target(String),
+}
+
+/// One line of `higress.io/destination`: `[NN%] host[:port] [subset]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpDestination {
+    pub weight: u32,
+    pub host: String,
+    pub port: Option<u16>,
+    pub subset: Option<String>,
+}
+
+/// Why a `higress.io/destination` value was rejected. `line` is 1-based and
+/// counts blank lines, so it points into the value as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DestinationError {
+    /// No destination line at all.
+    #[error("no destination given")]
+    Empty,
+    /// The weight before `%` is not a whole number from 0 to 100.
+    #[error("line {line}: weight {weight:?} is not a percentage from 0 to 100")]
+    BadWeight { line: usize, weight: String },
+    /// A weight with nothing after it.
+    #[error("line {line}: no host after the weight")]
+    NoHost { line: usize },
+    /// The host is empty or has characters no registry host has.
+    #[error("line {line}: host {host:?} is not a valid host name")]
+    BadHost { line: usize, host: String },
+    /// The text after the last `:` is not a port from 1 to 65535.
+    #[error("line {line}: port {port:?} is not a number from 1 to 65535")]
+    BadPort { line: usize, port: String },
+    /// The subset is not a DNS label (what Istio requires of subset names).
+    #[error("line {line}: subset {subset:?} is not a valid subset name (lowercase letters, digits and '-')")]
+    BadSubset { line: usize, subset: String },
+    /// More than `[NN%] host[:port] [subset]` on one line.
+    #[error("line {line}: unexpected {extra:?} after the subset")]
+    Extra { line: usize, extra: String },
+    /// The weights do not add up to 100.
+    #[error("weights add up to {sum}, not 100")]
+    WeightSum { sum: u64 },
+}
+
+impl IngressAnnotations {
+    pub fn read(meta: &Metadata) -> IngressAnnotations {
+        let mut out = IngressAnnotations {
+            destination: None,
+            rewrite: Ok(None),
+            ignore_path_case: false,
+            ignored: 0,
+            warnings: Vec::new(),
+        };
+        let mut used: Vec<String> = Vec::new();
+        let mut get = |key: &str, both_prefixes: bool| -> Option<(String, String)> {
+            let keys: Vec<String> = if both_prefixes {
+                vec![format!("{HIGRESS}{key}"), format!("{NGINX}{key}")]
+            } else {
+                vec![key.to_owned()]
+            };
+            used.extend(keys.iter().cloned());
+            keys.into_iter().find_map(|k| meta.annotation(&k).map(|v| (k, v)))
+        };
+
+        out.destination = get(DESTINATION, false).map(|(_, v)| parse_destination(&v));
+
+        let rewrite_path = get(REWRITE_PATH, false).filter(|(_, v)| !v.is_empty());
+        let rewrite_target = get(REWRITE_TARGET, true).filter(|(_, v)| !v.is_empty());
+        // Higress prefers rewrite-path when both are set.
+        out.rewrite = match (rewrite_path, rewrite_target) {
+            (Some((_, path)), _) => Ok(Some(RewriteRule::Path(path))),
+            (None, Some((key, target))) if target.contains(['$', '\\']) => Err(format!(
+                "annotation {key}: capture groups ({target:?}) need regex path matching, which is not supported"
+            )),
+            (None, Some((_, target))) => Ok(Some(RewriteRule::Target(target))),
+            (None, None) => Ok(None),
+        };
+
+        if let Some((key, value)) = get(IGNORE_PATH_CASE, true) {
+            match parse_bool(&value) {
+                Some(b) => out.ignore_path_case = b,
+                None => out.warnings.push(format!("annotation {key}: {value:?} is not a boolean; taken as false")),
+            }
+        }
+
+        out.ignored = meta
+            .annotation_keys()
+            .filter(|k| (k.starts_with(HIGRESS) || k.starts_with(NGINX)) && !used.iter().any(|u| u == k))
+            .count() as u64;
+        out
+    }
+}
+
+/// Parse `higress.io/destination`: one destination per line,
+/// `[NN%] host[:port] [subset]` (Higress's format, e.g.
+/// `80% orders.DEFAULT-GROUP.public.nacos:8080 v1`). Blank lines are
+/// skipped; a line without a weight weighs 100, so the weights must add up
+/// to 100. Stricter than Higress, which takes `host:junk` as a host name,
+/// ignores extra words and only logs a bad weight sum.
+pub fn parse_destination(value: &str) -> Result<Vec<McpDestination>, DestinationError> {
+    let mut out = Vec::new();
+    let mut sum: u64 = 0;
+    for (i, text) in value.lines().enumerate() {
+        let line = i + 1;
+        let mut words = text.split_whitespace().peekable();
+        let Some(first) = words.peek().copied() else { continue };
+        let weight = match first.strip_suffix('%') {
+            Some(w) => {
+                words.next();
+                match w.parse::<u32>() {
+                    Ok(w) if w <= 100 && !has_sign(first) => w,
+                    _ => return Err(DestinationError::BadWeight { line, weight: first.to_owned() }),
+                }
+            }
+            None => 100,
+        };
+        let address = words.next().ok_or(DestinationError::NoHost { line })?;
+        let (host, port) = match address.rsplit_once(':') {
+            Some((host, port)) => {
+                let number = port.parse::<u16>().ok().filter(|p| *p != 0 && !has_sign(port));
+                let number = number.ok_or_else(|| DestinationError::BadPort { line, port: port.to_owned() })?;
+                (host, Some(number))
+            }
+            None => (address, None),
+        };
+        if !valid_registry_host(host) {
+            return Err(DestinationError::BadHost { line, host: host.to_owned() });
+        }
+        let subset = match words.next() {
+            Some(s) if valid_dns_label(s) => Some(s.to_owned()),
+            Some(s) => return Err(DestinationError::BadSubset { line, subset: s.to_owned() }),
+            None => None,
+        };
+        if let Some(extra) = words.next() {
+            return Err(DestinationError::Extra { line, extra: extra.to_owned() });
+        }
+        sum += u64::from(weight);
+        out.push(McpDestination { weight, host: host.to_owned(), port, subset });
+    }
+    if out.is_empty() {
+        return Err(DestinationError::Empty);
+    }
+    if sum != 100 {
+        return Err(DestinationError::WeightSum { sum });
+    }
+    Ok(out)
+}
+
+/// Rust's integer parsers accept a leading `+`; a weight or port never has one.
+fn has_sign(s: &str) -> bool {
+    s.starts_with('+')
+}
+
+/// Registry hosts keep the registry's spelling (`orders.DEFAULT-GROUP.public.nacos`,
+/// `DEFAULT_GROUP`), so case and `_` are allowed; anything that could not be
+/// a host name is not.
+fn valid_registry_host(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= 253
+        && !host.starts_with('.')
+        && !host.ends_with('.')
+        && !host.contains("..")
+        && host.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+}
+
+/// RFC 1123 label: what Istio requires of subset names.
+pub fn valid_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Go's `strconv.ParseBool`, which Higress uses for boolean annotations.
+pub fn parse_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+#[path = "annotations_tests.rs"]
+mod tests;

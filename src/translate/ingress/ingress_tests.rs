@@ -1,0 +1,656 @@
+//! Snapshot tests of the Ingress translation: Ingress YAML, read by the real
+//! config loader, to the exact Istio objects and warnings.
+
+use std::collections::BTreeSet;
+
+use super::*;
+use crate::config::{Document, parse_documents};
+
+fn docs(yaml: &str) -> Vec<IngressDoc> {
+    parse_documents("test.yaml", yaml)
+        .expect("fixture parses")
+        .into_iter()
+        .filter_map(|d| match d {
+            Document::Ingress(i) => Some(i),
+            _ => None,
+        })
+        .collect()
+}
+
+fn opts() -> IngressOptions {
+    IngressOptions {
+        ingress_class: Some(DEFAULT_INGRESS_CLASS.into()),
+        gateway_namespace: "higress-system".into(),
+        gateway_name: "higress-gateway".into(),
+        known_secrets: BTreeSet::from([
+            ("shop".to_owned(), "shop-tls".to_owned()),
+            ("shop".to_owned(), "other-tls".to_owned()),
+            ("higress-system".to_owned(), "wildcard-tls".to_owned()),
+        ]),
+    }
+}
+
+fn run(yaml: &str) -> IngressTranslation {
+    translate(&docs(yaml), &opts())
+}
+
+/// Route names of every VirtualService, in order: what a test about which
+/// Ingresses count needs to see, without the whole objects.
+fn route_names(t: &IngressTranslation) -> Vec<String> {
+    t.objects
+        .iter()
+        .filter(|o| o.kind == "VirtualService")
+        .flat_map(|o| o.spec["http"].as_array().cloned().unwrap_or_default())
+        .map(|r| r["name"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[test]
+fn paths_exact_prefix_and_implementation_specific() {
+    let t = run(r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: shop, namespace: shop}
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+          - {path: /api/, pathType: Prefix, backend: {service: {name: api, port: {number: 8080}}}}
+          - {path: /checkout, pathType: Exact, backend: {service: {name: checkout, port: {number: 80}}}}
+          - {path: /static, pathType: ImplementationSpecific, backend: {service: {name: cdn, port: {number: 80}}}}
+          - {path: /api/v2, pathType: Prefix, backend: {service: {name: api-v2, port: {number: 8080}}}}
+          - {path: /, pathType: Exact, backend: {service: {name: home, port: {number: 80}}}}
+          - {path: /legacy, backend: {service: {name: legacy, port: {number: 80}}}}
+          - {path: relative, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+          - {path: /re, pathType: Regex, backend: {service: {name: web, port: {number: 80}}}}
+"#);
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn hosts_exact_wildcard_and_none() {
+    let t = run(r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: hosts, namespace: shop}
+spec:
+  rules:
+    - host: shop.example.com
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: shop, port: {number: 80}}}}]}
+    - host: "*.example.com"
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: wild, port: {number: 80}}}}]}
+    - http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: any, port: {number: 80}}}}]}
+    - host: API.Example.COM
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: api, port: {number: 80}}}}]}
+    - host: "bad_host!"
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: nope, port: {number: 80}}}}]}
+    - host: tls-only.example.com
+"#);
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn tls_known_and_unknown_secrets() {
+    let t = run(r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: shop, namespace: shop, creationTimestamp: "2024-01-01T00:00:00Z"}
+spec:
+  tls:
+    - {hosts: [shop.example.com, www.example.com], secretName: shop-tls}
+    - {hosts: [admin.example.com], secretName: missing-tls}
+    - {hosts: [nosecret.example.com]}
+  rules:
+    - host: shop.example.com
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: shop, port: {number: 80}}}}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: later, namespace: shop, creationTimestamp: "2024-02-01T00:00:00Z"}
+spec:
+  tls:
+    - {hosts: [www.example.com, blog.example.com], secretName: other-tls}
+    - {hosts: [shop.example.com], secretName: shop-tls}
+  rules:
+    - host: blog.example.com
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: blog, port: {number: 80}}}}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: wildcard, namespace: higress-system}
+spec:
+  tls:
+    - secretName: wildcard-tls
+  rules:
+    - http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: fallback, port: {number: 80}}}}]}
+"#);
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn mcp_bridge_destinations_with_weights_and_subsets() {
+    let t = run(r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: orders
+  namespace: higress-system
+  annotations:
+    higress.io/destination: |
+      80% orders.DEFAULT-GROUP.public.nacos:8080 v1
+      20% orders.DEFAULT-GROUP.public.nacos:8080 v2
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - path: /orders
+            pathType: Prefix
+            backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: users
+  namespace: higress-system
+  annotations:
+    higress.io/destination: users.dc1.consul
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - path: /users
+            pathType: Prefix
+            backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: canary
+  namespace: default
+  annotations:
+    higress.io/destination: "100% orders.DEFAULT-GROUP.public.nacos:8080 v3"
+spec:
+  ingressClassName: higress
+  rules:
+    - host: canary.example.com
+      http:
+        paths:
+          - path: /
+            pathType: Prefix
+            backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}
+"#);
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn malformed_destination_leaves_the_path_out_with_a_warning() {
+    let t = run(r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: bad-weights
+  namespace: higress-system
+  annotations:
+    higress.io/destination: |
+      80% orders.DEFAULT-GROUP.public.nacos:8080 v1
+      30% orders.DEFAULT-GROUP.public.nacos:8080 v2
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - path: /orders
+            pathType: Prefix
+            backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}
+          - path: /web
+            pathType: Prefix
+            backend: {service: {name: web, port: {number: 80}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: bad-port
+  namespace: higress-system
+  annotations:
+    higress.io/destination: "orders.nacos:http"
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - path: /bad-port
+            pathType: Prefix
+            backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: no-annotation, namespace: higress-system}
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - path: /missing
+            pathType: Prefix
+            backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}
+          - path: /other-resource
+            pathType: Prefix
+            backend: {resource: {apiGroup: example.com, kind: Bucket, name: assets}}
+"#);
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn service_backends() {
+    let t = run(r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: services, namespace: shop}
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /number, pathType: Prefix, backend: {service: {name: web, port: {number: 8080}}}}
+          - {path: /named, pathType: Prefix, backend: {service: {name: web, port: {name: http}}}}
+          - {path: /zero, pathType: Prefix, backend: {service: {name: web, port: {number: 0}}}}
+          - {path: /huge, pathType: Prefix, backend: {service: {name: web, port: {number: 70000}}}}
+          - {path: /no-port, pathType: Prefix, backend: {service: {name: web}}}
+          - {path: /bad-name, pathType: Prefix, backend: {service: {name: Web_Svc, port: {number: 80}}}}
+          - {path: /no-backend, pathType: Prefix}
+"#);
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn default_backend() {
+    let t = run(r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: first, namespace: shop, creationTimestamp: "2024-01-01T00:00:00Z"}
+spec:
+  defaultBackend: {service: {name: fallback, port: {number: 80}}}
+  rules:
+    - host: shop.example.com
+      http: {paths: [{path: /api, pathType: Prefix, backend: {service: {name: api, port: {number: 80}}}}]}
+    - host: home.example.com
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: home, port: {number: 80}}}}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: second, namespace: shop, creationTimestamp: "2024-02-01T00:00:00Z"}
+spec:
+  defaultBackend: {service: {name: other-fallback, port: {number: 80}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: registry-default
+  namespace: higress-system
+  creationTimestamp: "2024-03-01T00:00:00Z"
+  annotations:
+    higress.io/destination: "catalog.public.nacos:8080"
+spec:
+  defaultBackend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}
+  rules:
+    - host: catalog.example.com
+      http: {paths: [{path: /items, pathType: Exact, backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}}]}
+"#);
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn rewrite_target_and_rewrite_path() {
+    let t = run(r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: target
+  namespace: shop
+  annotations:
+    higress.io/rewrite-target: /backend
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /api/, pathType: Prefix, backend: {service: {name: api, port: {number: 80}}}}
+          - {path: /v1.0/exact, pathType: Exact, backend: {service: {name: api, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: nginx-target
+  namespace: shop
+  annotations:
+    nginx.ingress.kubernetes.io/rewrite-target: /
+    nginx.ingress.kubernetes.io/ignore-path-case: "true"
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /Static, pathType: Prefix, backend: {service: {name: cdn, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: path
+  namespace: shop
+  annotations:
+    higress.io/rewrite-path: /v2
+    higress.io/rewrite-target: /ignored-when-rewrite-path-is-set
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /old, pathType: Prefix, backend: {service: {name: api, port: {number: 80}}}}
+          - {path: /old-exact, pathType: Exact, backend: {service: {name: api, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: captures
+  namespace: shop
+  annotations:
+    nginx.ingress.kubernetes.io/rewrite-target: /$2
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: "/something(/|$)(.*)", pathType: ImplementationSpecific, backend: {service: {name: api, port: {number: 80}}}}
+"#);
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn ignore_path_case() {
+    let t = run(r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: insensitive
+  namespace: shop
+  annotations:
+    higress.io/ignore-path-case: "true"
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /Docs, pathType: Prefix, backend: {service: {name: docs, port: {number: 80}}}}
+          - {path: /FAQ, pathType: Exact, backend: {service: {name: docs, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: sensitive
+  namespace: shop
+  annotations:
+    nginx.ingress.kubernetes.io/ignore-path-case: "false"
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /Blog, pathType: Prefix, backend: {service: {name: blog, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: unquoted-and-unparseable
+  namespace: shop
+  annotations:
+    higress.io/ignore-path-case: yes please
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /Shop, pathType: Prefix, backend: {service: {name: shop, port: {number: 80}}}}
+"#);
+    insta::assert_json_snapshot!(t);
+}
+
+const CLASSES: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: spec-higress, namespace: shop}
+spec:
+  ingressClassName: higress
+  rules: [{host: a.example.com, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: a, port: {number: 80}}}}]}}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: spec-nginx, namespace: shop}
+spec:
+  ingressClassName: nginx
+  rules: [{host: b.example.com, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: b, port: {number: 80}}}}]}}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: legacy-higress-over-spec-nginx
+  namespace: shop
+  annotations: {kubernetes.io/ingress.class: higress}
+spec:
+  ingressClassName: nginx
+  rules: [{host: c.example.com, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: c, port: {number: 80}}}}]}}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: legacy-nginx-over-spec-higress
+  namespace: shop
+  annotations: {kubernetes.io/ingress.class: nginx}
+spec:
+  ingressClassName: higress
+  rules: [{host: d.example.com, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: d, port: {number: 80}}}}]}}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: no-class
+  namespace: shop
+  annotations: {higress.io/cors-allow-origin: "*"}
+spec:
+  rules: [{host: e.example.com, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: e, port: {number: 80}}}}]}}]
+"#;
+
+#[test]
+fn class_filtering() {
+    let ingresses = docs(CLASSES);
+    let with = |class: Option<&str>| {
+        let t = translate(&ingresses, &IngressOptions { ingress_class: class.map(Into::into), ..opts() });
+        (route_names(&t), t.ignored_annotations)
+    };
+    insta::assert_json_snapshot!(serde_json::json!({
+        "higress (default: also takes Ingresses without a class)": with(Some("higress")),
+        "nginx": with(Some("nginx")),
+        "empty option: all": with(Some("")),
+        "no option: all": with(None),
+    }));
+}
+
+#[test]
+fn conflicts_older_wins_with_a_warning() {
+    let t = run(r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: a-newer, namespace: shop, creationTimestamp: "2024-02-01T00:00:00Z"}
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /x, pathType: Prefix, backend: {service: {name: newer, port: {number: 80}}}}
+          - {path: /y/, pathType: Prefix, backend: {service: {name: newer, port: {number: 80}}}}
+          - {path: /x, pathType: Exact, backend: {service: {name: newer, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: b-older, namespace: shop, creationTimestamp: "2024-01-01T00:00:00+00:00"}
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /x/, pathType: Prefix, backend: {service: {name: older, port: {number: 80}}}}
+          - {path: /y, pathType: Prefix, backend: {service: {name: older, port: {number: 80}}}}
+          - {path: /y, pathType: Prefix, backend: {service: {name: older-duplicate, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: c-same-time, namespace: alpha, creationTimestamp: "2024-01-01T01:00:00+01:00"}
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /z, pathType: Prefix, backend: {service: {name: alpha, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: c-same-time, namespace: beta, creationTimestamp: "2024-01-01T00:00:00Z"}
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /z, pathType: Prefix, backend: {service: {name: beta, port: {number: 80}}}}
+"#);
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn unreadable_ingresses_are_reported() {
+    let t = run(r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: wrong-type, namespace: shop}
+spec:
+  rules: "not a list"
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: bad-time, namespace: shop, creationTimestamp: yesterday}
+spec:
+  tls:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: empty, namespace: shop}
+spec: {}
+"#);
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn unknown_annotations_are_counted_not_applied() {
+    let t = run(r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: annotated
+  namespace: shop
+  annotations:
+    higress.io/cors-allow-origin: "*"
+    higress.io/use-regex: "true"
+    nginx.ingress.kubernetes.io/ssl-redirect: "false"
+    nginx.ingress.kubernetes.io/ignore-path-case: "false"
+    higress.io/rewrite-path: ""
+    kubernetes.io/ingress.class: higress
+    example.com/owner: team-a
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: not-ours
+  namespace: shop
+  annotations:
+    higress.io/cors-allow-origin: "*"
+spec:
+  ingressClassName: nginx
+"#);
+    assert_eq!(t.ignored_annotations, 3, "{t:#?}");
+    assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+    let vs = t.objects.iter().find(|o| o.kind == "VirtualService").expect("a VirtualService");
+    assert!(vs.spec["http"][0].get("rewrite").is_none(), "an empty rewrite-path rewrites nothing");
+}
+
+#[test]
+fn nothing_in_nothing_out() {
+    assert_eq!(translate(&[], &opts()), IngressTranslation::default());
+    let not_ours =
+        docs("apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: x}\nspec: {ingressClassName: nginx}\n");
+    assert_eq!(translate(&not_ours, &opts()), IngressTranslation::default());
+}
+
+#[test]
+fn output_does_not_depend_on_input_order() {
+    let mut ingresses = docs(CLASSES);
+    ingresses.extend(docs(
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: z, namespace: shop}
+spec:
+  tls: [{hosts: [a.example.com], secretName: shop-tls}]
+  defaultBackend: {service: {name: z, port: {number: 80}}}
+  rules: [{host: a.example.com, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: z, port: {number: 80}}}}]}}]
+"#,
+    ));
+    let forward = translate(&ingresses, &IngressOptions { ingress_class: None, ..opts() });
+    ingresses.reverse();
+    let backward = translate(&ingresses, &IngressOptions { ingress_class: None, ..opts() });
+    assert_eq!(forward, backward);
+    assert!(forward.warnings.iter().any(|w| w.contains("conflicts with shop/spec-higress")), "{:?}", forward.warnings);
+}
+
+#[test]
+fn object_names_from_hosts() {
+    let names = object_names(["shop.example.com", "*.example.com", "*", "a-b.example.com", "a.b-example.com"]);
+    assert_eq!(names["shop.example.com"], "shop-example-com");
+    assert_eq!(names["*.example.com"], "wildcard-example-com");
+    assert_eq!(names["*"], "wildcard");
+    // Collide once sanitised: both get a hash of their own host.
+    assert_ne!(names["a-b.example.com"], names["a.b-example.com"]);
+    assert!(names["a-b.example.com"].starts_with("a-b-example-com-"));
+    let long = format!("{}.nacos", "x".repeat(300));
+    let name = &object_names([long.as_str()])[long.as_str()];
+    assert!(name.len() <= 200 && name.starts_with("xxx"), "{name}");
+    assert_eq!(
+        object_names(["orders.DEFAULT_GROUP.public.nacos"])["orders.DEFAULT_GROUP.public.nacos"],
+        "orders-default-group-public-nacos"
+    );
+}
+
+#[test]
+fn hosts_are_normalised_and_checked() {
+    assert_eq!(normalize_host("Shop.Example.COM").as_deref(), Some("shop.example.com"));
+    assert_eq!(normalize_host("*.example.com").as_deref(), Some("*.example.com"));
+    assert_eq!(normalize_host("*").as_deref(), Some("*"));
+    for bad in ["", "*.", "a..b", "-a.com", "a-.com", "a_b.com", "*.*.com", "a.*.com", "10.0.0.1:80", "é.com"] {
+        assert_eq!(normalize_host(bad), None, "{bad}");
+    }
+}
