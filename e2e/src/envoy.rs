@@ -26,16 +26,29 @@ pub struct Envoy {
     _dir: TempDir,
 }
 
-/// Bootstrap YAML: ADS over gRPC to `xds`, a static `xds` cluster, and a
-/// listener on `listen_port` routing `/` to `route_cluster`.
+/// Where Envoy's listeners come from.
+#[derive(Debug, Clone, Copy)]
+pub enum Listeners<'a> {
+    /// One static listener routing `/` to this cluster (clusters over CDS).
+    Static { route_cluster: &'a str },
+    /// Listeners and routes over ADS too: the standalone gateway.
+    Ads,
+}
+
+/// Bootstrap YAML: ADS over gRPC to `xds`, a static `xds` cluster, and
+/// either a static listener on `listen_port` or LDS over ADS.
 pub fn bootstrap(
     node_id: &str,
     xds: SocketAddr,
     mode: AdsMode,
     admin_port: u16,
     listen_port: u16,
-    route_cluster: &str,
+    listeners: Listeners<'_>,
 ) -> String {
+    let (lds, static_listener) = match listeners {
+        Listeners::Ads => ("  lds_config:\n    ads: {}\n    resource_api_version: V3\n".to_string(), String::new()),
+        Listeners::Static { route_cluster } => (String::new(), static_listener(listen_port, route_cluster)),
+    };
     let api_type = match mode {
         AdsMode::Sotw => "GRPC",
         AdsMode::Delta => "DELTA_GRPC",
@@ -57,7 +70,7 @@ dynamic_resources:
   cds_config:
     ads: {{}}
     resource_api_version: V3
-static_resources:
+{lds}static_resources:
   clusters:
     - name: xds
       type: STATIC
@@ -74,7 +87,15 @@ static_resources:
               - endpoint:
                   address:
                     socket_address: {{ address: {xds_ip}, port_value: {xds_port} }}
-  listeners:
+{static_listener}"#,
+        xds_ip = xds.ip(),
+        xds_port = xds.port(),
+    )
+}
+
+fn static_listener(listen_port: u16, route_cluster: &str) -> String {
+    format!(
+        r#"  listeners:
     - name: http
       address:
         socket_address: {{ address: 127.0.0.1, port_value: {listen_port} }}
@@ -98,9 +119,7 @@ static_resources:
                   - name: envoy.filters.http.router
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-"#,
-        xds_ip = xds.ip(),
-        xds_port = xds.port(),
+"#
     )
 }
 
@@ -108,12 +127,27 @@ impl Envoy {
     /// Start Envoy and wait until its admin answers `/ready`... which it
     /// only does once CDS has been answered, so this also proves ADS works.
     pub async fn start(xds: SocketAddr, mode: AdsMode, route_cluster: &str) -> anyhow::Result<Envoy> {
+        Envoy::start_with(xds, mode, Listeners::Static { route_cluster }, free_port()).await
+    }
+
+    /// Start Envoy as a standalone gateway: listeners and routes come over
+    /// ADS; `listen_port` is the port meshbridge was told to listen on.
+    pub async fn start_gateway(xds: SocketAddr, mode: AdsMode, listen_port: u16) -> anyhow::Result<Envoy> {
+        Envoy::start_with(xds, mode, Listeners::Ads, listen_port).await
+    }
+
+    async fn start_with(
+        xds: SocketAddr,
+        mode: AdsMode,
+        listeners: Listeners<'_>,
+        listen_port: u16,
+    ) -> anyhow::Result<Envoy> {
         let bin = binary_from_env("MESHBRIDGE_ENVOY_BIN")?;
         let dir = tempfile::tempdir()?;
-        let (admin_port, listen_port) = (free_port(), free_port());
+        let admin_port = free_port();
         let config = dir.path().join("bootstrap.yaml");
         let node_id = format!("e2e-{}", std::process::id());
-        std::fs::write(&config, bootstrap(&node_id, xds, mode, admin_port, listen_port, route_cluster))?;
+        std::fs::write(&config, bootstrap(&node_id, xds, mode, admin_port, listen_port, listeners))?;
         let mut cmd = Command::new(bin);
         cmd.arg("-c")
             .arg(&config)
@@ -142,10 +176,15 @@ impl Envoy {
         s.split_off(s.char_indices().map(|(i, _)| i).find(|i| *i >= cut).unwrap_or(0))
     }
 
-    /// `GET path` through the static listener: (status, body).
+    /// `GET path` through the listener: (status, body).
     pub async fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        self.get_host(path, "localhost").await
+    }
+
+    /// `GET path` with a `Host` header, for virtual-host routing.
+    pub async fn get_host(&self, path: &str, host: &str) -> anyhow::Result<(u16, String)> {
         let url = format!("http://127.0.0.1:{}{path}", self.listen_port);
-        let resp = reqwest::Client::new().get(url).timeout(Duration::from_secs(5)).send().await?;
+        let resp = reqwest::Client::new().get(url).header("host", host).timeout(Duration::from_secs(5)).send().await?;
         let status = resp.status().as_u16();
         Ok((status, resp.text().await?))
     }
