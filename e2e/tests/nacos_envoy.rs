@@ -1,0 +1,156 @@
+//! Nacos end to end on real parts: a service registered in rnacos serves
+//! HTTP traffic through a real Envoy fed by meshbridge (in-process, on free
+//! ports), and a change in rnacos reaches Envoy as an EDS update.
+//!
+//! Needs `source e2e/env.sh rnacos envoy` (MESHBRIDGE_RNACOS_BIN,
+//! MESHBRIDGE_ENVOY_BIN).
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant, SystemTime};
+
+use meshbridge::run::{App, RunArgs};
+use meshbridge::translate::envoy::ENDPOINT_TYPE;
+use meshbridge_e2e::backend::Backend;
+use meshbridge_e2e::envoy::{AdsMode, Envoy};
+use meshbridge_e2e::nacos::{Instance, Rnacos};
+
+/// `vport` pins the service port, so the cluster name is stable whatever
+/// ports the backends got; endpoints keep theirs.
+const CLUSTER: &str = "outbound|8080||web.DEFAULT-GROUP.public.nacos";
+
+async fn start_meshbridge(nacos: &Rnacos, dir: &std::path::Path) -> anyhow::Result<App> {
+    // A long refresh: what Envoy sees after a change comes from the push.
+    std::fs::write(
+        dir.join("mcpbridge.yaml"),
+        format!(
+            r#"apiVersion: networking.higress.io/v1
+kind: McpBridge
+metadata: {{ name: default, namespace: higress-system }}
+spec:
+  registries:
+    - type: nacos2
+      name: local
+      domain: 127.0.0.1
+      port: {port}
+      nacosRefreshInterval: 30000000000
+      vport: {{ default: 8080 }}
+"#,
+            port = nacos.http_port
+        ),
+    )?;
+    App::start(RunArgs {
+        config_dir: dir.to_path_buf(),
+        xds_addr: "127.0.0.1:0".parse()?,
+        admin_addr: "127.0.0.1:0".parse()?,
+    })
+    .await
+}
+
+fn instance(backend: &Backend) -> Instance {
+    Instance::new("web", &backend.addr.ip().to_string(), backend.addr.port())
+}
+
+/// Send `n` requests through Envoy and collect the statuses and bodies.
+async fn sample(envoy: &Envoy, n: usize) -> (BTreeSet<u16>, BTreeSet<String>) {
+    let mut statuses = BTreeSet::new();
+    let mut bodies = BTreeSet::new();
+    for _ in 0..n {
+        match envoy.get("/").await {
+            Ok((status, body)) => {
+                statuses.insert(status);
+                if status == 200 {
+                    bodies.insert(body);
+                }
+            }
+            Err(_) => {
+                statuses.insert(0);
+            }
+        }
+    }
+    (statuses, bodies)
+}
+
+/// Poll until 20 requests in a row give exactly `want` (bodies of 200s, or
+/// the single status when `want_status` is not 200).
+async fn wait_for_traffic(envoy: &Envoy, want_status: u16, want: &[&str], what: &str) {
+    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (statuses, bodies) = sample(envoy, 20).await;
+        if statuses == BTreeSet::from([want_status]) && bodies == want {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("{what}: got statuses {statuses:?} bodies {bodies:?}, want {want_status} {want:?}\n{}", envoy.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Time from `since` until Envoy ACKs an EDS response sent after it.
+async fn eds_ack_after(app: &App, since: SystemTime) -> Duration {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let acked = app.clients.snapshot().into_iter().filter_map(|c| c.types.get(ENDPOINT_TYPE)?.last_ack_time).max();
+        if let Some(t) = acked.filter(|t| *t > since) {
+            return t.duration_since(since).unwrap_or_default();
+        }
+        assert!(Instant::now() < deadline, "no EDS ACK after the change");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+async fn spine(mode: AdsMode) {
+    let mut nacos = Rnacos::start().await.expect("start rnacos");
+    let dir = tempfile::tempdir().unwrap();
+    let app = start_meshbridge(&nacos, dir.path()).await.expect("start meshbridge");
+    let b1 = Backend::start("127.0.0.1", "backend-1").await.unwrap();
+    let b2 = Backend::start("127.0.0.1", "backend-2").await.unwrap();
+    nacos.register(&instance(&b1)).await.unwrap();
+    nacos.register(&instance(&b2)).await.unwrap();
+
+    let envoy = Envoy::start(app.xds_addr, mode, CLUSTER).await.expect("start envoy");
+    wait_for_traffic(&envoy, 200, &["backend-1", "backend-2"], "both instances serve").await;
+
+    // Disabling an instance in Nacos takes it out: push → read → cache →
+    // EDS. rnacos batches pushes (up to about 0.75 s), which dominates the figure.
+    let t0 = SystemTime::now();
+    nacos.update(&Instance { enabled: false, ..instance(&b2) }).await.unwrap();
+    let latency = eds_ack_after(&app, t0).await;
+    println!("FIGURE nacos_push_to_envoy_eds_ack mode={mode:?} ms={:.1}", latency.as_secs_f64() * 1e3);
+    // The share of it before meshbridge's cache changed: rnacos's batching
+    // plus the push and our read of the service.
+    let changed = app.cache.statuses().iter().filter_map(|(_, st, ..)| st.last_change_time).max();
+    let to_cache = changed.and_then(|t| t.duration_since(t0).ok()).unwrap_or_default();
+    println!("FIGURE nacos_push_to_cache mode={mode:?} ms={:.1}", to_cache.as_secs_f64() * 1e3);
+    wait_for_traffic(&envoy, 200, &["backend-1"], "disabled instance removed").await;
+
+    // Deregistering the last instance empties the cluster: 503.
+    nacos.deregister(&instance(&b1)).await.unwrap();
+    nacos.deregister(&instance(&b2)).await.unwrap();
+    wait_for_traffic(&envoy, 503, &[], "last instance gone").await;
+
+    // Back to one instance, then rnacos goes away: the endpoint must stay.
+    nacos.register(&instance(&b1)).await.unwrap();
+    wait_for_traffic(&envoy, 200, &["backend-1"], "re-registered").await;
+    nacos.stop();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while app.cache.statuses().iter().any(|(_, st, ..)| st.healthy) {
+        assert!(Instant::now() < deadline, "registry still reported healthy with rnacos stopped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (statuses, bodies) = sample(&envoy, 20).await;
+    assert_eq!(
+        (statuses, bodies),
+        (BTreeSet::from([200]), BTreeSet::from(["backend-1".to_string()])),
+        "a Nacos outage must keep endpoints"
+    );
+    let clusters = envoy.admin("/clusters").await.unwrap();
+    assert!(clusters.contains(&format!("{CLUSTER}::{}", b1.addr)), "envoy lost the endpoint:\n{clusters}");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacos_to_envoy_sotw() {
+    spine(AdsMode::Sotw).await;
+}

@@ -1,0 +1,531 @@
+//! The Nacos watchers against a real Nacos-protocol server, rnacos
+//! (`MESHBRIDGE_RNACOS_BIN`, see `e2e/env.sh`): `type: nacos2` over gRPC
+//! (nacos-sdk) and `type: nacos` over the 1.x HTTP open API, each scenario
+//! for both. Every test starts its own rnacos; the refresh interval is 2 s
+//! and every assertion polls the recorded sink calls with a deadline.
+//!
+//! rnacos is not Nacos; what differs and how these tests cope (also in
+//! e2e/README.md):
+//! - rnacos ignores `healthy` on register and update: an instance turns
+//!   unhealthy only when its heartbeats stop (ephemeral) or its TCP probe
+//!   fails (persistent; the harness turns probing off). The unhealthy case
+//!   uses an ephemeral instance that never beats, then beats.
+//! - an update applies `weight` only when it is not 1 and `metadata` only
+//!   when it is not `{}`.
+//! - `healthyOnly` defaults to `true` on `/nacos/v1/ns/instance/list`
+//!   (Nacos: `false`); the watcher always sends `false`.
+//! - pushes are batched (up to about 0.75 s after a change).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use meshbridge::run::{App, RunArgs};
+use meshbridge_e2e::nacos::{Instance, Options, Rnacos};
+use meshbridge_registries::{RegistryError, RegistryKind, RegistrySpec, Secret, Service, Sink, Update, watcher_for};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+const REFRESH: Duration = Duration::from_secs(2);
+const DEADLINE: Duration = Duration::from_secs(15);
+const GRPC: RegistryKind = RegistryKind::Nacos2;
+const HTTP: RegistryKind = RegistryKind::Nacos;
+
+#[derive(Debug, Clone)]
+enum Event {
+    Update(Update),
+    Healthy,
+    Error(RegistryError),
+}
+
+struct ChannelSink(mpsc::UnboundedSender<(Instant, Event)>);
+
+impl Sink for ChannelSink {
+    fn update(&self, update: Update) {
+        let _ = self.0.send((Instant::now(), Event::Update(update)));
+    }
+    fn healthy(&self) {
+        let _ = self.0.send((Instant::now(), Event::Healthy));
+    }
+    fn error(&self, error: &RegistryError) {
+        let _ = self.0.send((Instant::now(), Event::Error(error.clone())));
+    }
+}
+
+/// A running watcher and everything it told its sink, plus the services as
+/// a cache applying those updates would hold them.
+struct Recorder {
+    task: tokio::task::JoinHandle<()>,
+    rx: mpsc::UnboundedReceiver<(Instant, Event)>,
+    events: Vec<(Instant, Event)>,
+    view: BTreeMap<String, Service>,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Recorder {
+    fn start(spec: RegistrySpec) -> Recorder {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let watcher = watcher_for(&spec).expect("valid spec");
+        let task = tokio::spawn(watcher.run(Arc::new(ChannelSink(tx))));
+        Recorder { task, rx, events: Vec::new(), view: BTreeMap::new() }
+    }
+
+    /// Wait until `pred` holds, re-checking after every sink call.
+    async fn until(&mut self, what: &str, mut pred: impl FnMut(&Recorder) -> bool) {
+        let deadline = Instant::now() + DEADLINE;
+        while !pred(self) {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(event)) => self.push(event),
+                Ok(None) => panic!("watcher stopped while waiting for {what}"),
+                Err(_) => panic!("no {what} after {DEADLINE:?}; sink calls:\n{}", self.dump()),
+            }
+        }
+    }
+
+    /// Record everything that arrives for `d`.
+    async fn idle(&mut self, d: Duration) {
+        let deadline = Instant::now() + d;
+        while let Ok(Some(event)) = tokio::time::timeout_at(deadline, self.rx.recv()).await {
+            self.push(event);
+        }
+    }
+
+    fn push(&mut self, (at, event): (Instant, Event)) {
+        if let Event::Update(update) = &event {
+            match update.clone() {
+                Update::Snapshot(all) => self.view = all.into_iter().map(|s| (s.host.clone(), s)).collect(),
+                Update::Upsert(s) => {
+                    self.view.insert(s.host.clone(), s);
+                }
+                Update::Remove(host) => {
+                    self.view.remove(&host);
+                }
+            }
+        }
+        self.events.push((at, event));
+    }
+
+    fn mark(&self) -> usize {
+        self.events.len()
+    }
+
+    fn since(&self, mark: usize) -> impl Iterator<Item = &Event> {
+        self.events[mark..].iter().map(|(_, e)| e)
+    }
+
+    fn updates_since(&self, mark: usize) -> Vec<&Update> {
+        self.since(mark).filter_map(|e| if let Event::Update(u) = e { Some(u) } else { None }).collect()
+    }
+
+    fn errors_since(&self, mark: usize) -> Vec<&RegistryError> {
+        self.since(mark).filter_map(|e| if let Event::Error(e) = e { Some(e) } else { None }).collect()
+    }
+
+    fn snapshot_since(&self, mark: usize) -> Option<&Vec<Service>> {
+        self.updates_since(mark).into_iter().find_map(|u| if let Update::Snapshot(s) = u { Some(s) } else { None })
+    }
+
+    /// `address:port` of each endpoint of `host` in the view.
+    fn endpoints(&self, host: &str) -> Option<Vec<String>> {
+        self.view.get(host).map(|s| s.endpoints.iter().map(|e| format!("{}:{}", e.address, e.port)).collect())
+    }
+
+    fn dump(&self) -> String {
+        let start = self.events.first().map(|(at, _)| *at);
+        let lines = self.events.iter().map(|(at, e)| {
+            let ms = start.map(|s| at.duration_since(s).as_millis()).unwrap_or(0);
+            format!("  +{ms}ms {e:?}")
+        });
+        lines.collect::<Vec<_>>().join("\n")
+    }
+}
+
+fn spec(kind: RegistryKind, rnacos: &Rnacos) -> RegistrySpec {
+    let mut spec = RegistrySpec::new(kind, format!("{kind}-e2e"), "127.0.0.1", rnacos.http_port);
+    spec.nacos_refresh_interval = Some(REFRESH);
+    spec
+}
+
+async fn rnacos(opts: Options) -> Rnacos {
+    Rnacos::start_with(opts).await.expect("start rnacos (source e2e/env.sh rnacos)")
+}
+
+const WEB: &str = "web.DEFAULT-GROUP.public.nacos";
+
+fn eps(list: &[&str]) -> Option<Vec<String>> {
+    Some(list.iter().map(|s| s.to_string()).collect())
+}
+
+/// Register, scale out, reweigh, relabel, disable, deregister to empty.
+async fn follows_instances(kind: RegistryKind) {
+    let nacos = rnacos(Options::default()).await;
+    let a = Instance::new("web", "127.0.0.2", 8082).meta("version", "v1").meta("note", "not a label value");
+    let a = Instance { weight: 3.0, ..a };
+    nacos.register(&a).await.unwrap();
+
+    let mut rec = Recorder::start(spec(kind, &nacos));
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+    let first = rec.updates_since(0)[0].clone();
+    let Update::Snapshot(all) = first else { panic!("the first update must be the ready snapshot: {first:?}") };
+    assert_eq!(all.len(), 1, "{all:?}");
+    let web = &all[0];
+    assert_eq!(web.host, WEB);
+    assert_eq!((web.ports[0].number, web.ports[0].name.as_str()), (8082, "http-8082"));
+    assert_eq!(web.endpoints.len(), 1);
+    assert_eq!(web.endpoints[0].weight, 3);
+    let labels = BTreeMap::from([("version".to_string(), "v1".to_string())]);
+    assert_eq!(web.endpoints[0].labels, labels, "invalid label values are dropped");
+    assert!(rec.since(0).any(|e| matches!(e, Event::Healthy)));
+
+    let b = Instance::new("web", "127.0.0.3", 8081);
+    nacos.register(&b).await.unwrap();
+    rec.until("both instances", |r| r.endpoints(WEB) == eps(&["127.0.0.2:8082", "127.0.0.3:8081"])).await;
+    assert_eq!(rec.view[WEB].ports[0].number, 8081, "the lowest instance port");
+
+    // Weight and metadata changes propagate.
+    let a2 = Instance { weight: 5.0, ..a.clone() }.meta("version", "v2");
+    nacos.update(&a2).await.unwrap();
+    rec.until("new weight and label", |r| {
+        r.view
+            .get(WEB)
+            .and_then(|s| s.endpoints.iter().find(|e| e.address == "127.0.0.2"))
+            .is_some_and(|e| e.weight == 5 && e.labels.get("version").map(String::as_str) == Some("v2"))
+    })
+    .await;
+
+    // enabled=false takes an instance out; true brings it back.
+    nacos.update(&Instance { enabled: false, ..b.clone() }).await.unwrap();
+    rec.until("disabled instance gone", |r| r.endpoints(WEB) == eps(&["127.0.0.2:8082"])).await;
+    nacos.update(&Instance { enabled: true, ..b.clone() }).await.unwrap();
+    rec.until("enabled again", |r| r.endpoints(WEB).is_some_and(|e| e.len() == 2)).await;
+
+    // Deregistering the last instance: an authoritative empty service.
+    nacos.deregister(&b).await.unwrap();
+    rec.until("one left", |r| r.endpoints(WEB) == eps(&["127.0.0.2:8082"])).await;
+    let mark = rec.mark();
+    nacos.deregister(&a2).await.unwrap();
+    rec.until("web empty", |r| r.endpoints(WEB).is_none_or(|e| e.is_empty())).await;
+    if let Some(web) = rec.view.get(WEB) {
+        assert_eq!(web.ports[0].number, 8082, "an empty service keeps its last port");
+    }
+    assert!(rec.errors_since(mark).is_empty(), "{}", rec.dump());
+}
+
+#[tokio::test]
+async fn grpc_follows_instances() {
+    follows_instances(GRPC).await;
+}
+
+#[tokio::test]
+async fn http_follows_instances() {
+    follows_instances(HTTP).await;
+}
+
+/// Two namespaces, two groups, Dubbo names, consumers, the loop guard.
+async fn namespaces_groups_and_names(kind: RegistryKind) {
+    let nacos = rnacos(Options::default()).await;
+    nacos.create_namespace("dev_ns", "dev").await.unwrap();
+    nacos.register(&Instance::new("web", "127.0.0.2", 8080)).await.unwrap();
+    nacos.register(&Instance::new("web", "127.0.0.3", 8080).group("shop_v2")).await.unwrap();
+    nacos.register(&Instance::new("web", "127.0.0.4", 8080).group("other")).await.unwrap();
+    nacos.register(&Instance::new("api", "127.0.0.5", 9000).namespace("dev_ns")).await.unwrap();
+    let dubbo = "providers:com.example.DemoService:1.0.0:";
+    nacos.register(&Instance::new(dubbo, "127.0.0.6", 20880).meta("protocol", "dubbo")).await.unwrap();
+    nacos.register(&Instance::new("consumers:com.example.DemoService:1.0.0:", "127.0.0.7", 9001)).await.unwrap();
+    let guarded = Instance::new("looped", "127.0.0.8", 80).meta("register-resource", "mcp-bridge");
+    nacos.register(&guarded).await.unwrap();
+    nacos.register(&Instance::new("grpcsvc", "127.0.0.9", 50051).meta("protocol", "triple")).await.unwrap();
+
+    let mut public = spec(kind, &nacos);
+    public.nacos_groups = vec!["DEFAULT_GROUP".into(), "shop_v2".into()];
+    let mut rec = Recorder::start(public);
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+    let hosts: Vec<&str> = rec.view.keys().map(String::as_str).collect();
+    let dubbo_host = format!("{dubbo}.DEFAULT-GROUP.public.nacos");
+    let want = [
+        "grpcsvc.DEFAULT-GROUP.public.nacos",
+        "looped.DEFAULT-GROUP.public.nacos",
+        &dubbo_host,
+        WEB,
+        "web.shop-v2.public.nacos",
+    ];
+    assert_eq!(hosts, want, "no consumers:, no other group, no other namespace");
+    assert_eq!(rec.view[&dubbo_host].ports[0].name, "tcp-20880", "dubbo is TCP");
+    assert_eq!(rec.view["grpcsvc.DEFAULT-GROUP.public.nacos"].ports[0].name, "grpc-50051");
+    assert_eq!(rec.endpoints("looped.DEFAULT-GROUP.public.nacos"), Some(vec![]), "loop guard");
+    assert_eq!(rec.endpoints("web.shop-v2.public.nacos"), eps(&["127.0.0.3:8080"]));
+
+    let mut dev = spec(kind, &nacos);
+    dev.nacos_namespace_id = Some("dev_ns".into());
+    let mut rec = Recorder::start(dev);
+    rec.until("dev namespace", |r| r.snapshot_since(0).is_some()).await;
+    let hosts: Vec<&str> = rec.view.keys().map(String::as_str).collect();
+    assert_eq!(hosts, vec!["api.DEFAULT-GROUP.dev-ns.nacos"]);
+
+    // A service appearing later is picked up at the next listing.
+    nacos.register(&Instance::new("late", "127.0.0.10", 7000).namespace("dev_ns")).await.unwrap();
+    rec.until("late service", |r| r.view.contains_key("late.DEFAULT-GROUP.dev-ns.nacos")).await;
+}
+
+#[tokio::test]
+async fn grpc_namespaces_groups_and_names() {
+    namespaces_groups_and_names(GRPC).await;
+}
+
+#[tokio::test]
+async fn http_namespaces_groups_and_names() {
+    namespaces_groups_and_names(HTTP).await;
+}
+
+/// rnacos ignores `healthy=false`: an ephemeral instance without heartbeats
+/// turns unhealthy after the heartbeat timeout (2 s, + 3 s rnacos adds), and
+/// a heartbeat makes it healthy again.
+async fn unhealthy_instances_are_excluded(kind: RegistryKind) {
+    let nacos = rnacos(Options { heartbeat_timeout: Some(Duration::from_secs(2)), ..Options::default() }).await;
+    nacos.register(&Instance::new("web", "127.0.0.2", 8080)).await.unwrap();
+    let beating = Instance { ephemeral: true, ..Instance::new("web", "127.0.0.3", 8080) };
+    nacos.register(&beating).await.unwrap();
+    let mut rec = Recorder::start(spec(kind, &nacos));
+    rec.until("both healthy", |r| r.endpoints(WEB).is_some_and(|e| e.len() == 2)).await;
+    rec.until("the silent one unhealthy", |r| r.endpoints(WEB) == eps(&["127.0.0.2:8080"])).await;
+    nacos.beat(&beating).await.unwrap();
+    rec.until("healthy after a heartbeat", |r| r.endpoints(WEB).is_some_and(|e| e.len() == 2)).await;
+}
+
+#[tokio::test]
+async fn grpc_unhealthy_instances_are_excluded() {
+    unhealthy_instances_are_excluded(GRPC).await;
+}
+
+#[tokio::test]
+async fn http_unhealthy_instances_are_excluded() {
+    unhealthy_instances_are_excluded(HTTP).await;
+}
+
+/// Stopping rnacos keeps endpoints (errors only); a restart resyncs.
+async fn outage_keeps_endpoints_then_restart_resyncs(kind: RegistryKind) {
+    let mut nacos = rnacos(Options::default()).await;
+    let web = Instance::new("web", "127.0.0.2", 8080);
+    nacos.register(&web).await.unwrap();
+    let mut rec = Recorder::start(spec(kind, &nacos));
+    rec.until("web", |r| r.endpoints(WEB) == eps(&["127.0.0.2:8080"])).await;
+
+    let mark = rec.mark();
+    let stopped = Instant::now();
+    nacos.stop();
+    rec.until("errors over more than a refresh period", |r| {
+        let last = r.events.last().map(|(at, _)| *at).unwrap_or(stopped);
+        r.errors_since(mark).len() >= 3 && last.duration_since(stopped) > REFRESH * 2
+    })
+    .await;
+    rec.idle(REFRESH).await;
+    let errors = rec.errors_since(mark);
+    assert!(errors.iter().all(|e| matches!(e, RegistryError::Unreachable { .. })), "{}", rec.dump());
+    assert!(rec.updates_since(mark).is_empty(), "no update while rnacos is down:\n{}", rec.dump());
+    assert_eq!(rec.endpoints(WEB), eps(&["127.0.0.2:8080"]));
+
+    let mark = rec.mark();
+    nacos.restart().await.expect("restart rnacos");
+    // rnacos keeps persistent instances across a restart (its data dir);
+    // register again anyway, which is what a provider would do.
+    nacos.register(&Instance::new("web", "127.0.0.3", 8080)).await.unwrap();
+    rec.until("healthy, a fresh snapshot, and the new instance", |r| {
+        r.since(mark).any(|e| matches!(e, Event::Healthy))
+            && r.snapshot_since(mark).is_some()
+            && r.endpoints(WEB).is_some_and(|e| e.contains(&"127.0.0.3:8080".to_string()))
+    })
+    .await;
+    // Pushes work again after the reconnect, not just the periodic resync.
+    let mark = rec.mark();
+    nacos.register(&Instance::new("fresh", "127.0.0.4", 8080)).await.unwrap();
+    rec.until("a new service", |r| r.view.contains_key("fresh.DEFAULT-GROUP.public.nacos")).await;
+    assert!(rec.errors_since(mark).is_empty(), "{}", rec.dump());
+}
+
+#[tokio::test]
+async fn grpc_outage_keeps_endpoints_then_restart_resyncs() {
+    outage_keeps_endpoints_then_restart_resyncs(GRPC).await;
+}
+
+#[tokio::test]
+async fn http_outage_keeps_endpoints_then_restart_resyncs() {
+    outage_keeps_endpoints_then_restart_resyncs(HTTP).await;
+}
+
+const ADMIN: &str = "mb-admin";
+const PASSWORD: &str = "pw-e2e-7c41d";
+
+/// Login with a 3 s token: sync goes on well past the token's life; a wrong
+/// password or none gives errors only, and no secret shows anywhere.
+async fn auth_tokens_refresh_and_refusals_are_errors(kind: RegistryKind) {
+    let opts = Options {
+        auth: Some((ADMIN.into(), PASSWORD.into())),
+        token_ttl: Some(Duration::from_secs(3)),
+        ..Options::default()
+    };
+    let nacos = rnacos(opts).await;
+    nacos.register(&Instance::new("web", "127.0.0.2", 8080)).await.unwrap();
+
+    let mut good = spec(kind, &nacos);
+    good.auth.insert("nacosUsername".into(), Secret::new(ADMIN));
+    good.auth.insert("nacosPassword".into(), Secret::new(PASSWORD));
+    let mut rec = Recorder::start(good);
+    rec.until("web with a login", |r| r.endpoints(WEB) == eps(&["127.0.0.2:8080"])).await;
+
+    let mut wrong = spec(kind, &nacos);
+    wrong.auth.insert("nacosUsername".into(), Secret::new(ADMIN));
+    wrong.auth.insert("nacosPassword".into(), Secret::new("wrong-pw-19ab"));
+    let mut bad = Recorder::start(wrong);
+    let mut anon = Recorder::start(spec(kind, &nacos));
+
+    // Three token lifetimes later, a change still arrives.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let mark = rec.mark();
+    nacos.register(&Instance::new("web", "127.0.0.3", 8080)).await.unwrap();
+    rec.until("a change after the first token expired", |r| r.endpoints(WEB).is_some_and(|e| e.len() == 2)).await;
+    assert!(rec.errors_since(mark).is_empty(), "{}", rec.dump());
+
+    bad.until("login refusals", |r| {
+        r.errors_since(0).iter().filter(|e| matches!(e, RegistryError::Status { status: 403, .. })).count() >= 2
+    })
+    .await;
+    assert!(bad.updates_since(0).is_empty(), "{}", bad.dump());
+    anon.until("refusals without credentials", |r| {
+        r.errors_since(0).iter().filter(|e| matches!(e, RegistryError::Status { status: 401 | 403, .. })).count() >= 2
+    })
+    .await;
+    assert!(anon.updates_since(0).is_empty(), "{}", anon.dump());
+    for dump in [rec.dump(), bad.dump(), anon.dump()] {
+        assert!(!dump.contains(PASSWORD) && !dump.contains("wrong-pw-19ab"), "{dump}");
+    }
+}
+
+#[tokio::test]
+async fn grpc_auth_tokens_refresh_and_refusals_are_errors() {
+    auth_tokens_refresh_and_refusals_are_errors(GRPC).await;
+}
+
+#[tokio::test]
+async fn http_auth_tokens_refresh_and_refusals_are_errors() {
+    auth_tokens_refresh_and_refusals_are_errors(HTTP).await;
+}
+
+/// A tiny address server: answers `GET /nacos/serverlist` with the current
+/// body, and records the request heads.
+async fn address_server(body: Arc<Mutex<String>>) -> (u16, Arc<Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let (body, seen) = (body.lock().unwrap().clone(), seen.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let n = conn.read(&mut buf).await.unwrap_or(0);
+                seen.lock().unwrap().push(String::from_utf8_lossy(&buf[..n]).into_owned());
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    (port, heads)
+}
+
+/// The server list comes from the address server; when it changes, the
+/// watcher moves to the new servers.
+async fn address_server_moves_the_watcher(kind: RegistryKind) {
+    let a = rnacos(Options::default()).await;
+    let b = rnacos(Options::default()).await;
+    a.register(&Instance::new("alpha", "127.0.0.2", 8080)).await.unwrap();
+    b.register(&Instance::new("beta", "127.0.0.3", 8080)).await.unwrap();
+    let body = Arc::new(Mutex::new(format!("127.0.0.1:{}\n", a.http_port)));
+    let (port, heads) = address_server(body.clone()).await;
+
+    let mut spec = RegistrySpec::new(kind, format!("{kind}-as"), "", 0);
+    spec.nacos_address_server = Some(format!("127.0.0.1:{port}"));
+    spec.nacos_refresh_interval = Some(REFRESH);
+    let mut rec = Recorder::start(spec);
+    rec.until("alpha from server a", |r| r.view.contains_key("alpha.DEFAULT-GROUP.public.nacos")).await;
+
+    *body.lock().unwrap() = format!("127.0.0.1:{}\n", b.http_port);
+    rec.until("beta from server b, alpha gone", |r| {
+        r.view.keys().collect::<Vec<_>>() == vec!["beta.DEFAULT-GROUP.public.nacos"]
+    })
+    .await;
+    let heads = heads.lock().unwrap().clone();
+    assert!(heads.iter().all(|h| h.starts_with("GET /nacos/serverlist ")), "{heads:?}");
+}
+
+#[tokio::test]
+async fn grpc_address_server_moves_the_watcher() {
+    address_server_moves_the_watcher(GRPC).await;
+}
+
+#[tokio::test]
+async fn http_address_server_moves_the_watcher() {
+    address_server_moves_the_watcher(HTTP).await;
+}
+
+fn bridge(port: u16, namespace: &str, group: &str) -> String {
+    format!(
+        r#"apiVersion: networking.higress.io/v1
+kind: McpBridge
+metadata: {{ name: default, namespace: higress-system }}
+spec:
+  registries:
+    - type: nacos2
+      name: local
+      domain: 127.0.0.1
+      port: {port}
+      nacosNamespaceId: {namespace}
+      nacosGroups: [{group}]
+      nacosRefreshInterval: 2000000000
+"#
+    )
+}
+
+/// Editing nacosNamespaceId and nacosGroups in the McpBridge takes effect
+/// without a restart: the reconciler restarts the watcher, the new group's
+/// services appear and the old ones go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spec_change_moves_to_the_new_namespace_and_group() {
+    let nacos = rnacos(Options::default()).await;
+    nacos.create_namespace("team_b", "team b").await.unwrap();
+    nacos.register(&Instance::new("old", "127.0.0.2", 8080).group("g_one")).await.unwrap();
+    nacos.register(&Instance::new("new", "127.0.0.3", 8080).group("g_two").namespace("team_b")).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bridge.yaml");
+    std::fs::write(&file, bridge(nacos.http_port, "public", "g_one")).unwrap();
+    let app = App::start(RunArgs {
+        config_dir: dir.path().into(),
+        xds_addr: "127.0.0.1:0".parse().unwrap(),
+        admin_addr: "127.0.0.1:0".parse().unwrap(),
+    })
+    .await
+    .unwrap();
+    let hosts = |app: &App| app.cache.view().services.keys().cloned().collect::<Vec<String>>();
+    let wait = |want: Vec<&'static str>| {
+        let app = &app;
+        async move {
+            let deadline = Instant::now() + DEADLINE;
+            while hosts(app) != want {
+                assert!(Instant::now() < deadline, "want {want:?}, have {:?}", hosts(app));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    wait(vec!["old.g-one.public.nacos"]).await;
+    std::fs::write(&file, bridge(nacos.http_port, "team_b", "g_two")).unwrap();
+    wait(vec!["new.g-two.team-b.nacos"]).await;
+    app.stop().await;
+}

@@ -1,0 +1,710 @@
+//! Nacos registry watcher: `type: nacos` over the 1.x HTTP open API,
+//! `type: nacos2` and `nacos3` over gRPC with nacos-sdk.
+//!
+//! Both read the same things through one small trait, [`Api`], and share one
+//! loop (a [`Session`] per client):
+//!
+//! - a full sync: list the services of every group in `nacosGroups` (default
+//!   `DEFAULT_GROUP`) of the namespace `nacosNamespaceId` (default `public`),
+//!   then read every service's instances, and send it all as one
+//!   [`Update::Snapshot`] (the first one is the ready signal), after an
+//!   [`Update::Remove`] for each service that left. It runs at start, every
+//!   `nacosRefreshInterval` (default 30 s, at least 1 s) and when Nacos
+//!   answers again after a failure, so a change is seen even when no push
+//!   comes (a subscription may stay silent when the last instance leaves);
+//! - with gRPC, a subscription per service whose pushes wake that service's
+//!   loop, which asks the server again (see `grpc::PushListener`);
+//! - a health probe, a real one-item service list call (for gRPC after a TCP
+//!   connect to the gRPC port, which fails at once while the server is
+//!   down), every min(refresh, 5 s) and before every full sync: nacos-sdk
+//!   reconnects on its own and says nothing while it cannot, so we ask;
+//! - with `nacosAddressServer`, the server list is re-read every refresh
+//!   interval; a new list means a new client.
+//!
+//! Errors only ever reach [`Sink::error`]: while Nacos is unreachable the
+//! cache keeps the last known endpoints. An answer, even an empty one,
+//! replaces them. Answers are numbered when asked for, so an older answer
+//! never overwrites a newer one (a push-triggered read racing a full sync).
+
+mod auth;
+mod decode;
+mod grpc;
+mod health;
+mod http;
+mod servers;
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::{FutureExt, StreamExt, stream};
+use tokio::sync::Notify;
+use tokio::task::{AbortHandle, JoinError, JoinSet};
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use self::auth::Auth;
+use self::decode::{DEFAULT_GROUP, Endpoints, Instance, Naming, PUBLIC_NAMESPACE, ServiceKey, endpoints, is_watched};
+use self::grpc::{GRPC_PORT_OFFSET, GrpcApi};
+use self::health::{Backoff, Health};
+use self::http::HttpApi;
+use self::servers::Servers;
+use crate::{Endpoint, RegistryError, RegistryKind, RegistrySpec, Service, Sink, Update, Watcher};
+
+const DEFAULT_REFRESH: Duration = Duration::from_secs(30);
+const MIN_REFRESH: Duration = Duration::from_secs(1);
+const MAX_PROBE: Duration = Duration::from_secs(5);
+/// Instance reads (and subscriptions) in flight at once.
+const CONCURRENCY: usize = 8;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Calls refused for credentials this many times in a row, although every
+/// one was made with a token just obtained: the client gets rebuilt.
+const AUTH_FAILURES_BEFORE_RECONNECT: u32 = 2;
+/// A client that lasted this long resets the backoff between clients.
+const SESSION_RESETS_BACKOFF: Duration = Duration::from_secs(60);
+
+/// What a watcher reads from Nacos, whichever protocol carries it.
+pub(crate) trait Api: Send + Sync + 'static {
+    /// Every service name in `group` (all pages).
+    fn list_services(&self, group: &str) -> impl Future<Output = Result<Vec<String>, RegistryError>> + Send;
+    /// Every instance of a service, healthy or not.
+    fn instances(&self, key: &ServiceKey) -> impl Future<Output = Result<Vec<Instance>, RegistryError>> + Send;
+    /// A cheap real call, to tell whether the server answers.
+    fn probe(&self, group: &str) -> impl Future<Output = Result<(), RegistryError>> + Send;
+
+    /// Whether the server pushes changes to subscribers.
+    const PUSH: bool = false;
+    /// Wake `notify` whenever the server pushes a change of `key`.
+    fn subscribe(
+        &self,
+        _key: &ServiceKey,
+        _notify: Arc<Notify>,
+    ) -> impl Future<Output = Result<(), RegistryError>> + Send {
+        async { Ok(()) }
+    }
+    fn unsubscribe(&self, _key: &ServiceKey) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    /// Nacos 1.x open API.
+    Http,
+    /// Nacos 2.x/3.x gRPC, through nacos-sdk.
+    Grpc,
+}
+
+/// Watches one Nacos namespace. Built by [`crate::watcher_for`].
+pub struct NacosWatcher {
+    spec: RegistrySpec,
+    protocol: Protocol,
+    refresh: Duration,
+    groups: Vec<String>,
+    namespace_id: String,
+    http: reqwest::Client,
+    servers: Servers,
+    auth: Auth,
+}
+
+impl NacosWatcher {
+    pub fn new(spec: RegistrySpec) -> Result<NacosWatcher, RegistryError> {
+        let protocol = match spec.kind {
+            RegistryKind::Nacos => Protocol::Http,
+            RegistryKind::Nacos2 | RegistryKind::Nacos3 => Protocol::Grpc,
+            other => {
+                return Err(RegistryError::Config {
+                    registry: spec.name.clone(),
+                    field: "type".into(),
+                    reason: format!("{other} is not a Nacos registry"),
+                });
+            }
+        };
+        let http =
+            reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).build().map_err(|e| RegistryError::Config {
+                registry: spec.name.clone(),
+                field: "type".into(),
+                reason: format!("HTTP client: {e}"),
+            })?;
+        let mut groups: Vec<String> = Vec::new();
+        for g in spec.nacos_groups.iter().map(|g| g.trim()).filter(|g| !g.is_empty()) {
+            if !groups.iter().any(|have| have == g) {
+                groups.push(g.to_string());
+            }
+        }
+        if groups.is_empty() {
+            groups.push(DEFAULT_GROUP.to_string());
+        }
+        let namespace_id = spec
+            .nacos_namespace_id
+            .clone()
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| PUBLIC_NAMESPACE.to_string());
+        Ok(NacosWatcher {
+            refresh: spec.nacos_refresh_interval.unwrap_or(DEFAULT_REFRESH).max(MIN_REFRESH),
+            servers: Servers::new(&spec, http.clone())?,
+            auth: Auth::new(&spec, http.clone())?,
+            protocol,
+            groups,
+            namespace_id,
+            http,
+            spec,
+        })
+    }
+}
+
+impl Watcher for NacosWatcher {
+    fn run(self: Box<Self>, sink: Arc<dyn Sink>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let span = info_span!("nacos", registry = %self.spec.name, kind = %self.spec.kind);
+        Box::pin(self.run_inner(sink).instrument(span))
+    }
+}
+
+/// Why a session ended.
+enum End {
+    /// The address server lists other servers.
+    Servers(Vec<String>),
+    /// The client is beyond repair (tokens refused right after login).
+    Reconnect,
+}
+
+impl NacosWatcher {
+    async fn run_inner(self, sink: Arc<dyn Sink>) {
+        info!(
+            servers = %self.spec.nacos_address_server.as_deref().map_or_else(|| self.spec.endpoint(), String::from),
+            namespace = %self.namespace_id,
+            groups = ?self.groups,
+            login = self.auth.has_login(),
+            access_key = self.auth.has_signer(),
+            refresh = ?self.refresh,
+            "starting"
+        );
+        let ctx = Arc::new(Ctx {
+            naming: Naming::new(&self.spec),
+            groups: self.groups.clone(),
+            refresh: self.refresh,
+            health: Health::new(sink.clone()),
+            sink,
+            state: Mutex::default(),
+            seq: AtomicU64::new(0),
+        });
+        let auth = Arc::new(self.auth);
+        let registry = self.spec.name.clone();
+        let mut backoff = Backoff::default();
+        let mut next: Option<Vec<String>> = None;
+        loop {
+            let list = match next.take() {
+                Some(list) => list,
+                None => match self.servers.fetch().await {
+                    Ok(list) => list,
+                    Err(e) => {
+                        ctx.health.fail(&e);
+                        tokio::time::sleep(backoff.next()).await;
+                        continue;
+                    }
+                },
+            };
+            let end = match self.protocol {
+                Protocol::Http => {
+                    let api = HttpApi::new(
+                        self.http.clone(),
+                        list.clone(),
+                        self.namespace_id.clone(),
+                        registry.clone(),
+                        auth.clone(),
+                    );
+                    Session::new(api, ctx.clone()).run(&self.servers, &list).await
+                }
+                Protocol::Grpc => {
+                    let api = match connect(&registry, &list, &self.namespace_id, &auth).await {
+                        Ok(api) => api,
+                        Err(e) => {
+                            ctx.health.fail(&e);
+                            tokio::time::sleep(backoff.next()).await;
+                            continue;
+                        }
+                    };
+                    info!(servers = ?list, "connected");
+                    let started = Instant::now();
+                    let api = Arc::new(api);
+                    let end = Session::new_shared(api.clone(), ctx.clone()).run(&self.servers, &list).await;
+                    api.close().await;
+                    if started.elapsed() > SESSION_RESETS_BACKOFF {
+                        backoff.reset();
+                    }
+                    end
+                }
+            };
+            match end {
+                End::Servers(list) => {
+                    info!(servers = ?list, "the address server lists other servers: new client");
+                    backoff.reset();
+                    next = Some(list);
+                }
+                End::Reconnect => {
+                    warn!("credentials refused right after login: new client");
+                    tokio::time::sleep(backoff.next()).await;
+                }
+            }
+        }
+    }
+}
+
+/// Connect over gRPC, but only once some server accepts TCP on its gRPC port:
+/// every nacos-sdk client started, even one that fails to connect, leaves
+/// tasks behind, so we do not start one per retry while Nacos is down.
+async fn connect(
+    registry: &str,
+    servers: &[String],
+    namespace_id: &str,
+    auth: &Arc<Auth>,
+) -> Result<GrpcApi, RegistryError> {
+    grpc_reachable(registry, servers, CONNECT_TIMEOUT).await?;
+    GrpcApi::connect(registry, servers.to_vec(), namespace_id, auth.clone()).await
+}
+
+/// Whether some server accepts a TCP connection on its gRPC port.
+async fn grpc_reachable(registry: &str, servers: &[String], timeout: Duration) -> Result<(), RegistryError> {
+    let mut reasons = Vec::new();
+    for server in servers {
+        let Some(addr) = grpc_addr(server) else {
+            reasons.push(format!("{server}: no port"));
+            continue;
+        };
+        match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(&addr)).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => reasons.push(format!("{addr}: {e}")),
+            Err(_) => reasons.push(format!("{addr}: timed out")),
+        }
+    }
+    Err(RegistryError::Unreachable {
+        registry: registry.to_string(),
+        reason: format!("gRPC connect: {}", reasons.join("; ")),
+    })
+}
+
+/// `host:port` of a server's gRPC port (its HTTP port + 1000).
+fn grpc_addr(server: &str) -> Option<String> {
+    let (host, port) = server.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok()?.checked_add(GRPC_PORT_OFFSET)?;
+    Some(format!("{host}:{port}"))
+}
+
+/// What every loop of a watcher shares, across clients.
+struct Ctx {
+    naming: Naming,
+    groups: Vec<String>,
+    refresh: Duration,
+    sink: Arc<dyn Sink>,
+    health: Health,
+    state: Mutex<State>,
+    /// Numbers answers in the order they were asked for.
+    seq: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    services: HashMap<ServiceKey, Tracked>,
+}
+
+/// A watched service: the record last sent and the number of the answer it
+/// came from.
+struct Tracked {
+    seq: u64,
+    sent: Service,
+}
+
+/// One service's answer in a full sync; `None` when the server refused that
+/// service alone (it keeps its last record).
+type Answer = (ServiceKey, u64, Option<Endpoints>);
+
+impl Ctx {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// List every group, then read every service. Unreachable and credential
+    /// failures fail the whole sync; any other refusal of one service keeps
+    /// that service as it was, so one odd service cannot stop the rest.
+    async fn full_sync<A: Api>(&self, api: &A) -> Result<Vec<Answer>, RegistryError> {
+        // The probe fails fast while the server is down, where nacos-sdk's
+        // calls would wait out their deadline and hold up the loop.
+        api.probe(&self.groups[0]).await?;
+        let mut keys = BTreeSet::new();
+        for group in &self.groups {
+            let names = api.list_services(group).await?;
+            keys.extend(names.into_iter().filter(|n| is_watched(n)).map(|n| ServiceKey::new(group.clone(), n)));
+        }
+        let answers: Vec<(ServiceKey, u64, Result<Endpoints, RegistryError>)> = stream::iter(keys)
+            .map(|key| async move {
+                let seq = self.next_seq();
+                let answer = match api.instances(&key).await {
+                    Ok(instances) => Ok(resolve(endpoints(instances)).await),
+                    Err(e) => Err(e),
+                };
+                (key, seq, answer)
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        let mut out = Vec::with_capacity(answers.len());
+        for (key, seq, answer) in answers {
+            match answer {
+                Ok(decoded) => out.push((key, seq, Some(decoded))),
+                Err(e @ (RegistryError::Unreachable { .. } | RegistryError::Config { .. })) => return Err(e),
+                Err(e) if is_auth_error(&e) => return Err(e),
+                Err(e) => {
+                    warn!(service = %key, error = %e, "keeping the last known state of this service");
+                    self.health.fail(&e);
+                    out.push((key, seq, None));
+                }
+            }
+        }
+        self.health.ok();
+        Ok(out)
+    }
+
+    /// A full sync, applied: one [`Update::Snapshot`], after an
+    /// [`Update::Remove`] for each service that left the registry.
+    async fn sync<A: Api>(&self, api: &A) -> Result<(), RegistryError> {
+        let started = Instant::now();
+        let answers = self.full_sync(api).await?;
+        self.apply_sync(answers);
+        self.sink.synced(started.elapsed());
+        Ok(())
+    }
+
+    fn apply_sync(&self, answers: Vec<Answer>) {
+        let mut st = self.state();
+        let mut old = std::mem::take(&mut st.services);
+        let (mut skipped, mut dropped_labels) = (0, 0);
+        for (key, seq, decoded) in answers {
+            let prev = old.remove(&key);
+            let tracked = match (prev, decoded) {
+                // A newer answer (from a push) already arrived, or the server
+                // refused this service just now: keep what we have.
+                (Some(prev), Some(_)) if prev.seq > seq => prev,
+                (Some(prev), None) => prev,
+                (None, None) => continue,
+                (prev, Some(decoded)) => {
+                    skipped += decoded.skipped;
+                    dropped_labels += decoded.dropped_labels;
+                    let last = last_port(prev.as_ref().map(|p| &p.sent));
+                    Tracked { seq, sent: self.naming.service(&key, decoded, last) }
+                }
+            };
+            st.services.insert(key, tracked);
+        }
+        for (key, gone) in old {
+            info!(service = %key, host = %gone.sent.host, "service left the registry");
+            self.sink.update(Update::Remove(gone.sent.host));
+        }
+        let mut all: Vec<Service> = st.services.values().map(|t| t.sent.clone()).collect();
+        all.sort();
+        debug!(services = all.len(), skipped, dropped_labels, "full sync");
+        self.sink.update(Update::Snapshot(all));
+    }
+
+    /// One service's answer, asked for as number `seq`.
+    fn apply_one(&self, key: &ServiceKey, seq: u64, decoded: Endpoints) {
+        let mut st = self.state();
+        let Some(tracked) = st.services.get_mut(key) else {
+            return;
+        };
+        if tracked.seq > seq {
+            return;
+        }
+        let service = self.naming.service(key, decoded, last_port(Some(&tracked.sent)));
+        tracked.seq = seq;
+        if tracked.sent != service {
+            debug!(service = %key, endpoints = service.endpoints.len(), "instances changed");
+            tracked.sent = service.clone();
+            self.sink.update(Update::Upsert(service));
+        }
+    }
+
+    fn keys(&self) -> BTreeSet<ServiceKey> {
+        self.state().services.keys().cloned().collect()
+    }
+}
+
+fn last_port(service: Option<&Service>) -> Option<u16> {
+    service.and_then(|s| s.ports.first()).map(|p| p.number)
+}
+
+/// One client's life: the loops of one [`Api`].
+struct Session<A: Api> {
+    api: Arc<A>,
+    ctx: Arc<Ctx>,
+    /// Dropping the session aborts every service loop.
+    workers: JoinSet<()>,
+    /// Service loops (push clients only) and whether the service is
+    /// subscribed yet.
+    loops: HashMap<ServiceKey, (AbortHandle, Arc<Notify>, bool)>,
+}
+
+impl<A: Api> Session<A> {
+    fn new(api: A, ctx: Arc<Ctx>) -> Session<A> {
+        Session::new_shared(Arc::new(api), ctx)
+    }
+
+    fn new_shared(api: Arc<A>, ctx: Arc<Ctx>) -> Session<A> {
+        Session { api, ctx, workers: JoinSet::new(), loops: HashMap::new() }
+    }
+
+    async fn run(mut self, servers: &Servers, current: &[String]) -> End {
+        let ctx = self.ctx.clone();
+        let mut backoff = Backoff::default();
+        loop {
+            match ctx.sync(&*self.api).await {
+                Ok(()) => break,
+                Err(e) => {
+                    // A client that never worked is not rebuilt: that cannot
+                    // fix a missing permission, and each build leaves tasks.
+                    ctx.health.fail(&e);
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff.next()) => {}
+                        Some(end) = check_servers(servers, current, &ctx.health) => return end,
+                    }
+                }
+            }
+        }
+        self.reconcile().await;
+        // A recovery signalled during the first sync is already covered.
+        let _ = ctx.health.recovered.notified().now_or_never();
+
+        let every = |period: Duration| {
+            let mut t = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        };
+        let mut resync = every(ctx.refresh);
+        let mut probe = every(ctx.refresh.min(MAX_PROBE));
+        let mut address = every(ctx.refresh);
+        loop {
+            tokio::select! {
+                _ = resync.tick() => {
+                    if let Some(end) = self.resync().await {
+                        return end;
+                    }
+                }
+                _ = probe.tick() => {
+                    match self.api.probe(&ctx.groups[0]).await {
+                        Ok(()) => ctx.health.ok(),
+                        Err(e) => {
+                            ctx.health.fail(&e);
+                            if self.beyond_repair() {
+                                return End::Reconnect;
+                            }
+                        }
+                    }
+                }
+                () = ctx.health.recovered.notified() => {
+                    info!("nacos answers again, resyncing");
+                    if let Some(end) = self.resync().await {
+                        return end;
+                    }
+                    resync.reset();
+                }
+                _ = address.tick(), if servers.is_dynamic() => {
+                    if let Some(end) = check_servers(servers, current, &ctx.health).await {
+                        return end;
+                    }
+                }
+                Some(done) = self.workers.join_next() => on_worker_exit(done),
+            }
+        }
+    }
+
+    async fn resync(&mut self) -> Option<End> {
+        match self.ctx.sync(&*self.api).await {
+            Ok(()) => {
+                // This sync already is the recovery resync a failure during
+                // it would ask for.
+                let _ = self.ctx.health.recovered.notified().now_or_never();
+                self.reconcile().await;
+                None
+            }
+            Err(e) => {
+                self.ctx.health.fail(&e);
+                self.beyond_repair().then_some(End::Reconnect)
+            }
+        }
+    }
+
+    /// A client that worked has its credentials refused again and again
+    /// although each call logged in afresh: its own state is stale (push
+    /// clients only; the HTTP client has no state beyond the token). Called
+    /// after the first sync only.
+    fn beyond_repair(&self) -> bool {
+        A::PUSH && self.ctx.health.auth_failures.load(Ordering::SeqCst) >= AUTH_FAILURES_BEFORE_RECONNECT
+    }
+
+    /// Push clients: exactly one loop and one subscription per service.
+    async fn reconcile(&mut self) {
+        if !A::PUSH {
+            return;
+        }
+        let keys = self.ctx.keys();
+        let gone: Vec<ServiceKey> = self.loops.keys().filter(|k| !keys.contains(*k)).cloned().collect();
+        for key in gone {
+            if let Some((handle, _, _)) = self.loops.remove(&key) {
+                handle.abort();
+            }
+            self.api.unsubscribe(&key).await;
+        }
+        for key in &keys {
+            if self.loops.get(key).is_some_and(|(h, _, _)| !h.is_finished()) {
+                continue;
+            }
+            let notify = Arc::new(Notify::new());
+            let span = info_span!("service", service = %key);
+            let loop_ = watch_service(self.ctx.clone(), self.api.clone(), key.clone(), notify.clone());
+            let handle = self.workers.spawn(loop_.instrument(span));
+            self.loops.insert(key.clone(), (handle, notify, false));
+        }
+        let pending: Vec<(ServiceKey, Arc<Notify>)> =
+            self.loops.iter().filter(|(_, (_, _, done))| !done).map(|(k, (_, n, _))| (k.clone(), n.clone())).collect();
+        let api = &self.api;
+        let results: Vec<(ServiceKey, Result<(), RegistryError>)> = stream::iter(pending)
+            .map(|(key, notify)| async move {
+                let result = api.subscribe(&key, notify).await;
+                (key, result)
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        for (key, result) in results {
+            match result {
+                Ok(()) => {
+                    if let Some(entry) = self.loops.get_mut(&key) {
+                        entry.2 = true;
+                    }
+                }
+                // Retried at the next sync; the periodic reads cover it.
+                Err(e) => {
+                    warn!(service = %key, error = %e, "subscribe failed");
+                    self.ctx.health.fail(&e);
+                }
+            }
+        }
+    }
+}
+
+/// Re-read the address server: `Some` when it lists other servers.
+async fn check_servers(servers: &Servers, current: &[String], health: &Health) -> Option<End> {
+    if !servers.is_dynamic() {
+        return std::future::pending().await;
+    }
+    match servers.fetch().await {
+        Ok(list) if list != current => Some(End::Servers(list)),
+        Ok(_) => None,
+        Err(e) => {
+            health.fail(&e);
+            None
+        }
+    }
+}
+
+/// A push-client service loop: each push asks the server for the service.
+/// Pushes that arrive while a read is in flight fold into one more read.
+async fn watch_service<A: Api>(ctx: Arc<Ctx>, api: Arc<A>, key: ServiceKey, notify: Arc<Notify>) {
+    loop {
+        notify.notified().await;
+        let seq = ctx.next_seq();
+        match api.instances(&key).await {
+            Ok(instances) => {
+                ctx.health.ok();
+                let decoded = resolve(endpoints(instances)).await;
+                ctx.apply_one(&key, seq, decoded);
+            }
+            Err(e) => ctx.health.fail(&e),
+        }
+    }
+}
+
+fn on_worker_exit(done: Result<(), JoinError>) {
+    // Aborted loops are the normal way services stop. A panic is a bug; the
+    // next sync restarts the loop (see `Session::reconcile`).
+    if let Err(e) = done
+        && e.is_panic()
+    {
+        error!(error = %e, "nacos service loop panicked");
+    }
+}
+
+/// Endpoints must carry IP addresses: an instance registered with a host
+/// name becomes one endpoint per address the name resolves to. A name that
+/// does not resolve drops that instance alone (with a warning); the next
+/// read tries again.
+async fn resolve(mut decoded: Endpoints) -> Endpoints {
+    if decoded.endpoints.iter().all(|e| e.address.parse::<IpAddr>().is_ok()) {
+        return decoded;
+    }
+    let mut out = Vec::with_capacity(decoded.endpoints.len());
+    for ep in std::mem::take(&mut decoded.endpoints) {
+        if let Ok(ip) = ep.address.parse::<IpAddr>() {
+            out.push(Endpoint { address: ip.to_string(), ..ep });
+            continue;
+        }
+        let lookup = tokio::net::lookup_host((ep.address.as_str(), ep.port));
+        match tokio::time::timeout(RESOLVE_TIMEOUT, lookup).await {
+            Ok(Ok(addrs)) => {
+                let mut ips: Vec<IpAddr> = addrs.map(|a| a.ip()).collect();
+                ips.sort();
+                ips.dedup();
+                out.extend(ips.into_iter().map(|ip| Endpoint { address: ip.to_string(), ..ep.clone() }));
+            }
+            Ok(Err(e)) => {
+                warn!(address = %ep.address, error = %e, "instance address does not resolve");
+                decoded.skipped += 1;
+            }
+            Err(_) => {
+                warn!(address = %ep.address, "instance address lookup timed out");
+                decoded.skipped += 1;
+            }
+        }
+    }
+    decoded.endpoints = out;
+    decoded
+}
+
+/// A request refused for its credentials.
+pub(crate) fn is_auth_error(e: &RegistryError) -> bool {
+    matches!(e, RegistryError::Status { status: 401 | 403, .. })
+}
+
+/// A reqwest failure as a [`RegistryError`] naming the call. reqwest's own
+/// message carries the URL (which may hold a signature) and says little;
+/// the cause ("Connection refused", "operation timed out") is in the chain.
+pub(crate) fn client_error(registry: &str, method: &str, path: &str, e: &reqwest::Error) -> RegistryError {
+    let mut reason = String::from(if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "connect failed"
+    } else if e.is_body() || e.is_decode() {
+        "reading the answer failed"
+    } else {
+        "request failed"
+    });
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        reason.push_str(": ");
+        reason.push_str(&s.to_string());
+        source = s.source();
+    }
+    RegistryError::Unreachable { registry: registry.to_string(), reason: format!("{method} {path}: {reason}") }
+}
+
+#[cfg(test)]
+#[path = "nacos/nacos_tests.rs"]
+mod tests;

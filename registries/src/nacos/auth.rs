@@ -1,0 +1,317 @@
+//! Nacos credentials: a username/password login whose `accessToken` is
+//! refreshed before it expires, and AK/SK request signatures. Both clients
+//! use them: the 1.x HTTP client directly, nacos-sdk's gRPC client through
+//! [`SdkAuth`].
+//!
+//! We log in ourselves instead of using nacos-sdk's `HttpLoginAuthPlugin`:
+//! that plugin logs the password at debug level, swallows login failures (so
+//! an expired token stops sync silently, as in Higress #2289), and refreshes
+//! only on its own fixed 30 s timer. Here every registry call first makes
+//! sure the token is fresh, a failed login is an error the watcher reports,
+//! and a token the server rejects is dropped so the next call logs in again.
+//!
+//! Secrets leave only in a form body, a sensitive header or a signature.
+//! Errors and logs name the call, never a credential.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use nacos_sdk::api::plugin::{AuthContext, AuthPlugin, LoginIdentityContext, RequestResource};
+use serde::Deserialize;
+use tracing::{debug, info};
+
+use super::client_error;
+use crate::{RegistryError, RegistrySpec, Secret};
+
+const LOGIN_PATH: &str = "/nacos/v1/auth/login";
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Refresh when this share of the token's TTL has passed.
+const REFRESH_AT: f64 = 0.75;
+/// The token's header for gRPC requests and the 1.x open API.
+pub(crate) const ACCESS_TOKEN: &str = "accessToken";
+
+/// What a registry call needs to prove who we are.
+pub(crate) struct Auth {
+    login: Option<Login>,
+    signer: Option<Signer>,
+}
+
+impl Auth {
+    /// Credentials from the spec: `nacosUsername`/`nacosPassword` from the
+    /// auth secret, `nacosAccessKey`/`nacosSecretKey` from the entry.
+    pub fn new(spec: &RegistrySpec, http: reqwest::Client) -> Result<Auth, RegistryError> {
+        let get = |key: &str| spec.auth.get(key).filter(|s| !s.expose().is_empty()).cloned();
+        let config = |field: &str, reason: &str| RegistryError::Config {
+            registry: spec.name.clone(),
+            field: field.to_string(),
+            reason: reason.to_string(),
+        };
+        let login = match (get("nacosUsername"), get("nacosPassword")) {
+            (Some(username), Some(password)) => {
+                Some(Login { username, password, http, registry: spec.name.clone(), state: Mutex::default() })
+            }
+            (None, None) => None,
+            _ => return Err(config("authSecretName", "needs both nacosUsername and nacosPassword")),
+        };
+        let nonempty = |s: &Option<Secret>| s.clone().filter(|s| !s.expose().is_empty());
+        let signer = match (nonempty(&spec.nacos_access_key), nonempty(&spec.nacos_secret_key)) {
+            (Some(access_key), Some(secret_key)) => Some(Signer { access_key, secret_key }),
+            (None, None) => None,
+            _ => return Err(config("nacosAccessKey", "needs both nacosAccessKey and nacosSecretKey")),
+        };
+        Ok(Auth { login, signer })
+    }
+
+    pub fn has_login(&self) -> bool {
+        self.login.is_some()
+    }
+
+    pub fn has_signer(&self) -> bool {
+        self.signer.is_some()
+    }
+
+    /// Log in unless a fresh token is held. A no-op without a username.
+    pub async fn ensure(&self, servers: &[String]) -> Result<(), RegistryError> {
+        match &self.login {
+            Some(login) => login.ensure(servers).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The server rejected our token: log in again on the next call.
+    pub fn invalidate(&self) {
+        if let Some(login) = &self.login {
+            login.state().token = None;
+        }
+    }
+
+    /// The current token, if logged in.
+    pub fn token(&self) -> Option<Secret> {
+        self.login.as_ref().and_then(|l| l.state().token.clone())
+    }
+
+    /// The AK/SK signature for a naming call on `resource` (a grouped service
+    /// name `group@@service`, or none for calls on no one service):
+    /// `ak`, `data` and `signature`, as the Nacos clients send them.
+    pub fn signature(&self, resource: Option<&str>) -> Option<[(&'static str, String); 3]> {
+        self.signer.as_ref().map(|s| s.sign(resource, now_millis()))
+    }
+}
+
+/// A refused login (as opposed to a refused token).
+pub(crate) fn is_login_error(e: &RegistryError) -> bool {
+    matches!(e, RegistryError::Status { what, .. } if what.ends_with(LOGIN_PATH))
+}
+
+fn now_millis() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or_default()
+}
+
+struct Login {
+    username: Secret,
+    password: Secret,
+    http: reqwest::Client,
+    registry: String,
+    state: Mutex<TokenState>,
+}
+
+#[derive(Default)]
+struct TokenState {
+    token: Option<Secret>,
+    refresh_at: Option<Instant>,
+    /// Where the next login goes first, rotating over the servers.
+    next: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LoginAnswer {
+    access_token: String,
+    #[serde(default)]
+    token_ttl: i64,
+}
+
+impl Login {
+    fn state(&self) -> std::sync::MutexGuard<'_, TokenState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn fresh(&self) -> bool {
+        let st = self.state();
+        st.token.is_some() && st.refresh_at.is_some_and(|t| Instant::now() < t)
+    }
+
+    async fn ensure(&self, servers: &[String]) -> Result<(), RegistryError> {
+        if self.fresh() {
+            return Ok(());
+        }
+        let start = self.state().next;
+        let mut last = None;
+        for i in 0..servers.len() {
+            let server = &servers[(start + i) % servers.len()];
+            match self.login(server).await {
+                Ok(()) => return Ok(()),
+                // Another server may answer; a refusal is final.
+                Err(e @ RegistryError::Unreachable { .. }) => {
+                    self.state().next = start + i + 1;
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| RegistryError::Config {
+            registry: self.registry.clone(),
+            field: "domain".into(),
+            reason: "no Nacos server to log in to".into(),
+        }))
+    }
+
+    async fn login(&self, server: &str) -> Result<(), RegistryError> {
+        let url = format!("http://{server}{LOGIN_PATH}");
+        // A form body, not the query string that nacos-sdk uses: URLs end up
+        // in access logs.
+        let form = [("username", self.username.expose()), ("password", self.password.expose())];
+        let req = self.http.post(url).form(&form).timeout(LOGIN_TIMEOUT);
+        let resp = req.send().await.map_err(|e| client_error(&self.registry, "POST", LOGIN_PATH, &e))?;
+        let status = resp.status();
+        let body = resp.bytes().await.map_err(|e| client_error(&self.registry, "POST", LOGIN_PATH, &e))?;
+        if !status.is_success() {
+            debug!(status = status.as_u16(), "nacos login refused");
+            return Err(RegistryError::Status {
+                registry: self.registry.clone(),
+                what: format!("POST {LOGIN_PATH}"),
+                status: status.as_u16(),
+            });
+        }
+        let answer: LoginAnswer = serde_json::from_slice(&body).map_err(|e| RegistryError::BadResponse {
+            registry: self.registry.clone(),
+            what: format!("POST {LOGIN_PATH}"),
+            // serde's message names the field, never the value.
+            reason: e.to_string(),
+        })?;
+        if answer.access_token.is_empty() {
+            return Err(RegistryError::BadResponse {
+                registry: self.registry.clone(),
+                what: format!("POST {LOGIN_PATH}"),
+                reason: "empty accessToken".into(),
+            });
+        }
+        let ttl = Duration::from_secs(u64::try_from(answer.token_ttl).unwrap_or(0));
+        let mut st = self.state();
+        info!(server, ttl_s = ttl.as_secs(), "logged in to nacos");
+        st.token = Some(Secret::new(answer.access_token));
+        st.refresh_at = Some(Instant::now() + ttl.mul_f64(REFRESH_AT));
+        Ok(())
+    }
+}
+
+/// AK/SK signing as Nacos's clients do it for naming calls: `data` is the
+/// time in milliseconds, then `@@` and the grouped service name if any;
+/// `signature` is base64(HMAC-SHA1(secretKey, data)).
+struct Signer {
+    access_key: Secret,
+    secret_key: Secret,
+}
+
+impl Signer {
+    fn sign(&self, resource: Option<&str>, millis: u128) -> [(&'static str, String); 3] {
+        let data = match resource.filter(|r| !r.is_empty()) {
+            Some(r) => format!("{millis}@@{r}"),
+            None => millis.to_string(),
+        };
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY, self.secret_key.expose().as_bytes());
+        let tag = ring::hmac::sign(&key, data.as_bytes());
+        let signature = base64::engine::general_purpose::STANDARD.encode(tag.as_ref());
+        [("ak", self.access_key.expose().to_string()), ("data", data), ("signature", signature)]
+    }
+}
+
+/// Hands our token and signatures to nacos-sdk, which asks for them before
+/// every request it sends (its `login` runs at connect and every 30 s).
+pub(crate) struct SdkAuth {
+    pub auth: Arc<Auth>,
+}
+
+#[async_trait::async_trait]
+impl AuthPlugin for SdkAuth {
+    async fn login(&self, server_list: Arc<Vec<String>>, _: Arc<AuthContext>) {
+        // Failures surface on the watcher's own next call, which logs in too.
+        if let Err(e) = self.auth.ensure(&server_list).await {
+            debug!(error = %e, "nacos login from the sdk's timer failed");
+        }
+    }
+
+    fn get_login_identity(&self, resource: RequestResource) -> LoginIdentityContext {
+        let mut identity = LoginIdentityContext::default();
+        if let Some(token) = self.auth.token() {
+            identity = identity.add_context(ACCESS_TOKEN, token.expose());
+        }
+        if self.auth.has_signer() {
+            let grouped = resource.resource.as_deref().map(|service| match &resource.group {
+                Some(group) if !service.contains("@@") => format!("{group}@@{service}"),
+                _ => service.to_string(),
+            });
+            for (k, v) in self.auth.signature(grouped.as_deref()).into_iter().flatten() {
+                identity = identity.add_context(k, v);
+            }
+        }
+        identity
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RegistryKind;
+
+    fn spec() -> RegistrySpec {
+        RegistrySpec::new(RegistryKind::Nacos2, "n", "127.0.0.1", 8848)
+    }
+
+    #[test]
+    fn credentials_come_in_pairs_and_never_show() {
+        let mut s = spec();
+        assert!(!Auth::new(&s, reqwest::Client::new()).unwrap().has_login());
+        s.auth.insert("nacosUsername".into(), Secret::new("user-9f"));
+        let err = Auth::new(&s, reqwest::Client::new()).err().expect("password missing");
+        assert!(!format!("{err} {err:?}").contains("user-9f"));
+        s.auth.insert("nacosPassword".into(), Secret::new("pw-77c1"));
+        assert!(Auth::new(&s, reqwest::Client::new()).unwrap().has_login());
+        s.nacos_access_key = Some(Secret::new("ak-1"));
+        assert!(Auth::new(&s, reqwest::Client::new()).is_err(), "ak without sk");
+        s.nacos_secret_key = Some(Secret::new("sk-1"));
+        assert!(Auth::new(&s, reqwest::Client::new()).unwrap().has_signer());
+    }
+
+    #[test]
+    fn signatures_match_the_nacos_clients() {
+        // RFC 2202 test case 2 as HMAC-SHA1("Jefe", "what do ya want for nothing?").
+        let signer = Signer { access_key: Secret::new("ak"), secret_key: Secret::new("Jefe") };
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY, b"Jefe");
+        let tag = ring::hmac::sign(&key, b"what do ya want for nothing?");
+        let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "effcdf6ae5eb2fa2d27416d5f184df9c259a7c79");
+
+        let [ak, data, sig] = signer.sign(Some("DEFAULT_GROUP@@web"), 1700000000000);
+        assert_eq!(ak, ("ak", "ak".to_string()));
+        assert_eq!(data, ("data", "1700000000000@@DEFAULT_GROUP@@web".to_string()));
+        let want = ring::hmac::sign(&key, data.1.as_bytes());
+        assert_eq!(sig.1, base64::engine::general_purpose::STANDARD.encode(want.as_ref()));
+        assert_eq!(signer.sign(None, 5)[1].1, "5");
+    }
+
+    #[tokio::test]
+    async fn unreachable_login_is_an_error_naming_the_call() {
+        let mut s = spec();
+        s.auth.insert("nacosUsername".into(), Secret::new("u"));
+        s.auth.insert("nacosPassword".into(), Secret::new("secret-pw-31"));
+        let auth = Auth::new(&s, reqwest::Client::new()).unwrap();
+        // Port 1 on loopback: connection refused.
+        let err = auth.ensure(&["127.0.0.1:1".to_string()]).await.unwrap_err();
+        assert!(matches!(err, RegistryError::Unreachable { .. }), "{err:?}");
+        let text = format!("{err} {err:?}");
+        assert!(text.contains(LOGIN_PATH) && !text.contains("secret-pw-31"), "{text}");
+        assert!(auth.token().is_none());
+    }
+}

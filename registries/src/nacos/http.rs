@@ -1,0 +1,154 @@
+//! The Nacos 1.x open API (`type: nacos`) on the binary's reqwest: the two
+//! read calls the watcher needs. Nacos 2.x and 3.x serve it too.
+//!
+//! A call goes to the current server; when that server cannot be reached the
+//! next call goes to the next one. The token travels in headers marked
+//! sensitive, and no error carries a URL (AK/SK signatures are query
+//! parameters, as Nacos's clients send them).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use reqwest::header::{AUTHORIZATION, HeaderValue};
+use tracing::debug;
+
+use super::auth::{ACCESS_TOKEN, Auth};
+use super::decode::{Instance, ServiceKey, decode_instance_list, decode_service_list};
+use super::{Api, client_error, is_auth_error};
+use crate::RegistryError;
+
+const SERVICE_LIST: &str = "/nacos/v1/ns/service/list";
+const INSTANCE_LIST: &str = "/nacos/v1/ns/instance/list";
+const TIMEOUT: Duration = Duration::from_secs(10);
+const PAGE_SIZE: usize = 500;
+/// Enough pages for 500k services: a server whose `count` keeps growing
+/// cannot keep us paging forever.
+const MAX_PAGES: usize = 1000;
+
+pub(crate) struct HttpApi {
+    http: reqwest::Client,
+    servers: Vec<String>,
+    current: AtomicUsize,
+    namespace_id: String,
+    registry: String,
+    auth: Arc<Auth>,
+}
+
+impl HttpApi {
+    pub fn new(
+        http: reqwest::Client,
+        servers: Vec<String>,
+        namespace_id: String,
+        registry: String,
+        auth: Arc<Auth>,
+    ) -> HttpApi {
+        HttpApi { http, servers, current: AtomicUsize::new(0), namespace_id, registry, auth }
+    }
+
+    /// One page of `group`'s services and the total count.
+    async fn service_page(&self, group: &str, page: usize, size: usize) -> Result<(Vec<String>, usize), RegistryError> {
+        let query = [
+            ("pageNo", page.to_string()),
+            ("pageSize", size.to_string()),
+            ("groupName", group.to_string()),
+            ("namespaceId", self.namespace_id.clone()),
+        ];
+        let body = self.get(SERVICE_LIST, &query, None).await?;
+        let list = decode_service_list(&body).map_err(|e| self.bad(SERVICE_LIST, e.to_string()))?;
+        Ok((list.doms, usize::try_from(list.count).unwrap_or(0)))
+    }
+
+    async fn get(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+        resource: Option<&ServiceKey>,
+    ) -> Result<Vec<u8>, RegistryError> {
+        let index = self.current.load(Ordering::Relaxed) % self.servers.len();
+        let server = &self.servers[index];
+        let result = self.get_from(server, path, query, resource).await;
+        match &result {
+            Err(RegistryError::Unreachable { .. }) => {
+                let _ = self.current.compare_exchange(index, index + 1, Ordering::Relaxed, Ordering::Relaxed);
+            }
+            Err(e) if is_auth_error(e) => self.auth.invalidate(),
+            _ => {}
+        }
+        result
+    }
+
+    async fn get_from(
+        &self,
+        server: &str,
+        path: &str,
+        query: &[(&str, String)],
+        resource: Option<&ServiceKey>,
+    ) -> Result<Vec<u8>, RegistryError> {
+        self.auth.ensure(std::slice::from_ref(&server.to_string())).await?;
+        let mut req = self.http.get(format!("http://{server}{path}")).query(query).timeout(TIMEOUT);
+        if let Some(token) = self.auth.token() {
+            // Nacos's `resolveToken` reads `Authorization: Bearer` before the
+            // `accessToken` parameter; rnacos also an `accessToken` header.
+            // Neither ends up in a URL or an access log.
+            let bearer = HeaderValue::from_str(&format!("Bearer {}", token.expose()));
+            let plain = HeaderValue::from_str(token.expose());
+            if let (Ok(mut bearer), Ok(mut plain)) = (bearer, plain) {
+                bearer.set_sensitive(true);
+                plain.set_sensitive(true);
+                req = req.header(AUTHORIZATION, bearer).header(ACCESS_TOKEN, plain);
+            }
+        }
+        if let Some(signature) = self.auth.signature(resource.map(ServiceKey::to_string).as_deref()) {
+            req = req.query(&signature);
+        }
+        let resp = req.send().await.map_err(|e| client_error(&self.registry, "GET", path, &e))?;
+        let status = resp.status();
+        let body = resp.bytes().await.map_err(|e| client_error(&self.registry, "GET", path, &e))?;
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+            debug!(path, status = status.as_u16(), body = %text.trim(), "nacos error answer");
+            return Err(RegistryError::Status {
+                registry: self.registry.clone(),
+                what: format!("GET {path}"),
+                status: status.as_u16(),
+            });
+        }
+        Ok(body.to_vec())
+    }
+
+    fn bad(&self, path: &str, reason: String) -> RegistryError {
+        RegistryError::BadResponse { registry: self.registry.clone(), what: format!("GET {path}"), reason }
+    }
+}
+
+impl Api for HttpApi {
+    async fn list_services(&self, group: &str) -> Result<Vec<String>, RegistryError> {
+        let mut all = Vec::new();
+        for page in 1..=MAX_PAGES {
+            let (names, count) = self.service_page(group, page, PAGE_SIZE).await?;
+            let last = names.len() < PAGE_SIZE;
+            all.extend(names);
+            if last || all.len() >= count {
+                break;
+            }
+        }
+        Ok(all)
+    }
+
+    async fn instances(&self, key: &ServiceKey) -> Result<Vec<Instance>, RegistryError> {
+        let query = [
+            ("serviceName", key.name.clone()),
+            ("groupName", key.group.clone()),
+            ("namespaceId", self.namespace_id.clone()),
+            // Nacos's default; rnacos's default is `true`.
+            ("healthyOnly", "false".to_string()),
+        ];
+        let body = self.get(INSTANCE_LIST, &query, Some(key)).await?;
+        decode_instance_list(&body).map_err(|e| self.bad(INSTANCE_LIST, e.to_string()))
+    }
+
+    async fn probe(&self, group: &str) -> Result<(), RegistryError> {
+        self.service_page(group, 1, 1).await.map(drop)
+    }
+}

@@ -1,0 +1,316 @@
+//! The shared loop against an in-memory [`Api`]: snapshot and removal
+//! rules, answer ordering, partial refusals, outage and recovery.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+
+use tokio::sync::mpsc;
+
+use super::*;
+
+/// What a sink was told.
+#[derive(Debug, Clone, PartialEq)]
+enum Event {
+    Update(Update),
+    Healthy,
+    Error(RegistryError),
+}
+
+struct ChannelSink(mpsc::UnboundedSender<Event>);
+
+impl Sink for ChannelSink {
+    fn update(&self, update: Update) {
+        let _ = self.0.send(Event::Update(update));
+    }
+    fn healthy(&self) {
+        let _ = self.0.send(Event::Healthy);
+    }
+    fn error(&self, error: &RegistryError) {
+        let _ = self.0.send(Event::Error(error.clone()));
+    }
+}
+
+/// An in-memory Nacos: group -> service -> instances.
+#[derive(Default)]
+struct FakeApi {
+    data: Mutex<BTreeMap<String, BTreeMap<String, Vec<Instance>>>>,
+    down: AtomicBool,
+    /// Services whose instance reads are refused with this status.
+    refuse: Mutex<BTreeMap<String, u16>>,
+    /// Every call refused with this status.
+    refuse_all: Mutex<Option<u16>>,
+}
+
+impl FakeApi {
+    fn set(&self, group: &str, service: &str, instances: Vec<Instance>) {
+        let mut data = self.data.lock().unwrap();
+        data.entry(group.into()).or_default().insert(service.into(), instances);
+    }
+
+    fn delete(&self, group: &str, service: &str) {
+        self.data.lock().unwrap().entry(group.into()).or_default().remove(service);
+    }
+
+    fn check(&self) -> Result<(), RegistryError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(RegistryError::Unreachable { registry: "n".into(), reason: "down".into() });
+        }
+        if let Some(status) = *self.refuse_all.lock().unwrap() {
+            return Err(RegistryError::Status { registry: "n".into(), what: "list".into(), status });
+        }
+        Ok(())
+    }
+}
+
+impl Api for FakeApi {
+    async fn list_services(&self, group: &str) -> Result<Vec<String>, RegistryError> {
+        self.check()?;
+        Ok(self.data.lock().unwrap().get(group).map(|s| s.keys().cloned().collect()).unwrap_or_default())
+    }
+
+    async fn instances(&self, key: &ServiceKey) -> Result<Vec<Instance>, RegistryError> {
+        self.check()?;
+        if let Some(status) = self.refuse.lock().unwrap().get(&key.name) {
+            return Err(RegistryError::Status { registry: "n".into(), what: "instances".into(), status: *status });
+        }
+        let data = self.data.lock().unwrap();
+        Ok(data.get(&key.group).and_then(|s| s.get(&key.name)).cloned().unwrap_or_default())
+    }
+
+    async fn probe(&self, _: &str) -> Result<(), RegistryError> {
+        self.check()
+    }
+}
+
+fn instance(ip: &str, port: i64) -> Instance {
+    Instance { ip: ip.into(), port, weight: 1.0, healthy: true, enabled: true, metadata: BTreeMap::new() }
+}
+
+fn ctx(groups: &[&str]) -> (Arc<Ctx>, mpsc::UnboundedReceiver<Event>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let sink: Arc<dyn Sink> = Arc::new(ChannelSink(tx));
+    let spec = RegistrySpec::new(RegistryKind::Nacos2, "n", "127.0.0.1", 8848);
+    let ctx = Ctx {
+        naming: Naming::new(&spec),
+        groups: groups.iter().map(|g| g.to_string()).collect(),
+        refresh: Duration::from_secs(2),
+        health: Health::new(sink.clone()),
+        sink,
+        state: Mutex::default(),
+        seq: AtomicU64::new(0),
+    };
+    (Arc::new(ctx), rx)
+}
+
+fn drain(rx: &mut mpsc::UnboundedReceiver<Event>) -> Vec<Event> {
+    std::iter::from_fn(|| rx.try_recv().ok()).collect()
+}
+
+fn updates(events: &[Event]) -> Vec<&Update> {
+    events.iter().filter_map(|e| if let Event::Update(u) = e { Some(u) } else { None }).collect()
+}
+
+fn hosts(update: &Update) -> Vec<(String, usize)> {
+    match update {
+        Update::Snapshot(all) => all.iter().map(|s| (s.host.clone(), s.endpoints.len())).collect(),
+        other => panic!("not a snapshot: {other:?}"),
+    }
+}
+
+const WEB: &str = "web.DEFAULT-GROUP.public.nacos";
+
+#[tokio::test]
+async fn syncs_are_snapshots_and_leavers_are_removed() {
+    let (ctx, mut rx) = ctx(&["DEFAULT_GROUP", "shop_v2"]);
+    let api = FakeApi::default();
+    api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
+    api.set("shop_v2", "cart", vec![]);
+    api.set("DEFAULT_GROUP", "consumers:com.foo.Api::", vec![instance("10.0.0.9", 1)]);
+    api.set("other", "hidden", vec![instance("10.0.0.8", 1)]);
+    ctx.sync(&api).await.unwrap();
+    let events = drain(&mut rx);
+    let ups = updates(&events);
+    assert_eq!(ups.len(), 1, "{events:?}");
+    assert_eq!(hosts(ups[0]), vec![("cart.shop-v2.public.nacos".to_string(), 0), (WEB.to_string(), 1)]);
+    assert!(events.contains(&Event::Healthy));
+
+    api.delete("shop_v2", "cart");
+    api.set("DEFAULT_GROUP", "web", vec![]);
+    ctx.sync(&api).await.unwrap();
+    let events = drain(&mut rx);
+    let ups = updates(&events);
+    assert_eq!(ups[0], &Update::Remove("cart.shop-v2.public.nacos".into()));
+    // An empty list is an answer: web stays, empty, with its last port.
+    assert_eq!(hosts(ups[1]), vec![(WEB.to_string(), 0)]);
+    let Update::Snapshot(all) = ups[1] else { unreachable!() };
+    assert_eq!(all[0].ports[0].number, 80);
+}
+
+#[tokio::test]
+async fn an_older_answer_never_overwrites_a_newer_one() {
+    let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
+    let api = FakeApi::default();
+    api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
+    ctx.sync(&api).await.unwrap();
+    let key = ServiceKey::new("DEFAULT_GROUP", "web");
+    let old = ctx.next_seq();
+    let new = ctx.next_seq();
+    ctx.apply_one(&key, new, endpoints(vec![instance("10.0.0.2", 80)]));
+    ctx.apply_one(&key, old, endpoints(vec![instance("10.0.0.3", 80)]));
+    // A read for a service no longer watched is dropped too.
+    ctx.apply_one(&ServiceKey::new("DEFAULT_GROUP", "gone"), ctx.next_seq(), endpoints(vec![instance("10.0.0.4", 80)]));
+    let events = drain(&mut rx);
+    let ups = updates(&events);
+    assert_eq!(ups.len(), 2, "{events:?}");
+    let Update::Upsert(svc) = ups[1] else { panic!("{ups:?}") };
+    assert_eq!(svc.endpoints[0].address, "10.0.0.2");
+    // A full sync whose read of web was asked before that push keeps the push's.
+    let answers = vec![(key.clone(), old, Some(endpoints(vec![instance("10.0.0.5", 80)])))];
+    ctx.apply_sync(answers);
+    let events = drain(&mut rx);
+    let Update::Snapshot(all) = updates(&events)[0] else { panic!() };
+    assert_eq!(all[0].endpoints[0].address, "10.0.0.2");
+}
+
+#[tokio::test]
+async fn one_refused_service_keeps_its_state_but_outages_fail_the_sync() {
+    let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
+    let api = FakeApi::default();
+    api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
+    api.set("DEFAULT_GROUP", "api", vec![instance("10.0.0.2", 81)]);
+    ctx.sync(&api).await.unwrap();
+    drain(&mut rx);
+
+    api.refuse.lock().unwrap().insert("api".into(), 500);
+    api.set("DEFAULT_GROUP", "api", vec![]);
+    api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80), instance("10.0.0.3", 80)]);
+    ctx.sync(&api).await.unwrap();
+    let events = drain(&mut rx);
+    assert!(events.iter().any(|e| matches!(e, Event::Error(RegistryError::Status { status: 500, .. }))));
+    let Update::Snapshot(all) = updates(&events)[0] else { panic!("{events:?}") };
+    let got: Vec<(String, usize)> = all.iter().map(|s| (s.host.clone(), s.endpoints.len())).collect();
+    assert_eq!(got, vec![("api.DEFAULT-GROUP.public.nacos".into(), 1), (WEB.into(), 2)]);
+
+    // Refused for credentials, or unreachable: no update at all.
+    api.refuse.lock().unwrap().insert("api".into(), 403);
+    assert!(matches!(ctx.sync(&api).await, Err(RegistryError::Status { status: 403, .. })));
+    api.down.store(true, Ordering::SeqCst);
+    assert!(matches!(ctx.sync(&api).await, Err(RegistryError::Unreachable { .. })));
+    assert!(updates(&drain(&mut rx)).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn session_keeps_endpoints_through_an_outage_and_resyncs_after() {
+    let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
+    let api = Arc::new(FakeApi::default());
+    api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
+    let servers = Servers::Fixed(vec!["127.0.0.1:8848".into()]);
+    let session = Session::new_shared(api.clone(), ctx.clone());
+    let task = tokio::spawn(async move {
+        session.run(&servers, &["127.0.0.1:8848".to_string()]).await;
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(hosts(updates(&drain(&mut rx))[0]), vec![(WEB.to_string(), 1)]);
+
+    api.down.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let events = drain(&mut rx);
+    assert!(events.iter().filter(|e| matches!(e, Event::Error(_))).count() >= 3, "{events:?}");
+    assert!(updates(&events).is_empty(), "{events:?}");
+
+    // Back: the probe notices within its period and a snapshot follows at once.
+    api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80), instance("10.0.0.2", 80)]);
+    api.down.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let events = drain(&mut rx);
+    let ups = updates(&events);
+    assert!(!ups.is_empty(), "{events:?}");
+    assert_eq!(hosts(ups[0]), vec![(WEB.to_string(), 2)]);
+    task.abort();
+}
+
+/// The fake as a push client (subscriptions are no-ops).
+struct PushFake(Arc<FakeApi>);
+
+impl Api for PushFake {
+    async fn list_services(&self, group: &str) -> Result<Vec<String>, RegistryError> {
+        self.0.list_services(group).await
+    }
+    async fn instances(&self, key: &ServiceKey) -> Result<Vec<Instance>, RegistryError> {
+        self.0.instances(key).await
+    }
+    async fn probe(&self, group: &str) -> Result<(), RegistryError> {
+        self.0.probe(group).await
+    }
+    const PUSH: bool = true;
+}
+
+#[tokio::test(start_paused = true)]
+async fn refused_tokens_rebuild_a_client_that_worked_only() {
+    let servers = Servers::Fixed(vec!["127.0.0.1:8848".into()]);
+    let current = vec!["127.0.0.1:8848".to_string()];
+    let fake = Arc::new(FakeApi::default());
+    fake.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
+
+    // Worked, then refused: the session ends for a new client.
+    let (ctx1, _rx) = ctx(&["DEFAULT_GROUP"]);
+    let session = Session::new(PushFake(fake.clone()), ctx1);
+    let (s, c) = (Servers::Fixed(current.clone()), current.clone());
+    let run = tokio::spawn(async move { session.run(&s, &c).await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    *fake.refuse_all.lock().unwrap() = Some(403);
+    let end = tokio::time::timeout(Duration::from_secs(10), run).await.expect("session ends").unwrap();
+    assert!(matches!(end, End::Reconnect));
+
+    // Never worked: keeps trying with the same client, errors only.
+    let (ctx2, mut rx) = ctx(&["DEFAULT_GROUP"]);
+    let session = Session::new(PushFake(fake.clone()), ctx2);
+    let run = tokio::spawn(async move { session.run(&servers, &current).await });
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(!run.is_finished());
+    run.abort();
+    let events = drain(&mut rx);
+    assert!(events.iter().filter(|e| matches!(e, Event::Error(_))).count() >= 3);
+    assert!(updates(&events).is_empty());
+}
+
+#[test]
+fn grpc_port_is_the_http_port_plus_1000() {
+    assert_eq!(grpc_addr("127.0.0.1:8848").as_deref(), Some("127.0.0.1:9848"));
+    assert_eq!(grpc_addr("[::1]:8848").as_deref(), Some("[::1]:9848"));
+    assert_eq!(grpc_addr("h:65000"), None);
+    assert_eq!(grpc_addr("h"), None);
+}
+
+#[tokio::test]
+async fn host_names_resolve_and_bad_ones_drop_alone() {
+    let ep = |a: &str| Endpoint { address: a.into(), port: 80, weight: 1, labels: BTreeMap::new() };
+    let decoded = Endpoints {
+        endpoints: vec![ep("10.0.0.1"), ep("localhost"), ep("no-such-host.invalid")],
+        ..Default::default()
+    };
+    let out = resolve(decoded).await;
+    assert_eq!(out.endpoints[0].address, "10.0.0.1");
+    assert!(out.endpoints[1..].iter().all(|e| e.address.parse::<IpAddr>().unwrap().is_loopback()), "{out:?}");
+    assert_eq!(out.skipped, 1);
+}
+
+#[test]
+fn spec_rules() {
+    let mut spec = RegistrySpec::new(RegistryKind::Nacos, "n", "127.0.0.1", 8848);
+    spec.nacos_groups = vec!["".into(), "a".into(), " a ".into(), "b".into()];
+    spec.nacos_refresh_interval = Some(Duration::from_millis(10));
+    let w = NacosWatcher::new(spec.clone()).unwrap();
+    assert_eq!((w.protocol, w.groups.clone(), w.refresh), (Protocol::Http, vec!["a".into(), "b".into()], MIN_REFRESH));
+    assert_eq!(w.namespace_id, "public");
+    spec.kind = RegistryKind::Nacos3;
+    spec.nacos_groups.clear();
+    spec.nacos_namespace_id = Some("dev".into());
+    let w = NacosWatcher::new(spec.clone()).unwrap();
+    assert_eq!(
+        (w.protocol, w.groups.clone(), w.namespace_id.clone()),
+        (Protocol::Grpc, vec![DEFAULT_GROUP.to_string()], "dev".into())
+    );
+    spec.kind = RegistryKind::Consul;
+    assert!(NacosWatcher::new(spec).is_err());
+}
