@@ -2,7 +2,7 @@
 # Installs the real servers the e2e tests run, into a cache that is reused on
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
-#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos]   (default: consul envoy)
+#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy]   (default: consul envoy)
 #
 # Prints `export` lines for the binaries it installed; e2e/env.sh sources them.
 set -euo pipefail
@@ -68,6 +68,18 @@ install_zookeeper() {
   echo "$jar"
 }
 
+# An HTTP CONNECT proxy for the McpBridge `proxies` tests. Debian's
+# package; its service is not used (each test starts its own, foreground).
+install_tinyproxy() {
+  local bin=/usr/bin/tinyproxy
+  if [ ! -x "$bin" ]; then
+    log "installing Debian's tinyproxy package"
+    apt-get update >&2 || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tinyproxy >&2
+  fi
+  echo "$bin"
+}
+
 install_rnacos() {
   local bin="$CACHE/rnacos/bin/rnacos"
   if [ -x "$bin" ]; then log "rnacos cached: $bin"; echo "$bin"; return; fi
@@ -83,6 +95,7 @@ for w in "${want[@]}"; do
     envoy)     echo "export MESHBRIDGE_ENVOY_BIN=$(install_envoy)" ;;
     zookeeper) echo "export MESHBRIDGE_ZK_JAR=$(install_zookeeper)" ;;
     rnacos)    echo "export MESHBRIDGE_RNACOS_BIN=$(install_rnacos)" ;;
+    tinyproxy) echo "export MESHBRIDGE_TINYPROXY_BIN=$(install_tinyproxy)" ;;
     *) log "unknown component $w"; exit 2 ;;
   esac
 done

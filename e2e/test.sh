@@ -11,7 +11,7 @@ export MESHBRIDGE_CACHE="${MESHBRIDGE_CACHE:-$HOME/.cache/meshbridge}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MESHBRIDGE_CACHE/target}"
 
 # shellcheck source=e2e/env.sh
-source e2e/env.sh consul envoy rnacos zookeeper
+source e2e/env.sh consul envoy rnacos zookeeper tinyproxy
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use crate::cache::Cache;
+use crate::cache::{Cache, RegistryKey};
 use crate::config::Desired;
 use crate::translate::gateway::GatewayOptions;
 use crate::translate::ingress::IngressOptions;
@@ -73,11 +73,18 @@ fn publish(cache: &Cache, desired: &Desired, opts: &PublishOptions, times: &mut 
     // take_view: the time of the oldest change this set is the first to
     // carry, for the event-to-push latency metrics.
     let (view, changed_at) = cache.take_view();
+    let registry_proxies = desired
+        .registries
+        .iter()
+        .filter_map(|r| Some((RegistryKey::new(r.kind, r.name.clone()), r.proxy_name.clone()?)))
+        .collect();
     let inputs = Inputs {
         ingresses: &desired.ingresses,
         tls_secrets: &desired.tls_secrets,
         ingress: opts.ingress.clone(),
         gateway: opts.gateway.clone(),
+        proxies: &desired.proxies,
+        registry_proxies,
     };
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or_default();
     let seen = RefCell::new(std::mem::take(&mut times.0));

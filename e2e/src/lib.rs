@@ -3,8 +3,9 @@
 //! parallel and clean up even when they fail.
 //!
 //! Binaries come from `e2e/setup.sh` (see `e2e/env.sh`): `MESHBRIDGE_CONSUL_BIN`,
-//! `MESHBRIDGE_ENVOY_BIN`. A test whose server is not installed fails with a
-//! message naming the variable, it never passes silently.
+//! `MESHBRIDGE_ENVOY_BIN`, `MESHBRIDGE_TINYPROXY_BIN`. A test whose server is
+//! not installed fails with a message naming the variable, it never passes
+//! silently.
 
 pub mod backend;
 pub mod consul;
@@ -13,6 +14,8 @@ pub mod envoy;
 pub mod eureka_fake;
 pub mod nacos;
 pub mod process;
+pub mod tinyproxy;
+pub mod tls_backend;
 pub mod zookeeper;
 
 pub use process::{ChildGuard, free_port, wait_for_http, wait_for_tcp};

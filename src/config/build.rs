@@ -80,12 +80,18 @@ impl Builder {
         let mut next = Builder::default();
         let mut registry_owner: HashMap<(RegistryKind, String), String> = HashMap::new();
         let mut proxy_owner: HashMap<String, String> = HashMap::new();
+        // Explicit listener ports across every McpBridge: the proxies share
+        // one Envoy, so two cannot listen on the same port.
+        let mut port_owner: HashMap<u16, String> = HashMap::new();
         for bridge in bridges {
             let id = bridge.id();
             let object = format!("McpBridge {id}");
 
-            // Proxies first: registries may name them.
+            // Proxies first: registries may name them. A proxy left out
+            // (invalid with no last good spec, duplicate, port clash) is in
+            // `bridge_rejected`, so its registries can say why they go direct.
             let mut bridge_proxies = HashSet::new();
+            let mut bridge_rejected = HashSet::new();
             for (i, raw) in bridge.proxies.iter().enumerate() {
                 let at = format!("spec.proxies[{i}]");
                 let mut warnings = Vec::new();
@@ -98,7 +104,10 @@ impl Builder {
                     Err(errors) => {
                         let kept = key.as_ref().and_then(|k| self.proxies.get(k)).cloned();
                         run.reject(&object, &at, errors, kept.is_some());
-                        let Some(kept) = kept else { continue };
+                        let Some(kept) = kept else {
+                            bridge_rejected.extend(key.map(|(_, name)| name));
+                            continue;
+                        };
                         kept
                     }
                 };
@@ -108,6 +117,14 @@ impl Builder {
                         spec.name
                     ));
                     continue;
+                }
+                if let Some(port) = spec.listener_port {
+                    if let Some(owner) = port_owner.get(&port) {
+                        run.errors.push(format!("{object}: {at}.listenerPort: {port} already used by {owner}"));
+                        bridge_rejected.insert(spec.name.clone());
+                        continue;
+                    }
+                    port_owner.insert(port, format!("proxy {:?}", spec.name));
                 }
                 proxy_owner.insert(spec.name.clone(), format!("{object} {at}"));
                 bridge_proxies.insert(spec.name.clone());
@@ -121,7 +138,8 @@ impl Builder {
                 let at = format!("spec.registries[{i}]");
                 let mut warnings = Vec::new();
                 let checked = validate::registry(&raw.0, &mut warnings)
-                    .and_then(|c| resolve(c, bridge, &secrets, &bridge_proxies));
+                    .and_then(|c| resolve(c, bridge, &secrets))
+                    .map(|spec| check_proxy(spec, &bridge_proxies, &bridge_rejected, &mut run, &object, &at));
                 run.warn(&object, &at, warnings);
                 let key_name = checked.as_ref().map(|s| s.name.clone()).ok().or_else(|| entry_name(&raw.0));
                 let key = key_name.map(|n| (id.clone(), n));
@@ -210,30 +228,46 @@ fn entry_name(raw: &serde_json::Value) -> Option<String> {
     }
 }
 
-/// Fill `auth` from the named Secret and check `proxyName`.
+/// Fill `auth` from the named Secret.
 fn resolve(
     checked: CheckedRegistry,
     bridge: &McpBridgeDoc,
     secrets: &HashMap<&str, Vec<&SecretDoc>>,
-    proxies: &HashSet<String>,
 ) -> Result<RegistrySpec, Vec<FieldError>> {
     let CheckedRegistry { mut spec, auth_secret_name } = checked;
-    let mut errors = Vec::new();
     if let Some(name) = auth_secret_name {
         match find_secret(&name, &bridge.namespace, secrets) {
             Ok(secret) => spec.auth = secret.data.clone(),
-            Err(reason) => errors.push(FieldError { field: "authSecretName".into(), reason }),
+            Err(reason) => return Err(vec![FieldError { field: "authSecretName".into(), reason }]),
         }
     }
-    if let Some(proxy) = &spec.proxy_name
-        && !proxies.contains(proxy)
-    {
-        errors.push(FieldError {
-            field: "proxyName".into(),
-            reason: format!("proxy {proxy:?} not found in spec.proxies"),
-        });
+    Ok(spec)
+}
+
+/// A `proxyName` that names no usable proxy of the same McpBridge is an
+/// error, but not the registry's: its services are still found and are
+/// routed directly (the name is cleared), so a bad proxy never takes a
+/// registry down with it.
+fn check_proxy(
+    mut spec: RegistrySpec,
+    proxies: &HashSet<String>,
+    rejected: &HashSet<String>,
+    run: &mut Run,
+    object: &str,
+    at: &str,
+) -> RegistrySpec {
+    let Some(proxy) = &spec.proxy_name else { return spec };
+    if proxies.contains(proxy) {
+        return spec;
     }
-    if errors.is_empty() { Ok(spec) } else { Err(errors) }
+    let why = if rejected.contains(proxy) {
+        format!("proxy {proxy:?} is not usable (see its spec.proxies error)")
+    } else {
+        format!("proxy {proxy:?} not found in spec.proxies")
+    };
+    run.errors.push(format!("{object}: {at}.proxyName: {why}; routing its services directly"));
+    spec.proxy_name = None;
+    spec
 }
 
 /// The Secret `name` in `namespace`, else the only one of that name anywhere.

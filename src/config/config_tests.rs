@@ -133,10 +133,6 @@ fn bad_registries_have_exact_messages() {
             "spec.registries[0].authSecretName: secret \"nope\" not found",
         ),
         (
-            "    - {type: consul, name: c, domain: h, port: 1, proxyName: nope}\n",
-            "spec.registries[0].proxyName: proxy \"nope\" not found in spec.proxies",
-        ),
-        (
             "    - {type: consul, name: c, domain: h, port: 1, vport: {services: [{name: a, value: 0}]}}\n",
             "spec.registries[0].vport.services[0].value: must be 1..65535",
         ),
@@ -275,10 +271,14 @@ fn proxies_are_validated() {
     let proxies = "    - {type: http, name: ok, serverAddress: proxy.local, serverPort: 3128}\n\
                    \x20   - {type: socks5, name: s, serverAddress: x, serverPort: 1080}\n\
                    \x20   - {type: http, name: p, serverAddress: x, serverPort: 0, listenerPort: 70000}\n\
-                   \x20   - {type: http, name: ok, serverAddress: other.local, serverPort: 3128}\n";
+                   \x20   - {type: http, name: ok, serverAddress: other.local, serverPort: 3128}\n\
+                   \x20   - {type: http, name: url, serverAddress: \"http://proxy.local\", serverPort: 3128}\n\
+                   \x20   - {type: http, name: ip, serverAddress: 10.0.0.300, serverPort: 3128}\n\
+                   \x20   - {type: http, name: v6, serverAddress: \"fd00::1\", serverPort: 3128}\n";
     let text = bridge(
         "    - {type: consul, name: a, domain: h, port: 1, proxyName: ok}\n\
-         \x20   - {type: consul, name: b, domain: h, port: 1, proxyName: p}\n",
+         \x20   - {type: consul, name: b, domain: h, port: 1, proxyName: p}\n\
+         \x20   - {type: consul, name: c, domain: h, port: 1, proxyName: nope}\n",
         proxies,
     );
     let d = build_text(&text).desired;
@@ -291,20 +291,67 @@ fn proxies_are_validated() {
             format!(
                 "{BRIDGE}: spec.proxies[3].name: duplicate proxy \"ok\" (already defined by {BRIDGE} spec.proxies[0])"
             ),
-            format!("{BRIDGE}: spec.registries[1].proxyName: proxy \"p\" not found in spec.proxies"),
+            format!(
+                "{BRIDGE}: spec.proxies[4].serverAddress: \"http://proxy.local\" is not an IP address or DNS name \
+                 (the port goes in serverPort)"
+            ),
+            format!(
+                "{BRIDGE}: spec.proxies[5].serverAddress: \"10.0.0.300\" is not an IP address or DNS name \
+                 (the port goes in serverPort)"
+            ),
+            format!(
+                "{BRIDGE}: spec.registries[1].proxyName: proxy \"p\" is not usable (see its spec.proxies error); \
+                 routing its services directly"
+            ),
+            format!(
+                "{BRIDGE}: spec.registries[2].proxyName: proxy \"nope\" not found in spec.proxies; \
+                 routing its services directly"
+            ),
         ]
     );
+    let proxies: Vec<(&str, &str)> = d.proxies.iter().map(|p| (p.name.as_str(), p.server_address.as_str())).collect();
+    assert_eq!(proxies, [("ok", "proxy.local"), ("v6", "fd00::1")]);
     assert_eq!(
-        d.proxies,
-        vec![ProxySpec {
+        d.proxies[0],
+        ProxySpec {
             name: "ok".into(),
             server_address: "proxy.local".into(),
             server_port: 3128,
             listener_port: None,
             connect_timeout: None,
-        }]
+        }
     );
-    assert_eq!(names(&d), ["consul/a"]);
+    // A bad proxy never takes its registries down: they stay, routed directly.
+    assert_eq!(names(&d), ["consul/a", "consul/b", "consul/c"]);
+    let proxy_names: Vec<Option<&str>> = d.registries.iter().map(|r| r.proxy_name.as_deref()).collect();
+    assert_eq!(proxy_names, [Some("ok"), None, None]);
+}
+
+#[test]
+fn listener_port_clashes_reject_the_later_proxy() {
+    let proxies = "    - {type: http, name: a, serverAddress: 10.0.0.1, serverPort: 3128, listenerPort: 50001}\n\
+                   \x20   - {type: http, name: b, serverAddress: 10.0.0.2, serverPort: 3128, listenerPort: 50001}\n\
+                   \x20   - {type: http, name: c, serverAddress: 10.0.0.3, serverPort: 3128}\n";
+    let text = bridge("    - {type: dns, name: d, domain: api.example.com, port: 443, proxyName: b}\n", proxies);
+    let other = "\n---\napiVersion: networking.higress.io/v1\nkind: McpBridge\n\
+                 metadata: {name: other, namespace: team}\nspec:\n  proxies:\n\
+                 \x20   - {type: http, name: e, serverAddress: 10.0.0.5, serverPort: 3128, listenerPort: 50001}\n";
+    let d = build_text(&(text + other)).desired;
+    assert_eq!(
+        d.errors,
+        vec![
+            format!("{BRIDGE}: spec.proxies[1].listenerPort: 50001 already used by proxy \"a\""),
+            format!(
+                "{BRIDGE}: spec.registries[0].proxyName: proxy \"b\" is not usable (see its spec.proxies error); \
+                 routing its services directly"
+            ),
+            "McpBridge team/other: spec.proxies[0].listenerPort: 50001 already used by proxy \"a\"".to_string(),
+        ]
+    );
+    let proxies: Vec<&str> = d.proxies.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(proxies, ["a", "c"]);
+    assert_eq!(names(&d), ["dns/d"]);
+    assert_eq!(d.registries[0].proxy_name, None);
 }
 
 #[test]

@@ -83,8 +83,9 @@ pub struct ProxySpec {
     pub name: String,
     pub server_address: String,
     pub server_port: u16,
-    /// `None` when the entry leaves it 0: Higress then assigns the first free
-    /// port from 50001 on.
+    /// `None` when the entry leaves it 0: translation then picks one from
+    /// 50001–50999 ([`crate::translate::proxy::listener_ports`]). Two proxies
+    /// with the same port are an error here.
     pub listener_port: Option<u16>,
     /// `None` when unset; Higress then uses [`DEFAULT_PROXY_CONNECT_TIMEOUT`].
     pub connect_timeout: Option<Duration>,

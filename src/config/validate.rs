@@ -187,8 +187,18 @@ pub(crate) fn proxy(raw: &Value, warnings: &mut Vec<FieldError>) -> Result<Proxy
         other => errors.push(FieldError::new("type", format!("unknown proxy type {other:?} (expected http)"))),
     }
     check_name(&cfg.name, &mut errors);
-    if cfg.server_address.trim().is_empty() {
+    let server_address = cfg.server_address.trim();
+    if server_address.is_empty() {
         errors.push(FieldError::new("serverAddress", "required"));
+    } else if server_address.parse::<std::net::IpAddr>().is_err()
+        && (!is_dns_name(server_address) || all_numeric_labels(server_address))
+    {
+        // Envoy takes an IP (a STATIC cluster) or a name it resolves itself
+        // (STRICT_DNS); a URL or `host:port` here is a common slip.
+        errors.push(FieldError::new(
+            "serverAddress",
+            format!("{server_address:?} is not an IP address or DNS name (the port goes in serverPort)"),
+        ));
     }
     let server_port = port_in_range("serverPort", cfg.server_port, &mut errors);
     let listener_port = match cfg.listener_port {
@@ -198,7 +208,7 @@ pub(crate) fn proxy(raw: &Value, warnings: &mut Vec<FieldError>) -> Result<Proxy
     match server_port {
         Some(server_port) if errors.is_empty() => Ok(ProxySpec {
             name: cfg.name,
-            server_address: cfg.server_address.trim().to_owned(),
+            server_address: server_address.to_owned(),
             server_port,
             listener_port,
             connect_timeout: (cfg.connect_timeout > 0).then(|| Duration::from_millis(cfg.connect_timeout.into())),
@@ -292,6 +302,11 @@ pub(crate) fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
     let ok = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
     !b.is_empty() && b.len() <= 63 && b.iter().all(|c| ok(c) || *c == b'-') && ok(&b[0]) && ok(&b[b.len() - 1])
+}
+
+/// `10.0.0.300`: meant as an IPv4 address, and not a valid one.
+fn all_numeric_labels(s: &str) -> bool {
+    s.split('.').all(|l| l.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// A host name: dot-separated labels of letters, digits and '-'.

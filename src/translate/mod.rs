@@ -8,13 +8,14 @@ pub mod gateway;
 pub mod ingress;
 pub mod istio;
 pub mod mcp;
+pub mod proxy;
 
 use std::collections::BTreeMap;
 
 use envoy_types::pb::google::protobuf::Any;
 
-use crate::cache::View;
-use crate::config::{IngressDoc, TlsSecret};
+use crate::cache::{RegistryKey, View};
+use crate::config::{IngressDoc, ProxySpec, TlsSecret};
 
 /// An Envoy resource ready to send: its name, content-hash version and body.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,6 +76,10 @@ pub struct Inputs<'a> {
     /// `known_secrets` is filled from `tls_secrets`.
     pub ingress: ingress::IngressOptions,
     pub gateway: gateway::GatewayOptions,
+    /// McpBridge `spec.proxies[]`, validated.
+    pub proxies: &'a [ProxySpec],
+    /// The `proxyName` of each registry that has one.
+    pub registry_proxies: BTreeMap<RegistryKey, String>,
 }
 
 /// Translate a cache view alone (no Ingress), with creation times all zero.
@@ -86,10 +91,13 @@ pub fn config_set(view: &View) -> ConfigSet {
 /// ServiceEntries, DestinationRules and Envoy clusters/endpoints; Ingresses
 /// into Gateways, VirtualServices and DestinationRules; all Istio objects
 /// into MCP resources; and Gateways/VirtualServices into Envoy listeners and
-/// routes for a standalone gateway. `create_time` gives each object's stable
-/// MCP creation time in seconds since the epoch.
+/// routes for a standalone gateway; proxies into their clusters, tunnel
+/// listeners and EnvoyFilters (see [`proxy`]). `create_time` gives each
+/// object's stable MCP creation time in seconds since the epoch.
 pub fn build(view: &View, inputs: &Inputs<'_>, create_time: impl Fn(&istio::IstioObject) -> i64) -> ConfigSet {
     let mut set = registry_set(view);
+    let proxied = proxy::translate(view, inputs);
+    set.warnings.extend(proxied.warnings);
 
     let mut opts = inputs.ingress.clone();
     opts.known_secrets.extend(inputs.tls_secrets.iter().map(|t| (t.namespace.clone(), t.name.clone())));
@@ -100,6 +108,7 @@ pub fn build(view: &View, inputs: &Inputs<'_>, create_time: impl Fn(&istio::Isti
     let registry_rules = set.destination_rules.iter().cloned().map(istio::IstioObject::from);
     merge_destination_rules(&mut objects, registry_rules);
     objects.extend(set.service_entries.iter().cloned().map(istio::IstioObject::from));
+    objects.extend(proxied.objects);
     objects.sort_by(|a, b| {
         (&a.kind, &a.metadata.namespace, &a.metadata.name).cmp(&(&b.kind, &b.metadata.namespace, &b.metadata.name))
     });
@@ -110,11 +119,16 @@ pub fn build(view: &View, inputs: &Inputs<'_>, create_time: impl Fn(&istio::Isti
     let services = view.services.iter().map(|(h, c)| (h.clone(), (*c.service).clone())).collect();
     let gw = gateway::envoy_gateway(&objects, &services, inputs.tls_secrets, &inputs.gateway);
     set.warnings.extend(gw.warnings);
+    // Proxied services' endpoints replace the registry's: their clusters
+    // reach the tunnel listener, not the service.
     for (type_url, list) in [
         (envoy::CLUSTER_TYPE, gw.clusters),
         (envoy::ENDPOINT_TYPE, gw.load_assignments),
         (envoy::LISTENER_TYPE, gw.listeners),
         (envoy::ROUTE_TYPE, gw.routes),
+        (envoy::CLUSTER_TYPE, proxied.clusters),
+        (envoy::ENDPOINT_TYPE, proxied.load_assignments),
+        (envoy::LISTENER_TYPE, proxied.listeners),
     ] {
         let by_name = set.envoy.entry(type_url).or_default();
         for r in list {
