@@ -14,8 +14,10 @@ pub mod envoy;
 pub mod eureka_fake;
 pub mod nacos;
 pub mod process;
+pub mod recorder;
 pub mod tinyproxy;
 pub mod tls_backend;
+pub mod traffic;
 pub mod zookeeper;
 
 pub use process::{ChildGuard, free_port, wait_for_http, wait_for_tcp};

@@ -8,124 +8,20 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use meshbridge_e2e::consul::{CheckStatus, Consul};
+use meshbridge_e2e::recorder::{Event, Recorder};
 use meshbridge_registries::consul::ConsulWatcher;
-use meshbridge_registries::{
-    Endpoint, RegistryError, RegistryKind, RegistrySpec, Secret, Service, Sink, Update, Watcher,
-};
+use meshbridge_registries::{Endpoint, RegistryError, RegistryKind, RegistrySpec, Secret, Service, Update};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 const WAIT: Duration = Duration::from_secs(2);
 const REFRESH: Duration = Duration::from_secs(2);
 const DEADLINE: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone)]
-enum Event {
-    Update(Update),
-    Healthy,
-    Error(RegistryError),
-}
-
-struct ChannelSink(mpsc::UnboundedSender<(Instant, Event)>);
-
-impl Sink for ChannelSink {
-    fn update(&self, update: Update) {
-        let _ = self.0.send((Instant::now(), Event::Update(update)));
-    }
-    fn healthy(&self) {
-        let _ = self.0.send((Instant::now(), Event::Healthy));
-    }
-    fn error(&self, error: &RegistryError) {
-        let _ = self.0.send((Instant::now(), Event::Error(error.clone())));
-    }
-}
-
-/// A running watcher and everything it told its sink, plus the services as
-/// a cache applying those updates would hold them.
-struct Recorder {
-    task: tokio::task::JoinHandle<()>,
-    rx: mpsc::UnboundedReceiver<(Instant, Event)>,
-    events: Vec<(Instant, Event)>,
-    view: BTreeMap<String, Service>,
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Recorder {
-    fn start(spec: RegistrySpec) -> Recorder {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let watcher = ConsulWatcher::new(spec).expect("valid spec").with_wait(WAIT);
-        let task = tokio::spawn(Box::new(watcher).run(Arc::new(ChannelSink(tx))));
-        Recorder { task, rx, events: Vec::new(), view: BTreeMap::new() }
-    }
-
-    /// Wait until `pred` holds, re-checking after every sink call.
-    async fn until(&mut self, what: &str, mut pred: impl FnMut(&Recorder) -> bool) {
-        let deadline = Instant::now() + DEADLINE;
-        while !pred(self) {
-            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Some(event)) => self.push(event),
-                Ok(None) => panic!("watcher stopped while waiting for {what}"),
-                Err(_) => panic!("no {what} after {DEADLINE:?}; sink calls:\n{}", self.dump()),
-            }
-        }
-    }
-
-    fn push(&mut self, (at, event): (Instant, Event)) {
-        if let Event::Update(update) = &event {
-            match update.clone() {
-                Update::Snapshot(all) => self.view = all.into_iter().map(|s| (s.host.clone(), s)).collect(),
-                Update::Upsert(s) => {
-                    self.view.insert(s.host.clone(), s);
-                }
-                Update::Remove(host) => {
-                    self.view.remove(&host);
-                }
-            }
-        }
-        self.events.push((at, event));
-    }
-
-    /// A position in the history, for "since" questions.
-    fn mark(&self) -> usize {
-        self.events.len()
-    }
-
-    fn since(&self, mark: usize) -> impl Iterator<Item = &Event> {
-        self.events[mark..].iter().map(|(_, e)| e)
-    }
-
-    fn updates_since(&self, mark: usize) -> Vec<&Update> {
-        self.since(mark).filter_map(|e| if let Event::Update(u) = e { Some(u) } else { None }).collect()
-    }
-
-    fn errors_since(&self, mark: usize) -> Vec<&RegistryError> {
-        self.since(mark).filter_map(|e| if let Event::Error(e) = e { Some(e) } else { None }).collect()
-    }
-
-    fn snapshot_since(&self, mark: usize) -> Option<&Vec<Service>> {
-        self.updates_since(mark).into_iter().find_map(|u| if let Update::Snapshot(s) = u { Some(s) } else { None })
-    }
-
-    /// `address:port` of each endpoint of `host` in the view.
-    fn endpoints(&self, host: &str) -> Option<Vec<String>> {
-        self.view.get(host).map(|s| s.endpoints.iter().map(|e| format!("{}:{}", e.address, e.port)).collect())
-    }
-
-    fn dump(&self) -> String {
-        let start = self.events.first().map(|(at, _)| *at);
-        let lines = self.events.iter().map(|(at, e)| {
-            let ms = start.map(|s| at.duration_since(s).as_millis()).unwrap_or(0);
-            format!("  +{ms}ms {e:?}")
-        });
-        lines.collect::<Vec<_>>().join("\n")
-    }
+/// Run a Consul watcher on `spec`, recording its sink calls.
+fn watch(spec: RegistrySpec) -> Recorder {
+    Recorder::start(Box::new(ConsulWatcher::new(spec).expect("valid spec").with_wait(WAIT)), DEADLINE)
 }
 
 fn spec(port: u16) -> RegistrySpec {
@@ -158,7 +54,7 @@ async fn instances_follow_registrations_and_ttl_checks() {
     let meta = json!({"Meta": {"version": "v1", "note": "not a label value"}, "Weights": {"Passing": 3, "Warning": 1}});
     consul.register(instance("web-a", "web", "127.0.0.2", 8082, meta)).await.unwrap();
 
-    let mut rec = Recorder::start(spec(consul.http_port));
+    let mut rec = watch(spec(consul.http_port));
     rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
     let first = rec.updates_since(0)[0].clone();
     let Update::Snapshot(all) = first else { panic!("first update must be the ready snapshot: {first:?}") };
@@ -208,7 +104,7 @@ async fn tag_filter_vport_protocol_and_underscored_names() {
     spec.consul_service_tag = Some("mESH".into());
     spec.protocol = Some("grpc".into());
     spec.vport_services.insert("pay_api".into(), 9000);
-    let mut rec = Recorder::start(spec);
+    let mut rec = watch(spec);
     rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
     let all = rec.snapshot_since(0).unwrap().clone();
     let hosts: Vec<&str> = all.iter().map(|s| s.host.as_str()).collect();
@@ -242,13 +138,13 @@ async fn acl_token_is_sent_and_never_leaked() {
     // agent:read) and the catalog shows web.
     let mut with = spec(consul.http_port);
     with.auth.insert("consulToken".into(), Secret::new(TOKEN));
-    let mut rec = Recorder::start(with);
+    let mut rec = watch(with);
     rec.until("web with the token", |r| r.endpoints(WEB) == Some(vec!["127.0.0.9:8080".into()])).await;
 
     // A wrong token: 403 errors naming the call, no updates, no token in any message.
     let mut wrong = spec(consul.http_port);
     wrong.auth.insert("consulToken".into(), Secret::new("wrong-token-77aa"));
-    let mut bad = Recorder::start(wrong);
+    let mut bad = watch(wrong);
     bad.until("two 403s", |r| {
         r.errors_since(0)
             .iter()
@@ -264,7 +160,7 @@ async fn acl_token_is_sent_and_never_leaked() {
     // catalog to nothing, so the token above really was what showed web.
     let mut anonymous = spec(consul.http_port);
     anonymous.consul_datacenter = Some("dc1".into());
-    let mut anon = Recorder::start(anonymous);
+    let mut anon = watch(anonymous);
     anon.until("anonymous snapshot", |r| r.snapshot_since(0).is_some()).await;
     assert_eq!(anon.snapshot_since(0).unwrap(), &Vec::<Service>::new());
 }
@@ -273,7 +169,7 @@ async fn acl_token_is_sent_and_never_leaked() {
 async fn outage_keeps_endpoints_then_restart_resyncs() {
     let mut consul = consul().await;
     consul.register(instance("web-1", "web", "127.0.0.3", 8080, json!({}))).await.unwrap();
-    let mut rec = Recorder::start(spec(consul.http_port));
+    let mut rec = watch(spec(consul.http_port));
     rec.until("web", |r| r.endpoints(WEB) == Some(vec!["127.0.0.3:8080".into()])).await;
 
     let mark = rec.mark();
@@ -283,7 +179,7 @@ async fn outage_keeps_endpoints_then_restart_resyncs() {
     // catalog loop, the health loop and the resync.
     rec.until("errors over a resync period", |r| {
         let errors = r.errors_since(mark);
-        let last = r.events.last().map(|(at, _)| *at).unwrap_or(stopped);
+        let last = r.last_at().unwrap_or(stopped);
         let said = |path: &str| errors.iter().any(|e| e.to_string().contains(path));
         errors.len() >= 6
             && said("/v1/catalog/services")
@@ -343,7 +239,7 @@ async fn garbage_answers_are_errors_not_updates() {
     spec.consul_datacenter = Some("dc1".into());
     spec.consul_namespace = Some("team-a".into());
     spec.auth.insert("consulToken".into(), Secret::new(TOKEN));
-    let mut rec = Recorder::start(spec);
+    let mut rec = watch(spec);
     rec.until("two bad-response errors", |r| {
         r.errors_since(0)
             .iter()

@@ -3,117 +3,22 @@
 //! ports. The watcher polls every 200 ms, and every assertion waits on the
 //! recorded sink calls with a 10 s deadline.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use meshbridge_e2e::eureka_fake::{EurekaFake, instance};
 use meshbridge_e2e::free_port;
+use meshbridge_e2e::recorder::Recorder;
 use meshbridge_registries::eureka::EurekaWatcher;
-use meshbridge_registries::{RegistryError, RegistryKind, RegistrySpec, Service, Sink, Update, Watcher};
+use meshbridge_registries::{RegistryError, RegistryKind, RegistrySpec, Update};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 const INTERVAL: Duration = Duration::from_millis(200);
 const DEADLINE: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone)]
-enum Event {
-    Update(Update),
-    Healthy,
-    Error(RegistryError),
-}
-
-struct ChannelSink(mpsc::UnboundedSender<Event>);
-
-impl Sink for ChannelSink {
-    fn update(&self, update: Update) {
-        let _ = self.0.send(Event::Update(update));
-    }
-    fn healthy(&self) {
-        let _ = self.0.send(Event::Healthy);
-    }
-    fn error(&self, error: &RegistryError) {
-        let _ = self.0.send(Event::Error(error.clone()));
-    }
-}
-
-/// A running watcher, what it told its sink, and the services a cache
-/// applying those updates would hold.
-struct Recorder {
-    task: tokio::task::JoinHandle<()>,
-    rx: mpsc::UnboundedReceiver<Event>,
-    events: Vec<Event>,
-    view: BTreeMap<String, Service>,
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Recorder {
-    fn start(domain: &str) -> Recorder {
-        let spec = RegistrySpec::new(RegistryKind::Eureka, "eureka-e2e", domain, 8761);
-        let watcher = EurekaWatcher::new(spec).expect("valid spec").with_interval(INTERVAL);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(Box::new(watcher).run(Arc::new(ChannelSink(tx))));
-        Recorder { task, rx, events: Vec::new(), view: BTreeMap::new() }
-    }
-
-    /// Wait until `pred` holds, re-checking after every sink call.
-    async fn until(&mut self, what: &str, mut pred: impl FnMut(&Recorder) -> bool) {
-        let deadline = Instant::now() + DEADLINE;
-        while !pred(self) {
-            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Some(event)) => self.push(event),
-                Ok(None) => panic!("watcher stopped while waiting for {what}"),
-                Err(_) => panic!("no {what} after {DEADLINE:?}; sink calls:\n{:#?}", self.events),
-            }
-        }
-    }
-
-    fn push(&mut self, event: Event) {
-        if let Event::Update(update) = &event {
-            match update.clone() {
-                Update::Snapshot(all) => self.view = all.into_iter().map(|s| (s.host.clone(), s)).collect(),
-                Update::Upsert(s) => {
-                    self.view.insert(s.host.clone(), s);
-                }
-                Update::Remove(host) => {
-                    self.view.remove(&host);
-                }
-            }
-        }
-        self.events.push(event);
-    }
-
-    fn mark(&self) -> usize {
-        self.events.len()
-    }
-
-    fn updates_since(&self, mark: usize) -> Vec<&Update> {
-        self.events[mark..].iter().filter_map(|e| if let Event::Update(u) = e { Some(u) } else { None }).collect()
-    }
-
-    fn errors_since(&self, mark: usize) -> Vec<&RegistryError> {
-        self.events[mark..].iter().filter_map(|e| if let Event::Error(e) = e { Some(e) } else { None }).collect()
-    }
-
-    fn snapshots_since(&self, mark: usize) -> usize {
-        self.updates_since(mark).iter().filter(|u| matches!(u, Update::Snapshot(_))).count()
-    }
-
-    fn healthy_since(&self, mark: usize) -> bool {
-        self.events[mark..].iter().any(|e| matches!(e, Event::Healthy))
-    }
-
-    /// `address:port` of each endpoint of `host` in the view.
-    fn endpoints(&self, host: &str) -> Option<Vec<String>> {
-        self.view.get(host).map(|s| s.endpoints.iter().map(|e| format!("{}:{}", e.address, e.port)).collect())
-    }
+/// Run a Eureka watcher on `domain`, recording its sink calls.
+fn watch(domain: &str) -> Recorder {
+    let spec = RegistrySpec::new(RegistryKind::Eureka, "eureka-e2e", domain, 8761);
+    Recorder::start(Box::new(EurekaWatcher::new(spec).expect("valid spec").with_interval(INTERVAL)), DEADLINE)
 }
 
 fn with(mut v: Value, extra: Value) -> Value {
@@ -147,7 +52,7 @@ async fn only_up_instances_with_overrides_winning() {
     // Legacy JSON: one-element lists written as bare objects.
     eureka.single_as_object(true);
 
-    let mut rec = Recorder::start(&eureka.host_port());
+    let mut rec = watch(&eureka.host_port());
     rec.until("startup snapshot, then healthy", |r| r.snapshots_since(0) > 0 && r.healthy_since(0)).await;
     let Some(Update::Snapshot(all)) = rec.updates_since(0).first().copied().cloned() else {
         panic!("the first update must be the ready snapshot: {:#?}", rec.events);
@@ -172,7 +77,7 @@ async fn only_up_instances_with_overrides_winning() {
 async fn deltas_add_modify_and_delete() {
     let eureka = fake().await;
     eureka.register(instance("orders", "o1", "127.0.0.11", 8080, "UP")).await.unwrap();
-    let mut rec = Recorder::start(&eureka.host_port());
+    let mut rec = watch(&eureka.host_port());
     rec.until("o1", |r| r.endpoints(ORDERS) == Some(vec!["127.0.0.11:8080".into()])).await;
 
     let mark = rec.mark();
@@ -210,14 +115,14 @@ async fn fails_over_between_servers_without_reporting_errors() {
     second.register(instance("orders", "o2", "127.0.0.12", 8080, "UP")).await.unwrap();
 
     // The first server listed is down from the start.
-    let mut rec = Recorder::start(&format!("{dead},{}", second.host_port()));
+    let mut rec = watch(&format!("{dead},{}", second.host_port()));
     rec.until("snapshot from the second server", |r| r.endpoints(ORDERS).is_some_and(|e| e.len() == 2)).await;
     assert!(rec.errors_since(0).is_empty(), "a working failover is not an error: {:#?}", rec.events);
     drop(rec);
 
     // A server that goes away mid-run: the next one answers, with a full
     // fetch since its delta queue is not the first one's.
-    let mut rec = Recorder::start(&format!("{},{}", first.host_port(), second.host_port()));
+    let mut rec = watch(&format!("{},{}", first.host_port(), second.host_port()));
     rec.until("snapshot from the first server", |r| r.endpoints(ORDERS).is_some_and(|e| e.len() == 1)).await;
     let mark = rec.mark();
     first.stop();
@@ -231,7 +136,7 @@ async fn fails_over_between_servers_without_reporting_errors() {
 async fn hashcode_mismatch_triggers_a_full_fetch() {
     let eureka = fake().await;
     eureka.register(instance("orders", "o1", "127.0.0.11", 8080, "UP")).await.unwrap();
-    let mut rec = Recorder::start(&eureka.host_port());
+    let mut rec = watch(&eureka.host_port());
     rec.until("o1", |r| r.endpoints(ORDERS).is_some()).await;
     // Wait for a clean delta round first, so the log below starts there.
     let seen = eureka.requests().len();
@@ -260,7 +165,7 @@ async fn refused_deltas_fall_back_to_full_fetches() {
     let eureka = fake().await;
     eureka.refuse_deltas(true);
     eureka.register(instance("orders", "o1", "127.0.0.11", 8080, "UP")).await.unwrap();
-    let mut rec = Recorder::start(&eureka.host_port());
+    let mut rec = watch(&eureka.host_port());
     rec.until("o1", |r| r.endpoints(ORDERS).is_some()).await;
     eureka.register(instance("orders", "o2", "127.0.0.12", 8080, "UP")).await.unwrap();
     rec.until("o2 by a full fetch", |r| r.endpoints(ORDERS).is_some_and(|e| e.len() == 2)).await;
@@ -272,7 +177,7 @@ async fn refused_deltas_fall_back_to_full_fetches() {
 async fn outage_reports_errors_and_keeps_endpoints() {
     let mut eureka = fake().await;
     eureka.register(instance("orders", "o1", "127.0.0.11", 8080, "UP")).await.unwrap();
-    let mut rec = Recorder::start(&eureka.host_port());
+    let mut rec = watch(&eureka.host_port());
     rec.until("o1", |r| r.endpoints(ORDERS).is_some()).await;
 
     let mark = rec.mark();

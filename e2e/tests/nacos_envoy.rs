@@ -8,11 +8,11 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
 
-use meshbridge::run::{App, RunArgs};
-use meshbridge::translate::envoy::ENDPOINT_TYPE;
+use meshbridge::run::App;
 use meshbridge_e2e::backend::Backend;
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::nacos::{Instance, Rnacos};
+use meshbridge_e2e::traffic::{self, eds_ack_after, sample, wait_for_traffic};
 
 /// `vport` pins the service port, so the cluster name is stable whatever
 /// ports the backends got; endpoints keep theirs.
@@ -20,10 +20,8 @@ const CLUSTER: &str = "outbound|8080||web.DEFAULT-GROUP.public.nacos";
 
 async fn start_meshbridge(nacos: &Rnacos, dir: &std::path::Path) -> anyhow::Result<App> {
     // A long refresh: what Envoy sees after a change comes from the push.
-    std::fs::write(
-        dir.join("mcpbridge.yaml"),
-        format!(
-            r#"apiVersion: networking.higress.io/v1
+    let bridge = format!(
+        r#"apiVersion: networking.higress.io/v1
 kind: McpBridge
 metadata: {{ name: default, namespace: higress-system }}
 spec:
@@ -35,69 +33,13 @@ spec:
       nacosRefreshInterval: 30000000000
       vport: {{ default: 8080 }}
 "#,
-            port = nacos.http_port
-        ),
-    )?;
-    App::start(RunArgs {
-        config_dir: dir.to_path_buf(),
-        xds_addr: "127.0.0.1:0".parse()?,
-        admin_addr: "127.0.0.1:0".parse()?,
-    })
-    .await
+        port = nacos.http_port
+    );
+    traffic::start_meshbridge(dir, &bridge).await
 }
 
 fn instance(backend: &Backend) -> Instance {
     Instance::new("web", &backend.addr.ip().to_string(), backend.addr.port())
-}
-
-/// Send `n` requests through Envoy and collect the statuses and bodies.
-async fn sample(envoy: &Envoy, n: usize) -> (BTreeSet<u16>, BTreeSet<String>) {
-    let mut statuses = BTreeSet::new();
-    let mut bodies = BTreeSet::new();
-    for _ in 0..n {
-        match envoy.get("/").await {
-            Ok((status, body)) => {
-                statuses.insert(status);
-                if status == 200 {
-                    bodies.insert(body);
-                }
-            }
-            Err(_) => {
-                statuses.insert(0);
-            }
-        }
-    }
-    (statuses, bodies)
-}
-
-/// Poll until 20 requests in a row give exactly `want` (bodies of 200s, or
-/// the single status when `want_status` is not 200).
-async fn wait_for_traffic(envoy: &Envoy, want_status: u16, want: &[&str], what: &str) {
-    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (statuses, bodies) = sample(envoy, 20).await;
-        if statuses == BTreeSet::from([want_status]) && bodies == want {
-            return;
-        }
-        if Instant::now() > deadline {
-            panic!("{what}: got statuses {statuses:?} bodies {bodies:?}, want {want_status} {want:?}\n{}", envoy.log());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Time from `since` until Envoy ACKs an EDS response sent after it.
-async fn eds_ack_after(app: &App, since: SystemTime) -> Duration {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let acked = app.clients.snapshot().into_iter().filter_map(|c| c.types.get(ENDPOINT_TYPE)?.last_ack_time).max();
-        if let Some(t) = acked.filter(|t| *t > since) {
-            return t.duration_since(since).unwrap_or_default();
-        }
-        assert!(Instant::now() < deadline, "no EDS ACK after the change");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }
 
 async fn spine(mode: AdsMode) {

@@ -22,9 +22,9 @@ use std::time::Duration;
 
 use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::nacos::{Instance, Options, Rnacos};
-use meshbridge_registries::{RegistryError, RegistryKind, RegistrySpec, Secret, Service, Sink, Update, watcher_for};
+use meshbridge_e2e::recorder::{Event, Recorder};
+use meshbridge_registries::{RegistryError, RegistryKind, RegistrySpec, Secret, Update, watcher_for};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 const REFRESH: Duration = Duration::from_secs(2);
@@ -32,118 +32,9 @@ const DEADLINE: Duration = Duration::from_secs(15);
 const GRPC: RegistryKind = RegistryKind::Nacos2;
 const HTTP: RegistryKind = RegistryKind::Nacos;
 
-#[derive(Debug, Clone)]
-enum Event {
-    Update(Update),
-    Healthy,
-    Error(RegistryError),
-}
-
-struct ChannelSink(mpsc::UnboundedSender<(Instant, Event)>);
-
-impl Sink for ChannelSink {
-    fn update(&self, update: Update) {
-        let _ = self.0.send((Instant::now(), Event::Update(update)));
-    }
-    fn healthy(&self) {
-        let _ = self.0.send((Instant::now(), Event::Healthy));
-    }
-    fn error(&self, error: &RegistryError) {
-        let _ = self.0.send((Instant::now(), Event::Error(error.clone())));
-    }
-}
-
-/// A running watcher and everything it told its sink, plus the services as
-/// a cache applying those updates would hold them.
-struct Recorder {
-    task: tokio::task::JoinHandle<()>,
-    rx: mpsc::UnboundedReceiver<(Instant, Event)>,
-    events: Vec<(Instant, Event)>,
-    view: BTreeMap<String, Service>,
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Recorder {
-    fn start(spec: RegistrySpec) -> Recorder {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let watcher = watcher_for(&spec).expect("valid spec");
-        let task = tokio::spawn(watcher.run(Arc::new(ChannelSink(tx))));
-        Recorder { task, rx, events: Vec::new(), view: BTreeMap::new() }
-    }
-
-    /// Wait until `pred` holds, re-checking after every sink call.
-    async fn until(&mut self, what: &str, mut pred: impl FnMut(&Recorder) -> bool) {
-        let deadline = Instant::now() + DEADLINE;
-        while !pred(self) {
-            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Some(event)) => self.push(event),
-                Ok(None) => panic!("watcher stopped while waiting for {what}"),
-                Err(_) => panic!("no {what} after {DEADLINE:?}; sink calls:\n{}", self.dump()),
-            }
-        }
-    }
-
-    /// Record everything that arrives for `d`.
-    async fn idle(&mut self, d: Duration) {
-        let deadline = Instant::now() + d;
-        while let Ok(Some(event)) = tokio::time::timeout_at(deadline, self.rx.recv()).await {
-            self.push(event);
-        }
-    }
-
-    fn push(&mut self, (at, event): (Instant, Event)) {
-        if let Event::Update(update) = &event {
-            match update.clone() {
-                Update::Snapshot(all) => self.view = all.into_iter().map(|s| (s.host.clone(), s)).collect(),
-                Update::Upsert(s) => {
-                    self.view.insert(s.host.clone(), s);
-                }
-                Update::Remove(host) => {
-                    self.view.remove(&host);
-                }
-            }
-        }
-        self.events.push((at, event));
-    }
-
-    fn mark(&self) -> usize {
-        self.events.len()
-    }
-
-    fn since(&self, mark: usize) -> impl Iterator<Item = &Event> {
-        self.events[mark..].iter().map(|(_, e)| e)
-    }
-
-    fn updates_since(&self, mark: usize) -> Vec<&Update> {
-        self.since(mark).filter_map(|e| if let Event::Update(u) = e { Some(u) } else { None }).collect()
-    }
-
-    fn errors_since(&self, mark: usize) -> Vec<&RegistryError> {
-        self.since(mark).filter_map(|e| if let Event::Error(e) = e { Some(e) } else { None }).collect()
-    }
-
-    fn snapshot_since(&self, mark: usize) -> Option<&Vec<Service>> {
-        self.updates_since(mark).into_iter().find_map(|u| if let Update::Snapshot(s) = u { Some(s) } else { None })
-    }
-
-    /// `address:port` of each endpoint of `host` in the view.
-    fn endpoints(&self, host: &str) -> Option<Vec<String>> {
-        self.view.get(host).map(|s| s.endpoints.iter().map(|e| format!("{}:{}", e.address, e.port)).collect())
-    }
-
-    fn dump(&self) -> String {
-        let start = self.events.first().map(|(at, _)| *at);
-        let lines = self.events.iter().map(|(at, e)| {
-            let ms = start.map(|s| at.duration_since(s).as_millis()).unwrap_or(0);
-            format!("  +{ms}ms {e:?}")
-        });
-        lines.collect::<Vec<_>>().join("\n")
-    }
+/// Run the watcher for `spec`, recording its sink calls.
+fn watch(spec: RegistrySpec) -> Recorder {
+    Recorder::start(watcher_for(&spec).expect("valid spec"), DEADLINE)
 }
 
 fn spec(kind: RegistryKind, rnacos: &Rnacos) -> RegistrySpec {
@@ -169,7 +60,7 @@ async fn follows_instances(kind: RegistryKind) {
     let a = Instance { weight: 3.0, ..a };
     nacos.register(&a).await.unwrap();
 
-    let mut rec = Recorder::start(spec(kind, &nacos));
+    let mut rec = watch(spec(kind, &nacos));
     rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
     let first = rec.updates_since(0)[0].clone();
     let Update::Snapshot(all) = first else { panic!("the first update must be the ready snapshot: {first:?}") };
@@ -244,7 +135,7 @@ async fn namespaces_groups_and_names(kind: RegistryKind) {
 
     let mut public = spec(kind, &nacos);
     public.nacos_groups = vec!["DEFAULT_GROUP".into(), "shop_v2".into()];
-    let mut rec = Recorder::start(public);
+    let mut rec = watch(public);
     rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
     let hosts: Vec<&str> = rec.view.keys().map(String::as_str).collect();
     let dubbo_host = format!("{dubbo}.DEFAULT-GROUP.public.nacos");
@@ -263,7 +154,7 @@ async fn namespaces_groups_and_names(kind: RegistryKind) {
 
     let mut dev = spec(kind, &nacos);
     dev.nacos_namespace_id = Some("dev_ns".into());
-    let mut rec = Recorder::start(dev);
+    let mut rec = watch(dev);
     rec.until("dev namespace", |r| r.snapshot_since(0).is_some()).await;
     let hosts: Vec<&str> = rec.view.keys().map(String::as_str).collect();
     assert_eq!(hosts, vec!["api.DEFAULT-GROUP.dev-ns.nacos"]);
@@ -291,7 +182,7 @@ async fn unhealthy_instances_are_excluded(kind: RegistryKind) {
     nacos.register(&Instance::new("web", "127.0.0.2", 8080)).await.unwrap();
     let beating = Instance { ephemeral: true, ..Instance::new("web", "127.0.0.3", 8080) };
     nacos.register(&beating).await.unwrap();
-    let mut rec = Recorder::start(spec(kind, &nacos));
+    let mut rec = watch(spec(kind, &nacos));
     rec.until("both healthy", |r| r.endpoints(WEB).is_some_and(|e| e.len() == 2)).await;
     rec.until("the silent one unhealthy", |r| r.endpoints(WEB) == eps(&["127.0.0.2:8080"])).await;
     nacos.beat(&beating).await.unwrap();
@@ -313,14 +204,14 @@ async fn outage_keeps_endpoints_then_restart_resyncs(kind: RegistryKind) {
     let mut nacos = rnacos(Options::default()).await;
     let web = Instance::new("web", "127.0.0.2", 8080);
     nacos.register(&web).await.unwrap();
-    let mut rec = Recorder::start(spec(kind, &nacos));
+    let mut rec = watch(spec(kind, &nacos));
     rec.until("web", |r| r.endpoints(WEB) == eps(&["127.0.0.2:8080"])).await;
 
     let mark = rec.mark();
     let stopped = Instant::now();
     nacos.stop();
     rec.until("errors over more than a refresh period", |r| {
-        let last = r.events.last().map(|(at, _)| *at).unwrap_or(stopped);
+        let last = r.last_at().unwrap_or(stopped);
         r.errors_since(mark).len() >= 3 && last.duration_since(stopped) > REFRESH * 2
     })
     .await;
@@ -375,14 +266,14 @@ async fn auth_tokens_refresh_and_refusals_are_errors(kind: RegistryKind) {
     let mut good = spec(kind, &nacos);
     good.auth.insert("nacosUsername".into(), Secret::new(ADMIN));
     good.auth.insert("nacosPassword".into(), Secret::new(PASSWORD));
-    let mut rec = Recorder::start(good);
+    let mut rec = watch(good);
     rec.until("web with a login", |r| r.endpoints(WEB) == eps(&["127.0.0.2:8080"])).await;
 
     let mut wrong = spec(kind, &nacos);
     wrong.auth.insert("nacosUsername".into(), Secret::new(ADMIN));
     wrong.auth.insert("nacosPassword".into(), Secret::new("wrong-pw-19ab"));
-    let mut bad = Recorder::start(wrong);
-    let mut anon = Recorder::start(spec(kind, &nacos));
+    let mut bad = watch(wrong);
+    let mut anon = watch(spec(kind, &nacos));
 
     // Three token lifetimes later, a change still arrives.
     tokio::time::sleep(Duration::from_secs(9)).await;
@@ -454,7 +345,7 @@ async fn address_server_moves_the_watcher(kind: RegistryKind) {
     let mut spec = RegistrySpec::new(kind, format!("{kind}-as"), "", 0);
     spec.nacos_address_server = Some(format!("127.0.0.1:{port}"));
     spec.nacos_refresh_interval = Some(REFRESH);
-    let mut rec = Recorder::start(spec);
+    let mut rec = watch(spec);
     rec.until("alpha from server a", |r| r.view.contains_key("alpha.DEFAULT-GROUP.public.nacos")).await;
 
     *body.lock().unwrap() = format!("127.0.0.1:{}\n", b.http_port);

@@ -3,97 +3,23 @@
 //! period the watcher allows; every assertion waits on the recorded sink
 //! calls with a 10 s deadline.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use meshbridge_e2e::dns_fake::DnsFake;
+use meshbridge_e2e::recorder::{self, Event};
 use meshbridge_registries::dns::DnsWatcher;
 use meshbridge_registries::{
-    Protocol, RegistryError, RegistryKind, RegistrySpec, Service, Sink, Tls, Update, Watcher, watcher_for,
+    Protocol, RegistryError, RegistryKind, RegistrySpec, Service, Tls, Update, Watcher, watcher_for,
 };
-use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone)]
-enum Event {
-    Update(Update),
-    Healthy,
-    Error(RegistryError),
-}
+/// Records a `static` or `dns` watcher: its one service is the view.
+type Recorder = recorder::Recorder<Option<Service>>;
 
-struct ChannelSink(mpsc::UnboundedSender<Event>);
-
-impl Sink for ChannelSink {
-    fn update(&self, update: Update) {
-        let _ = self.0.send(Event::Update(update));
-    }
-    fn healthy(&self) {
-        let _ = self.0.send(Event::Healthy);
-    }
-    fn error(&self, error: &RegistryError) {
-        let _ = self.0.send(Event::Error(error.clone()));
-    }
-}
-
-/// A running watcher, what it told its sink, and its one service as a cache
-/// applying those updates would hold it.
-struct Recorder {
-    task: tokio::task::JoinHandle<()>,
-    rx: mpsc::UnboundedReceiver<Event>,
-    events: Vec<Event>,
-    service: Option<Service>,
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Recorder {
-    fn start(watcher: Box<dyn Watcher>) -> Recorder {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(watcher.run(Arc::new(ChannelSink(tx))));
-        Recorder { task, rx, events: Vec::new(), service: None }
-    }
-
-    async fn until(&mut self, what: &str, mut pred: impl FnMut(&Recorder) -> bool) {
-        let deadline = Instant::now() + DEADLINE;
-        while !pred(self) {
-            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Some(event)) => {
-                    match &event {
-                        Event::Update(Update::Snapshot(all)) => self.service = all.first().cloned(),
-                        Event::Update(Update::Upsert(s)) => self.service = Some(s.clone()),
-                        Event::Update(Update::Remove(_)) => self.service = None,
-                        _ => {}
-                    }
-                    self.events.push(event);
-                }
-                Ok(None) => panic!("watcher stopped while waiting for {what}"),
-                Err(_) => panic!("no {what} after {DEADLINE:?}; sink calls:\n{:#?}", self.events),
-            }
-        }
-    }
-
-    fn mark(&self) -> usize {
-        self.events.len()
-    }
-
-    fn updates_since(&self, mark: usize) -> Vec<&Update> {
-        self.events[mark..].iter().filter_map(|e| if let Event::Update(u) = e { Some(u) } else { None }).collect()
-    }
-
-    fn errors_since(&self, mark: usize) -> Vec<&RegistryError> {
-        self.events[mark..].iter().filter_map(|e| if let Event::Error(e) = e { Some(e) } else { None }).collect()
-    }
-
-    fn endpoints(&self) -> Option<Vec<String>> {
-        let s = self.service.as_ref()?;
-        Some(s.endpoints.iter().map(|e| format!("{}|{}", e.address, e.port)).collect())
-    }
+/// Run `watcher`, recording its sink calls.
+fn watch(watcher: Box<dyn Watcher>) -> Recorder {
+    Recorder::start(watcher, DEADLINE)
 }
 
 fn strings(v: &[&str]) -> Vec<String> {
@@ -104,10 +30,10 @@ fn strings(v: &[&str]) -> Vec<String> {
 async fn static_registry_sends_one_snapshot_with_ipv6() {
     let mut spec = RegistrySpec::new(RegistryKind::Static, "local-echo", "127.0.0.1:10081, [::1]:10082", 80);
     spec.protocol = Some("http".into());
-    let mut rec = Recorder::start(watcher_for(&spec).expect("static is supported"));
+    let mut rec = watch(watcher_for(&spec).expect("static is supported"));
     rec.until("snapshot and health", |r| r.events.len() >= 2).await;
     assert!(matches!(rec.events[..], [Event::Update(Update::Snapshot(_)), Event::Healthy]), "{:#?}", rec.events);
-    let svc = rec.service.clone().unwrap();
+    let svc = rec.view.clone().unwrap();
     assert_eq!(svc.host, "local-echo.static");
     assert_eq!((svc.ports[0].number, svc.ports[0].protocol), (80, Protocol::Http));
     assert_eq!(rec.endpoints().unwrap(), strings(&["127.0.0.1|10081", "::1|10082"]));
@@ -128,10 +54,10 @@ fn dns_watcher(dns: &DnsFake, domain: &str, protocol: Option<&str>) -> Box<dyn W
 async fn dns_follows_the_records_after_their_ttl() {
     let dns = DnsFake::start(1).await.unwrap();
     dns.set("api.example.test", &["127.0.0.10", "::10"]);
-    let mut rec = Recorder::start(dns_watcher(&dns, "api.example.test", Some("https")));
-    rec.until("first answer", |r| r.service.is_some()).await;
+    let mut rec = watch(dns_watcher(&dns, "api.example.test", Some("https")));
+    rec.until("first answer", |r| r.view.is_some()).await;
     assert!(matches!(rec.updates_since(0).first(), Some(Update::Snapshot(_))), "{:#?}", rec.events);
-    let svc = rec.service.clone().unwrap();
+    let svc = rec.view.clone().unwrap();
     assert_eq!(svc.host, "ext.dns");
     assert_eq!((svc.ports[0].number, svc.ports[0].protocol), (8443, Protocol::Https));
     assert_eq!(svc.tls, Some(Tls { sni: Some("api.example.test".into()) }), "one host: it is the SNI");
@@ -150,8 +76,8 @@ async fn dns_follows_the_records_after_their_ttl() {
 async fn nxdomain_and_timeouts_keep_the_last_addresses() {
     let dns = DnsFake::start(1).await.unwrap();
     dns.set("api.example.test", &["127.0.0.10"]);
-    let mut rec = Recorder::start(dns_watcher(&dns, "api.example.test", None));
-    rec.until("first answer", |r| r.service.is_some()).await;
+    let mut rec = watch(dns_watcher(&dns, "api.example.test", None));
+    rec.until("first answer", |r| r.view.is_some()).await;
     let kept = strings(&["127.0.0.10|8443"]);
 
     let mark = rec.mark();
@@ -188,10 +114,10 @@ async fn several_hosts_make_one_service() {
     let dns = DnsFake::start(1).await.unwrap();
     dns.set("a.example.test", &["127.0.0.21"]);
     dns.set("b.example.test", &["127.0.0.22", "127.0.0.21"]);
-    let mut rec = Recorder::start(dns_watcher(&dns, "a.example.test,b.example.test,gone.example.test", Some("grpcs")));
-    rec.until("first answer", |r| r.service.is_some()).await;
+    let mut rec = watch(dns_watcher(&dns, "a.example.test,b.example.test,gone.example.test", Some("grpcs")));
+    rec.until("first answer", |r| r.view.is_some()).await;
     assert_eq!(rec.endpoints().unwrap(), strings(&["127.0.0.21|8443", "127.0.0.22|8443"]));
-    let svc = rec.service.clone().unwrap();
+    let svc = rec.view.clone().unwrap();
     assert_eq!((svc.ports[0].name.as_str(), svc.tls.clone()), ("grpc-8443", Some(Tls { sni: None })));
     assert!(rec.errors_since(0).iter().any(|e| e.to_string().contains("gone.example.test")), "{:#?}", rec.events);
 

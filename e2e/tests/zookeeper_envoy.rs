@@ -8,9 +8,10 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use meshbridge::run::{App, RunArgs};
+use meshbridge::run::App;
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::free_port;
+use meshbridge_e2e::traffic;
 use meshbridge_e2e::zookeeper::ZooKeeper;
 
 const INTERFACE: &str = "com.example.Greeter";
@@ -19,10 +20,8 @@ const INTERFACE: &str = "com.example.Greeter";
 const CLUSTER: &str = "outbound|20880||providers:com.example.Greeter:1.0.0:.zookeeper";
 
 async fn start_meshbridge(zk: &ZooKeeper, dir: &std::path::Path) -> anyhow::Result<App> {
-    std::fs::write(
-        dir.join("mcpbridge.yaml"),
-        format!(
-            r#"apiVersion: networking.higress.io/v1
+    let bridge = format!(
+        r#"apiVersion: networking.higress.io/v1
 kind: McpBridge
 metadata: {{ name: default, namespace: higress-system }}
 spec:
@@ -33,15 +32,9 @@ spec:
       port: {port}
       vport: {{ default: 20880 }}
 "#,
-            port = zk.port
-        ),
-    )?;
-    App::start(RunArgs {
-        config_dir: dir.to_path_buf(),
-        xds_addr: "127.0.0.1:0".parse()?,
-        admin_addr: "127.0.0.1:0".parse()?,
-    })
-    .await
+        port = zk.port
+    );
+    traffic::start_meshbridge(dir, &bridge).await
 }
 
 /// `ip:port` of every host Envoy's `/clusters` lists for [`CLUSTER`].

@@ -9,13 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use meshbridge_e2e::free_port;
+use meshbridge_e2e::recorder::{Event, Recorder};
 use meshbridge_e2e::zookeeper::{MAX_SESSION, ZkClient, ZooKeeper};
 use meshbridge_registries::zookeeper::{ZookeeperStats, ZookeeperWatcher};
-use meshbridge_registries::{
-    Endpoint, Protocol, RegistryError, RegistryKind, RegistrySpec, Service, ServicePort, Sink, Update, Watcher,
-};
+use meshbridge_registries::{Endpoint, Protocol, RegistryError, RegistryKind, RegistrySpec, ServicePort, Update};
 use serde_json::json;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 const RESYNC: Duration = Duration::from_secs(2);
@@ -23,116 +21,11 @@ const RESYNC: Duration = Duration::from_secs(2);
 const WATCH_ONLY: Duration = Duration::from_secs(600);
 const DEADLINE: Duration = Duration::from_secs(20);
 
-#[derive(Debug, Clone)]
-enum Event {
-    Update(Update),
-    Healthy,
-    Error(RegistryError),
-}
-
-struct ChannelSink(mpsc::UnboundedSender<(Instant, Event)>);
-
-impl Sink for ChannelSink {
-    fn update(&self, update: Update) {
-        let _ = self.0.send((Instant::now(), Event::Update(update)));
-    }
-    fn healthy(&self) {
-        let _ = self.0.send((Instant::now(), Event::Healthy));
-    }
-    fn error(&self, error: &RegistryError) {
-        let _ = self.0.send((Instant::now(), Event::Error(error.clone())));
-    }
-}
-
-/// A running watcher and everything it told its sink, plus the services as
-/// a cache applying those updates would hold them.
-struct Recorder {
-    task: tokio::task::JoinHandle<()>,
-    rx: mpsc::UnboundedReceiver<(Instant, Event)>,
-    events: Vec<(Instant, Event)>,
-    view: BTreeMap<String, Service>,
-    stats: Arc<ZookeeperStats>,
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Recorder {
-    fn start(spec: RegistrySpec, resync: Duration) -> Recorder {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let watcher = ZookeeperWatcher::new(spec).expect("valid spec").with_resync(resync);
-        let stats = watcher.stats();
-        let task = tokio::spawn(Box::new(watcher).run(Arc::new(ChannelSink(tx))));
-        Recorder { task, rx, events: Vec::new(), view: BTreeMap::new(), stats }
-    }
-
-    /// Wait until `pred` holds, re-checking after every sink call.
-    async fn until(&mut self, what: &str, mut pred: impl FnMut(&Recorder) -> bool) {
-        let deadline = Instant::now() + DEADLINE;
-        while !pred(self) {
-            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Some(event)) => self.push(event),
-                Ok(None) => panic!("watcher stopped while waiting for {what}"),
-                Err(_) => panic!("no {what} after {DEADLINE:?}; sink calls:\n{}", self.dump()),
-            }
-        }
-    }
-
-    fn push(&mut self, (at, event): (Instant, Event)) {
-        if let Event::Update(update) = &event {
-            match update.clone() {
-                Update::Snapshot(all) => self.view = all.into_iter().map(|s| (s.host.clone(), s)).collect(),
-                Update::Upsert(s) => {
-                    self.view.insert(s.host.clone(), s);
-                }
-                Update::Remove(host) => {
-                    self.view.remove(&host);
-                }
-            }
-        }
-        self.events.push((at, event));
-    }
-
-    fn mark(&self) -> usize {
-        self.events.len()
-    }
-
-    fn since(&self, mark: usize) -> impl Iterator<Item = &Event> {
-        self.events[mark..].iter().map(|(_, e)| e)
-    }
-
-    fn updates_since(&self, mark: usize) -> Vec<&Update> {
-        self.since(mark).filter_map(|e| if let Event::Update(u) = e { Some(u) } else { None }).collect()
-    }
-
-    fn errors_since(&self, mark: usize) -> Vec<&RegistryError> {
-        self.since(mark).filter_map(|e| if let Event::Error(e) = e { Some(e) } else { None }).collect()
-    }
-
-    fn snapshot_since(&self, mark: usize) -> Option<&Vec<Service>> {
-        self.updates_since(mark).into_iter().find_map(|u| if let Update::Snapshot(s) = u { Some(s) } else { None })
-    }
-
-    /// `address:port` of each endpoint of `host` in the view.
-    fn endpoints(&self, host: &str) -> Option<Vec<String>> {
-        self.view.get(host).map(|s| s.endpoints.iter().map(|e| format!("{}:{}", e.address, e.port)).collect())
-    }
-
-    fn hosts(&self) -> Vec<&str> {
-        self.view.keys().map(String::as_str).collect()
-    }
-
-    fn dump(&self) -> String {
-        let start = self.events.first().map(|(at, _)| *at);
-        let lines = self.events.iter().map(|(at, e)| {
-            let ms = start.map(|s| at.duration_since(s).as_millis()).unwrap_or(0);
-            format!("  +{ms}ms {e:?}")
-        });
-        lines.collect::<Vec<_>>().join("\n")
-    }
+/// Run a ZooKeeper watcher on `spec`, recording its sink calls.
+fn watch(spec: RegistrySpec, resync: Duration) -> (Recorder, Arc<ZookeeperStats>) {
+    let watcher = ZookeeperWatcher::new(spec).expect("valid spec").with_resync(resync);
+    let stats = watcher.stats();
+    (Recorder::start(Box::new(watcher), DEADLINE), stats)
 }
 
 fn spec(port: u16) -> RegistrySpec {
@@ -180,7 +73,7 @@ async fn dubbo_providers_follow_nodes() {
         .await
         .unwrap();
 
-    let mut rec = Recorder::start(spec(zk.port), WATCH_ONLY);
+    let (mut rec, stats) = watch(spec(zk.port), WATCH_ONLY);
     rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
     let first = rec.updates_since(0)[0].clone();
     let Update::Snapshot(all) = first else { panic!("the first update must be the snapshot: {first:?}") };
@@ -195,7 +88,7 @@ async fn dubbo_providers_follow_nodes() {
             .collect();
     let want = Endpoint { address: "127.0.0.2".into(), port: 20880, weight: 5, labels };
     assert_eq!(greeter.endpoints, vec![want]);
-    assert!(rec.stats.dropped_labels() >= 1, "methods=a,b is not a label value");
+    assert!(stats.dropped_labels() >= 1, "methods=a,b is not a label value");
     assert_eq!(rec.endpoints(ORDERS_V1_BLUE), Some(vec!["127.0.0.3:20881".to_string()]));
     assert!(rec.since(0).any(|e| matches!(e, Event::Healthy)));
 
@@ -245,7 +138,7 @@ async fn spring_cloud_instances_under_services_and_a_custom_path() {
 
     let mut spec = spec(zk.port);
     spec.zk_services_path = vec!["/custom/apps/".into(), "/services".into()];
-    let mut rec = Recorder::start(spec, WATCH_ONLY);
+    let (mut rec, _) = watch(spec, WATCH_ONLY);
     rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
     let all = rec.snapshot_since(0).unwrap().clone();
     assert_eq!(all.iter().map(|s| s.host.as_str()).collect::<Vec<_>>(), [BILLING, ORDERS]);
@@ -293,11 +186,11 @@ async fn malformed_nodes_are_skipped_and_counted() {
     c.put("/services/orders/no-port", br#"{"address": "127.0.0.9"}"#).await.unwrap();
     c.put("/services/orders/empty", b"").await.unwrap();
 
-    let mut rec = Recorder::start(spec(zk.port), WATCH_ONLY);
+    let (mut rec, stats) = watch(spec(zk.port), WATCH_ONLY);
     rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
     assert_eq!(rec.endpoints(GREETER_HOST), Some(vec!["127.0.0.2:20880".into()]));
     assert_eq!(rec.endpoints("orders.services.zookeeper"), Some(vec!["127.0.0.6:8080".into()]));
-    assert!(rec.stats.malformed() >= 7, "malformed = {}", rec.stats.malformed());
+    assert!(stats.malformed() >= 7, "malformed = {}", stats.malformed());
 
     // The watcher goes on: a good node among the bad ones still shows up.
     c.add_dubbo_provider(GREETER, "dubbo://127.0.0.3:20880/com.example.Greeter").await.unwrap();
@@ -312,7 +205,7 @@ async fn outage_keeps_endpoints_then_restart_resyncs() {
     let (mut zk, c) = zookeeper().await;
     c.add_dubbo_provider(GREETER, "dubbo://127.0.0.2:20880/com.example.Greeter").await.unwrap();
     drop(c);
-    let mut rec = Recorder::start(spec(zk.port), RESYNC);
+    let (mut rec, _) = watch(spec(zk.port), RESYNC);
     rec.until("provider", |r| r.endpoints(GREETER_HOST) == Some(vec!["127.0.0.2:20880".into()])).await;
     let mark = rec.mark();
     rec.until("a periodic snapshot", |r| r.snapshot_since(mark).is_some()).await;
@@ -326,7 +219,7 @@ async fn outage_keeps_endpoints_then_restart_resyncs() {
     let window = (RESYNC + Duration::from_millis(500)).max(MAX_SESSION.mul_f64(1.4) + Duration::from_secs(1));
     rec.until("errors over the outage", |r| {
         let errors = r.errors_since(mark);
-        let last = r.events.last().map(|(at, _)| *at).unwrap_or(stopped);
+        let last = r.last_at().unwrap_or(stopped);
         errors.len() >= 3
             && errors.iter().any(|e| e.to_string().contains("session ended"))
             && last.duration_since(stopped) > window
@@ -353,7 +246,7 @@ async fn outage_keeps_endpoints_then_restart_resyncs() {
 #[tokio::test]
 async fn unreachable_from_the_start_gives_errors_only() {
     // Nothing listens on this port.
-    let mut rec = Recorder::start(spec(free_port()), RESYNC);
+    let (mut rec, _) = watch(spec(free_port()), RESYNC);
     rec.until("three errors", |r| r.errors_since(0).len() >= 3).await;
     assert!(rec.errors_since(0).iter().all(|e| matches!(e, RegistryError::Unreachable { .. })), "{}", rec.dump());
     assert!(rec.updates_since(0).is_empty(), "{}", rec.dump());

@@ -22,7 +22,6 @@ mod decode;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
-use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -31,11 +30,12 @@ use std::time::{Duration, Instant};
 use futures::{FutureExt, StreamExt, TryStreamExt, stream};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::{AbortHandle, JoinError, JoinSet};
-use tracing::{Instrument, debug, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span};
 
-use self::client::{Client, next_index, resolve};
+use self::client::{Client, next_index};
 use self::decode::{Naming, select_services};
-use crate::{Endpoint, RegistryError, RegistrySpec, Service, Sink, Update, Watcher};
+use crate::retry::Backoff;
+use crate::{Endpoint, RegistryError, RegistrySpec, Service, Sink, Update, Watcher, health, resolve};
 
 /// Blocking-query `wait`. Consul's own default is 5 minutes; 30 s keeps
 /// idle connections well inside common proxy and load-balancer timeouts.
@@ -47,10 +47,6 @@ const MIN_REFRESH: Duration = Duration::from_secs(1);
 /// least this long between queries, so a misbehaving server cannot make us
 /// spin.
 const MIN_QUERY_GAP: Duration = Duration::from_millis(50);
-const BACKOFF_START: Duration = Duration::from_millis(200);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
-/// `Sink::healthy` at most this often while all is well.
-const HEALTHY_EVERY: Duration = Duration::from_secs(1);
 /// How often the probe asks Consul for its leader. Blocking queries can sit
 /// for `wait` without a word from Consul, so without the probe an outage
 /// could go unnoticed (and `healthy` stay stale) for that long.
@@ -233,7 +229,7 @@ impl Ctx {
         let services = stream::iter(names)
             .map(|name| async move {
                 let answer = self.client.health_service(&name, 0, self.wait).await?;
-                Ok::<_, RegistryError>((name, resolve(answer.value).await, answer.index))
+                Ok::<_, RegistryError>((name, resolve::endpoints(answer.value).await.0, answer.index))
             })
             .buffer_unordered(SYNC_CONCURRENCY)
             .try_collect()
@@ -405,7 +401,7 @@ async fn watch_service(ctx: Arc<Ctx>, name: String, generation: u64, mut index: 
                 backoff.reset();
                 let prev = index;
                 index = next_index(prev, answer.index);
-                let endpoints = resolve(answer.value).await;
+                let (endpoints, _) = resolve::endpoints(answer.value).await;
                 ctx.apply(&name, generation, endpoints, answer.index);
                 if index <= prev {
                     tokio::time::sleep_until(started + MIN_QUERY_GAP).await;
@@ -436,91 +432,26 @@ async fn probe_leader(ctx: Arc<Ctx>) {
 
 /// Reports health to the sink and notices recovery.
 struct Health {
-    sink: Arc<dyn Sink>,
-    failed: AtomicBool,
+    report: health::Health,
     /// Set once the startup snapshot is out; before that, recovery needs no
     /// extra resync.
     ready: AtomicBool,
-    last_healthy: Mutex<Option<Instant>>,
     /// Signalled when a call succeeds after a failure.
     recovered: Notify,
 }
 
 impl Health {
     fn new(sink: Arc<dyn Sink>) -> Health {
-        Health {
-            sink,
-            failed: AtomicBool::new(false),
-            ready: AtomicBool::new(false),
-            last_healthy: Mutex::new(None),
-            recovered: Notify::new(),
-        }
+        Health { report: health::Health::new(sink, "consul"), ready: AtomicBool::new(false), recovered: Notify::new() }
     }
 
     fn ok(&self) {
-        let recovered = self.failed.swap(false, Ordering::SeqCst);
-        let now = Instant::now();
-        {
-            let mut last = self.last_healthy.lock().unwrap_or_else(PoisonError::into_inner);
-            if recovered || last.is_none_or(|t| now.duration_since(t) >= HEALTHY_EVERY) {
-                *last = Some(now);
-                self.sink.healthy();
-            }
-        }
-        if recovered && self.ready.load(Ordering::SeqCst) {
+        if self.report.ok() && self.ready.load(Ordering::SeqCst) {
             self.recovered.notify_one();
         }
     }
 
     fn fail(&self, e: &RegistryError) {
-        warn!(error = %e, kind = e.kind(), "consul call failed");
-        self.failed.store(true, Ordering::SeqCst);
-        self.sink.error(e);
-    }
-}
-
-/// Exponential backoff, 200 ms doubling to 10 s, with ±20% jitter so that
-/// the loops of one watcher (and many watchers) do not retry in lockstep.
-struct Backoff {
-    next: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Backoff {
-        Backoff { next: BACKOFF_START }
-    }
-}
-
-impl Backoff {
-    fn next(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (d * 2).min(BACKOFF_MAX);
-        // RandomState is randomly keyed: enough randomness for jitter
-        // without a dependency.
-        let r = RandomState::new().hash_one(Instant::now()) % 1000;
-        d.mul_f64(0.8 + 0.4 * r as f64 / 1000.0)
-    }
-
-    fn reset(&mut self) {
-        self.next = BACKOFF_START;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_to_a_cap_with_jitter() {
-        let mut b = Backoff::default();
-        let got: Vec<Duration> = (0..10).map(|_| b.next()).collect();
-        let bounds = |base: Duration| (base.mul_f64(0.8), base.mul_f64(1.2));
-        for (i, d) in got.iter().enumerate() {
-            let base = (BACKOFF_START * 2u32.pow(i as u32)).min(BACKOFF_MAX);
-            let (lo, hi) = bounds(base);
-            assert!(*d >= lo && *d <= hi, "step {i}: {d:?} not in {lo:?}..{hi:?}");
-        }
-        b.reset();
-        assert!(b.next() <= BACKOFF_START.mul_f64(1.2));
+        self.report.fail(e);
     }
 }

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::fixed::single_service;
-use crate::{Endpoint, RegistryError, RegistrySpec, Service, Sink, Update, Watcher};
+use crate::{Endpoint, RegistryError, RegistrySpec, Service, Sink, Update, Watcher, retry};
 
 /// Re-resolve at least this often, whatever the TTL.
 pub const MAX_REFRESH: Duration = Duration::from_secs(60);
@@ -264,7 +264,7 @@ impl DnsWatcher {
 /// 1 s doubling to 60 s: a host that keeps failing is asked about once a
 /// minute, as often as one that resolves with a long TTL.
 fn backoff(failures: u32) -> Duration {
-    BACKOFF_START.saturating_mul(1 << failures.saturating_sub(1).min(16)).min(BACKOFF_MAX)
+    retry::exponential(BACKOFF_START, BACKOFF_MAX, failures)
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use self::client::{APPS, Client, DELTA};
 use self::decode::{Naming, Registry};
-use crate::{RegistryError, RegistrySpec, Service, Sink, Update, Watcher};
+use crate::{RegistryError, RegistrySpec, Service, Sink, Update, Watcher, retry};
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
 const MIN_INTERVAL: Duration = Duration::from_millis(100);
@@ -108,7 +108,7 @@ impl EurekaWatcher {
                     failures += 1;
                     // Faster than the interval while we have nothing yet or
                     // just lost the servers; never slower.
-                    BACKOFF_START.saturating_mul(1 << (failures - 1).min(16)).min(self.interval)
+                    retry::exponential(BACKOFF_START, self.interval, failures)
                 }
             };
             tokio::time::sleep(wait).await;

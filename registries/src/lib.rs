@@ -10,8 +10,13 @@ pub mod consul;
 pub mod dns;
 pub mod eureka;
 pub mod fixed;
+mod health;
+mod http_error;
+mod labels;
 mod model;
 pub mod nacos;
+mod resolve;
+mod retry;
 mod spec;
 pub mod zookeeper;
 

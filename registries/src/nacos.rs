@@ -49,10 +49,11 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use self::auth::Auth;
 use self::decode::{DEFAULT_GROUP, Endpoints, Instance, Naming, PUBLIC_NAMESPACE, ServiceKey, endpoints, is_watched};
 use self::grpc::{GRPC_PORT_OFFSET, GrpcApi};
-use self::health::{Backoff, Health};
+use self::health::Health;
 use self::http::HttpApi;
 use self::servers::Servers;
-use crate::{Endpoint, RegistryError, RegistryKind, RegistrySpec, Service, Sink, Update, Watcher};
+use crate::retry::Backoff;
+use crate::{RegistryError, RegistryKind, RegistrySpec, Service, Sink, Update, Watcher};
 
 const DEFAULT_REFRESH: Duration = Duration::from_secs(30);
 const MIN_REFRESH: Duration = Duration::from_secs(1);
@@ -60,7 +61,6 @@ const MAX_PROBE: Duration = Duration::from_secs(5);
 /// Instance reads (and subscriptions) in flight at once.
 const CONCURRENCY: usize = 8;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Calls refused for credentials this many times in a row, although every
 /// one was made with a token just obtained: the client gets rebuilt.
 const AUTH_FAILURES_BEFORE_RECONNECT: u32 = 2;
@@ -650,59 +650,15 @@ async fn resolve(mut decoded: Endpoints) -> Endpoints {
     if decoded.endpoints.iter().all(|e| e.address.parse::<IpAddr>().is_ok()) {
         return decoded;
     }
-    let mut out = Vec::with_capacity(decoded.endpoints.len());
-    for ep in std::mem::take(&mut decoded.endpoints) {
-        if let Ok(ip) = ep.address.parse::<IpAddr>() {
-            out.push(Endpoint { address: ip.to_string(), ..ep });
-            continue;
-        }
-        let lookup = tokio::net::lookup_host((ep.address.as_str(), ep.port));
-        match tokio::time::timeout(RESOLVE_TIMEOUT, lookup).await {
-            Ok(Ok(addrs)) => {
-                let mut ips: Vec<IpAddr> = addrs.map(|a| a.ip()).collect();
-                ips.sort();
-                ips.dedup();
-                out.extend(ips.into_iter().map(|ip| Endpoint { address: ip.to_string(), ..ep.clone() }));
-            }
-            Ok(Err(e)) => {
-                warn!(address = %ep.address, error = %e, "instance address does not resolve");
-                decoded.skipped += 1;
-            }
-            Err(_) => {
-                warn!(address = %ep.address, "instance address lookup timed out");
-                decoded.skipped += 1;
-            }
-        }
-    }
-    decoded.endpoints = out;
+    let (endpoints, dropped) = crate::resolve::endpoints(std::mem::take(&mut decoded.endpoints)).await;
+    decoded.endpoints = endpoints;
+    decoded.skipped += dropped;
     decoded
 }
 
 /// A request refused for its credentials.
 pub(crate) fn is_auth_error(e: &RegistryError) -> bool {
     matches!(e, RegistryError::Status { status: 401 | 403, .. })
-}
-
-/// A reqwest failure as a [`RegistryError`] naming the call. reqwest's own
-/// message carries the URL (which may hold a signature) and says little;
-/// the cause ("Connection refused", "operation timed out") is in the chain.
-pub(crate) fn client_error(registry: &str, method: &str, path: &str, e: &reqwest::Error) -> RegistryError {
-    let mut reason = String::from(if e.is_timeout() {
-        "timed out"
-    } else if e.is_connect() {
-        "connect failed"
-    } else if e.is_body() || e.is_decode() {
-        "reading the answer failed"
-    } else {
-        "request failed"
-    });
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        reason.push_str(": ");
-        reason.push_str(&s.to_string());
-        source = s.source();
-    }
-    RegistryError::Unreachable { registry: registry.to_string(), reason: format!("{method} {path}: {reason}") }
 }
 
 #[cfg(test)]

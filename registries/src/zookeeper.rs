@@ -42,18 +42,16 @@
 //! [`ZookeeperStats`]; the rest of its service is still served.
 
 mod dubbo;
-mod labels;
 mod read;
 mod spring;
 mod tree;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
-use std::hash::{BuildHasher, RandomState};
 use std::net::Ipv6Addr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -63,6 +61,8 @@ use zookeeper_client as zk;
 
 use self::read::{Read, Reader};
 use self::tree::{Naming, ServiceKey, Touch, Tree};
+use crate::health::Health;
+use crate::retry::Backoff;
 use crate::{RegistryError, RegistrySpec, Service, Sink, Update, Watcher};
 
 const DEFAULT_RESYNC: Duration = Duration::from_secs(30);
@@ -71,10 +71,6 @@ const MIN_RESYNC: Duration = Duration::from_millis(100);
 /// negotiate it down (to at most 20 ticks).
 const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
-const BACKOFF_START: Duration = Duration::from_millis(200);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
-/// `Sink::healthy` at most this often while all is well.
-const HEALTHY_EVERY: Duration = Duration::from_secs(1);
 
 /// Watches one ZooKeeper ensemble. Built by [`crate::watcher_for`].
 pub struct ZookeeperWatcher {
@@ -172,7 +168,12 @@ impl ZookeeperWatcher {
             sent: BTreeMap::new(),
             malformed_seen: HashSet::new(),
         };
-        let ctx = Ctx { registry: self.spec.name, tree: self.tree, resync: self.resync, health: Health::new(sink) };
+        let ctx = Ctx {
+            registry: self.spec.name,
+            tree: self.tree,
+            resync: self.resync,
+            health: Health::new(sink, "zookeeper"),
+        };
         let mut backoff = Backoff::default();
         loop {
             let client = match connect(&self.connect, &ctx.registry).await {
@@ -256,7 +257,9 @@ async fn run_session(ctx: &Ctx, view: &mut View, client: &zk::Client) -> (zk::Se
             }
         } else if !need_sync && !dirty.is_empty() {
             match refresh(&reader, view, &ctx.tree, std::mem::take(&mut dirty)).await {
-                Ok(()) => ctx.health.ok(),
+                Ok(()) => {
+                    ctx.health.ok();
+                }
                 Err(e) => {
                     // Some services were not re-read: a full sync will.
                     ctx.health.fail(&e);
@@ -433,59 +436,6 @@ impl View {
     }
 }
 
-/// Reports health to the sink.
-struct Health {
-    sink: Arc<dyn Sink>,
-    failed: AtomicBool,
-    last_healthy: Mutex<Option<Instant>>,
-}
-
-impl Health {
-    fn new(sink: Arc<dyn Sink>) -> Health {
-        Health { sink, failed: AtomicBool::new(false), last_healthy: Mutex::new(None) }
-    }
-
-    fn ok(&self) {
-        let recovered = self.failed.swap(false, Ordering::SeqCst);
-        let now = Instant::now();
-        let mut last = self.last_healthy.lock().unwrap_or_else(PoisonError::into_inner);
-        if recovered || last.is_none_or(|t| now.duration_since(t) >= HEALTHY_EVERY) {
-            *last = Some(now);
-            self.sink.healthy();
-        }
-    }
-
-    fn fail(&self, e: &RegistryError) {
-        warn!(error = %e, kind = e.kind(), "zookeeper call failed");
-        self.failed.store(true, Ordering::SeqCst);
-        self.sink.error(e);
-    }
-}
-
-/// Exponential backoff, 200 ms doubling to 10 s, with ±20% jitter.
-struct Backoff {
-    next: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Backoff {
-        Backoff { next: BACKOFF_START }
-    }
-}
-
-impl Backoff {
-    fn next(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (d * 2).min(BACKOFF_MAX);
-        let r = RandomState::new().hash_one(Instant::now()) % 1000;
-        d.mul_f64(0.8 + 0.4 * r as f64 / 1000.0)
-    }
-
-    fn reset(&mut self) {
-        self.next = BACKOFF_START;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -515,17 +465,5 @@ mod tests {
         let w = ZookeeperWatcher::new(spec("127.0.0.1")).unwrap().with_resync(Duration::ZERO);
         assert_eq!(w.resync, MIN_RESYNC);
         assert_eq!(w.stats().malformed(), 0);
-    }
-
-    #[test]
-    fn backoff_doubles_to_a_cap_with_jitter() {
-        let mut b = Backoff::default();
-        for i in 0..10 {
-            let base = (BACKOFF_START * 2u32.pow(i)).min(BACKOFF_MAX);
-            let d = b.next();
-            assert!(d >= base.mul_f64(0.8) && d <= base.mul_f64(1.2), "step {i}: {d:?}");
-        }
-        b.reset();
-        assert!(b.next() <= BACKOFF_START.mul_f64(1.2));
     }
 }

@@ -4,15 +4,15 @@
 //! call; none contains the token (it travels only in a sensitive header).
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::time::Duration;
 
 use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde::Deserialize;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::decode::{decode_catalog, decode_health};
+use crate::http_error::client_error;
 use crate::{Endpoint, RegistryError, RegistrySpec};
 
 const TOKEN_HEADER: &str = "X-Consul-Token";
@@ -21,7 +21,6 @@ const INDEX_HEADER: &str = "X-Consul-Index";
 /// wake-ups, so that a healthy blocking query never hits our timeout.
 const TIMEOUT_SLACK: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(crate) struct Client {
     http: reqwest::Client,
@@ -181,10 +180,10 @@ impl Client {
         if let Some(ns) = &self.namespace {
             req = req.query(&[("ns", ns)]);
         }
-        let resp = req.send().await.map_err(|e| self.unreachable(what, &e))?;
+        let resp = req.send().await.map_err(|e| client_error(&self.registry, "GET", what, &e))?;
         let status = resp.status();
         let index = resp.headers().get(INDEX_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let body = resp.bytes().await.map_err(|e| self.unreachable(what, &e))?;
+        let body = resp.bytes().await.map_err(|e| client_error(&self.registry, "GET", what, &e))?;
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
             debug!(what, status = status.as_u16(), body = %text.trim(), "consul error answer");
@@ -200,27 +199,6 @@ impl Client {
     fn bad(&self, what: &str, reason: String) -> RegistryError {
         RegistryError::BadResponse { registry: self.registry.clone(), what: what.to_string(), reason }
     }
-
-    fn unreachable(&self, what: &str, e: &reqwest::Error) -> RegistryError {
-        // reqwest's own message carries the URL and says little; the cause
-        // ("Connection refused", "operation timed out") is in the chain.
-        let mut reason = String::from(if e.is_timeout() {
-            "timed out"
-        } else if e.is_connect() {
-            "connect failed"
-        } else if e.is_body() || e.is_decode() {
-            "reading the answer failed"
-        } else {
-            "request failed"
-        });
-        let mut source = std::error::Error::source(e);
-        while let Some(s) = source {
-            reason.push_str(": ");
-            reason.push_str(&s.to_string());
-            source = s.source();
-        }
-        RegistryError::Unreachable { registry: self.registry.clone(), reason: format!("GET {what}: {reason}") }
-    }
 }
 
 /// The index for the next blocking query, per Consul's "Implementation
@@ -230,34 +208,6 @@ impl Client {
 /// is handled to be sure they actually block on the next request".
 pub(crate) fn next_index(prev: u64, got: u64) -> u64 {
     if got < prev { 0 } else { got.max(1) }
-}
-
-/// Registries resolve names before emitting: an instance registered with a
-/// host name becomes one endpoint per address it resolves to. A name that
-/// does not resolve drops that instance only (with a warning): it is not a
-/// Consul failure, and the periodic resync retries it.
-pub(crate) async fn resolve(endpoints: Vec<Endpoint>) -> Vec<Endpoint> {
-    let mut out = Vec::with_capacity(endpoints.len());
-    for ep in endpoints {
-        if let Ok(ip) = ep.address.parse::<IpAddr>() {
-            out.push(Endpoint { address: ip.to_string(), ..ep });
-            continue;
-        }
-        let lookup = tokio::net::lookup_host((ep.address.as_str(), ep.port));
-        match tokio::time::timeout(RESOLVE_TIMEOUT, lookup).await {
-            Ok(Ok(addrs)) => {
-                let mut ips: Vec<IpAddr> = addrs.map(|a| a.ip()).collect();
-                ips.sort();
-                ips.dedup();
-                out.extend(ips.into_iter().map(|ip| Endpoint { address: ip.to_string(), ..ep.clone() }));
-            }
-            Ok(Err(e)) => {
-                warn!(address = %ep.address, error = %e, "instance address does not resolve")
-            }
-            Err(_) => warn!(address = %ep.address, "instance address lookup timed out"),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -272,16 +222,6 @@ mod tests {
         assert_eq!(next_index(50, 7), 0, "backwards: restart the loop");
         assert_eq!(next_index(50, 0), 0, "zero after a real index is backwards too");
         assert_eq!(next_index(0, 0), 1, "zero is clamped to 1 so the next query blocks");
-    }
-
-    #[tokio::test]
-    async fn resolve_keeps_ips_and_expands_names() {
-        let ep = |a: &str| Endpoint { address: a.into(), port: 80, weight: 1, labels: BTreeMap::new() };
-        let out = resolve(vec![ep("10.0.0.1"), ep("::1"), ep("localhost"), ep("no-such-host.invalid")]).await;
-        assert_eq!(out[0].address, "10.0.0.1");
-        assert_eq!(out[1].address, "::1");
-        assert!(out[2..].iter().all(|e| e.address.parse::<IpAddr>().unwrap().is_loopback()), "{out:?}");
-        assert!(out.iter().all(|e| e.address != "no-such-host.invalid"));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 
-use crate::{Endpoint, Protocol, RegistrySpec, Service, ServicePort, host_part};
+use crate::{Endpoint, Protocol, RegistrySpec, Service, ServicePort, host_part, labels};
 
 /// Consul registers itself as a service; it is never a mesh service.
 const CONSUL_SERVICE: &str = "consul";
@@ -76,12 +76,7 @@ fn endpoint_of(entry: HealthEntry) -> Option<Endpoint> {
         Some(w) if w > 0 => u32::try_from(w).unwrap_or(u32::MAX),
         _ => 1,
     };
-    let labels = service
-        .meta
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(k, v)| is_valid_label_key(k) && is_valid_label_value(v))
-        .collect();
+    let (labels, _) = labels::keep_valid(service.meta.unwrap_or_default());
     Some(Endpoint { address, port, weight, labels })
 }
 
@@ -143,44 +138,6 @@ impl Naming {
             })
             .unwrap_or_default();
         Service::new(self.host(name), ports, endpoints)
-    }
-}
-
-/// A Kubernetes label key: an optional DNS-subdomain prefix and `/`, then a
-/// name of at most 63 characters (alphanumerics, `-`, `_`, `.`, starting and
-/// ending alphanumeric).
-pub(crate) fn is_valid_label_key(key: &str) -> bool {
-    let (prefix, name) = match key.rsplit_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
-    };
-    let prefix_ok = prefix.is_none_or(|p| {
-        p.len() <= 253
-            && p.split('.').all(|part| {
-                !part.is_empty()
-                    && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !part.starts_with('-')
-                    && !part.ends_with('-')
-            })
-    });
-    prefix_ok && !name.is_empty() && is_label_name(name)
-}
-
-/// A Kubernetes label value: empty, or a name as in [`is_valid_label_key`].
-pub(crate) fn is_valid_label_value(value: &str) -> bool {
-    value.is_empty() || is_label_name(value)
-}
-
-fn is_label_name(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    match (bytes.first(), bytes.last()) {
-        (Some(first), Some(last)) => {
-            bytes.len() <= 63
-                && first.is_ascii_alphanumeric()
-                && last.is_ascii_alphanumeric()
-                && bytes.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        }
-        _ => false,
     }
 }
 
@@ -283,21 +240,5 @@ mod tests {
         let naming = Naming::new(&spec, "dc1");
         assert_eq!(naming.service("web", vec![ep(8080)], None).ports[0].name, "http-80");
         assert_eq!(naming.service("api", vec![], None).ports[0].name, "http-9000");
-    }
-
-    #[test]
-    fn label_rules() {
-        for ok in ["a", "version", "app.kubernetes.io/name", "x_y-z.1", "example.com/A"] {
-            assert!(is_valid_label_key(ok), "{ok}");
-        }
-        let long = "a".repeat(64);
-        for bad in ["", "_x", "x-", "a/b/c", "/x", "Upper.Com/x", "has space", long.as_str()] {
-            assert!(!is_valid_label_key(bad), "{bad}");
-        }
-        assert!(is_valid_label_value(""));
-        assert!(is_valid_label_value("v1.2_3-rc"));
-        assert!(!is_valid_label_value("a b"));
-        assert!(!is_valid_label_value("-a"));
-        assert!(!is_valid_label_value(&long));
     }
 }

@@ -15,6 +15,7 @@ use reqwest::header::{ACCEPT, HeaderMap, HeaderValue};
 use tracing::{debug, warn};
 
 use super::decode::{Applications, decode_apps};
+use crate::http_error::request_error;
 use crate::{RegistryError, RegistrySpec};
 
 pub(crate) const APPS: &str = "/eureka/apps";
@@ -85,9 +86,9 @@ impl Client {
 
     async fn get(&self, index: usize, path: &str) -> Result<Applications, RegistryError> {
         let what = format!("{}{path}", self.servers[index]);
-        let resp = self.http.get(&what).send().await.map_err(|e| self.unreachable(&what, &e))?;
+        let resp = self.http.get(&what).send().await.map_err(|e| request_error(&self.registry, "GET", &what, &e))?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| self.unreachable(&what, &e))?;
+        let body = resp.bytes().await.map_err(|e| request_error(&self.registry, "GET", &what, &e))?;
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
             debug!(what, status = status.as_u16(), body = %text.trim(), "eureka error answer");
@@ -98,24 +99,6 @@ impl Client {
             what,
             reason: e.to_string(),
         })
-    }
-
-    fn unreachable(&self, what: &str, e: &reqwest::Error) -> RegistryError {
-        let mut reason = String::from(if e.is_timeout() {
-            "timed out"
-        } else if e.is_connect() {
-            "connect failed"
-        } else {
-            "request failed"
-        });
-        // reqwest's own message repeats the URL; the cause is in the chain.
-        let mut source = std::error::Error::source(e);
-        while let Some(s) = source {
-            reason.push_str(": ");
-            reason.push_str(&s.to_string());
-            source = s.source();
-        }
-        RegistryError::Unreachable { registry: self.registry.clone(), reason: format!("GET {what}: {reason}") }
     }
 }
 

@@ -27,7 +27,7 @@ use serde_json::{Map, Value};
 use tracing::debug;
 
 use crate::fixed::wants_tls;
-use crate::{Endpoint, Protocol, RegistrySpec, Service, ServicePort, Tls, host_part};
+use crate::{Endpoint, Protocol, RegistrySpec, Service, ServicePort, Tls, host_part, labels};
 
 /// `InstanceInfo.InstanceStatus`. `toEnum` maps anything else to UNKNOWN.
 const STATUSES: [&str; 5] = ["UP", "DOWN", "STARTING", "OUT_OF_SERVICE", "UNKNOWN"];
@@ -323,58 +323,13 @@ impl Naming {
 fn endpoint_of(i: &Instance, secure: bool) -> Option<Endpoint> {
     let ip: IpAddr = i.ip_addr.as_deref()?.parse().ok()?;
     let port = if secure { i.secure_port } else { i.port }.filter(|p| p.enabled && p.number != 0)?;
-    let labels = i
-        .metadata
-        .iter()
-        .filter(|(k, v)| is_valid_label_key(k) && is_valid_label_value(v))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let (labels, _) = labels::keep_valid(&i.metadata);
     Some(Endpoint { address: ip.to_string(), port: port.number, weight: 1, labels })
 }
 
 /// Mesh host of an app: `{app}.eureka`, lower case, `_` replaced.
 pub(crate) fn host_name(app: &str) -> String {
     host_part(&format!("{}.eureka", app.to_lowercase()))
-}
-
-// The label rules are Kubernetes', the same as the Consul watcher's private
-// ones (`consul/decode.rs`); a crate-level home for both is a follow-up.
-
-/// A Kubernetes label key: an optional DNS-subdomain prefix and `/`, then a
-/// name of at most 63 characters.
-fn is_valid_label_key(key: &str) -> bool {
-    let (prefix, name) = match key.rsplit_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
-    };
-    let prefix_ok = prefix.is_none_or(|p| {
-        p.len() <= 253
-            && p.split('.').all(|part| {
-                !part.is_empty()
-                    && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !part.starts_with('-')
-                    && !part.ends_with('-')
-            })
-    });
-    prefix_ok && is_label_name(name)
-}
-
-/// A Kubernetes label value: empty, or a label name.
-fn is_valid_label_value(value: &str) -> bool {
-    value.is_empty() || is_label_name(value)
-}
-
-fn is_label_name(s: &str) -> bool {
-    let b = s.as_bytes();
-    match (b.first(), b.last()) {
-        (Some(first), Some(last)) => {
-            b.len() <= 63
-                && first.is_ascii_alphanumeric()
-                && last.is_ascii_alphanumeric()
-                && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
-        }
-        _ => false,
-    }
 }
 
 #[cfg(test)]

@@ -206,15 +206,3 @@ fn secure_ports_vports_and_protocols() {
     assert_eq!(services["m.eureka"].ports[0].name, "grpc-80");
     assert!(services["m.eureka"].tls.is_some(), "grpcs asks for TLS whatever the ports say");
 }
-
-#[test]
-fn label_rules() {
-    for ok in ["a", "version", "app.kubernetes.io/name", "x_y-z.1", "example.com/A"] {
-        assert!(is_valid_label_key(ok), "{ok}");
-    }
-    for bad in ["", "_x", "x-", "a/b/c", "/x", "Upper.Com/x", "has space", "@class", &"a".repeat(64)] {
-        assert!(!is_valid_label_key(bad), "{bad}");
-    }
-    assert!(is_valid_label_value("") && is_valid_label_value("v1.2_3-rc"));
-    assert!(!is_valid_label_value("a b") && !is_valid_label_value("-a"));
-}

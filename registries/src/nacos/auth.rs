@@ -21,7 +21,7 @@ use nacos_sdk::api::plugin::{AuthContext, AuthPlugin, LoginIdentityContext, Requ
 use serde::Deserialize;
 use tracing::{debug, info};
 
-use super::client_error;
+use crate::http_error::client_error;
 use crate::{RegistryError, RegistrySpec, Secret};
 
 const LOGIN_PATH: &str = "/nacos/v1/auth/login";

@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
-use crate::{Endpoint, Protocol, RegistrySpec, Service, ServicePort, host_part};
+use crate::{Endpoint, Protocol, RegistrySpec, Service, ServicePort, host_part, labels};
 
 pub(crate) const DEFAULT_GROUP: &str = "DEFAULT_GROUP";
 /// The default namespace. Nacos 1.x naming, Nacos 2.x/3.x and rnacos all
@@ -175,14 +175,8 @@ pub(crate) fn endpoints(instances: Vec<Instance>) -> Endpoints {
         if let Some(p) = instance.metadata.get(PROTOCOL_KEY).and_then(|p| Protocol::parse(p.trim())) {
             *protocols.entry(p).or_default() += 1;
         }
-        let mut labels = BTreeMap::new();
-        for (k, v) in instance.metadata {
-            if is_valid_label_key(&k) && is_valid_label_value(&v) {
-                labels.insert(k, v);
-            } else {
-                out.dropped_labels += 1;
-            }
-        }
+        let (labels, dropped) = labels::keep_valid(instance.metadata);
+        out.dropped_labels += dropped;
         out.endpoints.push(Endpoint { address: address.to_string(), port, weight: weight(instance.weight), labels });
     }
     // Most votes wins; a tie goes to the lowest protocol, so the result does
@@ -252,44 +246,6 @@ impl Naming {
             })
             .unwrap_or_default();
         Service::new(self.host(key), ports, decoded.endpoints)
-    }
-}
-
-/// A Kubernetes label key: an optional DNS-subdomain prefix and `/`, then a
-/// name of at most 63 characters (alphanumerics, `-`, `_`, `.`, starting and
-/// ending alphanumeric).
-pub(crate) fn is_valid_label_key(key: &str) -> bool {
-    let (prefix, name) = match key.rsplit_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
-    };
-    let prefix_ok = prefix.is_none_or(|p| {
-        p.len() <= 253
-            && p.split('.').all(|part| {
-                !part.is_empty()
-                    && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !part.starts_with('-')
-                    && !part.ends_with('-')
-            })
-    });
-    prefix_ok && is_label_name(name)
-}
-
-/// A Kubernetes label value: empty, or a name as in [`is_valid_label_key`].
-pub(crate) fn is_valid_label_value(value: &str) -> bool {
-    value.is_empty() || is_label_name(value)
-}
-
-fn is_label_name(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    match (bytes.first(), bytes.last()) {
-        (Some(first), Some(last)) => {
-            bytes.len() <= 63
-                && first.is_ascii_alphanumeric()
-                && last.is_ascii_alphanumeric()
-                && bytes.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        }
-        _ => false,
     }
 }
 
@@ -446,20 +402,5 @@ mod tests {
             assert!(decode_instance_list(bad.as_bytes()).is_err(), "{bad}");
         }
         assert!(decode_service_list(br#"{"doms": [1]}"#).is_err());
-    }
-
-    #[test]
-    fn label_rules() {
-        for ok in ["a", "version", "app.kubernetes.io/name", "x_y-z.1", "example.com/A"] {
-            assert!(is_valid_label_key(ok), "{ok}");
-        }
-        let long = "a".repeat(64);
-        for bad in ["", "_x", "x-", "a/b/c", "/x", "Upper.Com/x", "has space", long.as_str()] {
-            assert!(!is_valid_label_key(bad), "{bad}");
-        }
-        assert!(is_valid_label_value(""));
-        assert!(is_valid_label_value("v1.2_3-rc"));
-        assert!(!is_valid_label_value("a b"));
-        assert!(!is_valid_label_value(&long));
     }
 }

@@ -15,8 +15,9 @@ use tracing::debug;
 
 use super::auth::{ACCESS_TOKEN, Auth};
 use super::decode::{Instance, ServiceKey, decode_instance_list, decode_service_list};
-use super::{Api, client_error, is_auth_error};
+use super::{Api, is_auth_error};
 use crate::RegistryError;
+use crate::http_error::client_error;
 
 const SERVICE_LIST: &str = "/nacos/v1/ns/service/list";
 const INSTANCE_LIST: &str = "/nacos/v1/ns/instance/list";

@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicBool;
 use tokio::sync::mpsc;
 
 use super::*;
+use crate::Endpoint;
 
 /// What a sink was told.
 #[derive(Debug, Clone, PartialEq)]

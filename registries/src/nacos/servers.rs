@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use reqwest::Url;
 
-use super::client_error;
+use crate::http_error::client_error;
 use crate::{RegistryError, RegistrySpec};
 
 const SERVERLIST_PATH: &str = "/nacos/serverlist";

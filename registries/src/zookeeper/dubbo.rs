@@ -11,8 +11,7 @@ use std::net::Ipv6Addr;
 
 use percent_encoding::percent_decode_str;
 
-use super::labels;
-use crate::Endpoint;
+use crate::{Endpoint, labels};
 
 /// The only scheme Higress reads under `/dubbo` (its parser cuts the
 /// `providers/dubbo://` prefix); `tri://` or `rest://` providers are skipped.

@@ -4,7 +4,6 @@
 //! URL, which may hold credentials). `NoNode` is an answer, not a failure.
 
 use std::future::Future;
-use std::net::IpAddr;
 use std::time::Duration;
 
 use futures::{StreamExt, stream};
@@ -15,11 +14,11 @@ use super::dubbo;
 use super::spring;
 use super::tree::{Kind, Member, ServiceKey, Tree, join};
 use crate::RegistryError;
+use crate::resolve::Unresolved;
 
 /// Deadline of one ZooKeeper call. While the session is disconnected, calls
 /// wait for it to come back; this turns that wait into an error we report.
 pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Services, or instance nodes of one service, read at once.
 const CONCURRENCY: usize = 8;
 
@@ -201,24 +200,18 @@ pub(crate) fn zk_error(registry: &str, op: &str, path: &str, e: &zk::Error) -> R
 async fn resolve(members: Vec<Member>) -> Vec<Member> {
     let mut out = Vec::with_capacity(members.len());
     for m in members {
-        if let Ok(ip) = m.endpoint.address.parse::<IpAddr>() {
-            out.push(Member { endpoint: crate::Endpoint { address: ip.to_string(), ..m.endpoint }, ..m });
-            continue;
-        }
-        let lookup = tokio::net::lookup_host((m.endpoint.address.as_str(), m.endpoint.port));
-        match tokio::time::timeout(RESOLVE_TIMEOUT, lookup).await {
-            Ok(Ok(addrs)) => {
-                let mut ips: Vec<IpAddr> = addrs.map(|a| a.ip()).collect();
-                ips.sort();
-                ips.dedup();
-                for ip in ips {
-                    let mut member = m.clone();
-                    member.endpoint.address = ip.to_string();
-                    out.push(member);
-                }
+        match crate::resolve::lookup(&m.endpoint.address, m.endpoint.port).await {
+            Ok(ips) => out.extend(ips.into_iter().map(|ip| {
+                let mut member = m.clone();
+                member.endpoint.address = ip.to_string();
+                member
+            })),
+            Err(Unresolved::Failed(e)) => {
+                warn!(host = %m.host, address = %m.endpoint.address, error = %e, "address does not resolve")
             }
-            Ok(Err(e)) => warn!(host = %m.host, address = %m.endpoint.address, error = %e, "address does not resolve"),
-            Err(_) => warn!(host = %m.host, address = %m.endpoint.address, "address lookup timed out"),
+            Err(Unresolved::TimedOut) => {
+                warn!(host = %m.host, address = %m.endpoint.address, "address lookup timed out")
+            }
         }
     }
     out
@@ -226,6 +219,8 @@ async fn resolve(members: Vec<Member>) -> Vec<Member> {
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
     use super::*;
 
     #[test]

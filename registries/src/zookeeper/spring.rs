@@ -15,8 +15,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::labels;
-use crate::{Endpoint, Protocol};
+use crate::{Endpoint, Protocol, labels};
 
 /// One instance, ready for the mesh.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,19 +1,21 @@
 //! Which registry metadata may become endpoint labels: only what Kubernetes
-//! accepts as a label, so that Istio never rejects an object for it.
-//!
-//! The same rules as `consul::decode` (which keeps them private); both should
-//! move to one crate-level module.
+//! accepts as a label, so that Istio never rejects an object for it. Every
+//! watcher that turns metadata into labels uses these rules.
 
 use std::collections::BTreeMap;
 
 /// Keep the pairs that are valid Kubernetes labels; return them and how many
 /// were dropped.
-pub(crate) fn keep_valid<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> (BTreeMap<String, String>, usize) {
+pub(crate) fn keep_valid<K, V>(pairs: impl IntoIterator<Item = (K, V)>) -> (BTreeMap<String, String>, usize)
+where
+    K: AsRef<str> + Into<String>,
+    V: AsRef<str> + Into<String>,
+{
     let mut labels = BTreeMap::new();
     let mut dropped = 0;
     for (key, value) in pairs {
-        if is_valid_label_key(key) && is_valid_label_value(value) {
-            labels.insert(key.to_string(), value.to_string());
+        if is_valid_label_key(key.as_ref()) && is_valid_label_value(value.as_ref()) {
+            labels.insert(key.into(), value.into());
         } else {
             dropped += 1;
         }
@@ -38,7 +40,7 @@ pub(crate) fn is_valid_label_key(key: &str) -> bool {
                     && !part.ends_with('-')
             })
     });
-    prefix_ok && !name.is_empty() && is_label_name(name)
+    prefix_ok && is_label_name(name)
 }
 
 /// A Kubernetes label value: empty, or a name as in [`is_valid_label_key`].
@@ -46,6 +48,8 @@ pub(crate) fn is_valid_label_value(value: &str) -> bool {
     value.is_empty() || is_label_name(value)
 }
 
+/// Not empty, at most 63 characters, alphanumerics, `-`, `_` and `.`,
+/// starting and ending alphanumeric.
 fn is_label_name(s: &str) -> bool {
     let bytes = s.as_bytes();
     match (bytes.first(), bytes.last()) {
@@ -69,13 +73,14 @@ mod tests {
             assert!(is_valid_label_key(ok), "{ok}");
         }
         let long = "a".repeat(64);
-        for bad in ["", "_x", "x-", "a/b/c", "/x", "Upper.Com/x", "has space", long.as_str()] {
+        for bad in ["", "_x", "x-", "a/b/c", "/x", "Upper.Com/x", "has space", "@class", long.as_str()] {
             assert!(!is_valid_label_key(bad), "{bad}");
         }
         assert!(is_valid_label_value(""));
         assert!(is_valid_label_value("v1.2_3-rc"));
-        assert!(!is_valid_label_value("a,b"));
-        assert!(!is_valid_label_value(&long));
+        for bad in ["a b", "a,b", "-a", long.as_str()] {
+            assert!(!is_valid_label_value(bad), "{bad}");
+        }
     }
 
     #[test]
@@ -84,5 +89,8 @@ mod tests {
         assert_eq!(labels.len(), 2);
         assert_eq!(labels["side"], "");
         assert_eq!(dropped, 2);
+        // Owned pairs (a metadata map) are moved, not copied.
+        let meta = BTreeMap::from([("version".to_string(), "v1".to_string()), ("_private".into(), "x".into())]);
+        assert_eq!(keep_valid(meta), (BTreeMap::from([("version".to_string(), "v1".to_string())]), 1));
     }
 }

@@ -1,0 +1,190 @@
+//! A recording [`Sink`] for registry tests: [`Recorder`] runs a watcher,
+//! keeps every call it makes to its sink, and folds the updates into what a
+//! cache applying them would hold, so that a test can wait on that state
+//! and then ask about the history ("no update since the outage began").
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshbridge_registries::{RegistryError, Service, Sink, Update, Watcher};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// One call a watcher made to its sink.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Update(Update),
+    Healthy,
+    Error(RegistryError),
+}
+
+struct ChannelSink(mpsc::UnboundedSender<(Instant, Event)>);
+
+impl Sink for ChannelSink {
+    fn update(&self, update: Update) {
+        let _ = self.0.send((Instant::now(), Event::Update(update)));
+    }
+    fn healthy(&self) {
+        let _ = self.0.send((Instant::now(), Event::Healthy));
+    }
+    fn error(&self, error: &RegistryError) {
+        let _ = self.0.send((Instant::now(), Event::Error(error.clone())));
+    }
+}
+
+/// What a [`Recorder`] folds the updates into.
+pub trait View: Default {
+    fn apply(&mut self, update: &Update);
+}
+
+/// Every service by host, as the cache holds them.
+pub type Hosts = BTreeMap<String, Service>;
+
+impl View for Hosts {
+    fn apply(&mut self, update: &Update) {
+        match update.clone() {
+            Update::Snapshot(all) => *self = all.into_iter().map(|s| (s.host.clone(), s)).collect(),
+            Update::Upsert(s) => {
+                self.insert(s.host.clone(), s);
+            }
+            Update::Remove(host) => {
+                self.remove(&host);
+            }
+        }
+    }
+}
+
+/// The one service of a registry that has one (`static`, `dns`).
+impl View for Option<Service> {
+    fn apply(&mut self, update: &Update) {
+        match update {
+            Update::Snapshot(all) => *self = all.first().cloned(),
+            Update::Upsert(s) => *self = Some(s.clone()),
+            Update::Remove(_) => *self = None,
+        }
+    }
+}
+
+/// A running watcher, everything it told its sink, and the services as a
+/// cache applying those updates would hold them. Dropping it stops the
+/// watcher.
+pub struct Recorder<V: View = Hosts> {
+    pub task: JoinHandle<()>,
+    rx: mpsc::UnboundedReceiver<(Instant, Event)>,
+    /// Every sink call so far, in order.
+    pub events: Vec<Event>,
+    /// When each of `events` was made.
+    times: Vec<Instant>,
+    pub view: V,
+    /// How long [`Recorder::until`] waits.
+    deadline: Duration,
+}
+
+impl<V: View> Drop for Recorder<V> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl<V: View> Recorder<V> {
+    /// Run `watcher`; [`Recorder::until`] gives up after `deadline`.
+    pub fn start(watcher: Box<dyn Watcher>, deadline: Duration) -> Recorder<V> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(watcher.run(Arc::new(ChannelSink(tx))));
+        Recorder { task, rx, events: Vec::new(), times: Vec::new(), view: V::default(), deadline }
+    }
+
+    /// Wait until `pred` holds, re-checking after every sink call.
+    pub async fn until(&mut self, what: &str, mut pred: impl FnMut(&Self) -> bool) {
+        let deadline = Instant::now() + self.deadline;
+        while !pred(self) {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(event)) => self.push(event),
+                Ok(None) => panic!("watcher stopped while waiting for {what}"),
+                Err(_) => panic!("no {what} after {:?}; sink calls:\n{}", self.deadline, self.dump()),
+            }
+        }
+    }
+
+    /// Record everything that arrives for `d`.
+    pub async fn idle(&mut self, d: Duration) {
+        let deadline = Instant::now() + d;
+        while let Ok(Some(event)) = tokio::time::timeout_at(deadline, self.rx.recv()).await {
+            self.push(event);
+        }
+    }
+
+    fn push(&mut self, (at, event): (Instant, Event)) {
+        if let Event::Update(update) = &event {
+            self.view.apply(update);
+        }
+        self.times.push(at);
+        self.events.push(event);
+    }
+
+    /// A position in the history, for "since" questions.
+    pub fn mark(&self) -> usize {
+        self.events.len()
+    }
+
+    pub fn since(&self, mark: usize) -> impl Iterator<Item = &Event> {
+        self.events[mark..].iter()
+    }
+
+    pub fn updates_since(&self, mark: usize) -> Vec<&Update> {
+        self.since(mark).filter_map(|e| if let Event::Update(u) = e { Some(u) } else { None }).collect()
+    }
+
+    pub fn errors_since(&self, mark: usize) -> Vec<&RegistryError> {
+        self.since(mark).filter_map(|e| if let Event::Error(e) = e { Some(e) } else { None }).collect()
+    }
+
+    /// The first snapshot since `mark`.
+    pub fn snapshot_since(&self, mark: usize) -> Option<&Vec<Service>> {
+        self.updates_since(mark).into_iter().find_map(|u| if let Update::Snapshot(s) = u { Some(s) } else { None })
+    }
+
+    pub fn snapshots_since(&self, mark: usize) -> usize {
+        self.updates_since(mark).iter().filter(|u| matches!(u, Update::Snapshot(_))).count()
+    }
+
+    pub fn healthy_since(&self, mark: usize) -> bool {
+        self.since(mark).any(|e| matches!(e, Event::Healthy))
+    }
+
+    /// When the last sink call was made.
+    pub fn last_at(&self) -> Option<Instant> {
+        self.times.last().copied()
+    }
+
+    /// Every sink call, one a line, with its time since the first.
+    pub fn dump(&self) -> String {
+        let start = self.times.first().copied();
+        let lines = self.times.iter().zip(&self.events).map(|(at, e)| {
+            let ms = start.map(|s| at.duration_since(s).as_millis()).unwrap_or(0);
+            format!("  +{ms}ms {e:?}")
+        });
+        lines.collect::<Vec<_>>().join("\n")
+    }
+}
+
+impl Recorder<Hosts> {
+    /// `address:port` of each endpoint of `host` in the view.
+    pub fn endpoints(&self, host: &str) -> Option<Vec<String>> {
+        self.view.get(host).map(|s| s.endpoints.iter().map(|e| format!("{}:{}", e.address, e.port)).collect())
+    }
+
+    pub fn hosts(&self) -> Vec<&str> {
+        self.view.keys().map(String::as_str).collect()
+    }
+}
+
+impl Recorder<Option<Service>> {
+    /// `address|port` of each endpoint of the service.
+    pub fn endpoints(&self) -> Option<Vec<String>> {
+        let s = self.view.as_ref()?;
+        Some(s.endpoints.iter().map(|e| format!("{}|{}", e.address, e.port)).collect())
+    }
+}

@@ -1,0 +1,73 @@
+//! meshbridge in-process in front of a real Envoy, and what Envoy then
+//! does: the traffic it serves and when it ACKs an EDS update.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use meshbridge::run::{App, RunArgs};
+use meshbridge::translate::envoy::ENDPOINT_TYPE;
+
+use crate::envoy::Envoy;
+
+/// Write `bridge` (an McpBridge) into `dir` and start meshbridge on it,
+/// in-process, with xDS and admin on free loopback ports.
+pub async fn start_meshbridge(dir: &Path, bridge: &str) -> anyhow::Result<App> {
+    std::fs::write(dir.join("mcpbridge.yaml"), bridge)?;
+    App::start(RunArgs {
+        config_dir: dir.to_path_buf(),
+        xds_addr: "127.0.0.1:0".parse()?,
+        admin_addr: "127.0.0.1:0".parse()?,
+    })
+    .await
+}
+
+/// Send `n` requests through Envoy and collect the statuses and bodies.
+pub async fn sample(envoy: &Envoy, n: usize) -> (BTreeSet<u16>, BTreeSet<String>) {
+    let mut statuses = BTreeSet::new();
+    let mut bodies = BTreeSet::new();
+    for _ in 0..n {
+        match envoy.get("/").await {
+            Ok((status, body)) => {
+                statuses.insert(status);
+                if status == 200 {
+                    bodies.insert(body);
+                }
+            }
+            Err(_) => {
+                statuses.insert(0);
+            }
+        }
+    }
+    (statuses, bodies)
+}
+
+/// Poll until 20 requests in a row give exactly `want` (bodies of 200s, or
+/// the single status when `want_status` is not 200).
+pub async fn wait_for_traffic(envoy: &Envoy, want_status: u16, want: &[&str], what: &str) {
+    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (statuses, bodies) = sample(envoy, 20).await;
+        if statuses == BTreeSet::from([want_status]) && bodies == want {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("{what}: got statuses {statuses:?} bodies {bodies:?}, want {want_status} {want:?}\n{}", envoy.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Time from `since` until Envoy ACKs an EDS response sent after it.
+pub async fn eds_ack_after(app: &App, since: SystemTime) -> Duration {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let acked = app.clients.snapshot().into_iter().filter_map(|c| c.types.get(ENDPOINT_TYPE)?.last_ack_time).max();
+        if let Some(t) = acked.filter(|t| *t > since) {
+            return t.duration_since(since).unwrap_or_default();
+        }
+        assert!(Instant::now() < deadline, "no EDS ACK after the change");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}

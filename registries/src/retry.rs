@@ -1,0 +1,70 @@
+//! Retry pacing shared by the watchers: exponential backoff, with jitter
+//! where many loops of one watcher (and many watchers) would otherwise retry
+//! in lockstep.
+
+use std::hash::{BuildHasher, RandomState};
+use std::time::{Duration, Instant};
+
+const BACKOFF_START: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// The wait after `failures` failures in a row: `start`, doubled for each
+/// failure after the first, at most `max` (and `start` for 0).
+pub(crate) fn exponential(start: Duration, max: Duration, failures: u32) -> Duration {
+    start.saturating_mul(1 << failures.saturating_sub(1).min(16)).min(max)
+}
+
+/// Exponential backoff, 200 ms doubling to 10 s, with ±20% jitter so that
+/// the loops of one watcher (and many watchers) do not retry in lockstep.
+/// Used by the Consul, Nacos and ZooKeeper watchers.
+#[derive(Debug, Default)]
+pub(crate) struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    /// How long to wait after one more failure.
+    pub fn next(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        jitter(exponential(BACKOFF_START, BACKOFF_MAX, self.failures))
+    }
+
+    /// A success: the next failure waits the shortest time again.
+    pub fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+/// `d` ±20%.
+fn jitter(d: Duration) -> Duration {
+    // RandomState is randomly keyed: enough randomness for jitter without a
+    // dependency.
+    let r = RandomState::new().hash_one(Instant::now()) % 1000;
+    d.mul_f64(0.8 + 0.4 * r as f64 / 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_a_cap_with_jitter() {
+        let mut b = Backoff::default();
+        for i in 0..10 {
+            let base = (BACKOFF_START * 2u32.pow(i)).min(BACKOFF_MAX);
+            let d = b.next();
+            assert!(d >= base.mul_f64(0.8) && d <= base.mul_f64(1.2), "step {i}: {d:?}");
+        }
+        b.reset();
+        assert!(b.next() <= BACKOFF_START.mul_f64(1.2));
+    }
+
+    #[test]
+    fn exponential_doubles_from_the_first_failure_to_a_cap() {
+        let secs = |n| exponential(Duration::from_secs(1), Duration::from_secs(60), n).as_secs();
+        assert_eq!((0..=9).map(secs).collect::<Vec<_>>(), vec![1, 1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(secs(u32::MAX), 60, "no overflow");
+        let ms = exponential(Duration::from_millis(200), Duration::from_secs(10), 40);
+        assert_eq!(ms, Duration::from_secs(10));
+    }
+}
