@@ -113,6 +113,17 @@ pub struct RunArgs {
     pub admin_addr: SocketAddr,
 }
 
+impl RunArgs {
+    /// Free loopback ports for xDS and admin: how tests run meshbridge.
+    pub fn loopback(config_dir: impl Into<PathBuf>) -> RunArgs {
+        RunArgs {
+            config_dir: config_dir.into(),
+            xds_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        }
+    }
+}
+
 /// Admin API options.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct AdminArgs {

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use meshbridge::run::{App, RunArgs};
+use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
 use meshbridge::translate::envoy::ENDPOINT_TYPE;
 
 use crate::envoy::Envoy;
@@ -14,10 +14,16 @@ use crate::envoy::Envoy;
 /// in-process, with xDS and admin on free loopback ports.
 pub async fn start_meshbridge(dir: &Path, bridge: &str) -> anyhow::Result<App> {
     std::fs::write(dir.join("mcpbridge.yaml"), bridge)?;
-    App::start(RunArgs {
-        config_dir: dir.to_path_buf(),
-        xds_addr: "127.0.0.1:0".parse()?,
-        admin_addr: "127.0.0.1:0".parse()?,
+    App::start(RunArgs::loopback(dir)).await
+}
+
+/// meshbridge on `dir` (already written) as the config source of a
+/// standalone Envoy gateway listening on `gateway_port`.
+pub async fn start_gateway(dir: &Path, gateway_port: u16) -> anyhow::Result<App> {
+    App::launch(RunCommand {
+        args: RunArgs::loopback(dir),
+        admin: AdminArgs::default(),
+        gateway: GatewayArgs { gateway_http_port: vec![gateway_port], ..GatewayArgs::default() },
     })
     .await
 }

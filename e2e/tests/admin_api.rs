@@ -74,13 +74,7 @@ fn bridge(entries: &[String]) -> String {
 async fn start(dir: &std::path::Path, yaml: &str) -> App {
     logs();
     std::fs::write(dir.join("bridge.yaml"), yaml).unwrap();
-    App::start(RunArgs {
-        config_dir: dir.into(),
-        xds_addr: "127.0.0.1:0".parse().unwrap(),
-        admin_addr: "127.0.0.1:0".parse().unwrap(),
-    })
-    .await
-    .expect("start meshbridge")
+    App::start(RunArgs::loopback(dir)).await.expect("start meshbridge")
 }
 
 async fn get_text(app: &App, path: &str) -> (u16, String) {

@@ -6,11 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
 use meshbridge_e2e::backend::Backend;
 use meshbridge_e2e::consul::Consul;
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::free_port;
+use meshbridge_e2e::traffic::start_gateway;
 use serde_json::json;
 
 const HOST: &str = "shop.example.com";
@@ -90,17 +90,7 @@ async fn ingress_routes_and_splits_traffic_through_envoy() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("shop.yaml"), config(consul.http_port)).unwrap();
     let gateway_port = free_port();
-    let app = App::launch(RunCommand {
-        args: RunArgs {
-            config_dir: dir.path().into(),
-            xds_addr: "127.0.0.1:0".parse().unwrap(),
-            admin_addr: "127.0.0.1:0".parse().unwrap(),
-        },
-        admin: AdminArgs::default(),
-        gateway: GatewayArgs { gateway_http_port: vec![gateway_port], ..GatewayArgs::default() },
-    })
-    .await
-    .expect("start meshbridge");
+    let app = start_gateway(dir.path(), gateway_port).await.expect("start meshbridge");
     // The Istio side of the same set: Gateway, VirtualService, ServiceEntries.
     let mut rx = app.config.clone();
     let set = tokio::time::timeout(

@@ -397,13 +397,7 @@ async fn spec_change_moves_to_the_new_namespace_and_group() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bridge.yaml");
     std::fs::write(&file, bridge(nacos.http_port, "public", "g_one")).unwrap();
-    let app = App::start(RunArgs {
-        config_dir: dir.path().into(),
-        xds_addr: "127.0.0.1:0".parse().unwrap(),
-        admin_addr: "127.0.0.1:0".parse().unwrap(),
-    })
-    .await
-    .unwrap();
+    let app = App::start(RunArgs::loopback(dir.path())).await.unwrap();
     let hosts = |app: &App| app.cache.view().services.keys().cloned().collect::<Vec<String>>();
     let wait = |want: Vec<&'static str>| {
         let app = &app;

@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 
 use meshbridge::cache::{CachedService, RegistryKey, View};
 use meshbridge::config::ProxySpec;
-use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
 use meshbridge::translate::{self, Inputs};
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::free_port;
 use meshbridge_e2e::process::binary_from_env;
 use meshbridge_e2e::tinyproxy::Tinyproxy;
 use meshbridge_e2e::tls_backend::TlsBackend;
+use meshbridge_e2e::traffic::start_gateway;
 use meshbridge_registries::{Endpoint, Protocol, RegistryKind, Service, ServicePort, Tls};
 use serde_json::{Value, json};
 
@@ -127,17 +127,7 @@ async fn https_service_goes_through_the_connect_proxy_and_back_to_direct() {
     let listener_port = free_port();
     std::fs::write(&file, config(proxy.port, listener_port, true)).unwrap();
     let gateway_port = free_port();
-    let app = App::launch(RunCommand {
-        args: RunArgs {
-            config_dir: dir.path().into(),
-            xds_addr: "127.0.0.1:0".parse().unwrap(),
-            admin_addr: "127.0.0.1:0".parse().unwrap(),
-        },
-        admin: AdminArgs::default(),
-        gateway: GatewayArgs { gateway_http_port: vec![gateway_port], ..GatewayArgs::default() },
-    })
-    .await
-    .expect("start meshbridge");
+    let app = start_gateway(dir.path(), gateway_port).await.expect("start meshbridge");
 
     // Pilot's side of the same set: the two EnvoyFilters.
     let mut rx = app.config.clone();

@@ -49,13 +49,7 @@ async fn spec_change_restarts_without_flap_and_removal_empties() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bridge.yaml");
     std::fs::write(&file, bridge(consul.http_port, 30)).unwrap();
-    let app = App::start(RunArgs {
-        config_dir: dir.path().into(),
-        xds_addr: "127.0.0.1:0".parse().unwrap(),
-        admin_addr: "127.0.0.1:0".parse().unwrap(),
-    })
-    .await
-    .unwrap();
+    let app = App::start(RunArgs::loopback(dir.path())).await.unwrap();
     let mut rx = app.config.clone();
     wait_config(&mut rx, "api cluster", has_cluster).await;
 
