@@ -14,8 +14,6 @@ mod auth;
 pub mod registries;
 pub mod time;
 
-use std::borrow::Cow;
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::Router;
@@ -31,7 +29,6 @@ pub use auth::{Auth, ct_eq};
 use crate::cache::Cache;
 use crate::metrics::{self, Metrics};
 use crate::translate::ConfigSet;
-use crate::translate::istio::IstioObject;
 use crate::xds::Clients;
 
 #[derive(Clone)]
@@ -103,30 +100,10 @@ async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
     }
 }
 
-/// Every Istio object of a config set: [`ConfigSet::istio`], plus objects of
-/// the typed lists that are not (yet) copied there, so nothing translation
-/// produced is missing from `/debug/configz` or the metrics.
-pub fn istio_objects(set: &ConfigSet) -> Vec<Cow<'_, IstioObject>> {
-    let key = |o: &IstioObject| (o.kind.clone(), o.metadata.namespace.clone(), o.metadata.name.clone());
-    let mut seen: HashSet<_> = set.istio.iter().map(key).collect();
-    let mut out: Vec<Cow<'_, IstioObject>> = set.istio.iter().map(Cow::Borrowed).collect();
-    let typed = set
-        .service_entries
-        .iter()
-        .map(|o| IstioObject::from(o.clone()))
-        .chain(set.destination_rules.iter().map(|o| IstioObject::from(o.clone())));
-    for o in typed {
-        if seen.insert(key(&o)) {
-            out.push(Cow::Owned(o));
-        }
-    }
-    out
-}
-
 /// The current Istio objects, as a Kubernetes `List`.
 async fn configz(State(s): State<AdminState>) -> impl IntoResponse {
     let set = s.config.borrow().clone();
-    let items = istio_objects(&set);
+    let items = &set.istio;
     Json(json!({
         "apiVersion": "v1",
         "kind": "List",

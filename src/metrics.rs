@@ -292,7 +292,7 @@ impl Collector for StateCollector {
 /// message name of their type URL (`Cluster`, `ClusterLoadAssignment`, …).
 pub fn object_counts(set: &ConfigSet) -> Vec<(String, usize)> {
     let mut istio = std::collections::BTreeMap::from([("ServiceEntry".to_string(), 0)]);
-    for o in crate::admin::istio_objects(set) {
+    for o in &set.istio {
         *istio.entry(o.kind.clone()).or_default() += 1;
     }
     let mut out: Vec<(String, usize)> = istio.into_iter().collect();

@@ -25,6 +25,7 @@ mod servers;
 mod spec;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use envoy_types::util::pack_any;
 use meshbridge_registries::Service;
@@ -71,7 +72,7 @@ pub struct GatewayOutput {
 /// gateway's Envoy resources. `services` is host → registry service.
 pub fn envoy_gateway(
     objects: &[IstioObject],
-    services: &BTreeMap<String, Service>,
+    services: &BTreeMap<String, Arc<Service>>,
     tls: &[GatewayTls],
     opts: &GatewayOptions,
 ) -> GatewayOutput {

@@ -77,7 +77,7 @@ fn endpoint(addr: &str, port: u16, labels: &[(&str, &str)]) -> Endpoint {
     }
 }
 
-fn services() -> BTreeMap<String, Service> {
+fn services() -> BTreeMap<String, Arc<Service>> {
     let web = Service::new(
         "web.dc1.consul",
         vec![ServicePort { number: 8080, protocol: Protocol::Http, name: "http-8080".into() }],
@@ -92,7 +92,7 @@ fn services() -> BTreeMap<String, Service> {
         vec![ServicePort { number: 9090, protocol: Protocol::Grpc, name: "grpc-9090".into() }],
         vec![endpoint("10.0.1.1", 9090, &[])],
     );
-    [web, api].into_iter().map(|s| (s.host.clone(), s)).collect()
+    [web, api].into_iter().map(|s| (s.host.clone(), Arc::new(s))).collect()
 }
 
 fn opts() -> GatewayOptions {
@@ -129,7 +129,7 @@ fn vhost(out: &GatewayOutput, listener: &str, host: &str) -> VirtualHost {
 
 /// The invariant: every cluster a route names is one the Envoy has.
 fn assert_routes_resolve(out: &GatewayOutput) {
-    let mut known: BTreeSet<String> = services().values().flat_map(envoy::clusters).map(|r| r.name).collect();
+    let mut known: BTreeSet<String> = services().values().flat_map(|s| envoy::clusters(s)).map(|r| r.name).collect();
     known.extend(out.clusters.iter().map(|r| r.name.clone()));
     for rc in &out.routes {
         let rc: RouteConfiguration = decode(rc);

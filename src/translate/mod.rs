@@ -116,7 +116,7 @@ pub fn build(view: &View, inputs: &Inputs<'_>, create_time: impl Fn(&istio::Isti
     set.mcp = mcp;
     set.warnings.extend(rejected);
 
-    let services = view.services.iter().map(|(h, c)| (h.clone(), (*c.service).clone())).collect();
+    let services = view.services.iter().map(|(h, c)| (h.clone(), c.service.clone())).collect();
     let gw = gateway::envoy_gateway(&objects, &services, inputs.tls_secrets, &inputs.gateway);
     set.warnings.extend(gw.warnings);
     // Proxied services' endpoints replace the registry's: their clusters

@@ -6,6 +6,7 @@
 //! caller turns into a 503 route and a warning.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
@@ -17,14 +18,14 @@ use super::spec::{Destination, DestinationRuleSpec, Named};
 use crate::translate::{Resource, envoy};
 
 pub struct Clusters<'a> {
-    services: &'a BTreeMap<String, Service>,
+    services: &'a BTreeMap<String, Arc<Service>>,
     rules: &'a [Named<DestinationRuleSpec>],
     /// Subset clusters made so far, by name, with their load assignments.
     made: BTreeMap<String, (Resource, Resource)>,
 }
 
 impl<'a> Clusters<'a> {
-    pub fn new(services: &'a BTreeMap<String, Service>, rules: &'a [Named<DestinationRuleSpec>]) -> Self {
+    pub fn new(services: &'a BTreeMap<String, Arc<Service>>, rules: &'a [Named<DestinationRuleSpec>]) -> Self {
         Clusters { services, rules, made: BTreeMap::new() }
     }
 
