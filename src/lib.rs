@@ -10,6 +10,7 @@ pub mod config;
 pub mod metrics;
 pub mod publish;
 pub mod reconcile;
+pub mod resources;
 pub mod run;
 pub mod translate;
 pub mod xds;

@@ -48,7 +48,8 @@ pub fn spawn(
     let mut times = CreateTimes::default();
     let mut changes = cache.subscribe();
     let first = publish(cache, &desired.borrow_and_update(), &opts, &mut times);
-    let (tx, rx) = watch::channel(Arc::new(first));
+    let mut last = Arc::new(first);
+    let (tx, rx) = watch::channel(last.clone());
     let cache = cache.clone();
     tasks.push(tokio::spawn(async move {
         // A config source that went away leaves its last Desired in force.
@@ -59,14 +60,44 @@ pub fn spawn(
                 r = desired.changed(), if desired_open => { if r.is_err() { desired_open = false; continue } }
             }
             let d = desired.borrow_and_update().clone();
-            let set = publish(&cache, &d, &opts, &mut times);
+            let set = carry_over(&last, publish(&cache, &d, &opts, &mut times));
             for w in &set.warnings {
                 debug!(warning = %w, "translation");
             }
-            tx.send_replace(Arc::new(set));
+            last = Arc::new(set);
+            tx.send_replace(last.clone());
         }
     }));
     rx
+}
+
+/// Apply a freshly built set onto the previous one's resources, so that
+/// their change logs and revisions continue: streams then find what
+/// changed since the set they last saw.
+fn carry_over(prev: &ConfigSet, mut set: ConfigSet) -> ConfigSet {
+    let revision = prev.revision + 1;
+    set.revision = revision;
+    let envoy = std::mem::take(&mut set.envoy);
+    set.envoy = prev.envoy.clone();
+    for (type_url, current) in set.envoy.iter_mut() {
+        if !envoy.contains_key(type_url) {
+            current.replace_all(revision, []);
+        }
+    }
+    for (type_url, fresh) in envoy {
+        set.envoy.entry(type_url).or_default().replace_all(revision, fresh.iter().cloned());
+    }
+    let mcp = std::mem::take(&mut set.mcp);
+    set.mcp = prev.mcp.clone();
+    for (collection, current) in set.mcp.iter_mut() {
+        if !mcp.contains_key(collection) {
+            current.replace_all(revision, []);
+        }
+    }
+    for (collection, fresh) in mcp {
+        set.mcp.entry(collection).or_default().replace_all(revision, fresh.iter().cloned());
+    }
+    set
 }
 
 fn publish(cache: &Cache, desired: &Desired, opts: &PublishOptions, times: &mut CreateTimes) -> ConfigSet {

@@ -116,7 +116,7 @@ async fn hosts_that_are_not_kubernetes_names_get_valid_object_names() {
         .unwrap()
         .clone();
     assert!(set.warnings.is_empty(), "{:?}", set.warnings);
-    let names: Vec<&String> = set.mcp["networking.istio.io/ServiceEntry"].keys().collect();
+    let names: Vec<&str> = set.mcp["networking.istio.io/ServiceEntry"].keys().map(|n| &**n).collect();
     assert_eq!(names.len(), 2);
     assert!(names[0].starts_with("mcp/providers-com.example.greeter-1.0.0.zookeeper-"), "{names:?}");
     let mut pilot = SotwClient::connect(f.addr).await.unwrap();

@@ -24,7 +24,7 @@ use envoy_types::pb::google::protobuf::{Duration, UInt32Value};
 use envoy_types::util::pack_any;
 use meshbridge_registries::{Protocol, Service, ServicePort, Tls};
 
-use super::Resource;
+use crate::resources::Resource;
 
 pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 pub const ENDPOINT_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";

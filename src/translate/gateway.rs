@@ -30,8 +30,8 @@ use std::sync::Arc;
 use envoy_types::util::pack_any;
 use meshbridge_registries::Service;
 
-use super::Resource;
 use super::istio::IstioObject;
+use crate::resources::Resource;
 use servers::Side;
 
 /// How the standalone Envoy listens.

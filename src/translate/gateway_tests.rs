@@ -119,7 +119,7 @@ fn decode<M: Message + Default>(r: &Resource) -> M {
 }
 
 fn route_config(out: &GatewayOutput, name: &str) -> RouteConfiguration {
-    decode(out.routes.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no route config {name}")))
+    decode(out.routes.iter().find(|r| &*r.name == name).unwrap_or_else(|| panic!("no route config {name}")))
 }
 
 fn vhost(out: &GatewayOutput, listener: &str, host: &str) -> VirtualHost {
@@ -129,8 +129,9 @@ fn vhost(out: &GatewayOutput, listener: &str, host: &str) -> VirtualHost {
 
 /// The invariant: every cluster a route names is one the Envoy has.
 fn assert_routes_resolve(out: &GatewayOutput) {
-    let mut known: BTreeSet<String> = services().values().flat_map(|s| envoy::clusters(s)).map(|r| r.name).collect();
-    known.extend(out.clusters.iter().map(|r| r.name.clone()));
+    let mut known: BTreeSet<String> =
+        services().values().flat_map(|s| envoy::clusters(s)).map(|r| r.name.to_string()).collect();
+    known.extend(out.clusters.iter().map(|r| r.name.to_string()));
     for rc in &out.routes {
         let rc: RouteConfiguration = decode(rc);
         for route in rc.virtual_hosts.iter().flat_map(|v| &v.routes) {
@@ -245,7 +246,7 @@ fn subsets_make_subset_clusters_with_filtered_endpoints() {
         ),
     ]);
     assert_eq!(out.warnings, Vec::<String>::new());
-    let names: Vec<&str> = out.clusters.iter().map(|r| r.name.as_str()).collect();
+    let names: Vec<&str> = out.clusters.iter().map(|r| &*r.name).collect();
     assert_eq!(
         names,
         ["outbound|8080|v1|web.dc1.consul", "outbound|8080|v2-b|web.dc1.consul", "outbound|8080|v2|web.dc1.consul"]
@@ -268,14 +269,14 @@ fn subsets_make_subset_clusters_with_filtered_endpoints() {
             .collect()
     };
     let by_cluster: BTreeMap<&str, Vec<String>> =
-        out.load_assignments.iter().map(|r| (r.name.as_str(), addresses(r))).collect();
+        out.load_assignments.iter().map(|r| (&*r.name, addresses(r))).collect();
     assert_eq!(by_cluster["outbound|8080|v1|web.dc1.consul"], ["10.0.0.1:8080"]);
     assert_eq!(by_cluster["outbound|8080|v2|web.dc1.consul"], ["10.0.0.2:8080", "10.0.0.3:8080"]);
     assert_eq!(by_cluster["outbound|8080|v2-b|web.dc1.consul"], ["10.0.0.3:8080"]);
 
-    let clusters: BTreeMap<&str, Cluster> = out.clusters.iter().map(|r| (r.name.as_str(), decode(r))).collect();
+    let clusters: BTreeMap<&str, Cluster> = out.clusters.iter().map(|r| (&*r.name, decode(r))).collect();
     let cla: BTreeMap<&str, ClusterLoadAssignment> =
-        out.load_assignments.iter().map(|r| (r.name.as_str(), decode(r))).collect();
+        out.load_assignments.iter().map(|r| (&*r.name, decode(r))).collect();
     insta::assert_debug_snapshot!("subset_clusters", clusters);
     insta::assert_debug_snapshot!("subset_load_assignments", cla);
     insta::assert_debug_snapshot!("subset_routes", vhost(&out, "http.10080", "web.example.com").routes);
@@ -403,7 +404,7 @@ fn https_listener_with_a_known_secret() {
     let out = envoy_gateway(&objects, &services(), &secrets, &opts());
     assert_routes_resolve(&out);
     assert_eq!(out.warnings, Vec::<String>::new());
-    let names: Vec<&str> = out.listeners.iter().map(|r| r.name.as_str()).collect();
+    let names: Vec<&str> = out.listeners.iter().map(|r| &*r.name).collect();
     assert_eq!(names, ["http.10080", "https.10443"]);
     let https = route_config(&out, "https.10443");
     let hosts: Vec<&str> = https.virtual_hosts.iter().map(|v| v.name.as_str()).collect();
@@ -427,7 +428,7 @@ fn https_listener_sni_names_are_not_claimed_twice() {
     );
     let objects = [https_gateway(&["web.example.com"], "web-cert"), second];
     let out = envoy_gateway(&objects, &services(), &[tls(GW_NS, "web-cert"), tls(GW_NS, "b-cert")], &opts());
-    let listener = view_listener(out.listeners.iter().find(|l| l.name == "https.10443").unwrap()).listener;
+    let listener = view_listener(out.listeners.iter().find(|l| &*l.name == "https.10443").unwrap()).listener;
     let sni: Vec<Vec<String>> =
         listener.filter_chains.iter().map(|c| c.filter_chain_match.clone().unwrap().server_names).collect();
     assert_eq!(sni, [vec!["web.example.com".to_string()], vec!["b.example.com".to_string()]]);
@@ -446,7 +447,7 @@ fn https_server_with_a_missing_secret_gets_no_chain() {
         vs("web", &["web.example.com"], json!([{"route": [dest("web.dc1.consul", 8080)]}])),
     ];
     let out = envoy_gateway(&objects, &services(), &[tls(GW_NS, "web-cert")], &opts());
-    let names: Vec<&str> = out.listeners.iter().map(|r| r.name.as_str()).collect();
+    let names: Vec<&str> = out.listeners.iter().map(|r| &*r.name).collect();
     assert_eq!(names, ["http.10080"]);
     assert_eq!(out.routes.len(), 1);
     // Plain HTTP still serves the host.
@@ -546,12 +547,12 @@ fn listener_rds_names_match_route_configurations() {
     ];
     let o = GatewayOptions { http_ports: vec![10080, 80, 10080], https_port: 10443 };
     let out = envoy_gateway(&objects, &services(), &[tls(GW_NS, "web-cert")], &o);
-    let route_names: Vec<&str> = out.routes.iter().map(|r| r.name.as_str()).collect();
+    let route_names: Vec<&str> = out.routes.iter().map(|r| &*r.name).collect();
     assert_eq!(route_names, ["http.10080", "http.80", "https.10443"]);
     for r in &out.listeners {
         assert_eq!(r.body.type_url, envoy::LISTENER_TYPE);
         let listener: Listener = decode(r);
-        assert_eq!(listener.name, r.name);
+        assert_eq!(listener.name, *r.name);
         assert!(!listener.filter_chains.is_empty());
         for chain in &listener.filter_chains {
             let [f] = chain.filters.as_slice() else { panic!("one filter expected") };
@@ -563,7 +564,7 @@ fn listener_rds_names_match_route_configurations() {
             );
             let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
             let Some(RouteSpecifier::Rds(rds)) = &hcm.route_specifier else { panic!("RDS expected") };
-            assert_eq!(rds.route_config_name, r.name);
+            assert_eq!(rds.route_config_name, *r.name);
             assert!(route_names.contains(&rds.route_config_name.as_str()));
             let rc = route_config(&out, &rds.route_config_name);
             assert_eq!(rc.name, rds.route_config_name);
@@ -602,7 +603,7 @@ fn same_input_same_versions_whatever_the_order() {
         [&out.listeners, &out.routes, &out.clusters, &out.load_assignments]
             .into_iter()
             .flatten()
-            .map(|r| (r.name.clone(), r.version.clone()))
+            .map(|r| (r.name.to_string(), r.version.to_string()))
             .collect()
     };
     let first = envoy_gateway(&objects, &services(), &secrets, &opts());

@@ -611,5 +611,5 @@ fn sanitize(s: &str) -> String {
 }
 
 fn short_hash(s: &str) -> String {
-    super::content_hash(s.as_bytes())[..8].to_owned()
+    crate::resources::content_hash(s.as_bytes())[..8].to_owned()
 }

@@ -121,7 +121,7 @@ pub fn object_name(host: &str) -> String {
     name = name.split('.').map(|l| l.trim_matches('-')).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(".");
     name.truncate(200);
     let name = name.trim_end_matches(['-', '.']);
-    let hash = &super::content_hash(host.as_bytes())[..8];
+    let hash = &crate::resources::content_hash(host.as_bytes())[..8];
     if name.is_empty() { format!("host-{hash}") } else { format!("{name}-{hash}") }
 }
 

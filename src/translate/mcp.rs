@@ -15,7 +15,7 @@ use meshbridge_proto::istio::mcp::v1alpha1 as mcp;
 use prost::Message;
 
 use super::istio::IstioObject;
-use super::{Resource, content_hash};
+use crate::resources::{Resource, content_hash};
 
 pub const MCP_RESOURCE_TYPE: &str = "type.googleapis.com/istio.mcp.v1alpha1.Resource";
 
@@ -53,7 +53,9 @@ pub fn resources(
     for obj in objects {
         match resource(obj, create_time(obj)) {
             Ok(r) => {
-                out.entry(format!("{}/{}", group(&obj.api_version), obj.kind)).or_default().insert(r.name.clone(), r);
+                out.entry(format!("{}/{}", group(&obj.api_version), obj.kind))
+                    .or_default()
+                    .insert(r.name.to_string(), r);
             }
             Err(reason) => rejected.push(format!("{} {}: {reason}; left out of MCP", obj.kind, obj.key())),
         }
@@ -87,7 +89,11 @@ fn resource(obj: &IstioObject, created: i64) -> Result<Resource, String> {
         }),
         body: Some(prost_types::Any { type_url: format!("type.googleapis.com/{message}"), value: spec }),
     };
-    Ok(Resource { name, version, body: Any { type_url: MCP_RESOURCE_TYPE.into(), value: wrapped.encode_to_vec() } })
+    Ok(Resource::with_version(
+        name,
+        version,
+        Any { type_url: MCP_RESOURCE_TYPE.into(), value: wrapped.encode_to_vec() },
+    ))
 }
 
 /// Kubernetes rules Pilot relies on but never reports: a DNS-1123 name and

@@ -12,26 +12,9 @@ pub mod proxy;
 
 use std::collections::BTreeMap;
 
-use envoy_types::pb::google::protobuf::Any;
-
 use crate::cache::{RegistryKey, View};
 use crate::config::{IngressDoc, ProxySpec, TlsSecret};
-
-/// An Envoy resource ready to send: its name, content-hash version and body.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Resource {
-    pub name: String,
-    pub version: String,
-    pub body: Any,
-}
-
-impl Resource {
-    /// Wrap a message, versioning it by the hash of its encoding.
-    pub fn new(name: String, body: Any) -> Resource {
-        let version = content_hash(&body.value);
-        Resource { name, version, body }
-    }
-}
+use crate::resources::TypeResources;
 
 /// The whole translated state: what `xds` serves and `admin` shows.
 #[derive(Debug, Clone, Default)]
@@ -46,10 +29,10 @@ pub struct ConfigSet {
     /// namespace and name: what Pilot gets over MCP and `/debug/configz` shows.
     pub istio: Vec<istio::IstioObject>,
     /// Envoy resources by type URL, then by name.
-    pub envoy: BTreeMap<&'static str, BTreeMap<String, Resource>>,
+    pub envoy: BTreeMap<&'static str, TypeResources>,
     /// MCP resources by collection (`group/Kind`, see [`mcp::collection`]),
     /// then by `namespace/name`.
-    pub mcp: BTreeMap<String, BTreeMap<String, Resource>>,
+    pub mcp: BTreeMap<String, TypeResources>,
     /// Problems found while translating (objects left out, conflicts).
     pub warnings: Vec<String>,
     /// When the oldest registry change this set is the first to carry
@@ -60,7 +43,7 @@ pub struct ConfigSet {
 impl ConfigSet {
     /// The resources a type URL asks for: Envoy's by type URL, MCP's by
     /// collection whatever version the client names.
-    pub fn resources(&self, type_url: &str) -> Option<&BTreeMap<String, Resource>> {
+    pub fn resources(&self, type_url: &str) -> Option<&TypeResources> {
         match mcp::collection(type_url) {
             Some(c) => self.mcp.get(&c),
             None => self.envoy.get(type_url),
@@ -113,7 +96,9 @@ pub fn build(view: &View, inputs: &Inputs<'_>, create_time: impl Fn(&istio::Isti
         (&a.kind, &a.metadata.namespace, &a.metadata.name).cmp(&(&b.kind, &b.metadata.namespace, &b.metadata.name))
     });
     let (mcp, rejected) = mcp::resources(&objects, create_time);
-    set.mcp = mcp;
+    for (collection, list) in mcp {
+        set.mcp.entry(collection).or_default().replace_all(set.revision, list.into_values().map(std::sync::Arc::new));
+    }
     set.warnings.extend(rejected);
 
     let services = view.services.iter().map(|(h, c)| (h.clone(), c.service.clone())).collect();
@@ -132,7 +117,7 @@ pub fn build(view: &View, inputs: &Inputs<'_>, create_time: impl Fn(&istio::Isti
     ] {
         let by_name = set.envoy.entry(type_url).or_default();
         for r in list {
-            by_name.insert(r.name.clone(), r);
+            by_name.insert(set.revision, r);
         }
     }
     set.istio = objects;
@@ -155,16 +140,17 @@ fn merge_destination_rules(objects: &mut Vec<istio::IstioObject>, registry: impl
 /// Envoy clusters and endpoints, and ServiceEntries, for every service.
 fn registry_set(view: &View) -> ConfigSet {
     let mut set = ConfigSet { revision: view.revision, warnings: view.conflicts.clone(), ..ConfigSet::default() };
+    let rev = set.revision;
     let clusters = set.envoy.entry(envoy::CLUSTER_TYPE).or_default();
     for cached in view.services.values() {
         for c in envoy::clusters(&cached.service) {
-            clusters.insert(c.name.clone(), c);
+            clusters.insert(rev, c);
         }
     }
     let cla = set.envoy.entry(envoy::ENDPOINT_TYPE).or_default();
     for cached in view.services.values() {
         for c in envoy::load_assignments(&cached.service) {
-            cla.insert(c.name.clone(), c);
+            cla.insert(rev, c);
         }
     }
     for cached in view.services.values() {
@@ -175,17 +161,6 @@ fn registry_set(view: &View) -> ConfigSet {
         set.destination_rules.extend(istio::destination_rule(&cached.registry, &cached.service));
     }
     set
-}
-
-/// FNV-1a (64 bit) as hex: stable across processes and Rust versions, unlike
-/// `DefaultHasher`, so a reconnecting client's versions still match.
-pub fn content_hash(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("{h:016x}")
 }
 
 #[cfg(test)]

@@ -34,10 +34,11 @@ use std::time::Duration;
 use envoy_types::util::pack_any;
 use meshbridge_registries::{Protocol, RegistryKind, Service};
 
+use super::Inputs;
 use super::istio::IstioObject;
-use super::{Inputs, Resource};
 use crate::cache::View;
 use crate::config::{DEFAULT_PROXY_CONNECT_TIMEOUT, ProxySpec};
+use crate::resources::Resource;
 
 /// Where proxies without `listenerPort` get one (Higress: 50001 up to, not
 /// including, 51000).
@@ -228,7 +229,7 @@ pub fn listener_ports(specs: &[ProxySpec], reserved: &BTreeSet<u16>) -> BTreeMap
 
 /// FNV-1a of the name: the same on every platform and release.
 fn name_hash(name: &str) -> u64 {
-    u64::from_str_radix(&super::content_hash(name.as_bytes()), 16).unwrap_or_default()
+    crate::resources::hash64(name.as_bytes())
 }
 
 /// The services to send through a proxy, by host. A registry naming a

@@ -61,9 +61,9 @@ fn service_entry_json() {
 #[test]
 fn envoy_clusters() {
     let set = config_set(&view(vec![(consul(), web()), (consul(), grpc())]));
-    let clusters: BTreeMap<&String, Cluster> = set.envoy[envoy::CLUSTER_TYPE]
+    let clusters: BTreeMap<&str, Cluster> = set.envoy[envoy::CLUSTER_TYPE]
         .iter()
-        .map(|(n, r)| (n, Cluster::decode(r.body.value.as_slice()).unwrap()))
+        .map(|r| (&*r.name, Cluster::decode(r.body.value.as_slice()).unwrap()))
         .collect();
     insta::assert_debug_snapshot!(clusters);
 }
@@ -121,9 +121,10 @@ fn tls_services_get_a_destination_rule_and_a_tls_socket() {
     insta::assert_json_snapshot!("tls_destination_rules", set.destination_rules);
 
     // Cluster -> transport socket name and its decoded TLS context.
-    let sockets: BTreeMap<&String, Option<(String, UpstreamTlsContext)>> = set.envoy[envoy::CLUSTER_TYPE]
+    let sockets: BTreeMap<&str, Option<(String, UpstreamTlsContext)>> = set.envoy[envoy::CLUSTER_TYPE]
         .iter()
-        .map(|(n, r)| {
+        .map(|r| {
+            let n = &*r.name;
             let socket = Cluster::decode(r.body.value.as_slice()).unwrap().transport_socket;
             let tls = socket.map(|s| {
                 let Some(ConfigType::TypedConfig(any)) = s.config_type else { panic!("{n}: no typed config") };
@@ -136,6 +137,6 @@ fn tls_services_get_a_destination_rule_and_a_tls_socket() {
             (n, tls)
         })
         .collect();
-    assert_eq!(sockets[&"outbound|8080||web.dc1.consul".to_string()], None, "plain stays plain");
+    assert_eq!(sockets["outbound|8080||web.dc1.consul"], None, "plain stays plain");
     insta::assert_debug_snapshot!("tls_cluster_transport_sockets", sockets);
 }

@@ -117,10 +117,10 @@ impl DeltaStream {
         let current = subscribed(set, type_url, &st.sub);
         let resources: Vec<XdsResource> = current
             .values()
-            .filter(|r| st.sent.get(&r.name) != Some(&r.version) || force.contains(&r.name))
+            .filter(|r| st.sent.get(&*r.name).map(String::as_str) != Some(&*r.version) || force.contains(&*r.name))
             .map(|r| XdsResource {
-                name: r.name.clone(),
-                version: r.version.clone(),
+                name: r.name.to_string(),
+                version: r.version.to_string(),
                 resource: Some(r.body.clone()),
                 ..Default::default()
             })

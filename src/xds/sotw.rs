@@ -15,7 +15,8 @@ use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, Discovery
 use tracing::{debug, warn};
 
 use super::{ClientHandle, Subscription, is_full_state, push_order};
-use crate::translate::{ConfigSet, Resource, content_hash};
+use crate::resources::{Resource, content_hash};
+use crate::translate::ConfigSet;
 
 #[derive(Debug, Default)]
 struct TypeState {
@@ -129,7 +130,8 @@ impl SotwStream {
     ) -> Option<DiscoveryResponse> {
         let st = &self.types[type_url];
         let current = subscribed(set, type_url, &st.sub);
-        let dirty = current.iter().any(|(n, r)| st.sent.get(*n) != Some(&r.version) || force.contains(*n));
+        let dirty =
+            current.iter().any(|(n, r)| st.sent.get(*n).map(String::as_str) != Some(&*r.version) || force.contains(*n));
         let removed = st.sent.keys().any(|n| !current.contains_key(n.as_str()));
         if !(dirty || full && removed) {
             return None;
@@ -154,7 +156,9 @@ impl SotwStream {
         let resources: Vec<&Resource> = current
             .values()
             .copied()
-            .filter(|r| full || st.sent.get(&r.name) != Some(&r.version) || force.contains(&r.name))
+            .filter(|r| {
+                full || st.sent.get(&*r.name).map(String::as_str) != Some(&*r.version) || force.contains(&*r.name)
+            })
             .collect();
         if !full {
             st.sent.retain(|n, _| current.contains_key(n.as_str()));
@@ -162,7 +166,7 @@ impl SotwStream {
             st.sent.clear();
         }
         for r in &resources {
-            st.sent.insert(r.name.clone(), r.version.clone());
+            st.sent.insert(r.name.to_string(), r.version.to_string());
         }
         st.nonce = nonce.clone();
         debug!(type_url, nonce, version, size = resources.len(), "sent response");
@@ -185,7 +189,7 @@ pub(super) fn subscribed<'a>(
     sub: &Subscription,
 ) -> BTreeMap<&'a str, &'a Resource> {
     set.resources(type_url)
-        .map(|m| m.iter().filter(|(n, _)| sub.wants(n)).map(|(n, r)| (n.as_str(), r)).collect())
+        .map(|m| m.iter().filter(|r| sub.wants(&r.name)).map(|r| (&*r.name, &**r)).collect())
         .unwrap_or_default()
 }
 

@@ -15,7 +15,8 @@ use meshbridge_registries::Service;
 use prost::Message;
 
 use super::spec::{Destination, DestinationRuleSpec, Named};
-use crate::translate::{Resource, envoy};
+use crate::resources::Resource;
+use crate::translate::envoy;
 
 pub struct Clusters<'a> {
     services: &'a BTreeMap<String, Arc<Service>>,
@@ -94,7 +95,7 @@ fn subset_cluster(
     let broken = || format!("cluster {base} could not be decoded to derive {name}");
     let mut cluster = envoy::clusters(svc)
         .into_iter()
-        .find(|r| r.name == base)
+        .find(|r| *r.name == *base)
         .and_then(|r| Cluster::decode(r.body.value.as_slice()).ok())
         .ok_or_else(broken)?;
     cluster.name = name.to_string();
@@ -114,7 +115,7 @@ fn subset_cluster(
     };
     let mut cla = envoy::load_assignments(&matching)
         .into_iter()
-        .find(|r| r.name == base)
+        .find(|r| *r.name == *base)
         .and_then(|r| ClusterLoadAssignment::decode(r.body.value.as_slice()).ok())
         .ok_or_else(broken)?;
     cla.cluster_name = name.to_string();

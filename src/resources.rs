@@ -1,0 +1,266 @@
+//! The published resources of one type (an Envoy type URL or an MCP
+//! collection), kept so that every step after translation costs what
+//! changed, not what exists:
+//!
+//! - a persistent map (`imbl`), so publishing a new set clones in O(1) and
+//!   shares every unchanged entry with the previous one;
+//! - a change log of `(revision, name)`, so a stream that last saw revision
+//!   `r` finds what changed since without comparing every resource;
+//! - a type version kept up to date per change (an XOR of per-resource
+//!   hashes), so a response never hashes the whole type.
+//!
+//! A leaf module: translation writes it, `xds` reads it.
+
+use std::sync::Arc;
+
+use envoy_types::pb::google::protobuf::Any;
+
+/// An xDS or MCP resource ready to send: its name, content-hash version and
+/// body. Names and versions are shared (`Arc<str>`) with every stream that
+/// remembers them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resource {
+    pub name: Arc<str>,
+    pub version: Arc<str>,
+    pub body: Any,
+}
+
+impl Resource {
+    /// Wrap a message, versioning it by the hash of its encoding.
+    pub fn new(name: impl Into<Arc<str>>, body: Any) -> Resource {
+        let version = content_hash(&body.value).into();
+        Resource { name: name.into(), version, body }
+    }
+
+    /// A resource with a version computed by the caller (MCP resources hash
+    /// what Pilot sees, not their creation time).
+    pub fn with_version(name: impl Into<Arc<str>>, version: impl Into<Arc<str>>, body: Any) -> Resource {
+        Resource { name: name.into(), version: version.into(), body }
+    }
+}
+
+/// FNV-1a (64 bit): stable across processes and Rust versions, unlike
+/// `DefaultHasher`, so a reconnecting client's versions still match.
+pub fn hash64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// [`hash64`] as 16 hex digits.
+pub fn content_hash(bytes: &[u8]) -> String {
+    format!("{:016x}", hash64(bytes))
+}
+
+/// How many log entries are kept at least; the log also keeps two per
+/// resource, so one full resync of the type is always covered.
+const MIN_LOG: usize = 4096;
+
+/// The resources of one type, by name, with their change log.
+#[derive(Debug, Clone, Default)]
+pub struct TypeResources {
+    by_name: imbl::OrdMap<Arc<str>, Arc<Resource>>,
+    /// `(revision, name)` of every insert, update and removal, in revision order.
+    log: imbl::Vector<(u64, Arc<str>)>,
+    /// Every change after this revision is in `log`.
+    log_floor: u64,
+    /// XOR over the resources of `hash64(name, 0, version)`.
+    version: u64,
+}
+
+fn entry_hash(name: &str, version: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes().chain([0]).chain(version.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+impl TypeResources {
+    pub fn get(&self, name: &str) -> Option<&Arc<Resource>> {
+        self.by_name.get(name)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// Every resource, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Resource>> {
+        self.by_name.values()
+    }
+
+    /// Every name, in order.
+    pub fn names(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.by_name.keys()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    /// The type's version: changes whenever any resource is added, changed
+    /// or removed; the same content always gives the same version.
+    pub fn version(&self) -> String {
+        format!("{:016x}", self.version)
+    }
+
+    /// Names added, changed or removed after `revision` (each at most once,
+    /// in the order of their last change), or `None` when the log no longer
+    /// reaches back that far and the caller must compare everything.
+    pub fn changed_since(&self, revision: u64) -> Option<Vec<Arc<str>>> {
+        if revision < self.log_floor {
+            return None;
+        }
+        // The log is sorted by revision: find the first entry after `revision`.
+        let (mut lo, mut hi) = (0, self.log.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.log[mid].0 <= revision { lo = mid + 1 } else { hi = mid }
+        }
+        let tail = self.log.skip(lo);
+        let mut seen = std::collections::HashSet::with_capacity(tail.len());
+        let mut out: Vec<Arc<str>> = Vec::with_capacity(tail.len());
+        for (_, name) in tail.iter().rev() {
+            if seen.insert(name.clone()) {
+                out.push(name.clone());
+            }
+        }
+        out.reverse();
+        Some(out)
+    }
+
+    /// Insert or replace a resource at `revision`; true if anything changed
+    /// (a resource with the same version is left alone).
+    pub fn insert(&mut self, revision: u64, resource: Resource) -> bool {
+        self.insert_arc(revision, Arc::new(resource))
+    }
+
+    /// [`insert`](Self::insert) for a resource already shared.
+    pub fn insert_arc(&mut self, revision: u64, resource: Arc<Resource>) -> bool {
+        if let Some(old) = self.by_name.get(&*resource.name) {
+            if old.version == resource.version {
+                return false;
+            }
+            self.version ^= entry_hash(&old.name, &old.version);
+        }
+        self.version ^= entry_hash(&resource.name, &resource.version);
+        self.log_change(revision, resource.name.clone());
+        self.by_name.insert(resource.name.clone(), resource);
+        true
+    }
+
+    /// Remove a resource at `revision`; true if it was there.
+    pub fn remove(&mut self, revision: u64, name: &str) -> bool {
+        let Some(old) = self.by_name.remove(name) else {
+            return false;
+        };
+        self.version ^= entry_hash(&old.name, &old.version);
+        self.log_change(revision, old.name.clone());
+        true
+    }
+
+    /// Make the type hold exactly `resources`: inserts what is new or
+    /// changed and removes what is missing. O(size of the type), for types
+    /// that are rebuilt whole (listeners, routes).
+    pub fn replace_all(&mut self, revision: u64, resources: impl IntoIterator<Item = Arc<Resource>>) -> bool {
+        let mut keep = std::collections::HashSet::new();
+        let mut changed = false;
+        for r in resources {
+            keep.insert(r.name.clone());
+            changed |= self.insert_arc(revision, r);
+        }
+        let gone: Vec<Arc<str>> = self.by_name.keys().filter(|n| !keep.contains(*n)).cloned().collect();
+        for name in gone {
+            changed |= self.remove(revision, &name);
+        }
+        changed
+    }
+
+    /// Alias of [`names`](Self::names), as for a map.
+    pub fn keys(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.names()
+    }
+
+    /// Alias of [`contains`](Self::contains), as for a map.
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.contains(name)
+    }
+
+    fn log_change(&mut self, revision: u64, name: Arc<str>) {
+        debug_assert!(self.log.last().is_none_or(|(r, _)| *r <= revision), "revisions only grow");
+        self.log.push_back((revision, name));
+        let cap = MIN_LOG.max(2 * self.by_name.len());
+        while self.log.len() > cap {
+            if let Some((r, _)) = self.log.pop_front() {
+                // Entries of revision `r` may remain; only what is strictly
+                // older than them is guaranteed gone.
+                self.log_floor = self.log_floor.max(r);
+            }
+        }
+    }
+}
+
+/// `set[name]`, as for a map: panics when the name is missing.
+impl std::ops::Index<&str> for TypeResources {
+    type Output = Resource;
+    fn index(&self, name: &str) -> &Resource {
+        match self.by_name.get(name) {
+            Some(r) => r,
+            None => panic!("no resource {name:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn res(name: &str, body: &[u8]) -> Resource {
+        Resource::new(name, Any { type_url: "t".into(), value: body.to_vec() })
+    }
+
+    #[test]
+    fn changes_since_a_revision_and_versions() {
+        let mut t = TypeResources::default();
+        let empty = t.version();
+        assert!(t.insert(1, res("a", b"1")));
+        assert!(t.insert(1, res("b", b"1")));
+        let v1 = t.version();
+        assert!(!t.insert(2, res("a", b"1")), "same content is no change");
+        assert_eq!(t.version(), v1);
+        assert!(t.insert(3, res("a", b"2")));
+        assert!(t.remove(4, "b"));
+        assert!(!t.remove(4, "b"));
+        let names = |v: Option<Vec<Arc<str>>>| v.map(|v| v.iter().map(|n| n.to_string()).collect::<Vec<_>>());
+        assert_eq!(names(t.changed_since(0)), Some(vec!["a".to_string(), "b".to_string()]));
+        assert_eq!(names(t.changed_since(3)), Some(vec!["b".to_string()]));
+        assert_eq!(names(t.changed_since(4)), Some(vec![]));
+        // Back to the first content: back to its version.
+        assert!(t.insert(5, res("a", b"1")));
+        assert!(t.insert(5, res("b", b"1")));
+        assert_eq!(t.version(), v1);
+        assert!(t.replace_all(6, []));
+        assert_eq!(t.version(), empty);
+    }
+
+    #[test]
+    fn a_trimmed_log_asks_for_a_full_compare() {
+        let mut t = TypeResources::default();
+        for rev in 1..=(MIN_LOG as u64 + 10) {
+            t.insert(rev, res("a", &rev.to_le_bytes()));
+        }
+        assert_eq!(t.changed_since(0), None);
+        assert_eq!(t.changed_since(5), None);
+        let recent = t.changed_since(MIN_LOG as u64).expect("recent changes are logged");
+        assert_eq!(recent.len(), 1);
+    }
+}
