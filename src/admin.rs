@@ -26,6 +26,7 @@ use tokio::sync::watch;
 
 pub use auth::{Auth, ct_eq};
 
+use crate::translate::model::IstioObject;
 use crate::cache::Cache;
 use crate::metrics::{self, Metrics};
 use crate::translate::ConfigSet;
@@ -103,7 +104,7 @@ async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
 /// The current Istio objects, as a Kubernetes `List`.
 async fn configz(State(s): State<AdminState>) -> impl IntoResponse {
     let set = s.config.borrow().clone();
-    let items = &set.istio;
+    let items: Vec<&IstioObject> = set.istio.values().map(|o| &**o).collect();
     Json(json!({
         "apiVersion": "v1",
         "kind": "List",

@@ -12,7 +12,7 @@
 //! The cache also keeps what the admin API and metrics report per registry:
 //! its endpoint (never credentials), status, and event and error counters.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
@@ -77,8 +77,10 @@ struct RegistryEntry {
 struct State {
     registries: BTreeMap<RegistryKey, RegistryEntry>,
     revision: u64,
-    /// When the oldest change not yet taken by [`Cache::take_view`] happened.
+    /// When the oldest change not yet taken by [`Cache::take_changes`] happened.
     pending_since: Option<Instant>,
+    /// Hosts whose content changed since the last [`Cache::take_changes`].
+    dirty: HashSet<String>,
 }
 
 /// Service cache shared by watchers (writers) and the publisher (reader).
@@ -101,20 +103,57 @@ pub struct RegistryReport {
 }
 
 /// A service with the registry that reported it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CachedService {
     pub registry: RegistryKey,
     pub service: Arc<Service>,
 }
 
-/// A merged view of the cache at one revision.
+/// A merged view of the cache at one revision (O(catalog): for tests and
+/// whole-state consumers, never per change).
 #[derive(Debug, Clone, Default)]
 pub struct View {
     pub revision: u64,
     /// Services by host; on a host reported by several registries the first
-    /// registry in key order wins and the clash is listed in `conflicts`.
+    /// registry in key order wins and the others are listed in `conflicts`.
     pub services: BTreeMap<String, CachedService>,
-    pub conflicts: Vec<String>,
+    /// Host → the registries that also report it and lost.
+    pub conflicts: BTreeMap<String, Vec<RegistryKey>>,
+}
+
+/// One host as the merged view has it now.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HostState {
+    /// The service the first registry (in key order) reports; `None` once
+    /// no registry reports the host.
+    pub winner: Option<CachedService>,
+    /// Other registries reporting the same host, which lost.
+    pub also: Vec<RegistryKey>,
+}
+
+/// What changed since the last take: each changed host's current state.
+#[derive(Debug, Clone, Default)]
+pub struct Changes {
+    pub revision: u64,
+    /// When the oldest of these changes happened, for the latency metrics.
+    pub changed_at: Option<Instant>,
+    pub hosts: Vec<(String, HostState)>,
+}
+
+impl View {
+    /// The view as one batch of changes: every host.
+    pub fn into_changes(self) -> Changes {
+        let mut conflicts = self.conflicts;
+        let hosts = self
+            .services
+            .into_iter()
+            .map(|(host, winner)| {
+                let also = conflicts.remove(&host).unwrap_or_default();
+                (host, HostState { winner: Some(winner), also })
+            })
+            .collect();
+        Changes { revision: self.revision, changed_at: None, hosts }
+    }
 }
 
 impl Default for Cache {
@@ -179,6 +218,7 @@ impl Cache {
         };
         self.metrics.forget(key, &entry.error_kinds);
         if !entry.services.is_empty() {
+            state.dirty.extend(entry.services.into_keys());
             self.bump(&mut state);
         }
     }
@@ -203,24 +243,48 @@ impl Cache {
         Self::merged(&self.lock())
     }
 
-    /// The view to publish, with the time of the oldest change it is the
-    /// first to include (taken: the next call reports newer changes only).
-    /// Feeds the event-to-push latency metrics.
-    pub fn take_view(&self) -> (View, Option<Instant>) {
+    /// The hosts that changed since the last call, each with its current
+    /// state, and the time of the oldest change (taken: the next call
+    /// reports newer changes only). O(hosts changed × registries).
+    pub fn take_changes(&self) -> Changes {
         let mut state = self.lock();
+        let dirty = std::mem::take(&mut state.dirty);
+        let mut hosts: Vec<(String, HostState)> =
+            dirty.into_iter().map(|h| { let s = Self::host_state(&state, &h); (h, s) }).collect();
+        hosts.sort_by(|a, b| a.0.cmp(&b.0));
+        Changes { revision: state.revision, changed_at: state.pending_since.take(), hosts }
+    }
+
+    /// Every host, as [`take_changes`](Self::take_changes) would report it
+    /// if all had changed; pending changes are taken too. For the first
+    /// translation.
+    pub fn take_all(&self) -> Changes {
+        let mut state = self.lock();
+        state.dirty.clear();
+        let changed_at = state.pending_since.take();
         let view = Self::merged(&state);
-        (view, state.pending_since.take())
+        Changes { changed_at, ..view.into_changes() }
+    }
+
+    fn host_state(state: &State, host: &str) -> HostState {
+        let mut out = HostState::default();
+        for (key, entry) in &state.registries {
+            if let Some(svc) = entry.services.get(host) {
+                match out.winner {
+                    None => out.winner = Some(CachedService { registry: key.clone(), service: svc.clone() }),
+                    Some(_) => out.also.push(key.clone()),
+                }
+            }
+        }
+        out
     }
 
     fn merged(state: &State) -> View {
         let mut view = View { revision: state.revision, ..View::default() };
         for (key, entry) in &state.registries {
             for (host, svc) in &entry.services {
-                if let Some(first) = view.services.get(host) {
-                    view.conflicts.push(format!(
-                        "host {host}: reported by {key} and {}; using {}",
-                        first.registry, first.registry
-                    ));
+                if view.services.contains_key(host) {
+                    view.conflicts.entry(host.clone()).or_default().push(key.clone());
                     continue;
                 }
                 view.services.insert(host.clone(), CachedService { registry: key.clone(), service: svc.clone() });
@@ -258,8 +322,14 @@ impl Cache {
         self.lock().registries.get(key).map(|e| e.services.clone())
     }
 
-    fn with_entry(&self, key: &RegistryKey, generation: u64, f: impl FnOnce(&mut RegistryEntry) -> bool) {
+    fn with_entry(
+        &self,
+        key: &RegistryKey,
+        generation: u64,
+        f: impl FnOnce(&mut RegistryEntry, &mut HashSet<String>) -> bool,
+    ) {
         let mut state = self.lock();
+        let state = &mut *state;
         let Some(entry) = state.registries.get_mut(key) else {
             return;
         };
@@ -267,9 +337,9 @@ impl Cache {
             debug!(registry = %key, "dropping update from a stopped watcher");
             return;
         }
-        if f(entry) {
+        if f(entry, &mut state.dirty) {
             entry.status.last_change_time = Some(SystemTime::now());
-            self.bump(&mut state);
+            self.bump(state);
         }
     }
 }
@@ -312,25 +382,48 @@ fn scrub(message: &str, secrets: &[Secret]) -> String {
     out
 }
 
-/// Apply an update; true if content changed.
-fn apply(services: &mut BTreeMap<String, Arc<Service>>, update: Update) -> bool {
+/// Apply an update, adding every host whose content changed to `dirty`;
+/// true if anything changed. A snapshot costs its own size; an upsert or a
+/// removal costs one service.
+fn apply(services: &mut BTreeMap<String, Arc<Service>>, update: Update, dirty: &mut HashSet<String>) -> bool {
     match update {
         Update::Snapshot(list) => {
-            let new: BTreeMap<String, Arc<Service>> = list.into_iter().map(|s| (s.host.clone(), Arc::new(s))).collect();
-            if *services == new {
-                return false;
+            let mut new: BTreeMap<String, Arc<Service>> = BTreeMap::new();
+            let mut changed = false;
+            for svc in list {
+                // Keep the shared copy of an unchanged service.
+                let svc = match services.get(&svc.host) {
+                    Some(old) if **old == svc => old.clone(),
+                    _ => {
+                        changed = true;
+                        dirty.insert(svc.host.clone());
+                        Arc::new(svc)
+                    }
+                };
+                new.insert(svc.host.clone(), svc);
+            }
+            for host in services.keys().filter(|h| !new.contains_key(*h)) {
+                changed = true;
+                dirty.insert(host.clone());
             }
             *services = new;
-            true
+            changed
         }
         Update::Upsert(svc) => {
             if services.get(&svc.host).is_some_and(|old| **old == svc) {
                 return false;
             }
+            dirty.insert(svc.host.clone());
             services.insert(svc.host.clone(), Arc::new(svc));
             true
         }
-        Update::Remove(host) => services.remove(&host).is_some(),
+        Update::Remove(host) => {
+            let removed = services.remove(&host).is_some();
+            if removed {
+                dirty.insert(host);
+            }
+            removed
+        }
     }
 }
 
@@ -345,7 +438,7 @@ impl Sink for RegistrySink {
     fn update(&self, update: Update) {
         let full = matches!(update, Update::Snapshot(_));
         let metrics = &self.cache.metrics;
-        self.cache.with_entry(&self.key, self.generation, |entry| {
+        self.cache.with_entry(&self.key, self.generation, |entry, dirty| {
             metrics.events.get_or_create(&RegistryLabels::from(&self.key)).inc();
             let now = SystemTime::now();
             if full {
@@ -354,12 +447,12 @@ impl Sink for RegistrySink {
             }
             entry.status.healthy = true;
             entry.status.consecutive_failures = 0;
-            apply(&mut entry.services, update)
+            apply(&mut entry.services, update, dirty)
         });
     }
 
     fn healthy(&self) {
-        self.cache.with_entry(&self.key, self.generation, |entry| {
+        self.cache.with_entry(&self.key, self.generation, |entry, _| {
             entry.status.healthy = true;
             entry.status.consecutive_failures = 0;
             false
@@ -370,7 +463,7 @@ impl Sink for RegistrySink {
         // The watcher logs the failure itself; this is the cache's side of it.
         debug!(registry = %self.key, kind = error.kind(), %error, "registry call failed; keeping last known services");
         let metrics = &self.cache.metrics;
-        self.cache.with_entry(&self.key, self.generation, |entry| {
+        self.cache.with_entry(&self.key, self.generation, |entry, _| {
             let kind = error.kind();
             let labels = RegistryErrorLabels { name: self.key.name.clone(), r#type: self.key.kind.as_str(), kind };
             metrics.errors.get_or_create(&labels).inc();
@@ -385,7 +478,7 @@ impl Sink for RegistrySink {
 
     fn synced(&self, took: Duration) {
         let metrics = &self.cache.metrics;
-        self.cache.with_entry(&self.key, self.generation, |_| {
+        self.cache.with_entry(&self.key, self.generation, |_, _| {
             metrics.sync_duration.get_or_create(&RegistryLabels::from(&self.key)).observe(took.as_secs_f64());
             false
         });
@@ -454,23 +547,35 @@ mod tests {
     }
 
     #[test]
-    fn take_view_carries_the_oldest_unpublished_change() {
+    fn take_changes_carries_the_changed_hosts_and_the_oldest_change() {
         let cache = Cache::new();
         let sink = cache.attach(&key("a"));
-        assert_eq!(cache.take_view().1, None);
+        assert_eq!(cache.take_changes().changed_at, None);
         let before = Instant::now();
         sink.update(Update::Upsert(svc("web.dc1.consul", &["10.0.0.1"])));
         let _ = cache.view(); // does not take it
         let after_first = Instant::now();
         sink.update(Update::Upsert(svc("web.dc1.consul", &["10.0.0.2"])));
-        let (view, taken) = cache.take_view();
-        let taken = taken.expect("a change is pending");
+        sink.update(Update::Upsert(svc("api.dc1.consul", &["10.0.0.3"])));
+        let changes = cache.take_changes();
+        let taken = changes.changed_at.expect("a change is pending");
         assert!(taken >= before && taken <= after_first, "the oldest change's time");
-        assert_eq!(view.services["web.dc1.consul"].service.endpoints[0].address, "10.0.0.2");
-        assert_eq!(cache.take_view().1, None, "taken once");
-        // A status-only call is not a change.
+        let hosts: Vec<&str> = changes.hosts.iter().map(|(h, _)| h.as_str()).collect();
+        assert_eq!(hosts, ["api.dc1.consul", "web.dc1.consul"]);
+        let web = changes.hosts[1].1.winner.as_ref().expect("web is there");
+        assert_eq!(web.service.endpoints[0].address, "10.0.0.2");
+        let again = cache.take_changes();
+        assert_eq!((again.changed_at, again.hosts.len()), (None, 0), "taken once");
+        // A status-only call is not a change; a snapshot marks only what differs.
         sink.healthy();
-        assert_eq!(cache.take_view().1, None);
+        assert!(cache.take_changes().hosts.is_empty());
+        sink.update(Update::Snapshot(vec![svc("web.dc1.consul", &["10.0.0.2"])]));
+        let gone = cache.take_changes();
+        assert_eq!(gone.hosts.len(), 1);
+        assert_eq!(gone.hosts[0], ("api.dc1.consul".to_string(), HostState::default()));
+        // Removing a registry marks its hosts.
+        cache.remove(&key("a"));
+        assert_eq!(cache.take_changes().hosts.len(), 1);
     }
 
     #[test]

@@ -30,6 +30,7 @@ use tokio::sync::watch;
 
 use crate::cache::{Cache, RegistryKey};
 use crate::translate::ConfigSet;
+use crate::translate::warning::count_by_reason;
 use crate::xds::Clients;
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
@@ -282,7 +283,7 @@ impl Collector for StateCollector {
             e,
             "meshbridge_config_rejected_objects",
             "Objects left out of the current config set, by reason",
-            rejected_counts(&set.warnings).into_iter().map(|(reason, n)| (ReasonLabels { reason }, n as i64)),
+            count_by_reason(set.warnings()).into_iter().map(|(reason, n)| (ReasonLabels { reason: reason.as_str() }, n as i64)),
         )?;
         Ok(())
     }
@@ -292,8 +293,8 @@ impl Collector for StateCollector {
 /// message name of their type URL (`Cluster`, `ClusterLoadAssignment`, …).
 pub fn object_counts(set: &ConfigSet) -> Vec<(String, usize)> {
     let mut istio = std::collections::BTreeMap::from([("ServiceEntry".to_string(), 0)]);
-    for o in &set.istio {
-        *istio.entry(o.kind.clone()).or_default() += 1;
+    for (kind, _, _) in set.istio.keys() {
+        *istio.entry(kind.to_string()).or_default() += 1;
     }
     let mut out: Vec<(String, usize)> = istio.into_iter().collect();
     for (type_url, resources) in &set.envoy {
@@ -307,46 +308,17 @@ pub fn type_kind(type_url: &str) -> &str {
     type_url.rsplit(['/', '.']).next().unwrap_or(type_url)
 }
 
-/// Why translation left an object out, from its warning. Every reason is
-/// always reported (zero when absent), so alerts need no `absent()`.
-pub fn rejected_counts(warnings: &[String]) -> Vec<(&'static str, usize)> {
-    let mut counts: Vec<(&'static str, usize)> = REJECT_REASONS.iter().map(|r| (*r, 0)).collect();
-    for w in warnings {
-        let reason = rejection_reason(w);
-        if let Some(c) = counts.iter_mut().find(|(r, _)| *r == reason) {
-            c.1 += 1;
-        }
-    }
-    counts
-}
-
-const REJECT_REASONS: [&str; 4] = ["host_conflict", "no_port", "empty_host", "other"];
-
-/// Classify a translation warning. The one place that reads warning text
-/// (STYLE.md: match error strings in one tested function); the phrases are
-/// those `cache::View::conflicts` and `translate::istio` write.
-pub fn rejection_reason(warning: &str) -> &'static str {
-    if warning.contains("reported by") {
-        "host_conflict"
-    } else if warning.contains("no port") {
-        "no_port"
-    } else if warning.contains("empty host") {
-        "empty_host"
-    } else {
-        "other"
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::translate;
+    use crate::translate::Reason;
     use meshbridge_registries::{Endpoint, Protocol, RegistryKind, Service, ServicePort, Update};
 
     #[test]
     fn reasons_from_real_warnings() {
-        // Produce the warnings the way the code does, so a reworded message
-        // fails here rather than silently becoming "other".
+        // Produce the warnings the way the code does: every one carries its
+        // reason, none is read back from text.
         let cache = Cache::new();
         let ep = Endpoint { address: "10.0.0.1".into(), port: 80, weight: 1, labels: Default::default() };
         let port = ServicePort { number: 80, protocol: Protocol::Http, name: "http-80".into() };
@@ -356,13 +328,10 @@ mod tests {
         a.update(Update::Upsert(Service::new("portless.static", vec![], vec![ep])));
         cache.attach(&RegistryKey::new(RegistryKind::Static, "b")).update(Update::Upsert(web));
         let set = translate::config_set(&cache.view());
-        let mut reasons: Vec<_> = set.warnings.iter().map(|w| rejection_reason(w)).collect();
-        reasons.sort();
-        assert_eq!(reasons, ["host_conflict", "no_port"], "{:?}", set.warnings);
-        assert_eq!(rejection_reason("registry static/a: service with an empty host left out"), "empty_host");
-        assert_eq!(rejection_reason("something new"), "other");
-        let counts = rejected_counts(&set.warnings);
-        assert_eq!(counts, [("host_conflict", 1), ("no_port", 1), ("empty_host", 0), ("other", 0)]);
+        let counts: Vec<(&str, usize)> =
+            count_by_reason(set.warnings()).into_iter().filter(|(_, n)| *n > 0).map(|(r, n)| (r.as_str(), n)).collect();
+        assert_eq!(counts, [("host_conflict", 1), ("no_port", 1)], "{:?}", set.warnings().collect::<Vec<_>>());
+        assert_eq!(count_by_reason([]).len(), Reason::ALL.len(), "every reason is reported");
     }
 
     #[test]

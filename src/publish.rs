@@ -1,41 +1,31 @@
-//! The publisher: whenever the cache or the desired config changes, translate
-//! everything into a new [`ConfigSet`] and publish it on a watch channel. The
-//! channel coalesces bursts, so a storm of registry events costs one
-//! translation of the newest state, not one per event.
+//! The publisher: whenever the cache or the desired config changes, bring
+//! the translated [`ConfigSet`] up to date and publish it on a watch
+//! channel. The cache hands over only the hosts that changed, and the
+//! [`Translator`] does only their work, so a one-instance change costs the
+//! same at 10 or 10,000 services. The channel coalesces bursts: a storm of
+//! registry events costs one pass over the hosts it touched.
+//!
+//! Translation runs on the blocking pool, never as a long poll on an async
+//! worker.
 
-use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::debug;
+use tracing::{debug, warn};
 
-use crate::cache::{Cache, RegistryKey};
+use crate::cache::{Cache, Changes, RegistryKey};
 use crate::config::Desired;
 use crate::translate::gateway::GatewayOptions;
 use crate::translate::ingress::IngressOptions;
-use crate::translate::istio::IstioObject;
-use crate::translate::{self, ConfigSet, Inputs};
+use crate::translate::{ConfigSet, Inputs, Translator};
 
 /// How Ingresses and the standalone gateway are translated.
 #[derive(Debug, Clone, Default)]
 pub struct PublishOptions {
     pub ingress: IngressOptions,
     pub gateway: GatewayOptions,
-}
-
-/// Each object's MCP creation time: when this process first saw it. Pilot
-/// treats a changed `create_time` as a changed object, so it must not move
-/// while the object lives.
-#[derive(Default)]
-struct CreateTimes(HashMap<String, i64>);
-
-impl CreateTimes {
-    fn key(o: &IstioObject) -> String {
-        format!("{}/{}", o.kind, o.key())
-    }
 }
 
 /// Start the publisher task; the receiver always holds the newest set.
@@ -45,65 +35,55 @@ pub fn spawn(
     opts: PublishOptions,
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> watch::Receiver<Arc<ConfigSet>> {
-    let mut times = CreateTimes::default();
+    let mut translator = Translator::new();
     let mut changes = cache.subscribe();
-    let first = publish(cache, &desired.borrow_and_update(), &opts, &mut times);
-    let mut last = Arc::new(first);
-    let (tx, rx) = watch::channel(last.clone());
+    changes.borrow_and_update();
+    let first = cache.take_all();
+    let d = desired.borrow_and_update().clone();
+    translate(&mut translator, first, &d, &opts, true);
+    let (tx, rx) = watch::channel(Arc::new(translator.set().clone()));
     let cache = cache.clone();
     tasks.push(tokio::spawn(async move {
         // A config source that went away leaves its last Desired in force.
         let mut desired_open = true;
+        let mut translator = Some(translator);
         loop {
+            let mut inputs_changed = false;
             tokio::select! {
                 r = changes.changed() => { if r.is_err() { break } changes.borrow_and_update(); }
-                r = desired.changed(), if desired_open => { if r.is_err() { desired_open = false; continue } }
+                r = desired.changed(), if desired_open => {
+                    if r.is_err() { desired_open = false; continue }
+                    inputs_changed = true;
+                }
             }
             let d = desired.borrow_and_update().clone();
-            let set = carry_over(&last, publish(&cache, &d, &opts, &mut times));
-            for w in &set.warnings {
-                debug!(warning = %w, "translation");
+            let batch = cache.take_changes();
+            let Some(mut t) = translator.take() else { break };
+            let opts = opts.clone();
+            let done = tokio::task::spawn_blocking(move || {
+                let changed = translate(&mut t, batch, &d, &opts, inputs_changed);
+                (t, changed)
+            })
+            .await;
+            let (t, changed) = match done {
+                Ok(done) => done,
+                Err(e) => {
+                    // A panic in translation is a bug; the last published
+                    // set stays in force and the publisher stops.
+                    warn!(error = %e, "translation failed; keeping the last published config");
+                    break;
+                }
+            };
+            if changed {
+                tx.send_replace(Arc::new(t.set().clone()));
             }
-            last = Arc::new(set);
-            tx.send_replace(last.clone());
+            translator = Some(t);
         }
     }));
     rx
 }
 
-/// Apply a freshly built set onto the previous one's resources, so that
-/// their change logs and revisions continue: streams then find what
-/// changed since the set they last saw.
-fn carry_over(prev: &ConfigSet, mut set: ConfigSet) -> ConfigSet {
-    let revision = prev.revision + 1;
-    set.revision = revision;
-    let envoy = std::mem::take(&mut set.envoy);
-    set.envoy = prev.envoy.clone();
-    for (type_url, current) in set.envoy.iter_mut() {
-        if !envoy.contains_key(type_url) {
-            current.replace_all(revision, []);
-        }
-    }
-    for (type_url, fresh) in envoy {
-        set.envoy.entry(type_url).or_default().replace_all(revision, fresh.iter().cloned());
-    }
-    let mcp = std::mem::take(&mut set.mcp);
-    set.mcp = prev.mcp.clone();
-    for (collection, current) in set.mcp.iter_mut() {
-        if !mcp.contains_key(collection) {
-            current.replace_all(revision, []);
-        }
-    }
-    for (collection, fresh) in mcp {
-        set.mcp.entry(collection).or_default().replace_all(revision, fresh.iter().cloned());
-    }
-    set
-}
-
-fn publish(cache: &Cache, desired: &Desired, opts: &PublishOptions, times: &mut CreateTimes) -> ConfigSet {
-    // take_view: the time of the oldest change this set is the first to
-    // carry, for the event-to-push latency metrics.
-    let (view, changed_at) = cache.take_view();
+fn translate(t: &mut Translator, changes: Changes, desired: &Desired, opts: &PublishOptions, inputs_changed: bool) -> bool {
     let registry_proxies = desired
         .registries
         .iter()
@@ -118,13 +98,11 @@ fn publish(cache: &Cache, desired: &Desired, opts: &PublishOptions, times: &mut 
         registry_proxies,
     };
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or_default();
-    let seen = RefCell::new(std::mem::take(&mut times.0));
-    let mut set = translate::build(&view, &inputs, |o| *seen.borrow_mut().entry(CreateTimes::key(o)).or_insert(now));
-    let mut seen = seen.into_inner();
-    // Forget objects that are gone, so a re-created one gets a new time.
-    let live: HashSet<String> = set.istio.iter().map(CreateTimes::key).collect();
-    seen.retain(|k, _| live.contains(k));
-    times.0 = seen;
-    set.changed_at = changed_at;
-    set
+    let hosts = changes.hosts.len();
+    let changed = t.apply(changes, &inputs, inputs_changed, now);
+    if changed {
+        let set = t.set();
+        debug!(revision = set.revision, hosts, warnings = set.warnings.len(), "published");
+    }
+    changed
 }

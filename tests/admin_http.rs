@@ -10,7 +10,7 @@ use meshbridge::cache::{Cache, RegistryKey};
 use meshbridge::metrics::{Metrics, exposition};
 use meshbridge::testing::SotwClient;
 use meshbridge::translate::envoy::CLUSTER_TYPE;
-use meshbridge::translate::{self, ConfigSet};
+use meshbridge::translate::{ConfigSet, Inputs, Translator};
 use meshbridge::xds::{AdsServer, Clients};
 use meshbridge_registries::{Endpoint, Protocol, RegistryKind, RegistrySpec, Secret, Service, ServicePort, Update};
 use serde_json::Value;
@@ -21,13 +21,16 @@ struct Fixture {
     xds: std::net::SocketAddr,
     cache: Arc<Cache>,
     tx: watch::Sender<Arc<ConfigSet>>,
+    translator: std::sync::Mutex<Translator>,
 }
 
 impl Fixture {
     async fn start() -> Fixture {
         let cache = Cache::new();
         let clients = Clients::new();
-        let (tx, config) = watch::channel(Arc::new(translate::config_set(&cache.view())));
+        let mut translator = Translator::new();
+        translator.apply(cache.take_all(), &Inputs::default(), true, 0);
+        let (tx, config) = watch::channel(Arc::new(translator.set().clone()));
         let metrics = Arc::new(Metrics::new(cache.clone(), clients.clone(), config.clone()));
         let state = AdminState {
             cache: cache.clone(),
@@ -43,12 +46,15 @@ impl Fixture {
         let xds = xds_listener.local_addr().unwrap();
         let ads = AdsServer::new(config, clients);
         tokio::spawn(ads.serve(xds_listener, std::future::pending()));
-        Fixture { admin, xds, cache, tx }
+        Fixture { admin, xds, cache, tx, translator: std::sync::Mutex::new(translator) }
     }
 
-    /// Publish the cache, as the publisher task does.
+    /// Publish the cache's changes, as the publisher task does (with the
+    /// change time, for the latency metrics).
     fn publish(&self) {
-        self.tx.send_replace(Arc::new(translate::config_set(&self.cache.view())));
+        let mut t = self.translator.lock().unwrap();
+        t.apply(self.cache.take_changes(), &Inputs::default(), false, 0);
+        self.tx.send_replace(Arc::new(t.set().clone()));
     }
 
     async fn get(&self, path: &str) -> (u16, Value) {
@@ -236,9 +242,7 @@ async fn xdsz_and_metrics_follow_events() {
     let first = client.recv().await;
     client.ack(&first, &[]).await;
     sink.update(Update::Upsert(web()));
-    // Publish as run.rs does: with the change time.
-    let (view, changed_at) = f.cache.take_view();
-    f.tx.send_replace(Arc::new(ConfigSet { changed_at, ..translate::config_set(&view) }));
+    f.publish();
     let pushed = client.recv().await;
     assert_eq!(pushed.resources.len(), 1);
     client.ack(&pushed, &[]).await;

@@ -110,12 +110,12 @@ async fn hosts_that_are_not_kubernetes_names_get_valid_object_names() {
     let f = XdsFixture::start(vec![svc("web.dc1.consul", &["10.0.0.1"])]).await;
     f.sink.update(Update::Upsert(svc("providers:com.example.Greeter:1.0.0:.zookeeper", &["10.0.0.9"])));
     let mut rx = f.config.clone();
-    let set = tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|s| s.service_entries.len() == 2))
+    let set = tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|s| s.objects("ServiceEntry").count() == 2))
         .await
         .expect("published")
         .unwrap()
         .clone();
-    assert!(set.warnings.is_empty(), "{:?}", set.warnings);
+    assert!(set.warnings.is_empty(), "{:?}", set.warnings().collect::<Vec<_>>());
     let names: Vec<&str> = set.mcp["networking.istio.io/ServiceEntry"].keys().map(|n| &**n).collect();
     assert_eq!(names.len(), 2);
     assert!(names[0].starts_with("mcp/providers-com.example.greeter-1.0.0.zookeeper-"), "{names:?}");

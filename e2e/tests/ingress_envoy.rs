@@ -95,7 +95,7 @@ async fn ingress_routes_and_splits_traffic_through_envoy() {
     let mut rx = app.config.clone();
     let set = tokio::time::timeout(
         Duration::from_secs(15),
-        rx.wait_for(|s| s.service_entries.len() == 3 && s.istio.iter().any(|o| o.kind == "VirtualService")),
+        rx.wait_for(|s| s.objects("ServiceEntry").count() == 3 && s.objects("VirtualService").next().is_some()),
     )
     .await
     .expect("config with the Ingress and all three services")

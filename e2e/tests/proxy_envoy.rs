@@ -135,7 +135,7 @@ async fn https_service_goes_through_the_connect_proxy_and_back_to_direct() {
         Duration::from_secs(15),
         rx.wait_for(|s| {
             s.mcp.contains_key("networking.istio.io/EnvoyFilter")
-                && s.service_entries.len() == 1
+                && s.objects("ServiceEntry").count() == 1
                 && s.mcp["networking.istio.io/EnvoyFilter"].len() == 2
         }),
     )
@@ -143,7 +143,7 @@ async fn https_service_goes_through_the_connect_proxy_and_back_to_direct() {
     .expect("EnvoyFilters for the proxy and the proxied service")
     .unwrap()
     .clone();
-    assert!(set.warnings.iter().all(|w| !w.contains("proxy")), "{:?}", set.warnings);
+    assert!(set.warnings().all(|w| !w.to_string().contains("proxy")), "{:?}", set.warnings().collect::<Vec<_>>());
 
     let envoy = Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, gateway_port).await.expect("start envoy");
     let tunnel = format!("127.0.0.1:{listener_port}");
@@ -192,7 +192,7 @@ fn proxied_set() -> translate::ConfigSet {
     let view = View {
         revision: 1,
         services: [(svc.host.clone(), CachedService { registry: key.clone(), service: Arc::new(svc) })].into(),
-        conflicts: vec![],
+        conflicts: Default::default(),
     };
     let proxies = [ProxySpec {
         name: "corp".into(),
@@ -202,14 +202,14 @@ fn proxied_set() -> translate::ConfigSet {
         connect_timeout: Some(Duration::from_millis(1500)),
     }];
     let inputs = Inputs { proxies: &proxies, registry_proxies: [(key, "corp".into())].into(), ..Inputs::default() };
-    translate::build(&view, &inputs, |_| 0)
+    translate::build(&view, &inputs)
 }
 
 /// Every `patch.value` of every EnvoyFilter, by what it applies to.
 fn patch_values(set: &translate::ConfigSet) -> (Vec<Value>, Vec<Value>) {
     let (mut clusters, mut listeners) = (Vec::new(), Vec::new());
-    for f in set.istio.iter().filter(|o| o.kind == "EnvoyFilter") {
-        for patch in f.spec["configPatches"].as_array().unwrap() {
+    for f in set.objects("EnvoyFilter") {
+        for patch in f.spec.to_json()["configPatches"].as_array().unwrap() {
             let Some(value) = patch["patch"].get("value") else { continue };
             match patch["applyTo"].as_str() {
                 Some("CLUSTER") => clusters.push(value.clone()),

@@ -24,15 +24,16 @@ mod routes;
 mod servers;
 mod spec;
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::BTreeSet;
 
 use envoy_types::util::pack_any;
-use meshbridge_registries::Service;
 
-use super::istio::IstioObject;
-use crate::resources::Resource;
+pub use clusters::ServiceLookup;
 use servers::Side;
+
+use super::model::IstioObject;
+use super::warning::{Reason, Warning};
+use crate::resources::Resource;
 
 /// How the standalone Envoy listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,20 +65,23 @@ pub struct GatewayOutput {
     /// The subset clusters' endpoints.
     pub load_assignments: Vec<Resource>,
     /// Objects, servers, routes and destinations left out, and why.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
+    /// Every host a route destination names, found or not: the services
+    /// whose change can change this output.
+    pub referenced: BTreeSet<String>,
 }
 
 /// Translate the Istio objects (anything other than Gateways,
 /// VirtualServices and DestinationRules is ignored) into the standalone
-/// gateway's Envoy resources. `services` is host → registry service.
-pub fn envoy_gateway(
-    objects: &[IstioObject],
-    services: &BTreeMap<String, Arc<Service>>,
+/// gateway's Envoy resources. `services` looks up a registry service by host.
+pub fn envoy_gateway<'a>(
+    objects: impl IntoIterator<Item = &'a IstioObject>,
+    services: &ServiceLookup<'_>,
     tls: &[GatewayTls],
     opts: &GatewayOptions,
 ) -> GatewayOutput {
     let mut warnings = Vec::new();
-    let specs = spec::parse(objects, &mut warnings);
+    let specs = spec::collect(objects, &mut warnings);
     let servers = servers::servers(&specs.gateways, tls, &mut warnings);
     let mut clusters = clusters::Clusters::new(services, &specs.destination_rules);
     let bound = routes::bind(&specs, &mut clusters, &mut warnings);
@@ -85,9 +89,10 @@ pub fn envoy_gateway(
     for b in &bound {
         let served = [Side::Http, Side::Https].iter().any(|side| !routes::served_hosts(b, &servers, *side).is_empty());
         if !served {
-            warnings.push(format!(
-                "VirtualService {}: no host matches a served server of its gateways; not routed",
-                b.vs.key()
+            warnings.push(Warning::new(
+                format!("VirtualService {}", b.vs.key()),
+                Reason::Unservable,
+                "no host matches a served server of its gateways; not routed",
             ));
         }
     }
@@ -107,7 +112,11 @@ pub fn envoy_gateway(
     let chains = listeners::https_chains(&servers, &name, &mut warnings);
     if !chains.is_empty() {
         if http_ports.contains(&opts.https_port) {
-            warnings.push(format!("HTTPS port {} is also an HTTP port; no HTTPS listener", opts.https_port));
+            warnings.push(Warning::new(
+                "",
+                Reason::Unservable,
+                format!("HTTPS port {} is also an HTTP port; no HTTPS listener", opts.https_port),
+            ));
         } else {
             let rc = routes::route_configuration(name.clone(), &bound, &servers, Side::Https);
             out.routes.push(Resource::new(name.clone(), pack_any(rc)));
@@ -116,7 +125,7 @@ pub fn envoy_gateway(
         }
     }
 
-    (out.clusters, out.load_assignments) = clusters.into_resources();
+    (out.clusters, out.load_assignments, out.referenced) = clusters.into_resources();
     out.listeners.sort_by(|a, b| a.name.cmp(&b.name));
     out.routes.sort_by(|a, b| a.name.cmp(&b.name));
     dedup_keep_order(&mut warnings);
@@ -126,7 +135,7 @@ pub fn envoy_gateway(
 
 /// The same route may be reached from several places (a VirtualService on
 /// two listeners); say each thing once.
-fn dedup_keep_order(warnings: &mut Vec<String>) {
+fn dedup_keep_order(warnings: &mut Vec<Warning>) {
     let mut seen = std::collections::BTreeSet::new();
     warnings.retain(|w| seen.insert(w.clone()));
 }

@@ -38,7 +38,6 @@
 
 mod annotations;
 mod model;
-mod types;
 
 #[cfg(test)]
 mod ingress_tests;
@@ -49,13 +48,16 @@ use serde::Serialize;
 
 use self::annotations::{DESTINATION, IngressAnnotations, RewriteRule};
 use self::model::{Backend, CLASS_ANNOTATION, HttpPath, Ingress};
-use self::types::*;
-use super::istio::{IstioObject, ObjectMeta};
+use super::model::{
+    Destination, DestinationRuleSpec, GatewaySpec, HttpMatch, HttpRoute, IstioObject, PortSelector, RegexRewrite,
+    Rewrite, RouteDestination, Server, ServerPort, ServerTls, Spec, StringMatch, Subset, VirtualServiceSpec,
+};
+use super::names::short_hash;
+use super::warning::{Reason, Warning};
 use crate::config::IngressDoc;
 
 pub use self::annotations::{DestinationError, McpDestination, parse_destination};
 
-const API_VERSION: &str = "networking.istio.io/v1";
 /// Higress's default ingress class, which also takes class-less Ingresses.
 pub const DEFAULT_INGRESS_CLASS: &str = "higress";
 const HTTP_PORT: u32 = 80;
@@ -83,7 +85,7 @@ pub struct IngressTranslation {
     /// (kind, namespace, name).
     pub objects: Vec<IstioObject>,
     /// Everything left out, and why, in the order found.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
     /// `higress.io/*` and `nginx.ingress.kubernetes.io/*` annotations that
     /// were not understood, over all Ingresses of our class.
     pub ignored_annotations: u64,
@@ -105,7 +107,7 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
         let ingress = match model::parse(&doc.object) {
             Ok(i) => i,
             Err(e) => {
-                t.warnings.push(format!("Ingress {id}: {e}; left out"));
+                t.warnings.push(Warning::new(format!("Ingress {id}"), Reason::InvalidIngress, format!("{e}; left out")));
                 continue;
             }
         };
@@ -115,7 +117,7 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
         let created = ingress.metadata.creation_timestamp.as_deref().and_then(|ts| {
             let parsed = model::parse_timestamp(ts);
             if parsed.is_none() {
-                t.warnings.push(format!("Ingress {id}: metadata.creationTimestamp {ts:?} is not an RFC 3339 time"));
+                t.warnings.push(Warning::new(format!("Ingress {id}"), Reason::InvalidIngress, format!("metadata.creationTimestamp {ts:?} is not an RFC 3339 time")));
             }
             parsed
         });
@@ -127,9 +129,11 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
     ours.sort_by(|a, b| (a.created, &a.namespace, &a.name).cmp(&(b.created, &b.namespace, &b.name)));
 
     for ing in &ours {
-        t.warnings.extend(ing.ann.warnings.iter().map(|w| format!("Ingress {}: {w}", ing.id)));
+        t.warnings.extend(
+            ing.ann.warnings.iter().map(|w| Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, w.clone())),
+        );
         if ing.ingress.spec.rules.is_empty() && ing.ingress.spec.default_backend.is_none() {
-            t.warnings.push(format!("Ingress {}: neither rules nor defaultBackend; nothing to route", ing.id));
+            t.warnings.push(Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, "neither rules nor defaultBackend; nothing to route"));
         }
         t.tls(ing);
         t.rules(ing);
@@ -217,7 +221,7 @@ struct Translator<'a> {
     tls_servers: BTreeMap<(String, String), TlsServer>,
     /// TLS host → (namespace, secret, Ingress) that claimed it first.
     tls_hosts: BTreeMap<String, (String, String, String)>,
-    warnings: Vec<String>,
+    warnings: Vec<Warning>,
     ignored_annotations: u64,
 }
 
@@ -225,33 +229,25 @@ impl Translator<'_> {
     fn tls(&mut self, ing: &Parsed) {
         for (i, tls) in ing.ingress.spec.tls.iter().enumerate() {
             let Some(secret) = tls.secret_name.as_deref().filter(|s| !s.is_empty()) else {
-                self.warnings.push(format!("Ingress {}: spec.tls[{i}] has no secretName; ignored", ing.id));
+                self.warnings.push(Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, format!("spec.tls[{i}] has no secretName; ignored")));
                 continue;
             };
             let key = (ing.namespace.clone(), secret.to_owned());
             // Higress: a TLS entry without hosts covers every host.
             let hosts: Vec<String> = if tls.hosts.is_empty() { vec!["*".into()] } else { tls.hosts.clone() };
             if !self.opts.known_secrets.contains(&key) {
-                self.warnings.push(format!(
-                    "Ingress {}: TLS Secret {}/{secret} not found; HTTPS for {} left out",
-                    ing.id,
-                    ing.namespace,
-                    hosts.join(", ")
-                ));
+                self.warnings.push(Warning::new(format!("Ingress {}", ing.id), Reason::MissingSecret, format!("TLS Secret {}/{secret} not found; HTTPS for {} left out", ing.namespace, hosts.join(", "))));
                 continue;
             }
             for raw in hosts {
                 let Some(host) = normalize_host(&raw) else {
                     self.warnings
-                        .push(format!("Ingress {}: spec.tls[{i}]: {raw:?} is not a valid host; ignored", ing.id));
+                        .push(Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, format!("spec.tls[{i}]: {raw:?} is not a valid host; ignored")));
                     continue;
                 };
                 match self.tls_hosts.get(&host) {
                     Some((ns, s, owner)) if (ns, s) != (&key.0, &key.1) => {
-                        self.warnings.push(format!(
-                            "Ingress {}: TLS host {host} already uses Secret {ns}/{s} (Ingress {owner}); ignored",
-                            ing.id
-                        ));
+                        self.warnings.push(Warning::new(format!("Ingress {}", ing.id), Reason::IngressConflict, format!("TLS host {host} already uses Secret {ns}/{s} (Ingress {owner}); ignored")));
                         continue;
                     }
                     Some(_) => {}
@@ -274,7 +270,7 @@ impl Translator<'_> {
             let host = if raw_host.is_empty() { Some("*".to_owned()) } else { normalize_host(raw_host) };
             let Some(host) = host else {
                 self.warnings
-                    .push(format!("Ingress {}: host {raw_host:?} is not a valid host name; rule left out", ing.id));
+                    .push(Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, format!("host {raw_host:?} is not a valid host name; rule left out")));
                 index += http.paths.len();
                 continue;
             };
@@ -287,7 +283,9 @@ impl Translator<'_> {
 
     fn path(&mut self, ing: &Parsed, host: &str, index: usize, p: &HttpPath) {
         let raw = p.path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/");
-        let left_out = |why: String| format!("Ingress {}: path {raw} on host {host} left out: {why}", ing.id);
+        let left_out = |why: String| {
+            Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, format!("path {raw} on host {host} left out: {why}"))
+        };
         if !raw.starts_with('/') {
             self.warnings.push(left_out("a path must start with '/'".into()));
             return;
@@ -319,12 +317,12 @@ impl Translator<'_> {
         let routes = self.hosts.entry(host.to_owned()).or_default();
         if let Some(owner) = routes.owners.get(&key) {
             self.warnings
-                .push(format!("Ingress {}: path {raw} on host {host} conflicts with {owner}; ignored", ing.id));
+                .push(Warning::new(format!("Ingress {}", ing.id), Reason::IngressConflict, format!("path {raw} on host {host} conflicts with {owner}; ignored")));
             return;
         }
         routes.owners.insert(key.clone(), ing.id.clone());
         let ignore_uri_case = ing.ann.ignore_path_case;
-        let m = |uri| HttpMatch { uri, ignore_uri_case };
+        let m = |uri| HttpMatch { uri: Some(uri), ignore_uri_case };
         let matches = match kind {
             PathKind::Exact => vec![m(StringMatch::Exact(origin.into()))],
             PathKind::Prefix if origin == "/" => vec![m(StringMatch::Prefix("/".into()))],
@@ -341,7 +339,7 @@ impl Translator<'_> {
         let Some(backend) = &ing.ingress.spec.default_backend else { return };
         let route = match self.destinations(ing, backend) {
             Ok(route) => route,
-            Err(why) => return self.warnings.push(format!("Ingress {}: defaultBackend left out: {why}", ing.id)),
+            Err(why) => return self.warnings.push(Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, format!("defaultBackend left out: {why}"))),
         };
         let mut hosts = BTreeSet::from(["*".to_owned()]);
         for rule in &ing.ingress.spec.rules {
@@ -357,7 +355,7 @@ impl Translator<'_> {
             }
             if let Some(owner) = &routes.default_owner {
                 self.warnings
-                    .push(format!("Ingress {}: defaultBackend on host {host} conflicts with {owner}; ignored", ing.id));
+                    .push(Warning::new(format!("Ingress {}", ing.id), Reason::IngressConflict, format!("defaultBackend on host {host} conflicts with {owner}; ignored")));
                 continue;
             }
             routes.default_owner = Some(ing.id.clone());
@@ -379,11 +377,8 @@ impl Translator<'_> {
                 (Some(n @ 1..=65535), _) => Some(PortSelector { number: n as u32 }),
                 (Some(n), _) => return Err(format!("backend service port {n} is not from 1 to 65535")),
                 (None, Some(name)) => {
-                    self.warnings.push(format!(
-                        "Ingress {}: backend service {} port {name:?} is named; named ports need the Service, \
-                         so the route has no port and Istio uses the Service's only port",
-                        ing.id, svc.name
-                    ));
+                    self.warnings.push(Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, format!("backend service {} port {name:?} is named; named ports need the Service, \
+                         so the route has no port and Istio uses the Service's only port", svc.name)));
                     None
                 }
                 (None, None) => return Err(format!("backend service {} has no port", svc.name)),
@@ -443,26 +438,27 @@ impl Translator<'_> {
                 gateways: vec![gateway_ref.clone()],
                 http: routes.into_iter().map(|c| c.route).collect(),
             };
-            objects.push(object("VirtualService", &vs_names[host.as_str()], &ns, &spec));
+            objects.push(IstioObject::new(&vs_names[host.as_str()], &ns, Spec::VirtualService(spec)));
         }
 
         let dr_names = object_names(subsets.keys().map(String::as_str));
         for (host, names) in &subsets {
             let spec = DestinationRuleSpec {
                 host: host.clone(),
+                traffic_policy: None,
                 subsets: names
                     .iter()
                     .map(|n| Subset { name: n.clone(), labels: BTreeMap::from([("version".into(), n.clone())]) })
                     .collect(),
             };
-            objects.push(object("DestinationRule", &dr_names[host.as_str()], &ns, &spec));
+            objects.push(IstioObject::new(&dr_names[host.as_str()], &ns, Spec::DestinationRule(spec)));
         }
 
         let mut servers = Vec::new();
         if !routed.is_empty() {
             let name = format!("http-{HTTP_PORT}-ingress");
             servers.push(Server {
-                port: ServerPort { number: HTTP_PORT, protocol: "HTTP", name },
+                port: ServerPort { number: HTTP_PORT, protocol: "HTTP".into(), name },
                 hosts: routed,
                 tls: None,
             });
@@ -477,18 +473,18 @@ impl Translator<'_> {
             let credential_name =
                 if secret_ns == ns { secret } else { format!("kubernetes-gateway://{secret_ns}/{secret}") };
             servers.push(Server {
-                port: ServerPort { number: HTTPS_PORT, protocol: "HTTPS", name },
+                port: ServerPort { number: HTTPS_PORT, protocol: "HTTPS".into(), name },
                 hosts: server.hosts.into_iter().collect(),
-                tls: Some(ServerTls { mode: "SIMPLE", credential_name }),
+                tls: Some(ServerTls { https_redirect: false, mode: "SIMPLE".into(), credential_name }),
             });
         }
         if !servers.is_empty() {
             let selector = BTreeMap::from([("higress".to_owned(), format!("{ns}-{}", self.opts.gateway_name))]);
-            objects.push(object("Gateway", &self.opts.gateway_name, &ns, &GatewaySpec { selector, servers }));
+            objects.push(IstioObject::new(&self.opts.gateway_name, &ns, Spec::Gateway(GatewaySpec { selector, servers })));
         }
 
         objects.sort_by(|a, b| {
-            (&a.kind, &a.metadata.namespace, &a.metadata.name).cmp(&(&b.kind, &b.metadata.namespace, &b.metadata.name))
+            (a.kind(), &a.metadata.namespace, &a.metadata.name).cmp(&(b.kind(), &b.metadata.namespace, &b.metadata.name))
         });
         IngressTranslation { objects, warnings: self.warnings, ignored_annotations: self.ignored_annotations }
     }
@@ -509,24 +505,24 @@ fn rewrite_for(rule: &RewriteRule, matches: &[HttpMatch], ignore_case: bool) -> 
     match rule {
         RewriteRule::Path(path) => {
             let mut uri = path.clone();
-            let prefix_dir = matches.iter().any(|m| matches!(&m.uri, StringMatch::Prefix(p) if p.ends_with('/')));
+            let prefix_dir = matches.iter().any(|m| matches!(&m.uri, Some(StringMatch::Prefix(p)) if p.ends_with('/')));
             if prefix_dir && !uri.ends_with('/') {
                 uri.push('/');
             }
-            Rewrite { uri: Some(uri), uri_regex_rewrite: None }
+            Rewrite { uri: Some(uri), authority: None, uri_regex_rewrite: None }
         }
         RewriteRule::Target(target) => {
             // Higress takes the first match's value: the exact path for
             // Exact and for Prefix (its exact twin comes first), `/` for `/`.
-            let first = match matches.first().map(|m| &m.uri) {
-                Some(StringMatch::Exact(p) | StringMatch::Prefix(p)) => p.as_str(),
+            let first = match matches.first().and_then(|m| m.uri.as_ref()) {
+                Some(StringMatch::Exact(p) | StringMatch::Prefix(p) | StringMatch::Regex(p)) => p.as_str(),
                 None => "/",
             };
             let flags = if ignore_case { "(?i)" } else { "" };
-            let is_dir_prefix = matches.iter().any(|m| matches!(&m.uri, StringMatch::Prefix(p) if p.len() > 1));
+            let is_dir_prefix = matches.iter().any(|m| matches!(&m.uri, Some(StringMatch::Prefix(p)) if p.len() > 1));
             let slash = if is_dir_prefix && target.ends_with('/') { "/?" } else { "" };
             let pattern = format!("{flags}^{}{slash}", regex_escape(first));
-            Rewrite { uri: None, uri_regex_rewrite: Some(RegexRewrite { pattern, rewrite: target.clone() }) }
+            Rewrite { uri: None, authority: None, uri_regex_rewrite: Some(RegexRewrite { pattern, rewrite: target.clone() }) }
         }
     }
 }
@@ -543,15 +539,6 @@ fn regex_escape(s: &str) -> String {
     out
 }
 
-fn object<T: Serialize>(kind: &str, name: &str, namespace: &str, spec: &T) -> IstioObject {
-    IstioObject {
-        api_version: API_VERSION.into(),
-        kind: kind.into(),
-        metadata: ObjectMeta { name: name.into(), namespace: namespace.into(), ..ObjectMeta::default() },
-        // Plain structs of strings, numbers and maps: serialisation cannot fail.
-        spec: serde_json::to_value(spec).unwrap_or_default(),
-    }
-}
 
 /// A host as Istio wants it: lowercase; `*`, `*.example.com` or a DNS name.
 /// `None` if it is none of those.
@@ -610,6 +597,3 @@ fn sanitize(s: &str) -> String {
     }
 }
 
-fn short_hash(s: &str) -> String {
-    crate::resources::content_hash(s.as_bytes())[..8].to_owned()
-}

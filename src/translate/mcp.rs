@@ -14,7 +14,9 @@ use envoy_types::pb::google::protobuf::Any;
 use meshbridge_proto::istio::mcp::v1alpha1 as mcp;
 use prost::Message;
 
-use super::istio::IstioObject;
+use super::model::IstioObject;
+use super::names::{is_dns1123_label, is_dns1123_subdomain, is_label_key, is_label_value};
+use super::warning::{Reason, Warning};
 use crate::resources::{Resource, content_hash};
 
 pub const MCP_RESOURCE_TYPE: &str = "type.googleapis.com/istio.mcp.v1alpha1.Resource";
@@ -36,37 +38,40 @@ pub fn collection(type_url: &str) -> Option<String> {
     Some(format!("{group}/{kind}"))
 }
 
-/// The group of an `apiVersion` (`networking.istio.io/v1` → `networking.istio.io`).
-fn group(api_version: &str) -> &str {
-    api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or(api_version)
+/// The collection an object is served in: `networking.istio.io/ServiceEntry`.
+pub fn collection_of(obj: &IstioObject) -> String {
+    let api = obj.api_version();
+    let group = api.rsplit_once('/').map(|(g, _)| g).unwrap_or(api);
+    format!("{group}/{}", obj.kind())
 }
 
 /// Wrap every object; returns resources by collection, then by `ns/name`,
 /// and the reasons for any object left out. `create_time` gives each
 /// object's stable creation time (seconds since the epoch).
-pub fn resources(
-    objects: &[IstioObject],
+pub fn resources<'a>(
+    objects: impl IntoIterator<Item = &'a IstioObject>,
     create_time: impl Fn(&IstioObject) -> i64,
-) -> (BTreeMap<String, BTreeMap<String, Resource>>, Vec<String>) {
+) -> (BTreeMap<String, BTreeMap<String, Resource>>, Vec<Warning>) {
     let mut out: BTreeMap<String, BTreeMap<String, Resource>> = BTreeMap::new();
     let mut rejected = Vec::new();
     for obj in objects {
         match resource(obj, create_time(obj)) {
             Ok(r) => {
-                out.entry(format!("{}/{}", group(&obj.api_version), obj.kind))
-                    .or_default()
-                    .insert(r.name.to_string(), r);
+                out.entry(collection_of(obj)).or_default().insert(r.name.to_string(), r);
             }
-            Err(reason) => rejected.push(format!("{} {}: {reason}; left out of MCP", obj.kind, obj.key())),
+            Err(w) => rejected.push(w),
         }
     }
     (out, rejected)
 }
 
-fn resource(obj: &IstioObject, created: i64) -> Result<Resource, String> {
-    validate_meta(obj)?;
-    let message = format!("{}.{}", meshbridge_proto::NETWORKING_PACKAGE, obj.kind);
-    let spec = meshbridge_proto::encode_json(&message, &obj.spec).map_err(|e| e.to_string())?;
+/// One object as an MCP resource, or why Pilot could not take it.
+pub fn resource(obj: &IstioObject, created: i64) -> Result<Resource, Warning> {
+    let reject =
+        |reason: String| Warning::new(format!("{} {}", obj.kind(), obj.key()), Reason::InvalidObject, format!("{reason}; left out of MCP"));
+    validate_meta(obj).map_err(reject)?;
+    let message = format!("{}.{}", meshbridge_proto::NETWORKING_PACKAGE, obj.kind());
+    let spec = meshbridge_proto::encode_json(&message, &obj.spec.to_json()).map_err(|e| reject(e.to_string()))?;
     // The version covers everything Pilot sees except the version itself and
     // the creation time, so an unchanged object keeps its version.
     let mut fingerprint = spec.clone();
@@ -76,7 +81,7 @@ fn resource(obj: &IstioObject, created: i64) -> Result<Resource, String> {
         fingerprint.extend_from_slice(v.as_bytes());
         fingerprint.push(0);
     }
-    fingerprint.extend_from_slice(obj.kind.as_bytes());
+    fingerprint.extend_from_slice(obj.kind().as_bytes());
     let version = content_hash(&fingerprint);
     let name = obj.key();
     let wrapped = mcp::Resource {
@@ -89,11 +94,7 @@ fn resource(obj: &IstioObject, created: i64) -> Result<Resource, String> {
         }),
         body: Some(prost_types::Any { type_url: format!("type.googleapis.com/{message}"), value: spec }),
     };
-    Ok(Resource::with_version(
-        name,
-        version,
-        Any { type_url: MCP_RESOURCE_TYPE.into(), value: wrapped.encode_to_vec() },
-    ))
+    Ok(Resource::with_version(name, version, Any { type_url: MCP_RESOURCE_TYPE.into(), value: wrapped.encode_to_vec() }))
 }
 
 /// Kubernetes rules Pilot relies on but never reports: a DNS-1123 name and
@@ -117,36 +118,6 @@ fn validate_meta(obj: &IstioObject) -> Result<(), String> {
     Ok(())
 }
 
-fn is_dns1123_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
-}
-
-/// `[prefix/]name`: prefix a DNS subdomain, name 1–63 alphanumerics with
-/// `-_.` inside.
-pub fn is_label_key(k: &str) -> bool {
-    let (prefix, name) = match k.rsplit_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, k),
-    };
-    prefix.is_none_or(is_dns1123_subdomain) && !name.is_empty() && is_label_value(name)
-}
-
-/// Empty, or up to 63 alphanumerics with `-_.` inside.
-pub fn is_label_value(v: &str) -> bool {
-    v.len() <= 63
-        && v.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        && v.bytes().next().is_none_or(|b| b.is_ascii_alphanumeric())
-        && v.bytes().last().is_none_or(|b| b.is_ascii_alphanumeric())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,51 +138,31 @@ mod tests {
     }
 
     #[test]
-    fn invalid_hosts_get_valid_distinct_names() {
-        use crate::translate::istio::object_name;
-        assert_eq!(object_name("web.dc1.consul"), "web.dc1.consul");
-        let a = object_name("providers:com.example.Greeter:1.0.0:.zookeeper");
-        let b = object_name("providers:com.example.Greeter:1.0.0:g.zookeeper");
-        assert!(a.starts_with("providers-com.example.greeter-1.0.0.zookeeper-"), "{a}");
-        assert!(is_dns1123_subdomain(&a) && is_dns1123_subdomain(&b), "{a} {b}");
-        assert_ne!(a, b);
-        assert!(is_dns1123_subdomain(&object_name("Bad_Host.dc1.consul")));
-        assert!(is_dns1123_subdomain(&object_name(":::")));
-    }
-
-    #[test]
     fn invalid_objects_are_left_out_and_the_rest_go() {
-        use crate::translate::istio::ObjectMeta;
-        let object = |name: &str, label: &str| IstioObject {
-            api_version: "networking.istio.io/v1".into(),
-            kind: "ServiceEntry".into(),
+        use crate::translate::model::{ObjectMeta, ServiceEntrySpec, Spec};
+        let object = |name: &str, label: &str, resolution: &str| IstioObject {
             metadata: ObjectMeta {
                 name: name.into(),
                 namespace: "mcp".into(),
                 labels: [("app".to_string(), label.to_string())].into(),
                 ..Default::default()
             },
-            spec: serde_json::json!({"hosts": [name], "resolution": "STATIC"}),
+            spec: Spec::ServiceEntry(ServiceEntrySpec {
+                hosts: vec![name.into()],
+                ports: vec![],
+                location: "MESH_INTERNAL".into(),
+                resolution: resolution.into(),
+                endpoints: vec![],
+            }),
         };
-        let mut unknown_field = object("c.example", "ok");
-        unknown_field.spec["colour"] = "red".into();
-        let objects = vec![object("a.example", "ok"), object("b.example", "not ok!"), unknown_field];
+        let objects =
+            vec![object("a.example", "ok", "STATIC"), object("b.example", "not ok!", "STATIC"), object("c.example", "ok", "BY_MAGIC")];
         let (out, rejected) = resources(&objects, |_| 0);
         let names: Vec<&String> = out["networking.istio.io/ServiceEntry"].keys().collect();
         assert_eq!(names, vec!["mcp/a.example"]);
+        let rejected: Vec<String> = rejected.iter().map(ToString::to_string).collect();
         assert_eq!(rejected.len(), 2, "{rejected:?}");
         assert!(rejected[0].contains("mcp/b.example") && rejected[0].contains("metadata.labels[app]"), "{rejected:?}");
-        assert!(rejected[1].contains("mcp/c.example") && rejected[1].contains("colour"), "{rejected:?}");
-    }
-
-    #[test]
-    fn label_rules() {
-        assert!(is_label_key("higress-registry-type"));
-        assert!(is_label_key("app.kubernetes.io/name"));
-        assert!(!is_label_key("bad key"));
-        assert!(!is_label_key("-x"));
-        assert!(is_label_value(""));
-        assert!(!is_label_value(&"a".repeat(64)));
-        assert!(!is_label_value("x/y"));
+        assert!(rejected[1].contains("mcp/c.example") && rejected[1].contains("BY_MAGIC"), "{rejected:?}");
     }
 }

@@ -34,9 +34,10 @@ use std::time::Duration;
 use envoy_types::util::pack_any;
 use meshbridge_registries::{Protocol, RegistryKind, Service};
 
-use super::Inputs;
-use super::istio::IstioObject;
-use crate::cache::View;
+use super::inputs::Inputs;
+use super::model::IstioObject;
+use super::warning::{Reason, Warning};
+use crate::cache::CachedService;
 use crate::config::{DEFAULT_PROXY_CONNECT_TIMEOUT, ProxySpec};
 use crate::resources::Resource;
 
@@ -108,16 +109,19 @@ pub struct ProxyOutput {
     /// EnvoyFilters for Pilot.
     pub objects: Vec<IstioObject>,
     /// Proxies and services left out or routed directly, and why.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
 }
 
-/// Translate the proxies and every service that names one.
-pub fn translate(view: &View, inputs: &Inputs<'_>) -> ProxyOutput {
+/// Translate the proxies and every service that names one. `services` are
+/// the candidates: at least every service of a registry with a `proxyName`
+/// (others are skipped).
+pub fn translate<'a>(services: impl IntoIterator<Item = &'a CachedService>, inputs: &Inputs<'_>) -> ProxyOutput {
     let mut out = ProxyOutput::default();
     let reserved: BTreeSet<u16> =
         inputs.gateway.http_ports.iter().copied().chain([inputs.gateway.https_port]).collect();
     let proxies = usable(inputs.proxies, &reserved, &mut out.warnings);
-    let proxied = proxied_services(view, inputs, &proxies, &mut out.warnings);
+    let services: Vec<&CachedService> = services.into_iter().collect();
+    let proxied = proxied_services(&services, inputs, &proxies, &mut out.warnings);
     let namespace = match inputs.ingress.gateway_namespace.as_str() {
         "" => DEFAULT_NAMESPACE,
         ns => ns,
@@ -139,12 +143,12 @@ pub fn translate(view: &View, inputs: &Inputs<'_>) -> ProxyOutput {
 }
 
 /// The proxies that can be used, by name, with their listener ports.
-fn usable(specs: &[ProxySpec], reserved: &BTreeSet<u16>, warnings: &mut Vec<String>) -> BTreeMap<String, Proxy> {
+fn usable(specs: &[ProxySpec], reserved: &BTreeSet<u16>, warnings: &mut Vec<Warning>) -> BTreeMap<String, Proxy> {
     let ports = listener_ports(specs, reserved);
     let mut out = BTreeMap::new();
     for spec in specs {
         if let Err(reason) = check_address(&spec.server_address) {
-            warnings.push(format!("proxy {:?}: serverAddress: {reason}; its services are routed directly", spec.name));
+            warnings.push(Warning::new(format!("proxy {:?}", spec.name), Reason::ProxyUnusable, format!("serverAddress: {reason}; its services are routed directly")));
             continue;
         }
         match &ports[&spec.name] {
@@ -159,7 +163,7 @@ fn usable(specs: &[ProxySpec], reserved: &BTreeSet<u16>, warnings: &mut Vec<Stri
                 out.insert(spec.name.clone(), proxy);
             }
             Err(reason) => warnings
-                .push(format!("proxy {:?}: listenerPort: {reason}; its services are routed directly", spec.name)),
+                .push(Warning::new(format!("proxy {:?}", spec.name), Reason::ProxyUnusable, format!("listenerPort: {reason}; its services are routed directly"))),
         }
     }
     out
@@ -236,17 +240,23 @@ fn name_hash(name: &str) -> u64 {
 /// proxy that cannot be used, or a service that cannot be tunnelled, is
 /// routed directly with a warning.
 fn proxied_services<'a>(
-    view: &'a View,
+    services: &'a [&'a CachedService],
     inputs: &Inputs<'_>,
     proxies: &'a BTreeMap<String, Proxy>,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) -> Vec<Proxied<'a>> {
     let mut out = Vec::new();
-    for cached in view.services.values() {
+    for cached in services.iter().copied() {
         let registry = &cached.registry;
         let Some(name) = inputs.registry_proxies.get(registry) else { continue };
         let svc = cached.service.as_ref();
-        let direct = |why: String| format!("registry {registry}: proxy {name:?}: {why}; routing {} directly", svc.host);
+        let direct = |why: String| {
+            Warning::new(
+                format!("registry {registry}"),
+                Reason::ProxyUnusable,
+                format!("proxy {name:?}: {why}; routing {} directly", svc.host),
+            )
+        };
         let Some(proxy) = proxies.get(name) else {
             let why = if inputs.proxies.iter().any(|p| &p.name == name) { "not usable" } else { "not found" };
             warnings.push(direct(why.into()));

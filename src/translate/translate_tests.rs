@@ -32,7 +32,7 @@ fn view(services: Vec<(RegistryKey, Service)>) -> View {
             .into_iter()
             .map(|(k, s)| (s.host.clone(), CachedService { registry: k, service: Arc::new(s) }))
             .collect(),
-        conflicts: vec![],
+        conflicts: Default::default(),
     }
 }
 
@@ -55,7 +55,7 @@ fn grpc() -> Service {
 #[test]
 fn service_entry_json() {
     let set = config_set(&view(vec![(consul(), web()), (consul(), grpc())]));
-    insta::assert_json_snapshot!(set.service_entries);
+    insta::assert_json_snapshot!(set.objects("ServiceEntry").collect::<Vec<_>>());
 }
 
 #[test]
@@ -94,9 +94,11 @@ fn versions_are_content_hashes() {
 fn service_without_ports_is_left_out_with_a_reason() {
     let empty = Service::new("ghost.dc1.consul", vec![], vec![]);
     let set = config_set(&view(vec![(consul(), empty), (consul(), web())]));
-    assert_eq!(set.service_entries.len(), 1);
+    assert_eq!(set.objects("ServiceEntry").count(), 1);
     assert!(set.envoy[envoy::CLUSTER_TYPE].keys().all(|k| !k.contains("ghost")));
-    assert_eq!(set.warnings, vec!["ServiceEntry ghost.dc1.consul: no port known yet; left out".to_string()]);
+    let warnings: Vec<String> = set.warnings().map(ToString::to_string).collect();
+    assert_eq!(warnings, vec!["ServiceEntry ghost.dc1.consul: no port known yet; left out".to_string()]);
+    assert_eq!(set.warnings().next().map(|w| w.reason), Some(Reason::NoPort));
 }
 
 /// A `dns` registry with `protocol: grpcs` (SNI: its one host) and a
@@ -118,7 +120,7 @@ fn tls_services_get_a_destination_rule_and_a_tls_socket() {
     use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
 
     let set = config_set(&view(tls_services()));
-    insta::assert_json_snapshot!("tls_destination_rules", set.destination_rules);
+    insta::assert_json_snapshot!("tls_destination_rules", set.objects("DestinationRule").collect::<Vec<_>>());
 
     // Cluster -> transport socket name and its decoded TLS context.
     let sockets: BTreeMap<&str, Option<(String, UpstreamTlsContext)>> = set.envoy[envoy::CLUSTER_TYPE]

@@ -5,7 +5,7 @@
 //! service) or a subset cluster made here. Anything else is an error the
 //! caller turns into a 503 route and a warning.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
@@ -14,26 +14,33 @@ use envoy_types::util::pack_any;
 use meshbridge_registries::Service;
 use prost::Message;
 
-use super::spec::{Destination, DestinationRuleSpec, Named};
+use super::spec::Named;
+use crate::translate::model::{Destination, DestinationRuleSpec};
 use crate::resources::Resource;
 use crate::translate::envoy;
 
+/// Host → registry service: how the gateway sees the registries.
+pub type ServiceLookup<'a> = dyn Fn(&str) -> Option<Arc<Service>> + 'a;
+
 pub struct Clusters<'a> {
-    services: &'a BTreeMap<String, Arc<Service>>,
-    rules: &'a [Named<DestinationRuleSpec>],
+    services: &'a ServiceLookup<'a>,
+    rules: &'a [Named<'a, DestinationRuleSpec>],
     /// Subset clusters made so far, by name, with their load assignments.
     made: BTreeMap<String, (Resource, Resource)>,
+    /// Every destination host asked for, found or not.
+    referenced: BTreeSet<String>,
 }
 
 impl<'a> Clusters<'a> {
-    pub fn new(services: &'a BTreeMap<String, Arc<Service>>, rules: &'a [Named<DestinationRuleSpec>]) -> Self {
-        Clusters { services, rules, made: BTreeMap::new() }
+    pub fn new(services: &'a ServiceLookup<'a>, rules: &'a [Named<'a, DestinationRuleSpec>]) -> Self {
+        Clusters { services, rules, made: BTreeMap::new(), referenced: BTreeSet::new() }
     }
 
     /// The cluster a destination goes to, or why there is none.
     pub fn resolve(&mut self, dest: &Destination) -> Result<String, String> {
         let host = dest.host.as_str();
-        let Some(svc) = self.services.get(host) else {
+        self.referenced.insert(host.to_string());
+        let Some(svc) = (self.services)(host) else {
             return Err(format!("host {host} has no cluster in the standalone gateway (not a registry service)"));
         };
         let port = match (&dest.port, svc.ports.as_slice()) {
@@ -46,13 +53,13 @@ impl<'a> Clusters<'a> {
                 return Err(format!("host {host}: no port given and the service has {} ports", ports.len()));
             }
         };
-        if dest.subset.is_empty() {
+        let Some(subset) = dest.subset.as_deref().filter(|s| !s.is_empty()) else {
             return Ok(envoy::cluster_name(port, "", host));
-        }
-        let name = envoy::cluster_name(port, &dest.subset, host);
+        };
+        let name = envoy::cluster_name(port, subset, host);
         if !self.made.contains_key(&name) {
-            let labels = self.subset_labels(host, &dest.subset)?;
-            let made = subset_cluster(svc, port, &name, labels)?;
+            let labels = self.subset_labels(host, subset)?;
+            let made = subset_cluster(&svc, port, &name, labels)?;
             self.made.insert(name.clone(), made);
         }
         Ok(name)
@@ -76,9 +83,11 @@ impl<'a> Clusters<'a> {
         })
     }
 
-    /// The subset clusters and their load assignments, sorted by name.
-    pub fn into_resources(self) -> (Vec<Resource>, Vec<Resource>) {
-        self.made.into_values().unzip()
+    /// The subset clusters and their load assignments, sorted by name, and
+    /// every host a destination named.
+    pub fn into_resources(self) -> (Vec<Resource>, Vec<Resource>, BTreeSet<String>) {
+        let (clusters, assignments) = self.made.into_values().unzip();
+        (clusters, assignments, self.referenced)
     }
 }
 

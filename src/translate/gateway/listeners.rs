@@ -26,6 +26,7 @@ use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
 use super::servers::{BoundServer, Side};
+use crate::translate::warning::{Reason, Warning};
 
 pub const HCM_FILTER: &str = "envoy.filters.network.http_connection_manager";
 pub const ROUTER_FILTER: &str = "envoy.filters.http.router";
@@ -85,7 +86,7 @@ pub fn http_listener(name: &str, port: u16) -> Listener {
 /// The HTTPS filter chains, one per HTTPS server, in Gateway order. An SNI
 /// name already taken by an earlier server is left out of later ones, since
 /// Envoy rejects the whole listener when two chains match alike.
-pub fn https_chains(servers: &[BoundServer<'_>], route_config: &str, warnings: &mut Vec<String>) -> Vec<FilterChain> {
+pub fn https_chains(servers: &[BoundServer<'_>], route_config: &str, warnings: &mut Vec<Warning>) -> Vec<FilterChain> {
     let mut taken: BTreeSet<String> = BTreeSet::new();
     let mut catch_all_taken = false;
     let mut chains = Vec::new();
@@ -96,7 +97,7 @@ pub fn https_chains(servers: &[BoundServer<'_>], route_config: &str, warnings: &
         let server_names: Vec<String> = if catch_all {
             if catch_all_taken {
                 warnings
-                    .push(format!("Gateway {}: host * already served by an earlier server; left out", server.label()));
+                    .push(Warning::new(format!("Gateway {}", server.label()), Reason::Unservable, "host * already served by an earlier server; left out"));
                 continue;
             }
             catch_all_taken = true;
@@ -106,11 +107,7 @@ pub fn https_chains(servers: &[BoundServer<'_>], route_config: &str, warnings: &
             for h in &server.hosts {
                 if taken.contains(&h.host) {
                     if !names.contains(&h.host) {
-                        warnings.push(format!(
-                            "Gateway {}: SNI {} already served by an earlier server; left out of this one",
-                            server.label(),
-                            h.host
-                        ));
+                        warnings.push(Warning::new(format!("Gateway {}", server.label()), Reason::Unservable, format!("SNI {} already served by an earlier server; left out of this one", h.host)));
                     }
                 } else {
                     taken.insert(h.host.clone());

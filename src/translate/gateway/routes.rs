@@ -9,28 +9,22 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use envoy_types::pb::envoy::config::route::v3::{
-    DirectResponseAction, HeaderMatcher, QueryParameterMatcher, Route, RouteAction, RouteConfiguration, RouteMatch,
-    VirtualHost, WeightedCluster, header_matcher::HeaderMatchSpecifier,
-    query_parameter_matcher::QueryParameterMatchSpecifier, route, route_action, route_match::PathSpecifier,
-    virtual_host::TlsRequirementType, weighted_cluster::ClusterWeight,
+    DirectResponseAction, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, WeightedCluster, route,
+    route_action, route_match::PathSpecifier, virtual_host::TlsRequirementType, weighted_cluster::ClusterWeight,
 };
-use envoy_types::pb::envoy::r#type::matcher::v3::{
-    RegexMatchAndSubstitute, RegexMatcher, StringMatcher, string_matcher::MatchPattern,
-};
+use envoy_types::pb::envoy::r#type::matcher::v3::{RegexMatchAndSubstitute, RegexMatcher};
 use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 
 use super::clusters::Clusters;
 use super::servers::{BoundServer, Side, intersect};
-use super::spec::{HttpMatch, HttpRoute, Named, Pattern, Specs, StringMatch, VirtualServiceSpec};
-
-/// `http[]` fields that replace routing altogether; without a `route` such
-/// an entry has nothing this translation can do.
-const REPLACING: [&str; 3] = ["redirect", "directResponse", "delegate"];
+use super::spec::{Named, Specs};
+use crate::translate::model::{HttpMatch, HttpRoute, StringMatch, VirtualServiceSpec};
+use crate::translate::warning::{Reason, Warning};
 
 /// A VirtualService bound to at least one existing Gateway, translated.
 #[derive(Debug)]
 pub struct BoundVs<'a> {
-    pub vs: &'a Named<VirtualServiceSpec>,
+    pub vs: &'a Named<'a, VirtualServiceSpec>,
     /// Keys (`namespace/name`) of the Gateways it names that exist.
     pub gateways: BTreeSet<String>,
     pub routes: Vec<Route>,
@@ -38,7 +32,7 @@ pub struct BoundVs<'a> {
 
 /// Translate every VirtualService that names an existing Gateway. Those
 /// naming only `mesh` (or nothing, which means `mesh`) are not ours.
-pub fn bind<'a>(specs: &'a Specs, clusters: &mut Clusters<'_>, warnings: &mut Vec<String>) -> Vec<BoundVs<'a>> {
+pub fn bind<'a>(specs: &'a Specs<'a>, clusters: &mut Clusters<'_>, warnings: &mut Vec<Warning>) -> Vec<BoundVs<'a>> {
     let mut out = Vec::new();
     for vs in &specs.virtual_services {
         let mut gateways = BTreeSet::new();
@@ -46,12 +40,16 @@ pub fn bind<'a>(specs: &'a Specs, clusters: &mut Clusters<'_>, warnings: &mut Ve
             if reference == "mesh" {
                 continue;
             }
-            let (ns, name) = reference.split_once('/').unwrap_or((&vs.namespace, reference));
+            let (ns, name) = reference.split_once('/').unwrap_or((vs.namespace, reference));
             match specs.gateway(ns, name) {
                 Some(gw) => {
                     gateways.insert(gw.key());
                 }
-                None => warnings.push(format!("VirtualService {}: gateway {ns}/{name} not found", vs.key())),
+                None => warnings.push(Warning::new(
+                    format!("VirtualService {}", vs.key()),
+                    Reason::Unservable,
+                    format!("gateway {ns}/{name} not found"),
+                )),
             }
         }
         if gateways.is_empty() {
@@ -69,7 +67,7 @@ pub fn served_hosts(bound: &BoundVs<'_>, servers: &[BoundServer<'_>], side: Side
     let mut out: BTreeMap<String, bool> = BTreeMap::new();
     let servers = servers.iter().filter(|s| s.side == side && bound.gateways.contains(&s.gateway.key()));
     for server in servers {
-        for sh in server.hosts.iter().filter(|sh| sh.admits(&bound.vs.namespace)) {
+        for sh in server.hosts.iter().filter(|sh| sh.admits(bound.vs.namespace)) {
             for host in &bound.vs.spec.hosts {
                 if let Some(h) = intersect(&sh.host, &host.to_ascii_lowercase()) {
                     *out.entry(h).or_default() |= server.https_redirect;
@@ -121,7 +119,11 @@ fn domains(host: &str) -> Vec<String> {
 }
 
 /// One VirtualService's `http[]` → routes, one per match, in order.
-fn translate(vs: &Named<VirtualServiceSpec>, clusters: &mut Clusters<'_>, warnings: &mut Vec<String>) -> Vec<Route> {
+fn translate(
+    vs: &Named<'_, VirtualServiceSpec>,
+    clusters: &mut Clusters<'_>,
+    warnings: &mut Vec<Warning>,
+) -> Vec<Route> {
     let mut routes = Vec::new();
     for (i, http) in vs.spec.http.iter().enumerate() {
         let at = if http.name.is_empty() {
@@ -129,31 +131,15 @@ fn translate(vs: &Named<VirtualServiceSpec>, clusters: &mut Clusters<'_>, warnin
         } else {
             format!("VirtualService {}: http[{i}] ({})", vs.key(), http.name)
         };
-        let unsupported = http.other.keys().map(String::as_str).collect::<Vec<_>>().join(", ");
         if http.route.is_empty() {
-            if http.other.keys().any(|k| REPLACING.contains(&k.as_str())) {
-                warnings.push(format!("{at}: {unsupported} not supported by the standalone gateway; left out"));
-            } else {
-                warnings.push(format!("{at}: no route; left out"));
-            }
+            warnings.push(Warning::new(at, Reason::Unservable, "no route; left out"));
             continue;
-        }
-        if !unsupported.is_empty() {
-            warnings.push(format!("{at}: {unsupported} not supported by the standalone gateway; ignored"));
         }
         let action = action(http, &at, clusters, warnings);
         let matches: Vec<RouteMatch> = if http.matches.is_empty() {
             vec![prefix_match("/")]
         } else {
-            http.matches
-                .iter()
-                .enumerate()
-                .filter_map(|(j, m)| {
-                    // Dropping a match we cannot express narrows the entry;
-                    // widening it would route traffic it was never meant for.
-                    route_match(m).map_err(|e| warnings.push(format!("{at}: match[{j}]: {e}; match left out"))).ok()
-                })
-                .collect()
+            http.matches.iter().map(route_match).collect()
         };
         routes.extend(matches.into_iter().map(|m| Route {
             name: http.name.clone(),
@@ -174,87 +160,33 @@ fn regex(pattern: &str) -> RegexMatcher {
     RegexMatcher { regex: pattern.to_string(), engine_type: None }
 }
 
-fn route_match(m: &HttpMatch) -> Result<RouteMatch, String> {
-    if !m.other.is_empty() {
-        let keys = m.other.keys().map(String::as_str).collect::<Vec<_>>().join(", ");
-        return Err(format!("{keys} not supported by the standalone gateway"));
-    }
-    let uri = match &m.uri {
-        Some(u) => u.pattern().map_err(|e| format!("uri: {e}"))?,
-        None => None,
-    };
-    let path = match uri {
+fn route_match(m: &HttpMatch) -> RouteMatch {
+    let path = match &m.uri {
         None => PathSpecifier::Prefix("/".into()),
-        Some(Pattern::Exact(p)) => PathSpecifier::Path(p.into()),
-        Some(Pattern::Prefix(p)) => PathSpecifier::Prefix(p.into()),
-        Some(Pattern::Regex(r)) => PathSpecifier::SafeRegex(regex(r)),
+        Some(StringMatch::Exact(p)) => PathSpecifier::Path(p.clone()),
+        Some(StringMatch::Prefix(p)) => PathSpecifier::Prefix(p.clone()),
+        Some(StringMatch::Regex(r)) => PathSpecifier::SafeRegex(regex(r)),
     };
-    let mut headers = Vec::new();
-    for (name, sm) in &m.headers {
-        headers.push(header(name, sm, false).map_err(|e| format!("headers.{name}: {e}"))?);
-    }
-    for (name, sm) in &m.without_headers {
-        headers.push(header(name, sm, true).map_err(|e| format!("withoutHeaders.{name}: {e}"))?);
-    }
-    let mut query_parameters = Vec::new();
-    for (name, sm) in &m.query_params {
-        let spec = match sm.pattern().map_err(|e| format!("queryParams.{name}: {e}"))? {
-            None => QueryParameterMatchSpecifier::PresentMatch(true),
-            Some(p) => QueryParameterMatchSpecifier::StringMatch(string_matcher(p)),
-        };
-        if name.is_empty() {
-            return Err("queryParams: empty parameter name".into());
-        }
-        query_parameters
-            .push(QueryParameterMatcher { name: name.clone(), query_parameter_match_specifier: Some(spec) });
-    }
-    Ok(RouteMatch {
+    RouteMatch {
         path_specifier: Some(path),
         // Istio: "the case will be ignored only in the case of exact and
         // prefix URI matches"; Envoy likewise ignores it for safe_regex.
         case_sensitive: m.ignore_uri_case.then_some(BoolValue { value: false }),
-        headers,
-        query_parameters,
         ..Default::default()
-    })
-}
-
-fn header(name: &str, sm: &StringMatch, invert: bool) -> Result<HeaderMatcher, String> {
-    if name.is_empty() {
-        return Err("empty header name".into());
     }
-    let spec = match sm.pattern()? {
-        None => HeaderMatchSpecifier::PresentMatch(true),
-        Some(p) => HeaderMatchSpecifier::StringMatch(string_matcher(p)),
-    };
-    Ok(HeaderMatcher {
-        name: name.to_ascii_lowercase(),
-        invert_match: invert,
-        header_match_specifier: Some(spec),
-        ..Default::default()
-    })
-}
-
-fn string_matcher(p: Pattern<'_>) -> StringMatcher {
-    let pattern = match p {
-        Pattern::Exact(s) => MatchPattern::Exact(s.into()),
-        Pattern::Prefix(s) => MatchPattern::Prefix(s.into()),
-        Pattern::Regex(s) => MatchPattern::SafeRegex(regex(s)),
-    };
-    StringMatcher { match_pattern: Some(pattern), ignore_case: false }
 }
 
 /// The action of an `http[]` entry. Destinations without a cluster are left
 /// out so that no route names a cluster the Envoy lacks; with none left the
 /// route answers 503.
-fn action(http: &HttpRoute, at: &str, clusters: &mut Clusters<'_>, warnings: &mut Vec<String>) -> route::Action {
+fn action(http: &HttpRoute, at: &str, clusters: &mut Clusters<'_>, warnings: &mut Vec<Warning>) -> route::Action {
     // Istio: one destination takes all traffic whatever its weight; with
     // several, a zero weight takes none, and all unset means an even split.
-    let weighted = http.route.len() > 1 && http.route.iter().any(|d| d.weight > 0);
+    let weighted = http.route.len() > 1 && http.route.iter().any(|d| d.weight.unwrap_or(0) > 0);
     let mut targets: Vec<(String, u32)> = Vec::new();
     let mut missing = Vec::new();
     for rd in &http.route {
-        let weight = if weighted { rd.weight } else { 1 };
+        let weight = if weighted { rd.weight.unwrap_or(0) } else { 1 };
         if weight == 0 {
             continue;
         }
@@ -269,12 +201,12 @@ fn action(http: &HttpRoute, at: &str, clusters: &mut Clusters<'_>, warnings: &mu
     }
     if targets.is_empty() {
         for reason in missing {
-            warnings.push(format!("{at}: {reason}; answering 503"));
+            warnings.push(Warning::new(at, Reason::NoCluster, format!("{reason}; answering 503")));
         }
         return route::Action::DirectResponse(DirectResponseAction { status: 503, ..Default::default() });
     }
     for reason in missing {
-        warnings.push(format!("{at}: {reason}; left out of the weighted route"));
+        warnings.push(Warning::new(at, Reason::NoCluster, format!("{reason}; left out of the weighted route")));
     }
     let cluster_specifier = if let [(name, _)] = targets.as_slice() {
         route_action::ClusterSpecifier::Cluster(name.clone())
@@ -293,21 +225,25 @@ fn action(http: &HttpRoute, at: &str, clusters: &mut Clusters<'_>, warnings: &mu
     };
     let mut ra = RouteAction { cluster_specifier: Some(cluster_specifier), ..Default::default() };
     if let Some(rw) = &http.rewrite {
-        ra.prefix_rewrite = rw.uri.clone();
+        let uri = rw.uri.as_deref().unwrap_or_default();
+        ra.prefix_rewrite = uri.to_string();
         if let Some(rr) = &rw.uri_regex_rewrite {
-            if rw.uri.is_empty() {
+            if uri.is_empty() {
                 ra.regex_rewrite = Some(RegexMatchAndSubstitute {
                     pattern: Some(regex(&rr.pattern)),
                     substitution: rr.rewrite.clone(),
                 });
             } else {
                 // Envoy rejects a route with both.
-                warnings.push(format!("{at}: rewrite has both uri and uriRegexRewrite; uriRegexRewrite ignored"));
+                warnings.push(Warning::new(
+                    at,
+                    Reason::Unservable,
+                    "rewrite has both uri and uriRegexRewrite; uriRegexRewrite ignored",
+                ));
             }
         }
-        if !rw.authority.is_empty() {
-            ra.host_rewrite_specifier =
-                Some(route_action::HostRewriteSpecifier::HostRewriteLiteral(rw.authority.clone()));
+        if let Some(authority) = rw.authority.as_deref().filter(|a| !a.is_empty()) {
+            ra.host_rewrite_specifier = Some(route_action::HostRewriteSpecifier::HostRewriteLiteral(authority.into()));
         }
     }
     route::Action::Route(ra)

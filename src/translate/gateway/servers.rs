@@ -8,7 +8,9 @@
 //! standalone Envoy is every Gateway's workload.
 
 use super::GatewayTls;
-use super::spec::{GatewaySpec, Named, Server};
+use super::spec::Named;
+use crate::translate::model::{GatewaySpec, Server};
+use crate::translate::warning::{Reason, Warning};
 
 /// The listener kind a server feeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,7 +22,7 @@ pub enum Side {
 /// A Gateway server the standalone Envoy serves.
 #[derive(Debug)]
 pub struct BoundServer<'a> {
-    pub gateway: &'a Named<GatewaySpec>,
+    pub gateway: &'a Named<'a, GatewaySpec>,
     /// Index in the Gateway's `servers`, for names and warnings.
     pub index: usize,
     pub side: Side,
@@ -82,9 +84,9 @@ impl ServerHost {
 /// Classify every server of every Gateway; a server that cannot be served
 /// is reported and left out.
 pub fn servers<'a>(
-    gateways: &'a [Named<GatewaySpec>],
+    gateways: &'a [Named<'a, GatewaySpec>],
     tls: &'a [GatewayTls],
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) -> Vec<BoundServer<'a>> {
     let mut out = Vec::new();
     for gw in gateways {
@@ -92,7 +94,7 @@ pub fn servers<'a>(
             match classify(gw, server, tls) {
                 Ok((side, tls)) => {
                     let hosts: Vec<ServerHost> =
-                        server.hosts.iter().map(|h| ServerHost::parse(h, &gw.namespace)).collect();
+                        server.hosts.iter().map(|h| ServerHost::parse(h, gw.namespace)).collect();
                     let bound = BoundServer {
                         gateway: gw,
                         index,
@@ -102,12 +104,16 @@ pub fn servers<'a>(
                         tls,
                     };
                     if bound.hosts.is_empty() {
-                        warnings.push(format!("Gateway {}: no hosts; left out", bound.label()));
+                        warnings.push(Warning::new(format!("Gateway {}", bound.label()), Reason::Unservable, "no hosts; left out"));
                         continue;
                     }
                     out.push(bound);
                 }
-                Err(reason) => warnings.push(format!("Gateway {} servers[{index}]: {reason}; left out", gw.key())),
+                Err((reason, why)) => warnings.push(Warning::new(
+                    format!("Gateway {} servers[{index}]", gw.key()),
+                    reason,
+                    format!("{why}; left out"),
+                )),
             }
         }
     }
@@ -115,32 +121,37 @@ pub fn servers<'a>(
 }
 
 fn classify<'a>(
-    gw: &Named<GatewaySpec>,
+    gw: &Named<'_, GatewaySpec>,
     server: &Server,
     tls: &'a [GatewayTls],
-) -> Result<(Side, Option<&'a GatewayTls>), String> {
-    let Some(port) = &server.port else { return Err("no port".into()) };
-    match port.protocol.to_ascii_uppercase().as_str() {
+) -> Result<(Side, Option<&'a GatewayTls>), (Reason, String)> {
+    let unservable = |why: String| (Reason::Unservable, why);
+    match server.port.protocol.to_ascii_uppercase().as_str() {
         "HTTP" | "HTTP2" | "GRPC" => Ok((Side::Http, None)),
         "HTTPS" => {
-            let Some(t) = &server.tls else { return Err("HTTPS without tls".into()) };
+            let Some(t) = &server.tls else { return Err(unservable("HTTPS without tls".into())) };
             let mode = if t.mode.is_empty() { "PASSTHROUGH" } else { t.mode.as_str() };
             if !mode.eq_ignore_ascii_case("SIMPLE") {
-                return Err(format!("tls.mode {mode} is not supported by the standalone gateway (SIMPLE only)"));
+                return Err(unservable(format!(
+                    "tls.mode {mode} is not supported by the standalone gateway (SIMPLE only)"
+                )));
             }
             if t.credential_name.is_empty() {
-                return Err("tls.credentialName is empty (certificate files are not supported)".into());
+                return Err(unservable("tls.credentialName is empty (certificate files are not supported)".into()));
             }
-            let secret = find_tls(&t.credential_name, &gw.namespace, tls)?;
+            let secret = find_tls(&t.credential_name, gw.namespace, tls).map_err(|e| (Reason::MissingSecret, e))?;
             if !is_pem(&secret.cert_chain_pem) || !is_pem(secret.private_key_pem.expose()) {
-                return Err(format!(
-                    "secret {}/{} (credentialName {:?}): tls.crt or tls.key is not PEM",
-                    secret.namespace, secret.name, t.credential_name
+                return Err((
+                    Reason::MissingSecret,
+                    format!(
+                        "secret {}/{} (credentialName {:?}): tls.crt or tls.key is not PEM",
+                        secret.namespace, secret.name, t.credential_name
+                    ),
                 ));
             }
             Ok((Side::Https, Some(secret)))
         }
-        other => Err(format!("protocol {other:?} is not supported by the standalone gateway")),
+        other => Err(unservable(format!("protocol {other:?} is not supported by the standalone gateway"))),
     }
 }
 

@@ -39,8 +39,8 @@ fn run(yaml: &str) -> IngressTranslation {
 fn route_names(t: &IngressTranslation) -> Vec<String> {
     t.objects
         .iter()
-        .filter(|o| o.kind == "VirtualService")
-        .flat_map(|o| o.spec["http"].as_array().cloned().unwrap_or_default())
+        .filter(|o| o.kind() == "VirtualService")
+        .flat_map(|o| o.spec.to_json()["http"].as_array().cloned().unwrap_or_default())
         .map(|r| r["name"].as_str().unwrap_or_default().to_owned())
         .collect()
 }
@@ -594,8 +594,8 @@ spec:
 "#);
     assert_eq!(t.ignored_annotations, 3, "{t:#?}");
     assert!(t.warnings.is_empty(), "{:?}", t.warnings);
-    let vs = t.objects.iter().find(|o| o.kind == "VirtualService").expect("a VirtualService");
-    assert!(vs.spec["http"][0].get("rewrite").is_none(), "an empty rewrite-path rewrites nothing");
+    let vs = t.objects.iter().find(|o| o.kind() == "VirtualService").expect("a VirtualService");
+    assert!(vs.spec.to_json()["http"][0].get("rewrite").is_none(), "an empty rewrite-path rewrites nothing");
 }
 
 #[test]
@@ -624,7 +624,7 @@ spec:
     ingresses.reverse();
     let backward = translate(&ingresses, &IngressOptions { ingress_class: None, ..opts() });
     assert_eq!(forward, backward);
-    assert!(forward.warnings.iter().any(|w| w.contains("conflicts with shop/spec-higress")), "{:?}", forward.warnings);
+    assert!(forward.warnings.iter().any(|w| w.to_string().contains("conflicts with shop/spec-higress")), "{:?}", forward.warnings);
 }
 
 #[test]

@@ -1,0 +1,21 @@
+//! What translation reads besides the registries' services.
+
+use std::collections::BTreeMap;
+
+use super::gateway::GatewayOptions;
+use super::ingress::IngressOptions;
+use crate::cache::RegistryKey;
+use crate::config::{IngressDoc, ProxySpec, TlsSecret};
+
+#[derive(Debug, Clone, Default)]
+pub struct Inputs<'a> {
+    pub ingresses: &'a [IngressDoc],
+    pub tls_secrets: &'a [TlsSecret],
+    /// `known_secrets` is filled from `tls_secrets`.
+    pub ingress: IngressOptions,
+    pub gateway: GatewayOptions,
+    /// McpBridge `spec.proxies[]`, validated.
+    pub proxies: &'a [ProxySpec],
+    /// The `proxyName` of each registry that has one.
+    pub registry_proxies: BTreeMap<RegistryKey, String>,
+}

@@ -1,0 +1,393 @@
+//! The one typed model of the Istio objects meshbridge writes: ServiceEntry,
+//! DestinationRule, Gateway, VirtualService and EnvoyFilter, reduced to the
+//! fields meshbridge sets, in Istio's JSON field names (the protobuf JSON
+//! mapping: camelCase, enums as strings, unset fields left out).
+//!
+//! Translation builds these and the standalone gateway reads them as they
+//! are. JSON exists only at the edges: MCP encoding (checked against the
+//! schema in `proto/`) and `/debug/configz`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Namespace of the objects made from registries, as in Higress.
+pub const NAMESPACE: &str = "mcp";
+pub const LABEL_REGISTRY_TYPE: &str = "higress-registry-type";
+pub const LABEL_REGISTRY_NAME: &str = "higress-registry-name";
+const V1: &str = "networking.istio.io/v1";
+const V1ALPHA3: &str = "networking.istio.io/v1alpha3";
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ObjectMeta {
+    pub name: String,
+    pub namespace: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// An Istio object: its metadata and its typed spec, which fixes its kind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IstioObject {
+    pub metadata: ObjectMeta,
+    pub spec: Spec,
+}
+
+/// The spec of each kind meshbridge writes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Spec {
+    ServiceEntry(ServiceEntrySpec),
+    DestinationRule(DestinationRuleSpec),
+    Gateway(GatewaySpec),
+    VirtualService(VirtualServiceSpec),
+    EnvoyFilter(EnvoyFilterSpec),
+}
+
+impl Spec {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Spec::ServiceEntry(_) => "ServiceEntry",
+            Spec::DestinationRule(_) => "DestinationRule",
+            Spec::Gateway(_) => "Gateway",
+            Spec::VirtualService(_) => "VirtualService",
+            Spec::EnvoyFilter(_) => "EnvoyFilter",
+        }
+    }
+
+    /// Istio's `apiVersion` for the kind (EnvoyFilter exists only in
+    /// `v1alpha3`).
+    pub fn api_version(&self) -> &'static str {
+        match self {
+            Spec::EnvoyFilter(_) => V1ALPHA3,
+            _ => V1,
+        }
+    }
+
+    /// The spec in its JSON form. Plain structs of strings, numbers, maps
+    /// and JSON values: serialisation cannot fail.
+    pub fn to_json(&self) -> serde_json::Value {
+        let v = match self {
+            Spec::ServiceEntry(s) => serde_json::to_value(s),
+            Spec::DestinationRule(s) => serde_json::to_value(s),
+            Spec::Gateway(s) => serde_json::to_value(s),
+            Spec::VirtualService(s) => serde_json::to_value(s),
+            Spec::EnvoyFilter(s) => serde_json::to_value(s),
+        };
+        v.unwrap_or_default()
+    }
+
+    /// Read a spec of `kind` from its JSON form (tests and fixtures).
+    pub fn from_json(kind: &str, spec: serde_json::Value) -> Result<Spec, String> {
+        let e = |e: serde_json::Error| format!("{kind}: {e}");
+        Ok(match kind {
+            "ServiceEntry" => Spec::ServiceEntry(serde_json::from_value(spec).map_err(e)?),
+            "DestinationRule" => Spec::DestinationRule(serde_json::from_value(spec).map_err(e)?),
+            "Gateway" => Spec::Gateway(serde_json::from_value(spec).map_err(e)?),
+            "VirtualService" => Spec::VirtualService(serde_json::from_value(spec).map_err(e)?),
+            "EnvoyFilter" => Spec::EnvoyFilter(serde_json::from_value(spec).map_err(e)?),
+            other => return Err(format!("unknown kind {other:?}")),
+        })
+    }
+}
+
+impl IstioObject {
+    pub fn new(name: impl Into<String>, namespace: impl Into<String>, spec: Spec) -> IstioObject {
+        IstioObject { metadata: ObjectMeta { name: name.into(), namespace: namespace.into(), ..Default::default() }, spec }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        self.spec.kind()
+    }
+
+    pub fn api_version(&self) -> &'static str {
+        self.spec.api_version()
+    }
+
+    /// `namespace/name`, the MCP resource name.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.metadata.namespace, self.metadata.name)
+    }
+
+    /// The Kubernetes JSON form (`kubectl get … -o json`).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": self.api_version(),
+            "kind": self.kind(),
+            "metadata": self.metadata,
+            "spec": self.spec.to_json(),
+        })
+    }
+}
+
+/// Serialised in the Kubernetes JSON form, spec keys sorted.
+impl Serialize for IstioObject {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.to_json().serialize(s)
+    }
+}
+
+// ---- ServiceEntry ---------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServiceEntrySpec {
+    pub hosts: Vec<String>,
+    pub ports: Vec<Port>,
+    /// `MESH_INTERNAL`.
+    pub location: String,
+    /// `STATIC`.
+    pub resolution: String,
+    pub endpoints: Vec<WorkloadEntry>,
+}
+
+/// `ServicePort`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Port {
+    pub number: u32,
+    pub protocol: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadEntry {
+    pub address: String,
+    /// Port name → the endpoint's own port.
+    pub ports: BTreeMap<String, u32>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    pub weight: u32,
+}
+
+// ---- DestinationRule ------------------------------------------------------
+
+/// Subsets from Ingress destinations, TLS origination from registries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DestinationRuleSpec {
+    pub host: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic_policy: Option<TrafficPolicy>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subsets: Vec<Subset>,
+}
+
+impl DestinationRuleSpec {
+    /// Fill what this rule leaves unset from `fallback`: how a registry
+    /// rule completes one written for an Ingress without overriding it.
+    pub fn fill_unset(&mut self, fallback: &DestinationRuleSpec) {
+        match (&mut self.traffic_policy, &fallback.traffic_policy) {
+            (None, Some(f)) => self.traffic_policy = Some(f.clone()),
+            (Some(p), Some(f)) if p.port_level_settings.is_empty() => {
+                p.port_level_settings = f.port_level_settings.clone()
+            }
+            _ => {}
+        }
+        if self.subsets.is_empty() {
+            self.subsets = fallback.subsets.clone();
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrafficPolicy {
+    pub port_level_settings: Vec<PortTrafficPolicy>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PortTrafficPolicy {
+    pub port: PortSelector,
+    pub tls: ClientTlsSettings,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClientTlsSettings {
+    /// `SIMPLE`: TLS to the upstream, no client certificate.
+    pub mode: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sni: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Subset {
+    pub name: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// `PortSelector`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PortSelector {
+    pub number: u32,
+}
+
+// ---- Gateway --------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GatewaySpec {
+    #[serde(default)]
+    pub selector: BTreeMap<String, String>,
+    pub servers: Vec<Server>,
+}
+
+/// `Gateway.spec.servers[]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Server {
+    pub port: ServerPort,
+    pub hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ServerTls>,
+}
+
+/// `Port` of a Gateway server. Istio requires port names to be unique
+/// among a Gateway's servers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerPort {
+    pub number: u32,
+    /// `HTTP`, `HTTPS`, `HTTP2`, `GRPC`, …
+    pub protocol: String,
+    #[serde(default)]
+    pub name: String,
+}
+
+/// `ServerTLSSettings`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerTls {
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub https_redirect: bool,
+    /// `SIMPLE` for Ingress TLS (terminated at the gateway); Istio's
+    /// default, when empty, is `PASSTHROUGH`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mode: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub credential_name: String,
+}
+
+// ---- VirtualService -------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VirtualServiceSpec {
+    pub hosts: Vec<String>,
+    #[serde(default)]
+    pub gateways: Vec<String>,
+    #[serde(default)]
+    pub http: Vec<HttpRoute>,
+}
+
+/// `HTTPRoute`. A route without `match` matches every request (the default
+/// backend); Istio wants it last.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HttpRoute {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(rename = "match", default, skip_serializing_if = "Vec::is_empty")]
+    pub matches: Vec<HttpMatch>,
+    #[serde(default)]
+    pub route: Vec<RouteDestination>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<Rewrite>,
+}
+
+/// `HTTPMatchRequest`, reduced to the URI.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpMatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<StringMatch>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignore_uri_case: bool,
+}
+
+/// `StringMatch`: a oneof, so exactly one key in JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StringMatch {
+    Exact(String),
+    Prefix(String),
+    Regex(String),
+}
+
+/// `HTTPRouteDestination`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RouteDestination {
+    pub destination: Destination,
+    /// Left out for a single destination (Istio then sends it everything).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+}
+
+/// `Destination`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Destination {
+    pub host: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subset: Option<String>,
+    /// `None`: Istio uses the service's only port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<PortSelector>,
+}
+
+/// `HTTPRewrite`: `uri` replaces the matched prefix (or the whole path for
+/// an exact match); `uriRegexRewrite` substitutes a regex match.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rewrite {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri_regex_rewrite: Option<RegexRewrite>,
+}
+
+/// `RegexRewrite`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegexRewrite {
+    #[serde(rename = "match")]
+    pub pattern: String,
+    pub rewrite: String,
+}
+
+// ---- EnvoyFilter ----------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvoyFilterSpec {
+    pub config_patches: Vec<EnvoyConfigObjectPatch>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvoyConfigObjectPatch {
+    /// `CLUSTER`, `LISTENER`, …
+    pub apply_to: String,
+    #[serde(rename = "match")]
+    pub matches: PatchMatch,
+    pub patch: Patch,
+}
+
+/// `EnvoyConfigObjectMatch`, reduced to a context and a cluster name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PatchMatch {
+    /// `GATEWAY`.
+    pub context: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterMatch>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterMatch {
+    pub name: String,
+}
+
+/// `Patch`. Its `value` is a `google.protobuf.Struct` in Istio's API: Envoy
+/// config in its JSON form, so a JSON value is its faithful type.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Patch {
+    /// `ADD`, `REMOVE`, …
+    pub operation: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<serde_json::Value>,
+}
