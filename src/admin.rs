@@ -26,10 +26,10 @@ use tokio::sync::watch;
 
 pub use auth::{Auth, ct_eq};
 
-use crate::translate::model::IstioObject;
 use crate::cache::Cache;
 use crate::metrics::{self, Metrics};
 use crate::translate::ConfigSet;
+use crate::translate::model::IstioObject;
 use crate::xds::Clients;
 
 #[derive(Clone)]

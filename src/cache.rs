@@ -249,8 +249,13 @@ impl Cache {
     pub fn take_changes(&self) -> Changes {
         let mut state = self.lock();
         let dirty = std::mem::take(&mut state.dirty);
-        let mut hosts: Vec<(String, HostState)> =
-            dirty.into_iter().map(|h| { let s = Self::host_state(&state, &h); (h, s) }).collect();
+        let mut hosts: Vec<(String, HostState)> = dirty
+            .into_iter()
+            .map(|h| {
+                let s = Self::host_state(&state, &h);
+                (h, s)
+            })
+            .collect();
         hosts.sort_by(|a, b| a.0.cmp(&b.0));
         Changes { revision: state.revision, changed_at: state.pending_since.take(), hosts }
     }

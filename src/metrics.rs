@@ -283,7 +283,9 @@ impl Collector for StateCollector {
             e,
             "meshbridge_config_rejected_objects",
             "Objects left out of the current config set, by reason",
-            count_by_reason(set.warnings()).into_iter().map(|(reason, n)| (ReasonLabels { reason: reason.as_str() }, n as i64)),
+            count_by_reason(set.warnings())
+                .into_iter()
+                .map(|(reason, n)| (ReasonLabels { reason: reason.as_str() }, n as i64)),
         )?;
         Ok(())
     }

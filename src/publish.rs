@@ -83,7 +83,13 @@ pub fn spawn(
     rx
 }
 
-fn translate(t: &mut Translator, changes: Changes, desired: &Desired, opts: &PublishOptions, inputs_changed: bool) -> bool {
+fn translate(
+    t: &mut Translator,
+    changes: Changes,
+    desired: &Desired,
+    opts: &PublishOptions,
+    inputs_changed: bool,
+) -> bool {
     let registry_proxies = desired
         .registries
         .iter()

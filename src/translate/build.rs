@@ -309,7 +309,8 @@ impl Translator {
         for obj in &mut objects {
             if let Spec::DestinationRule(rule) = &mut obj.spec {
                 d.subset_hosts.insert(rule.host.clone());
-                let registry_rule = self.services.get(&rule.host).and_then(|c| istio::destination_rule(&c.registry, &c.service));
+                let registry_rule =
+                    self.services.get(&rule.host).and_then(|c| istio::destination_rule(&c.registry, &c.service));
                 if let Some(IstioObject { spec: Spec::DestinationRule(fallback), .. }) = registry_rule {
                     rule.fill_unset(&fallback);
                 }
@@ -435,3 +436,7 @@ pub fn build(view: &View, inputs: &Inputs<'_>) -> ConfigSet {
 pub fn config_set(view: &View) -> ConfigSet {
     build(view, &Inputs::default())
 }
+
+#[cfg(test)]
+#[path = "build_tests.rs"]
+mod tests;

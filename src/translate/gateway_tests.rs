@@ -535,7 +535,10 @@ fn virtual_services_on_one_host_merge_and_hosts_follow_the_servers() {
         .collect();
     insta::assert_debug_snapshot!(summary);
     assert!(rc.ignore_port_in_host_matching);
-    assert_eq!(texts(&out.warnings), ["VirtualService default/c: no host matches a served server of its gateways; not routed"]);
+    assert_eq!(
+        texts(&out.warnings),
+        ["VirtualService default/c: no host matches a served server of its gateways; not routed"]
+    );
 }
 
 #[test]

@@ -107,7 +107,11 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
         let ingress = match model::parse(&doc.object) {
             Ok(i) => i,
             Err(e) => {
-                t.warnings.push(Warning::new(format!("Ingress {id}"), Reason::InvalidIngress, format!("{e}; left out")));
+                t.warnings.push(Warning::new(
+                    format!("Ingress {id}"),
+                    Reason::InvalidIngress,
+                    format!("{e}; left out"),
+                ));
                 continue;
             }
         };
@@ -117,7 +121,11 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
         let created = ingress.metadata.creation_timestamp.as_deref().and_then(|ts| {
             let parsed = model::parse_timestamp(ts);
             if parsed.is_none() {
-                t.warnings.push(Warning::new(format!("Ingress {id}"), Reason::InvalidIngress, format!("metadata.creationTimestamp {ts:?} is not an RFC 3339 time")));
+                t.warnings.push(Warning::new(
+                    format!("Ingress {id}"),
+                    Reason::InvalidIngress,
+                    format!("metadata.creationTimestamp {ts:?} is not an RFC 3339 time"),
+                ));
             }
             parsed
         });
@@ -130,10 +138,17 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
 
     for ing in &ours {
         t.warnings.extend(
-            ing.ann.warnings.iter().map(|w| Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, w.clone())),
+            ing.ann
+                .warnings
+                .iter()
+                .map(|w| Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, w.clone())),
         );
         if ing.ingress.spec.rules.is_empty() && ing.ingress.spec.default_backend.is_none() {
-            t.warnings.push(Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, "neither rules nor defaultBackend; nothing to route"));
+            t.warnings.push(Warning::new(
+                format!("Ingress {}", ing.id),
+                Reason::InvalidIngress,
+                "neither rules nor defaultBackend; nothing to route",
+            ));
         }
         t.tls(ing);
         t.rules(ing);
@@ -229,25 +244,40 @@ impl Translator<'_> {
     fn tls(&mut self, ing: &Parsed) {
         for (i, tls) in ing.ingress.spec.tls.iter().enumerate() {
             let Some(secret) = tls.secret_name.as_deref().filter(|s| !s.is_empty()) else {
-                self.warnings.push(Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, format!("spec.tls[{i}] has no secretName; ignored")));
+                self.warnings.push(Warning::new(
+                    format!("Ingress {}", ing.id),
+                    Reason::InvalidIngress,
+                    format!("spec.tls[{i}] has no secretName; ignored"),
+                ));
                 continue;
             };
             let key = (ing.namespace.clone(), secret.to_owned());
             // Higress: a TLS entry without hosts covers every host.
             let hosts: Vec<String> = if tls.hosts.is_empty() { vec!["*".into()] } else { tls.hosts.clone() };
             if !self.opts.known_secrets.contains(&key) {
-                self.warnings.push(Warning::new(format!("Ingress {}", ing.id), Reason::MissingSecret, format!("TLS Secret {}/{secret} not found; HTTPS for {} left out", ing.namespace, hosts.join(", "))));
+                self.warnings.push(Warning::new(
+                    format!("Ingress {}", ing.id),
+                    Reason::MissingSecret,
+                    format!("TLS Secret {}/{secret} not found; HTTPS for {} left out", ing.namespace, hosts.join(", ")),
+                ));
                 continue;
             }
             for raw in hosts {
                 let Some(host) = normalize_host(&raw) else {
-                    self.warnings
-                        .push(Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, format!("spec.tls[{i}]: {raw:?} is not a valid host; ignored")));
+                    self.warnings.push(Warning::new(
+                        format!("Ingress {}", ing.id),
+                        Reason::InvalidIngress,
+                        format!("spec.tls[{i}]: {raw:?} is not a valid host; ignored"),
+                    ));
                     continue;
                 };
                 match self.tls_hosts.get(&host) {
                     Some((ns, s, owner)) if (ns, s) != (&key.0, &key.1) => {
-                        self.warnings.push(Warning::new(format!("Ingress {}", ing.id), Reason::IngressConflict, format!("TLS host {host} already uses Secret {ns}/{s} (Ingress {owner}); ignored")));
+                        self.warnings.push(Warning::new(
+                            format!("Ingress {}", ing.id),
+                            Reason::IngressConflict,
+                            format!("TLS host {host} already uses Secret {ns}/{s} (Ingress {owner}); ignored"),
+                        ));
                         continue;
                     }
                     Some(_) => {}
@@ -269,8 +299,11 @@ impl Translator<'_> {
             let raw_host = rule.host.as_deref().unwrap_or("");
             let host = if raw_host.is_empty() { Some("*".to_owned()) } else { normalize_host(raw_host) };
             let Some(host) = host else {
-                self.warnings
-                    .push(Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, format!("host {raw_host:?} is not a valid host name; rule left out")));
+                self.warnings.push(Warning::new(
+                    format!("Ingress {}", ing.id),
+                    Reason::InvalidIngress,
+                    format!("host {raw_host:?} is not a valid host name; rule left out"),
+                ));
                 index += http.paths.len();
                 continue;
             };
@@ -284,7 +317,11 @@ impl Translator<'_> {
     fn path(&mut self, ing: &Parsed, host: &str, index: usize, p: &HttpPath) {
         let raw = p.path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/");
         let left_out = |why: String| {
-            Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, format!("path {raw} on host {host} left out: {why}"))
+            Warning::new(
+                format!("Ingress {}", ing.id),
+                Reason::InvalidIngress,
+                format!("path {raw} on host {host} left out: {why}"),
+            )
         };
         if !raw.starts_with('/') {
             self.warnings.push(left_out("a path must start with '/'".into()));
@@ -316,8 +353,11 @@ impl Translator<'_> {
         let key = (kind, origin.to_owned());
         let routes = self.hosts.entry(host.to_owned()).or_default();
         if let Some(owner) = routes.owners.get(&key) {
-            self.warnings
-                .push(Warning::new(format!("Ingress {}", ing.id), Reason::IngressConflict, format!("path {raw} on host {host} conflicts with {owner}; ignored")));
+            self.warnings.push(Warning::new(
+                format!("Ingress {}", ing.id),
+                Reason::IngressConflict,
+                format!("path {raw} on host {host} conflicts with {owner}; ignored"),
+            ));
             return;
         }
         routes.owners.insert(key.clone(), ing.id.clone());
@@ -339,7 +379,13 @@ impl Translator<'_> {
         let Some(backend) = &ing.ingress.spec.default_backend else { return };
         let route = match self.destinations(ing, backend) {
             Ok(route) => route,
-            Err(why) => return self.warnings.push(Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, format!("defaultBackend left out: {why}"))),
+            Err(why) => {
+                return self.warnings.push(Warning::new(
+                    format!("Ingress {}", ing.id),
+                    Reason::InvalidIngress,
+                    format!("defaultBackend left out: {why}"),
+                ));
+            }
         };
         let mut hosts = BTreeSet::from(["*".to_owned()]);
         for rule in &ing.ingress.spec.rules {
@@ -354,8 +400,11 @@ impl Translator<'_> {
                 continue;
             }
             if let Some(owner) = &routes.default_owner {
-                self.warnings
-                    .push(Warning::new(format!("Ingress {}", ing.id), Reason::IngressConflict, format!("defaultBackend on host {host} conflicts with {owner}; ignored")));
+                self.warnings.push(Warning::new(
+                    format!("Ingress {}", ing.id),
+                    Reason::IngressConflict,
+                    format!("defaultBackend on host {host} conflicts with {owner}; ignored"),
+                ));
                 continue;
             }
             routes.default_owner = Some(ing.id.clone());
@@ -377,8 +426,15 @@ impl Translator<'_> {
                 (Some(n @ 1..=65535), _) => Some(PortSelector { number: n as u32 }),
                 (Some(n), _) => return Err(format!("backend service port {n} is not from 1 to 65535")),
                 (None, Some(name)) => {
-                    self.warnings.push(Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, format!("backend service {} port {name:?} is named; named ports need the Service, \
-                         so the route has no port and Istio uses the Service's only port", svc.name)));
+                    self.warnings.push(Warning::new(
+                        format!("Ingress {}", ing.id),
+                        Reason::InvalidIngress,
+                        format!(
+                            "backend service {} port {name:?} is named; named ports need the Service, \
+                         so the route has no port and Istio uses the Service's only port",
+                            svc.name
+                        ),
+                    ));
                     None
                 }
                 (None, None) => return Err(format!("backend service {} has no port", svc.name)),
@@ -480,11 +536,19 @@ impl Translator<'_> {
         }
         if !servers.is_empty() {
             let selector = BTreeMap::from([("higress".to_owned(), format!("{ns}-{}", self.opts.gateway_name))]);
-            objects.push(IstioObject::new(&self.opts.gateway_name, &ns, Spec::Gateway(GatewaySpec { selector, servers })));
+            objects.push(IstioObject::new(
+                &self.opts.gateway_name,
+                &ns,
+                Spec::Gateway(GatewaySpec { selector, servers }),
+            ));
         }
 
         objects.sort_by(|a, b| {
-            (a.kind(), &a.metadata.namespace, &a.metadata.name).cmp(&(b.kind(), &b.metadata.namespace, &b.metadata.name))
+            (a.kind(), &a.metadata.namespace, &a.metadata.name).cmp(&(
+                b.kind(),
+                &b.metadata.namespace,
+                &b.metadata.name,
+            ))
         });
         IngressTranslation { objects, warnings: self.warnings, ignored_annotations: self.ignored_annotations }
     }
@@ -522,7 +586,11 @@ fn rewrite_for(rule: &RewriteRule, matches: &[HttpMatch], ignore_case: bool) -> 
             let is_dir_prefix = matches.iter().any(|m| matches!(&m.uri, Some(StringMatch::Prefix(p)) if p.len() > 1));
             let slash = if is_dir_prefix && target.ends_with('/') { "/?" } else { "" };
             let pattern = format!("{flags}^{}{slash}", regex_escape(first));
-            Rewrite { uri: None, authority: None, uri_regex_rewrite: Some(RegexRewrite { pattern, rewrite: target.clone() }) }
+            Rewrite {
+                uri: None,
+                authority: None,
+                uri_regex_rewrite: Some(RegexRewrite { pattern, rewrite: target.clone() }),
+            }
         }
     }
 }
@@ -538,7 +606,6 @@ fn regex_escape(s: &str) -> String {
     }
     out
 }
-
 
 /// A host as Istio wants it: lowercase; `*`, `*.example.com` or a DNS name.
 /// `None` if it is none of those.
@@ -596,4 +663,3 @@ fn sanitize(s: &str) -> String {
         t => t.into(),
     }
 }
-

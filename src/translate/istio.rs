@@ -25,14 +25,14 @@ fn meta(registry: &RegistryKey, svc: &Service) -> ObjectMeta {
 /// expressed and is left out with a reason.
 pub fn service_entry(registry: &RegistryKey, svc: &Service) -> Result<IstioObject, Warning> {
     if svc.host.is_empty() {
-        return Err(Warning::new(format!("registry {registry}"), Reason::EmptyHost, "service with an empty host left out"));
+        return Err(Warning::new(
+            format!("registry {registry}"),
+            Reason::EmptyHost,
+            "service with an empty host left out",
+        ));
     }
     if svc.ports.is_empty() {
-        return Err(Warning::new(
-            format!("ServiceEntry {}", svc.host),
-            Reason::NoPort,
-            "no port known yet; left out",
-        ));
+        return Err(Warning::new(format!("ServiceEntry {}", svc.host), Reason::NoPort, "no port known yet; left out"));
     }
     let ports = svc
         .ports

@@ -67,8 +67,13 @@ pub fn resources<'a>(
 
 /// One object as an MCP resource, or why Pilot could not take it.
 pub fn resource(obj: &IstioObject, created: i64) -> Result<Resource, Warning> {
-    let reject =
-        |reason: String| Warning::new(format!("{} {}", obj.kind(), obj.key()), Reason::InvalidObject, format!("{reason}; left out of MCP"));
+    let reject = |reason: String| {
+        Warning::new(
+            format!("{} {}", obj.kind(), obj.key()),
+            Reason::InvalidObject,
+            format!("{reason}; left out of MCP"),
+        )
+    };
     validate_meta(obj).map_err(reject)?;
     let message = format!("{}.{}", meshbridge_proto::NETWORKING_PACKAGE, obj.kind());
     let spec = meshbridge_proto::encode_json(&message, &obj.spec.to_json()).map_err(|e| reject(e.to_string()))?;
@@ -94,7 +99,11 @@ pub fn resource(obj: &IstioObject, created: i64) -> Result<Resource, Warning> {
         }),
         body: Some(prost_types::Any { type_url: format!("type.googleapis.com/{message}"), value: spec }),
     };
-    Ok(Resource::with_version(name, version, Any { type_url: MCP_RESOURCE_TYPE.into(), value: wrapped.encode_to_vec() }))
+    Ok(Resource::with_version(
+        name,
+        version,
+        Any { type_url: MCP_RESOURCE_TYPE.into(), value: wrapped.encode_to_vec() },
+    ))
 }
 
 /// Kubernetes rules Pilot relies on but never reports: a DNS-1123 name and
@@ -155,8 +164,11 @@ mod tests {
                 endpoints: vec![],
             }),
         };
-        let objects =
-            vec![object("a.example", "ok", "STATIC"), object("b.example", "not ok!", "STATIC"), object("c.example", "ok", "BY_MAGIC")];
+        let objects = vec![
+            object("a.example", "ok", "STATIC"),
+            object("b.example", "not ok!", "STATIC"),
+            object("c.example", "ok", "BY_MAGIC"),
+        ];
         let (out, rejected) = resources(&objects, |_| 0);
         let names: Vec<&String> = out["networking.istio.io/ServiceEntry"].keys().collect();
         assert_eq!(names, vec!["mcp/a.example"]);

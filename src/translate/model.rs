@@ -94,7 +94,10 @@ impl Spec {
 
 impl IstioObject {
     pub fn new(name: impl Into<String>, namespace: impl Into<String>, spec: Spec) -> IstioObject {
-        IstioObject { metadata: ObjectMeta { name: name.into(), namespace: namespace.into(), ..Default::default() }, spec }
+        IstioObject {
+            metadata: ObjectMeta { name: name.into(), namespace: namespace.into(), ..Default::default() },
+            spec,
+        }
     }
 
     pub fn kind(&self) -> &'static str {

@@ -148,7 +148,11 @@ fn usable(specs: &[ProxySpec], reserved: &BTreeSet<u16>, warnings: &mut Vec<Warn
     let mut out = BTreeMap::new();
     for spec in specs {
         if let Err(reason) = check_address(&spec.server_address) {
-            warnings.push(Warning::new(format!("proxy {:?}", spec.name), Reason::ProxyUnusable, format!("serverAddress: {reason}; its services are routed directly")));
+            warnings.push(Warning::new(
+                format!("proxy {:?}", spec.name),
+                Reason::ProxyUnusable,
+                format!("serverAddress: {reason}; its services are routed directly"),
+            ));
             continue;
         }
         match &ports[&spec.name] {
@@ -162,8 +166,11 @@ fn usable(specs: &[ProxySpec], reserved: &BTreeSet<u16>, warnings: &mut Vec<Warn
                 };
                 out.insert(spec.name.clone(), proxy);
             }
-            Err(reason) => warnings
-                .push(Warning::new(format!("proxy {:?}", spec.name), Reason::ProxyUnusable, format!("listenerPort: {reason}; its services are routed directly"))),
+            Err(reason) => warnings.push(Warning::new(
+                format!("proxy {:?}", spec.name),
+                Reason::ProxyUnusable,
+                format!("listenerPort: {reason}; its services are routed directly"),
+            )),
         }
     }
     out

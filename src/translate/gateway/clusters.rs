@@ -15,9 +15,9 @@ use meshbridge_registries::Service;
 use prost::Message;
 
 use super::spec::Named;
-use crate::translate::model::{Destination, DestinationRuleSpec};
 use crate::resources::Resource;
 use crate::translate::envoy;
+use crate::translate::model::{Destination, DestinationRuleSpec};
 
 /// Host → registry service: how the gateway sees the registries.
 pub type ServiceLookup<'a> = dyn Fn(&str) -> Option<Arc<Service>> + 'a;

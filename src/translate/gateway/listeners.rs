@@ -96,8 +96,11 @@ pub fn https_chains(servers: &[BoundServer<'_>], route_config: &str, warnings: &
         let catch_all = server.hosts.iter().any(|h| h.host == "*");
         let server_names: Vec<String> = if catch_all {
             if catch_all_taken {
-                warnings
-                    .push(Warning::new(format!("Gateway {}", server.label()), Reason::Unservable, "host * already served by an earlier server; left out"));
+                warnings.push(Warning::new(
+                    format!("Gateway {}", server.label()),
+                    Reason::Unservable,
+                    "host * already served by an earlier server; left out",
+                ));
                 continue;
             }
             catch_all_taken = true;
@@ -107,7 +110,11 @@ pub fn https_chains(servers: &[BoundServer<'_>], route_config: &str, warnings: &
             for h in &server.hosts {
                 if taken.contains(&h.host) {
                     if !names.contains(&h.host) {
-                        warnings.push(Warning::new(format!("Gateway {}", server.label()), Reason::Unservable, format!("SNI {} already served by an earlier server; left out of this one", h.host)));
+                        warnings.push(Warning::new(
+                            format!("Gateway {}", server.label()),
+                            Reason::Unservable,
+                            format!("SNI {} already served by an earlier server; left out of this one", h.host),
+                        ));
                     }
                 } else {
                     taken.insert(h.host.clone());

@@ -104,7 +104,11 @@ pub fn servers<'a>(
                         tls,
                     };
                     if bound.hosts.is_empty() {
-                        warnings.push(Warning::new(format!("Gateway {}", bound.label()), Reason::Unservable, "no hosts; left out"));
+                        warnings.push(Warning::new(
+                            format!("Gateway {}", bound.label()),
+                            Reason::Unservable,
+                            "no hosts; left out",
+                        ));
                         continue;
                     }
                     out.push(bound);

@@ -58,7 +58,11 @@ fn dedup<T>(list: &mut Vec<Named<'_, T>>, kind: &str, warnings: &mut Vec<Warning
     list.dedup_by(|later, earlier| {
         let same = later.namespace == earlier.namespace && later.name == earlier.name;
         if same {
-            warnings.push(Warning::new(format!("{kind} {}", later.key()), Reason::Unservable, "given twice; the first is used"));
+            warnings.push(Warning::new(
+                format!("{kind} {}", later.key()),
+                Reason::Unservable,
+                "given twice; the first is used",
+            ));
         }
         same
     });

@@ -624,7 +624,11 @@ spec:
     ingresses.reverse();
     let backward = translate(&ingresses, &IngressOptions { ingress_class: None, ..opts() });
     assert_eq!(forward, backward);
-    assert!(forward.warnings.iter().any(|w| w.to_string().contains("conflicts with shop/spec-higress")), "{:?}", forward.warnings);
+    assert!(
+        forward.warnings.iter().any(|w| w.to_string().contains("conflicts with shop/spec-higress")),
+        "{:?}",
+        forward.warnings
+    );
 }
 
 #[test]
