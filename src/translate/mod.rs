@@ -80,6 +80,9 @@ pub struct Inputs<'a> {
     pub proxies: &'a [ProxySpec],
     /// The `proxyName` of each registry that has one.
     pub registry_proxies: BTreeMap<RegistryKey, String>,
+    /// The `ecdhCurves` of each registry that has some: offered in the TLS
+    /// handshakes of its services' clusters and proxied clusters.
+    pub registry_ecdh_curves: BTreeMap<RegistryKey, Vec<String>>,
 }
 
 /// Translate a cache view alone (no Ingress), with creation times all zero.
@@ -95,12 +98,19 @@ pub fn config_set(view: &View) -> ConfigSet {
 /// listeners and EnvoyFilters (see [`proxy`]). `create_time` gives each
 /// object's stable MCP creation time in seconds since the epoch.
 pub fn build(view: &View, inputs: &Inputs<'_>, create_time: impl Fn(&istio::IstioObject) -> i64) -> ConfigSet {
-    let mut set = registry_set(view);
+    let mut set = registry_set(view, &inputs.registry_ecdh_curves);
     let proxied = proxy::translate(view, inputs);
     set.warnings.extend(proxied.warnings);
 
     let mut opts = inputs.ingress.clone();
     opts.known_secrets.extend(inputs.tls_secrets.iter().map(|t| (t.namespace.clone(), t.name.clone())));
+    if !inputs.ingresses.is_empty() {
+        // An exact spelling wins; of hosts differing only in case, the first.
+        for host in view.services.keys() {
+            opts.service_hosts.entry(host.to_ascii_lowercase()).or_insert_with(|| host.clone());
+            opts.service_hosts.insert(host.clone(), host.clone());
+        }
+    }
     let from_ingress = ingress::translate(inputs.ingresses, &opts);
     set.warnings.extend(from_ingress.warnings);
 
@@ -153,11 +163,12 @@ fn merge_destination_rules(objects: &mut Vec<istio::IstioObject>, registry: impl
 }
 
 /// Envoy clusters and endpoints, and ServiceEntries, for every service.
-fn registry_set(view: &View) -> ConfigSet {
+fn registry_set(view: &View, ecdh_curves: &BTreeMap<RegistryKey, Vec<String>>) -> ConfigSet {
     let mut set = ConfigSet { revision: view.revision, warnings: view.conflicts.clone(), ..ConfigSet::default() };
     let clusters = set.envoy.entry(envoy::CLUSTER_TYPE).or_default();
     for cached in view.services.values() {
-        for c in envoy::clusters(&cached.service) {
+        let curves = ecdh_curves.get(&cached.registry).map_or(&[][..], Vec::as_slice);
+        for c in envoy::clusters_with(&cached.service, curves) {
             clusters.insert(c.name.clone(), c);
         }
     }
