@@ -285,3 +285,26 @@ async fn unreachable_from_the_start_gives_errors_only() {
     assert!(!rec.since(0).any(|e| matches!(e, Event::Healthy)));
     assert!(!rec.task.is_finished(), "the watcher keeps retrying");
 }
+
+/// ZooKeeper before 3.6 has no persistent recursive watches: the watcher
+/// reports that, by name, as an error (never an update) and keeps retrying.
+/// Against a fake (`e2e/src/zookeeper_old_fake.rs`): Debian has only 3.8.
+#[tokio::test]
+async fn a_server_older_than_3_6_gets_a_clear_error() {
+    let old = meshbridge_e2e::zookeeper_old_fake::OldZooKeeperFake::start().await.unwrap();
+    let (mut rec, _) = watch(spec(old.addr.port()), RESYNC);
+    rec.until("two clear errors", |r| {
+        r.errors_since(0).iter().filter(|e| e.to_string().contains("ZooKeeper 3.6 or later is required")).count() >= 2
+    })
+    .await;
+    assert_eq!(old.last_refused_opcode(), 106, "the request refused is addWatch");
+    assert!(old.refused() >= 2, "retried");
+    let clear = rec.errors_since(0).into_iter().find(|e| e.to_string().contains("3.6")).unwrap().clone();
+    assert!(matches!(clear, RegistryError::BadResponse { .. }), "{clear:?}");
+    assert_eq!(
+        clear.to_string(),
+        "zk-e2e: watch /dubbo: bad response: the server does not implement persistent recursive watches (addWatch): \
+         ZooKeeper 3.6 or later is required"
+    );
+    assert!(rec.updates_since(0).is_empty(), "{}", rec.dump());
+}
