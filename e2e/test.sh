@@ -11,8 +11,12 @@ export MESHBRIDGE_CACHE="${MESHBRIDGE_CACHE:-$HOME/.cache/meshbridge}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MESHBRIDGE_CACHE/target}"
 
 # shellcheck source=e2e/env.sh
-source e2e/env.sh consul envoy rnacos zookeeper tinyproxy
+source e2e/env.sh consul envoy rnacos zookeeper tinyproxy docker-compose
 
+echo "== docker-compose config"
+"$MESHBRIDGE_DOCKER_COMPOSE_BIN" -f docker-compose.yml config -q
+echo "== envoy --mode validate"
+e2e/validate-envoy.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -95,6 +95,12 @@ fn translate(
         .iter()
         .filter_map(|r| Some((RegistryKey::new(r.kind, r.name.clone()), r.proxy_name.clone()?)))
         .collect();
+    let registry_ecdh_curves = desired
+        .registries
+        .iter()
+        .filter(|r| !r.ecdh_curves.is_empty())
+        .map(|r| (RegistryKey::new(r.kind, r.name.clone()), r.ecdh_curves.clone()))
+        .collect();
     let inputs = Inputs {
         ingresses: &desired.ingresses,
         tls_secrets: &desired.tls_secrets,
@@ -102,6 +108,7 @@ fn translate(
         gateway: opts.gateway.clone(),
         proxies: &desired.proxies,
         registry_proxies,
+        registry_ecdh_curves,
     };
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or_default();
     let hosts = changes.hosts.len();

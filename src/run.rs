@@ -1,8 +1,10 @@
 //! The binary's glue: CLI, startup, the publisher task and shutdown.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -94,6 +96,7 @@ impl GatewayArgs {
                 gateway_namespace: self.gateway_namespace.clone(),
                 gateway_name: self.gateway_name.clone(),
                 known_secrets: Default::default(),
+                service_hosts: Default::default(),
             },
             gateway: GatewayOptions { http_ports: self.gateway_http_port.clone(), https_port: self.gateway_https_port },
         }
@@ -111,6 +114,11 @@ pub struct RunArgs {
     /// Admin HTTP listen address.
     #[arg(long, env = "MESHBRIDGE_ADMIN_ADDR", default_value = "127.0.0.1:8888")]
     pub admin_addr: SocketAddr,
+    /// Floor for `nacosRefreshInterval` / `consulRefreshInterval` (e.g. `10s`,
+    /// `500ms`). Higress's is 10s; lower it only for tests that need fast
+    /// full resyncs.
+    #[arg(long, env = "MESHBRIDGE_MIN_REFRESH_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub min_refresh_interval: Duration,
 }
 
 impl RunArgs {
@@ -120,7 +128,27 @@ impl RunArgs {
             config_dir: config_dir.into(),
             xds_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            min_refresh_interval: crate::config::MIN_REFRESH_INTERVAL,
         }
+    }
+
+    /// The same, with refresh intervals allowed down to `floor`.
+    pub fn with_min_refresh_interval(self, floor: Duration) -> RunArgs {
+        RunArgs { min_refresh_interval: floor, ..self }
+    }
+}
+
+/// `250ms`, `10s` or `2m`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("{s:?}: expected a number with a unit (ms, s, m)"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("{s:?}: unit must be ms, s or m")),
     }
 }
 
@@ -142,7 +170,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
     init_tracing(cli.log_format);
     let Command::Run(cmd) = cli.command;
     let args = &cmd.args;
-    info!(config_dir = %args.config_dir.display(), xds_addr = %args.xds_addr, admin_addr = %args.admin_addr, gateway = ?cmd.gateway, "starting meshbridge");
+    info!(config_dir = %args.config_dir.display(), xds_addr = %args.xds_addr, admin_addr = %args.admin_addr, min_refresh_interval = ?args.min_refresh_interval, gateway = ?cmd.gateway, "starting meshbridge");
     let app = App::launch(cmd).await?;
     shutdown_signal().await;
     info!("shutting down");
@@ -155,7 +183,8 @@ fn init_tracing(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder.init(),
+        // Colour codes only for a person at a terminal, never in files or pipes.
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).init(),
     }
 }
@@ -198,7 +227,8 @@ impl App {
 
     pub async fn launch(cmd: RunCommand) -> anyhow::Result<App> {
         let RunCommand { args, admin, gateway } = cmd;
-        let (source, mut desired) = DirSource::start(args.config_dir.clone())
+        let builder = crate::config::Builder::with_min_refresh_interval(args.min_refresh_interval);
+        let (source, mut desired) = DirSource::start_with_builder(args.config_dir.clone(), builder)
             .await
             .with_context(|| format!("config dir {}", args.config_dir.display()))?;
         let cache = Cache::new();

@@ -142,12 +142,20 @@ impl Envoy {
         listeners: Listeners<'_>,
         listen_port: u16,
     ) -> anyhow::Result<Envoy> {
+        let admin_port = free_port();
+        let node_id = format!("e2e-{}", std::process::id());
+        let config = bootstrap(&node_id, xds, mode, admin_port, listen_port, listeners);
+        Envoy::start_bootstrap(&config, admin_port, listen_port).await
+    }
+
+    /// Start Envoy on a bootstrap of the caller's (e.g. a deploy/ file with
+    /// its ports replaced) whose admin listens on `admin_port`, and wait
+    /// until it is ready. `listen_port` is where [`Envoy::get`] sends.
+    pub async fn start_bootstrap(bootstrap: &str, admin_port: u16, listen_port: u16) -> anyhow::Result<Envoy> {
         let bin = binary_from_env("MESHBRIDGE_ENVOY_BIN")?;
         let dir = tempfile::tempdir()?;
-        let admin_port = free_port();
         let config = dir.path().join("bootstrap.yaml");
-        let node_id = format!("e2e-{}", std::process::id());
-        std::fs::write(&config, bootstrap(&node_id, xds, mode, admin_port, listen_port, listeners))?;
+        std::fs::write(&config, bootstrap)?;
         let mut cmd = Command::new(bin);
         cmd.arg("-c")
             .arg(&config)

@@ -19,5 +19,6 @@ pub mod tinyproxy;
 pub mod tls_backend;
 pub mod traffic;
 pub mod zookeeper;
+pub mod zookeeper_old_fake;
 
 pub use process::{ChildGuard, free_port, wait_for_http, wait_for_tcp};

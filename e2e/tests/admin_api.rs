@@ -316,6 +316,7 @@ async fn non_loopback_admin_requires_the_token() {
         config_dir: dir.path().into(),
         xds_addr: "127.0.0.1:0".parse().unwrap(),
         admin_addr: "0.0.0.0:0".parse().unwrap(),
+        ..RunArgs::loopback(dir.path())
     };
     let http = reqwest::Client::new();
     let protected = ["/v1/registries", "/registry/watcherStatus", "/debug/configz", "/debug/xdsz", "/metrics"];

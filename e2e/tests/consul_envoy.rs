@@ -6,11 +6,11 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
 
-use meshbridge::run::App;
+use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::backend::Backend;
 use meshbridge_e2e::consul::{CheckStatus, Consul};
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
-use meshbridge_e2e::traffic::{self, eds_ack_after, sample, wait_for_traffic};
+use meshbridge_e2e::traffic::{eds_ack_after, sample, wait_for_traffic};
 use serde_json::json;
 
 const CLUSTER: &str = "outbound|8080||web.dc1.consul";
@@ -34,7 +34,9 @@ spec:
 "#,
         port = consul.http_port
     );
-    traffic::start_meshbridge(dir, &bridge).await
+    // The 5 s resync is below Higress's 10 s floor: allow it.
+    std::fs::write(dir.join("mcpbridge.yaml"), bridge)?;
+    App::start(RunArgs::loopback(dir).with_min_refresh_interval(Duration::from_secs(5))).await
 }
 
 fn instance(id: &str, backend: &Backend, address: &str) -> serde_json::Value {

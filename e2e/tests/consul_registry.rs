@@ -103,7 +103,7 @@ async fn tag_filter_vport_protocol_and_underscored_names() {
     let mut spec = spec(consul.http_port);
     spec.consul_service_tag = Some("mESH".into());
     spec.protocol = Some("grpc".into());
-    spec.vport_services.insert("pay_api".into(), 9000);
+    spec.vport_services.insert("pay-api.dc1.consul".into(), 9000); // by host, as Higress
     let mut rec = watch(spec);
     rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
     let all = rec.snapshot_since(0).unwrap().clone();

@@ -199,3 +199,27 @@ async fn outage_reports_errors_and_keeps_endpoints() {
     })
     .await;
 }
+
+/// README: registry health and instance status are at most 10 s old. With
+/// the default interval, a status change and an outage both show within it.
+#[tokio::test]
+async fn default_interval_refreshes_health_within_ten_seconds() {
+    let mut eureka = fake().await;
+    eureka.register(instance("orders", "o1", "127.0.0.11", 8080, "UP")).await.unwrap();
+    eureka.register(instance("orders", "o2", "127.0.0.12", 8080, "UP")).await.unwrap();
+    let spec = RegistrySpec::new(RegistryKind::Eureka, "eureka-e2e", eureka.host_port(), 8761);
+    let watcher = EurekaWatcher::new(spec).expect("valid spec");
+    let mut rec: Recorder = Recorder::start(Box::new(watcher), Duration::from_secs(12));
+    rec.until("both instances", |r| r.endpoints(ORDERS).is_some_and(|e| e.len() == 2)).await;
+
+    let changed = std::time::Instant::now();
+    eureka.set_status("ORDERS", "o2", "OUT_OF_SERVICE").await.unwrap();
+    rec.until("o2 out within 10 s", |r| r.endpoints(ORDERS) == Some(vec!["127.0.0.11:8080".to_string()])).await;
+    assert!(changed.elapsed() <= Duration::from_secs(11), "took {:?}", changed.elapsed());
+
+    let mark = rec.mark();
+    let stopped = std::time::Instant::now();
+    eureka.stop();
+    rec.until("the outage reported within 10 s", |r| !r.errors_since(mark).is_empty()).await;
+    assert!(stopped.elapsed() <= Duration::from_secs(11), "took {:?}", stopped.elapsed());
+}

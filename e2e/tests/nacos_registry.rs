@@ -397,7 +397,8 @@ async fn spec_change_moves_to_the_new_namespace_and_group() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bridge.yaml");
     std::fs::write(&file, bridge(nacos.http_port, "public", "g_one")).unwrap();
-    let app = App::start(RunArgs::loopback(dir.path())).await.unwrap();
+    // The bridge's 2 s resync is below Higress's 10 s floor: allow it.
+    let app = App::start(RunArgs::loopback(dir.path()).with_min_refresh_interval(REFRESH)).await.unwrap();
     let hosts = |app: &App| app.cache.view().services.keys().cloned().collect::<Vec<String>>();
     let wait = |want: Vec<&'static str>| {
         let app = &app;

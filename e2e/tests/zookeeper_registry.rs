@@ -174,6 +174,38 @@ async fn spring_cloud_instances_under_services_and_a_custom_path() {
 }
 
 #[tokio::test]
+async fn instances_out_of_service_and_disabled_providers_get_no_traffic() {
+    let (zk, c) = zookeeper().await;
+    let up = |port| instance("orders", "127.0.0.6", port, json!({"instance_status": "UP"}));
+    let out = |port| instance("orders", "127.0.0.6", port, json!({"instance_status": "OUT_OF_SERVICE"}));
+    c.put("/services/orders/a", &up(8080)).await.unwrap();
+    c.put("/services/orders/b", &out(8081)).await.unwrap();
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.2:20880/com.example.Greeter").await.unwrap();
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.3:20880/com.example.Greeter?disabled=true").await.unwrap();
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.4:20880/com.example.Greeter?enabled=false").await.unwrap();
+    const ORDERS: &str = "orders.services.zookeeper";
+
+    let (mut rec, stats) = watch(spec(zk.port), WATCH_ONLY);
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+    assert_eq!(rec.endpoints(ORDERS), Some(vec!["127.0.0.6:8080".into()]), "OUT_OF_SERVICE is left out");
+    assert_eq!(rec.endpoints(GREETER_HOST), Some(vec!["127.0.0.2:20880".into()]), "disabled providers are left out");
+    assert_eq!(stats.malformed(), 0, "a switched-off instance is not malformed");
+
+    // Spring Cloud's service-registry endpoint rewrites the node's status.
+    c.put("/services/orders/b", &up(8081)).await.unwrap();
+    let both = vec!["127.0.0.6:8080".to_string(), "127.0.0.6:8081".to_string()];
+    rec.until("b back in service", |r| r.endpoints(ORDERS) == Some(both.clone())).await;
+    c.put("/services/orders/a", &out(8080)).await.unwrap();
+    rec.until("a out of service", |r| r.endpoints(ORDERS) == Some(vec!["127.0.0.6:8081".into()])).await;
+
+    // Dubbo re-registers a provider with its new URL.
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.5:20880/com.example.Greeter?enabled=true").await.unwrap();
+    let two = vec!["127.0.0.2:20880".to_string(), "127.0.0.5:20880".to_string()];
+    rec.until("an enabled provider", |r| r.endpoints(GREETER_HOST) == Some(two.clone())).await;
+    assert!(rec.errors_since(0).is_empty(), "{}", rec.dump());
+}
+
+#[tokio::test]
 async fn malformed_nodes_are_skipped_and_counted() {
     let (zk, c) = zookeeper().await;
     let providers = "/dubbo/com.example.Greeter/providers";
@@ -252,4 +284,27 @@ async fn unreachable_from_the_start_gives_errors_only() {
     assert!(rec.updates_since(0).is_empty(), "{}", rec.dump());
     assert!(!rec.since(0).any(|e| matches!(e, Event::Healthy)));
     assert!(!rec.task.is_finished(), "the watcher keeps retrying");
+}
+
+/// ZooKeeper before 3.6 has no persistent recursive watches: the watcher
+/// reports that, by name, as an error (never an update) and keeps retrying.
+/// Against a fake (`e2e/src/zookeeper_old_fake.rs`): Debian has only 3.8.
+#[tokio::test]
+async fn a_server_older_than_3_6_gets_a_clear_error() {
+    let old = meshbridge_e2e::zookeeper_old_fake::OldZooKeeperFake::start().await.unwrap();
+    let (mut rec, _) = watch(spec(old.addr.port()), RESYNC);
+    rec.until("two clear errors", |r| {
+        r.errors_since(0).iter().filter(|e| e.to_string().contains("ZooKeeper 3.6 or later is required")).count() >= 2
+    })
+    .await;
+    assert_eq!(old.last_refused_opcode(), 106, "the request refused is addWatch");
+    assert!(old.refused() >= 2, "retried");
+    let clear = rec.errors_since(0).into_iter().find(|e| e.to_string().contains("3.6")).unwrap().clone();
+    assert!(matches!(clear, RegistryError::BadResponse { .. }), "{clear:?}");
+    assert_eq!(
+        clear.to_string(),
+        "zk-e2e: watch /dubbo: bad response: the server does not implement persistent recursive watches (addWatch): \
+         ZooKeeper 3.6 or later is required"
+    );
+    assert!(rec.updates_since(0).is_empty(), "{}", rec.dump());
 }

@@ -217,12 +217,13 @@ impl NacosWatcher {
                         self.namespace_id.clone(),
                         registry.clone(),
                         auth.clone(),
-                    );
+                    )
+                    .with_timeout(self.spec.nacos_timeout);
                     Session::new(api, ctx.clone()).run(&self.servers, &list).await
                 }
                 Protocol::Grpc => {
                     let api = match connect(&registry, &list, &self.namespace_id, &auth).await {
-                        Ok(api) => api,
+                        Ok(api) => api.with_call_timeout(self.spec.nacos_timeout),
                         Err(e) => {
                             ctx.health.fail(&e);
                             tokio::time::sleep(backoff.next()).await;

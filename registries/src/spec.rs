@@ -88,8 +88,13 @@ pub struct RegistrySpec {
     pub protocol: Option<String>,
     pub sni: Option<String>,
     pub proxy_name: Option<String>,
+    /// `ecdhCurves`: the curves offered in TLS handshakes with the
+    /// registry's services (Envoy `tls_params.ecdh_curves`); empty is
+    /// Envoy's default.
+    pub ecdh_curves: Vec<String>,
     /// `vport`: the service port to expose instead of the instances' port.
     pub vport_default: Option<u16>,
+    /// `vport.services[]`: lowercased service host → port.
     pub vport_services: BTreeMap<String, u16>,
 
     pub nacos_address_server: Option<String>,
@@ -99,6 +104,8 @@ pub struct RegistrySpec {
     pub nacos_namespace: Option<String>,
     pub nacos_groups: Vec<String>,
     pub nacos_refresh_interval: Option<Duration>,
+    /// `nacosTimeout`: the deadline of each request to Nacos.
+    pub nacos_timeout: Option<Duration>,
 
     pub consul_namespace: Option<String>,
     pub consul_datacenter: Option<String>,
@@ -123,6 +130,7 @@ impl RegistrySpec {
             protocol: None,
             sni: None,
             proxy_name: None,
+            ecdh_curves: Vec::new(),
             vport_default: None,
             vport_services: BTreeMap::new(),
             nacos_address_server: None,
@@ -132,6 +140,7 @@ impl RegistrySpec {
             nacos_namespace: None,
             nacos_groups: Vec::new(),
             nacos_refresh_interval: None,
+            nacos_timeout: None,
             consul_namespace: None,
             consul_datacenter: None,
             consul_service_tag: None,
@@ -141,10 +150,17 @@ impl RegistrySpec {
         }
     }
 
-    /// The service port to expose for `service`: the vport override for that
-    /// service, else the registry default, else `None` (use the instances').
-    pub fn vport_for(&self, service: &str) -> Option<u16> {
-        self.vport_services.get(service).copied().or(self.vport_default)
+    /// The service port to expose for the service `host`: the
+    /// `vport.services[]` entry named as that host, ignoring case (as
+    /// Higress's `GetServiceVport` matches), else the registry default, else
+    /// `None` (use the instances'). Keys of `vport_services` are lowercase.
+    pub fn vport_for(&self, host: &str) -> Option<u16> {
+        let found = if host.bytes().any(|b| b.is_ascii_uppercase()) {
+            self.vport_services.get(&host.to_ascii_lowercase())
+        } else {
+            self.vport_services.get(host)
+        };
+        found.copied().or(self.vport_default)
     }
 
     /// `domain:port` without credentials, for logs and the admin API.

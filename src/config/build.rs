@@ -3,12 +3,13 @@
 //! spec when its new version is invalid. No I/O besides logging.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use meshbridge_registries::{RegistryKind, RegistrySpec};
 use tracing::warn;
 
 use super::model::{Document, McpBridgeDoc, SecretDoc};
-use super::validate::{self, CheckedRegistry, FieldError};
+use super::validate::{self, CheckedRegistry, FieldError, MIN_REFRESH_INTERVAL};
 use super::{Desired, ProxySpec};
 
 /// (McpBridge `namespace/name`, entry name): what "the same registry" (or
@@ -22,6 +23,8 @@ const KEEPING: &str = " (keeping last good config)";
 /// edit keeps the working one in force.
 #[derive(Debug, Default)]
 pub struct Builder {
+    /// Floor for refresh intervals; `None` is [`MIN_REFRESH_INTERVAL`].
+    min_refresh: Option<Duration>,
     /// A list: one McpBridge may use a name for registries of several types.
     registries: HashMap<EntryKey, Vec<RegistrySpec>>,
     proxies: HashMap<EntryKey, ProxySpec>,
@@ -35,6 +38,12 @@ pub(crate) struct Built {
 }
 
 impl Builder {
+    /// A builder that raises refresh intervals to `floor` instead of
+    /// Higress's 10 s (`--min-refresh-interval`, for tests).
+    pub fn with_min_refresh_interval(floor: Duration) -> Builder {
+        Builder { min_refresh: Some(floor), ..Builder::default() }
+    }
+
     /// Build from documents in source order ("later" in duplicate errors
     /// means later in this order).
     pub fn build<'a>(&mut self, docs: impl IntoIterator<Item = &'a Document>) -> Desired {
@@ -77,7 +86,8 @@ impl Builder {
             }
         }
 
-        let mut next = Builder::default();
+        let mut next = Builder { min_refresh: self.min_refresh, ..Builder::default() };
+        let min_refresh = self.min_refresh.unwrap_or(MIN_REFRESH_INTERVAL);
         let mut registry_owner: HashMap<(RegistryKind, String), String> = HashMap::new();
         let mut proxy_owner: HashMap<String, String> = HashMap::new();
         // Explicit listener ports across every McpBridge: the proxies share
@@ -137,7 +147,7 @@ impl Builder {
             for (i, raw) in bridge.registries.iter().enumerate() {
                 let at = format!("spec.registries[{i}]");
                 let mut warnings = Vec::new();
-                let checked = validate::registry(&raw.0, &mut warnings)
+                let checked = validate::registry(&raw.0, min_refresh, &mut warnings)
                     .and_then(|c| resolve(c, bridge, &secrets))
                     .map(|spec| check_proxy(spec, &bridge_proxies, &bridge_rejected, &mut run, &object, &at));
                 run.warn(&object, &at, warnings);

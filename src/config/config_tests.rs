@@ -54,11 +54,13 @@ fn full_higress_yaml() {
     let mut nacos = RegistrySpec::new(RegistryKind::Nacos2, "my-nacos", "192.168.0.10", 8848);
     nacos.nacos_namespace_id = Some("d8ac64f3-xxxx-xxxx-xxxx-47a814ecf358".into());
     nacos.nacos_groups = vec!["DEFAULT_GROUP".into(), "shop".into()];
-    nacos.nacos_refresh_interval = Some(Duration::from_secs(5));
+    nacos.nacos_refresh_interval = Some(Duration::from_secs(15));
     nacos.nacos_access_key = Some(Secret::new("ak-plaintext-value"));
     nacos.nacos_secret_key = Some(Secret::new("sk-plaintext-value"));
     nacos.vport_default = Some(8080);
-    nacos.vport_services = BTreeMap::from([("checkout".to_owned(), 9090)]);
+    // vport names are service hosts, matched ignoring case (Higress).
+    let host = "checkout.default-group.d8ac64f3-xxxx-xxxx-xxxx-47a814ecf358.nacos";
+    nacos.vport_services = BTreeMap::from([(host.to_owned(), 9090)]);
     nacos.auth = BTreeMap::from([
         ("nacosPassword".to_owned(), Secret::new("n4c0s-p4ss")),
         ("nacosUsername".to_owned(), Secret::new("nacos")),
@@ -120,10 +122,6 @@ fn bad_registries_have_exact_messages() {
         ),
         ("    - {type: consul, name: c, port: 8500}\n", "spec.registries[0].domain: required"),
         ("    - {type: nacos2, name: nc, port: 8848}\n", "spec.registries[0].domain: required (or nacosAddressServer)"),
-        (
-            "    - {type: consul, name: c, domain: h, port: 1, consulRefreshInterval: -1}\n",
-            "spec.registries[0].consulRefreshInterval: must not be negative",
-        ),
         (
             "    - {type: nacos, name: nc, domain: h, port: 1, nacosRefreshInterval: \"5s\"}\n",
             "spec.registries[0].nacosRefreshInterval: invalid value: string \"5s\", expected an integer (a number or a numeric string)",
@@ -204,31 +202,52 @@ fn one_bad_registry_leaves_the_others() {
 }
 
 #[test]
-fn intervals_are_nanoseconds_and_clamped() {
+fn intervals_are_nanoseconds_and_clamped_to_higress_floor() {
+    // As Higress's console writes them: seconds in a nanosecond field.
     let text = bridge(
-        "    - {type: consul, name: a, domain: h, port: 1, consulRefreshInterval: 30}\n\
+        "    - {type: consul, name: a, domain: h, port: 1, consulRefreshInterval: 15}\n\
          \x20   - {type: nacos, name: b, domain: h, port: 1, nacosRefreshInterval: \"2500000000\"}\n\
-         \x20   - {type: consul, name: c, domain: h, port: 1, consulRefreshInterval: 0}\n",
+         \x20   - {type: consul, name: c, domain: h, port: 1, consulRefreshInterval: 0}\n\
+         \x20   - {type: consul, name: d, domain: h, port: 1, consulRefreshInterval: -1}\n\
+         \x20   - {type: nacos2, name: e, domain: h, port: 1, nacosRefreshInterval: 30000000000}\n",
         "",
     );
     let built = build_text(&text);
     let d = &built.desired;
     assert_eq!(d.errors, Vec::<String>::new());
-    assert_eq!(d.registries[0].nacos_refresh_interval, Some(Duration::from_millis(2500)));
-    assert_eq!(d.registries[1].consul_refresh_interval, Some(Duration::from_secs(1)));
-    assert_eq!(d.registries[2].consul_refresh_interval, None);
+    let ten = Some(Duration::from_secs(10));
+    let by_name = |d: &Desired, name: &str| d.registries.iter().find(|r| r.name == name).cloned().unwrap();
+    let interval = |r: RegistrySpec| r.consul_refresh_interval.or(r.nacos_refresh_interval);
+    assert_eq!(interval(by_name(d, "a")), ten, "15ns: clamped like Higress");
+    assert_eq!(interval(by_name(d, "b")), ten, "2.5s is below Higress's 10s floor");
+    assert_eq!(interval(by_name(d, "c")), None, "0 is unset: the watcher's default");
+    assert_eq!(interval(by_name(d, "d")), ten, "negative: clamped like Higress");
+    assert_eq!(interval(by_name(d, "e")), Some(Duration::from_secs(30)));
+    let below = |i: usize, field: &str, n: &str| {
+        format!(
+            "{BRIDGE}: spec.registries[{i}].{field}: {n}ns is below the minimum of 10s, using 10s (the value is in nanoseconds)"
+        )
+    };
     assert_eq!(
         built.warnings,
-        vec![format!(
-            "{BRIDGE}: spec.registries[0].consulRefreshInterval: 30ns is below the minimum of 1s, using 1s (the value is in nanoseconds)"
-        )]
+        vec![
+            below(0, "consulRefreshInterval", "15"),
+            below(1, "nacosRefreshInterval", "2500000000"),
+            below(3, "consulRefreshInterval", "-1"),
+        ]
     );
+
+    // meshbridge's --min-refresh-interval lowers the floor (for tests).
+    let docs = parse_documents("test.yaml", &text).unwrap();
+    let fast = Builder::with_min_refresh_interval(Duration::from_millis(500)).build_full(&docs);
+    assert_eq!(interval(by_name(&fast.desired, "b")), Some(Duration::from_millis(2500)));
+    assert_eq!(interval(by_name(&fast.desired, "a")), Some(Duration::from_millis(500)));
 }
 
 #[test]
 fn unknown_fields_warn_and_are_ignored() {
     let text = bridge(
-        "    - {type: consul, name: a, domain: h, port: 1, consulTokn: x, allowMcpServers: [a], nacosTimeout: 3000}\n",
+        "    - {type: consul, name: a, domain: h, port: 1, consulTokn: x, allowMcpServers: [a], nacosTimeout: 3000, ecdhCurves: [P-384]}\n",
         "",
     )
     .replace("spec:\n", "spec:\n  futureField: 1\n");
@@ -240,7 +259,6 @@ fn unknown_fields_warn_and_are_ignored() {
         vec![
             format!("{BRIDGE}: spec.registries[0].allowMcpServers: MCP server fields are not supported, ignored"),
             format!("{BRIDGE}: spec.registries[0].consulTokn: unknown field, ignored"),
-            format!("{BRIDGE}: spec.registries[0].nacosTimeout: not supported yet, ignored"),
         ]
     );
 }
@@ -589,7 +607,8 @@ async fn dir_source_rescans_without_events() {
     // With the watch's events possibly lost, the periodic re-scan still
     // catches changes: use a short period and a change notify may coalesce.
     let tmp = tempfile::tempdir().unwrap();
-    let (_source, mut rx) = DirSource::start_with(tmp.path().to_owned(), Duration::from_millis(100)).await.unwrap();
+    let (_source, mut rx) =
+        DirSource::start_with(tmp.path().to_owned(), Duration::from_millis(100), Builder::default()).await.unwrap();
     assert_eq!(**rx.borrow_and_update(), Desired::default());
     std::fs::write(tmp.path().join("a.yaml"), bridge("    - {type: consul, name: a, domain: h, port: 1}\n", ""))
         .unwrap();
@@ -602,4 +621,58 @@ async fn dir_source_needs_a_directory() {
     let missing = tmp.path().join("nope");
     let err = DirSource::start(missing.clone()).await.err().expect("error");
     assert!(matches!(err, ConfigError::Io { ref path, .. } if *path == missing), "{err}");
+}
+
+#[test]
+fn vport_services_are_matched_to_hosts_ignoring_case() {
+    // As the Higress console writes it: the service host, in any case.
+    let text = bridge(
+        "    - type: nacos2\n      name: nacos\n      domain: h\n      port: 8848\n      vport:\n        default: 8080\n        services:\n          - name: Orders.DEFAULT-GROUP.public.nacos\n            value: 9090\n          - name: users\n            value: 9091\n    - type: eureka\n      name: eureka\n      domain: h\n      port: 8761\n      vport:\n        services:\n          - name: ORDERS.eureka\n            value: 7070\n",
+        "",
+    );
+    let built = build_text(&text);
+    assert_eq!(built.desired.errors, Vec::<String>::new());
+    let (nacos, eureka) = (&built.desired.registries[0], &built.desired.registries[1]);
+    assert_eq!(nacos.vport_for("orders.DEFAULT-GROUP.public.nacos"), Some(9090));
+    assert_eq!(nacos.vport_for("ORDERS.default-group.PUBLIC.nacos"), Some(9090));
+    assert_eq!(nacos.vport_for("users.DEFAULT-GROUP.public.nacos"), Some(8080), "a bare name is not a host");
+    assert_eq!(eureka.vport_for("orders.eureka"), Some(7070));
+    assert_eq!(eureka.vport_for("billing.eureka"), None);
+    assert_eq!(
+        built.warnings,
+        vec![format!(
+            "{BRIDGE}: spec.registries[0].vport.services[1].name: \"users\" names no service host; vport names are hosts such as users.DEFAULT-GROUP.public.nacos"
+        )]
+    );
+
+    // Two spellings of one host are one entry.
+    let dup = bridge(
+        "    - {type: consul, name: c, domain: h, port: 1, vport: {services: [{name: a.dc1.consul, value: 1}, {name: A.dc1.consul, value: 2}]}}\n",
+        "",
+    );
+    let errors = build_text(&dup).desired.errors;
+    assert!(errors[0].contains("vport.services[1].name: duplicate service \"A.dc1.consul\""), "{errors:?}");
+}
+
+#[test]
+fn newer_higress_fields_nacos_timeout_and_ecdh_curves() {
+    let text = bridge(
+        "    - {type: nacos2, name: nc, domain: h, port: 8848, nacosTimeout: \"3000\"}\n\
+         \x20   - {type: dns, name: partner, domain: api.example.com, port: 443, protocol: https, ecdhCurves: [P-384, \"P-256\", P-384]}\n\
+         \x20   - {type: nacos, name: old, domain: h, port: 8848, nacosTimeout: -5}\n\
+         \x20   - {type: dns, name: bad, domain: api.example.com, port: 443, ecdhCurves: [\"P 256\"]}\n",
+        "",
+    );
+    let built = build_text(&text);
+    let d = &built.desired;
+    assert_eq!(d.errors.len(), 1, "{:?}", d.errors);
+    let by_name = |name: &str| d.registries.iter().find(|r| r.name == name).unwrap();
+    assert_eq!(by_name("nc").nacos_timeout, Some(Duration::from_secs(3)));
+    assert_eq!(by_name("partner").ecdh_curves, ["P-384", "P-256"], "in order, once each");
+    assert_eq!(by_name("old").nacos_timeout, None);
+    assert_eq!(d.errors, vec![format!("{BRIDGE}: spec.registries[3].ecdhCurves[0]: \"P 256\" is not a curve name")]);
+    assert_eq!(
+        built.warnings,
+        vec![format!("{BRIDGE}: spec.registries[2].nacosTimeout: must not be negative; using the default")]
+    );
 }

@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::state::ConfigState;
-use super::{ConfigError, Desired};
+use super::{Builder, ConfigError, Desired};
 
 /// Wait this long after a change for the rest of a burst (editors write,
 /// rename and chmod in quick succession).
@@ -34,14 +34,23 @@ impl DirSource {
     /// read at start; later problems (bad files, the directory vanishing) are
     /// reported in [`Desired::errors`] and the last good config stays.
     pub async fn start(dir: PathBuf) -> Result<(DirSource, watch::Receiver<Arc<Desired>>), ConfigError> {
-        Self::start_with(dir, RESCAN).await
+        Self::start_with(dir, RESCAN, Builder::default()).await
+    }
+
+    /// As [`DirSource::start`], building with `builder`.
+    pub async fn start_with_builder(
+        dir: PathBuf,
+        builder: Builder,
+    ) -> Result<(DirSource, watch::Receiver<Arc<Desired>>), ConfigError> {
+        Self::start_with(dir, RESCAN, builder).await
     }
 
     pub(crate) async fn start_with(
         dir: PathBuf,
         rescan: Duration,
+        builder: Builder,
     ) -> Result<(DirSource, watch::Receiver<Arc<Desired>>), ConfigError> {
-        let mut state = ConfigState::new();
+        let mut state = ConfigState::with_builder(builder);
         let files = scan(&dir).await?;
         apply(&mut state, files);
         let desired = state.desired();

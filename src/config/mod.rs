@@ -38,6 +38,7 @@ pub use dir::DirSource;
 pub use model::{Document, IngressDoc, McpBridgeDoc, RawEntry, SecretDoc};
 pub use parse::parse_documents;
 pub use state::ConfigState;
+pub use validate::MIN_REFRESH_INTERVAL;
 
 /// Everything the config sources say we should be doing.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -99,6 +100,19 @@ pub const DEFAULT_PROXY_CONNECT_TIMEOUT: Duration = Duration::from_millis(1200);
 /// registries across builds.
 pub fn build_desired<'a>(docs: impl IntoIterator<Item = &'a Document>) -> Desired {
     Builder::default().build(docs)
+}
+
+/// The Ingresses of a YAML fixture, for tests.
+#[cfg(test)]
+pub(crate) fn ingress_docs(yaml: &str) -> Vec<IngressDoc> {
+    parse_documents("test.yaml", yaml)
+        .expect("fixture parses")
+        .into_iter()
+        .filter_map(|d| match d {
+            Document::Ingress(i) => Some(i),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Errors of config sources. Problems inside a document that parsed (a bad

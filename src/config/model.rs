@@ -111,10 +111,11 @@ pub(crate) struct RegistryConfig {
     pub sni: String,
     pub proxy_name: String,
     pub vport: Option<VPort>,
-    /// Milliseconds. Parsed so a bad value is reported, then ignored:
-    /// `RegistrySpec` has no field for it yet.
+    /// Milliseconds (newer Higress `mcp_bridge.proto`, field 28).
     #[serde(deserialize_with = "int64")]
     pub nacos_timeout: i64,
+    /// Newer Higress `mcp_bridge.proto`, field 29: `repeated string`.
+    pub ecdh_curves: Vec<String>,
 }
 
 /// Every `RegistryConfig` field we read.
@@ -141,6 +142,7 @@ pub(crate) const REGISTRY_FIELDS: &[&str] = &[
     "proxyName",
     "vport",
     "nacosTimeout",
+    "ecdhCurves",
 ];
 
 /// `RegistryConfig` fields for Higress's MCP server feature, which meshbridge

@@ -31,6 +31,11 @@ impl ConfigState {
         Self::default()
     }
 
+    /// Build with `builder` (e.g. one with a lower refresh floor).
+    pub fn with_builder(builder: Builder) -> Self {
+        ConfigState { builder, ..Self::default() }
+    }
+
     /// Record the current text of `file`. A version that does not parse
     /// leaves the file's last good documents in force. Returns whether
     /// anything changed.

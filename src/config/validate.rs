@@ -17,8 +17,11 @@ use serde_json::{Map, Value};
 use super::ProxySpec;
 use super::model::{PROXY_FIELDS, ProxyConfig, REGISTRY_FIELDS, REGISTRY_IGNORED_FIELDS, RegistryConfig};
 
-/// Refresh intervals below this are raised to it.
-pub(crate) const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+/// Refresh intervals below this are raised to it: Higress's floor
+/// (`DefaultRefreshIntervalLimit`, 10 s, for Nacos and Consul). Its console
+/// writes seconds into these nanosecond fields, so a "15" means 15 ns and a
+/// lower floor would turn that YAML into a full resync every second.
+pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 /// The service port Higress (its console) gives `static` registries, whose
 /// endpoint ports come from `domain`.
 pub(crate) const STATIC_DEFAULT_PORT: u16 = 80;
@@ -53,7 +56,12 @@ pub(crate) struct CheckedRegistry {
 
 /// Validate one registry entry. Warnings (unknown or ignored fields, clamped
 /// intervals) go to `warnings` whether or not the entry is valid.
-pub(crate) fn registry(raw: &Value, warnings: &mut Vec<FieldError>) -> Result<CheckedRegistry, Vec<FieldError>> {
+/// Refresh intervals below `min_refresh` are raised to it.
+pub(crate) fn registry(
+    raw: &Value,
+    min_refresh: Duration,
+    warnings: &mut Vec<FieldError>,
+) -> Result<CheckedRegistry, Vec<FieldError>> {
     let cfg: RegistryConfig = typed(raw, REGISTRY_FIELDS, REGISTRY_IGNORED_FIELDS, warnings)?;
     let mut errors = Vec::new();
 
@@ -74,12 +82,22 @@ pub(crate) fn registry(raw: &Value, warnings: &mut Vec<FieldError>) -> Result<Ch
     check_name(&cfg.name, &mut errors);
 
     let port = kind.and_then(|kind| check_address(kind, &cfg, &mut errors));
-    let nacos_refresh_interval = interval("nacosRefreshInterval", cfg.nacos_refresh_interval, &mut errors, warnings);
-    let consul_refresh_interval = interval("consulRefreshInterval", cfg.consul_refresh_interval, &mut errors, warnings);
+    let nacos_refresh_interval = interval("nacosRefreshInterval", cfg.nacos_refresh_interval, min_refresh, warnings);
+    let consul_refresh_interval = interval("consulRefreshInterval", cfg.consul_refresh_interval, min_refresh, warnings);
+    // Higress: unset (0) is the client default; so is a negative value.
+    let nacos_timeout = u64::try_from(cfg.nacos_timeout).ok().filter(|ms| *ms > 0).map(Duration::from_millis);
     if cfg.nacos_timeout < 0 {
-        errors.push(FieldError::new("nacosTimeout", "must not be negative"));
-    } else if cfg.nacos_timeout > 0 {
-        warnings.push(FieldError::new("nacosTimeout", "not supported yet, ignored"));
+        warnings.push(FieldError::new("nacosTimeout", "must not be negative; using the default"));
+    }
+    let mut ecdh_curves: Vec<String> = Vec::new();
+    for (i, curve) in cfg.ecdh_curves.iter().enumerate() {
+        let curve = curve.trim();
+        // Envoy's names are BoringSSL's: X25519, P-256, P-384, X25519MLKEM768…
+        if curve.is_empty() || !curve.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            errors.push(FieldError::new(format!("ecdhCurves[{i}]"), format!("{curve:?} is not a curve name")));
+        } else if !ecdh_curves.iter().any(|c| c == curve) {
+            ecdh_curves.push(curve.to_string());
+        }
     }
 
     let mut vport_default = None;
@@ -97,7 +115,17 @@ pub(crate) fn registry(raw: &Value, warnings: &mut Vec<FieldError>) -> Result<Ch
             let Some(value) = port_in_range(&field("value"), svc.value, &mut errors) else {
                 continue;
             };
-            if vport_services.insert(svc.name.clone(), value).is_some() {
+            // Matched against service hosts ignoring case, as Higress does.
+            if !svc.name.contains('.') {
+                warnings.push(FieldError::new(
+                    field("name"),
+                    format!(
+                        "{:?} names no service host; vport names are hosts such as {}.DEFAULT-GROUP.public.nacos",
+                        svc.name, svc.name
+                    ),
+                ));
+            }
+            if vport_services.insert(svc.name.to_ascii_lowercase(), value).is_some() {
                 errors.push(FieldError::new(field("name"), format!("duplicate service {:?}", svc.name)));
             }
         }
@@ -110,6 +138,8 @@ pub(crate) fn registry(raw: &Value, warnings: &mut Vec<FieldError>) -> Result<Ch
     spec.protocol = non_empty(cfg.protocol);
     spec.sni = non_empty(cfg.sni);
     spec.proxy_name = non_empty(cfg.proxy_name);
+    spec.ecdh_curves = ecdh_curves;
+    spec.nacos_timeout = nacos_timeout;
     spec.vport_default = vport_default;
     spec.vport_services = vport_services;
     spec.nacos_address_server = non_empty(cfg.nacos_address_server);
@@ -269,28 +299,22 @@ fn port_in_range(field: &str, port: u32, errors: &mut Vec<FieldError>) -> Option
     }
 }
 
-/// An `int64` nanosecond interval: 0 is unset, negative is an error, and
-/// anything below [`MIN_REFRESH_INTERVAL`] is raised to it.
-fn interval(field: &str, nanos: i64, errors: &mut Vec<FieldError>, warnings: &mut Vec<FieldError>) -> Option<Duration> {
-    match u64::try_from(nanos) {
-        Err(_) => {
-            errors.push(FieldError::new(field, "must not be negative"));
-            None
-        }
-        Ok(0) => None,
-        Ok(n) => {
-            let d = Duration::from_nanos(n);
-            if d < MIN_REFRESH_INTERVAL {
-                warnings.push(FieldError::new(
-                    field,
-                    format!("{n}ns is below the minimum of 1s, using 1s (the value is in nanoseconds)"),
-                ));
-                Some(MIN_REFRESH_INTERVAL)
-            } else {
-                Some(d)
-            }
-        }
+/// An `int64` nanosecond interval: 0 is unset; anything else below `floor`
+/// (negative included) is raised to it, as Higress's `WithRefreshInterval`
+/// does, with a warning.
+fn interval(field: &str, nanos: i64, floor: Duration, warnings: &mut Vec<FieldError>) -> Option<Duration> {
+    if nanos == 0 {
+        return None;
     }
+    let d = u64::try_from(nanos).map(Duration::from_nanos).unwrap_or_default();
+    if d >= floor {
+        return Some(d);
+    }
+    warnings.push(FieldError::new(
+        field,
+        format!("{nanos}ns is below the minimum of {floor:?}, using {floor:?} (the value is in nanoseconds)"),
+    ));
+    Some(floor)
 }
 
 fn non_empty(s: String) -> Option<String> {

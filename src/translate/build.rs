@@ -89,12 +89,19 @@ pub struct Translator {
     derived: Written,
     /// The derived stage's objects, with where each is served over MCP.
     derived_objects: HashMap<ObjectKey, Option<(String, Arc<str>)>>,
-    /// The Ingress translation, redone only when the inputs change.
-    ingress: Option<ingress::IngressTranslation>,
+    /// Hosts the derived stage reads, lowercased: a destination names a
+    /// service ignoring case.
     referenced: BTreeSet<String>,
     subset_hosts: BTreeSet<String>,
     proxied_hosts: BTreeSet<String>,
     proxied_registries: BTreeSet<RegistryKey>,
+    /// McpBridge `ecdhCurves` by registry, as last applied.
+    ecdh_curves: BTreeMap<RegistryKey, Vec<String>>,
+    /// Service hosts by lowercase form → every spelling, and the map the
+    /// Ingress translation resolves destination hosts with (see
+    /// [`ingress::IngressOptions::service_hosts`]).
+    spellings: HashMap<String, BTreeSet<String>>,
+    service_hosts: imbl::OrdMap<String, String>,
     /// MCP creation times, by `kind/namespace/name`: when an object was
     /// first seen. Pilot reads a changed time as a changed object.
     create_times: HashMap<String, i64>,
@@ -126,14 +133,27 @@ impl Translator {
             let old = shape(self.services.get(&host));
             let new = shape(state.winner.as_ref());
             let proxied = [&old, &new].iter().any(|s| s.as_ref().is_some_and(|(r, _, _)| registry_proxies.contains(r)));
-            rerun |= self.subset_hosts.contains(&host) || (old != new && (proxied || self.referenced.contains(&host)));
+            let read = proxied || self.referenced.contains(&host.to_ascii_lowercase());
+            rerun |= self.subset_hosts.contains(&host) || (old != new && read);
             self.set_host(&host, state);
             dirty.insert(host);
         }
         self.proxied_registries = registry_proxies;
         self.started = true;
+        // New curves change every cluster of their registry.
+        if inputs.registry_ecdh_curves != self.ecdh_curves {
+            let keys: BTreeSet<&RegistryKey> =
+                inputs.registry_ecdh_curves.keys().chain(self.ecdh_curves.keys()).collect();
+            for key in keys {
+                if inputs.registry_ecdh_curves.get(key) != self.ecdh_curves.get(key) {
+                    dirty.extend(self.by_registry.get(key).into_iter().flatten().cloned());
+                    rerun |= self.proxied_registries.contains(key);
+                }
+            }
+            self.ecdh_curves = inputs.registry_ecdh_curves.clone();
+        }
 
-        let derived = rerun.then(|| self.derive(inputs, inputs_changed));
+        let derived = rerun.then(|| self.derive(inputs));
         if let Some(d) = &derived {
             // Hosts changing owner are retranslated by their own stage.
             dirty.extend(d.subset_hosts.symmetric_difference(&self.subset_hosts).cloned());
@@ -157,6 +177,29 @@ impl Translator {
     }
 
     fn set_host(&mut self, host: &str, state: HostState) {
+        let lower = host.to_ascii_lowercase();
+        let spellings = self.spellings.entry(lower.clone()).or_default();
+        if state.winner.is_some() {
+            spellings.insert(host.to_string());
+        } else {
+            spellings.remove(host);
+            self.service_hosts.remove(host);
+        }
+        // An exact spelling names itself; a lowercase form the first
+        // spelling that has it.
+        for s in spellings.iter() {
+            self.service_hosts.insert(s.clone(), s.clone());
+        }
+        match spellings.first().cloned() {
+            None => {
+                self.spellings.remove(&lower);
+                self.service_hosts.remove(&lower);
+            }
+            Some(first) if !spellings.contains(&lower) => {
+                self.service_hosts.insert(lower, first);
+            }
+            Some(_) => {}
+        }
         if let Some(old) = self.services.remove(host)
             && let Some(hosts) = self.by_registry.get_mut(&old.registry)
         {
@@ -191,7 +234,8 @@ impl Translator {
                     format!("reported by {loser} and {winner}; using {winner}"),
                 ));
             }
-            resources.extend(envoy::clusters(&c.service).into_iter().map(|r| (CLUSTER_TYPE, r)));
+            let curves = self.ecdh_curves.get(&c.registry).map_or(&[][..], Vec::as_slice);
+            resources.extend(envoy::clusters_with(&c.service, curves).into_iter().map(|r| (CLUSTER_TYPE, r)));
             if !self.proxied_hosts.contains(host) {
                 resources.extend(envoy::load_assignments(&c.service).into_iter().map(|r| (ENDPOINT_TYPE, r)));
             }
@@ -295,13 +339,15 @@ impl Translator {
     }
 
     /// The derived stage's output, from the inputs and the current view.
-    fn derive(&mut self, inputs: &Inputs<'_>, inputs_changed: bool) -> Derived {
-        if inputs_changed || self.ingress.is_none() {
-            let mut opts = inputs.ingress.clone();
-            opts.known_secrets.extend(inputs.tls_secrets.iter().map(|t| (t.namespace.clone(), t.name.clone())));
-            self.ingress = Some(ingress::translate(inputs.ingresses, &opts));
+    fn derive(&mut self, inputs: &Inputs<'_>) -> Derived {
+        // Redone whenever the stage reruns: destinations resolve against
+        // the services there are now. O(Ingresses).
+        let mut opts = inputs.ingress.clone();
+        opts.known_secrets.extend(inputs.tls_secrets.iter().map(|t| (t.namespace.clone(), t.name.clone())));
+        if !inputs.ingresses.is_empty() {
+            opts.service_hosts = self.service_hosts.clone();
         }
-        let from_ingress = self.ingress.clone().unwrap_or_default();
+        let from_ingress = ingress::translate(inputs.ingresses, &opts);
         let mut d = Derived { warnings: from_ingress.warnings, ..Derived::default() };
         let mut objects = from_ingress.objects;
 
@@ -325,7 +371,7 @@ impl Translator {
             .filter_map(|h| self.services.get(h))
             .collect();
         candidates.sort_by(|a, b| a.service.host.cmp(&b.service.host));
-        d.referenced.extend(candidates.iter().map(|c| c.service.host.clone()));
+        d.referenced.extend(candidates.iter().map(|c| c.service.host.to_ascii_lowercase()));
         let proxied = proxy::translate(candidates, inputs);
         d.warnings.extend(proxied.warnings);
         objects.extend(proxied.objects);
@@ -334,7 +380,7 @@ impl Translator {
         let lookup = |host: &str| -> Option<Arc<Service>> { services.get(host).map(|c| c.service.clone()) };
         let gw: GatewayOutput = gateway::envoy_gateway(&objects, &lookup, inputs.tls_secrets, &inputs.gateway);
         d.warnings.extend(gw.warnings);
-        d.referenced.extend(gw.referenced);
+        d.referenced.extend(gw.referenced.iter().map(|h| h.to_ascii_lowercase()));
         for r in &proxied.load_assignments {
             d.proxied_hosts.extend(r.name.rsplit('|').next().map(str::to_string));
         }

@@ -54,6 +54,15 @@ fn api_ingress() -> IngressDoc {
     IngressDoc { namespace: "shop".into(), name: "api".into(), object }
 }
 
+/// `api_ingress` with the destination spelt in upper case.
+fn upper_ingress() -> IngressDoc {
+    let mut doc = api_ingress();
+    doc.object["metadata"]["annotations"]["higress.io/destination"] = json!("API.DC1.consul:9090");
+    doc.name = "upper".into();
+    doc.object["metadata"]["name"] = json!("upper");
+    doc
+}
+
 fn proxies() -> Vec<ProxySpec> {
     vec![ProxySpec {
         name: "corp".into(),
@@ -69,6 +78,18 @@ fn inputs<'a>(ingresses: &'a [IngressDoc], proxies: &'a [ProxySpec]) -> Inputs<'
 }
 
 fn inputs_with<'a>(ingresses: &'a [IngressDoc], proxies: &'a [ProxySpec], proxied: bool) -> Inputs<'a> {
+    inputs_full(ingresses, proxies, proxied, false)
+}
+
+fn inputs_full<'a>(ingresses: &'a [IngressDoc], proxies: &'a [ProxySpec], proxied: bool, curves: bool) -> Inputs<'a> {
+    let registry_ecdh_curves = if curves {
+        BTreeMap::from([
+            (RegistryKey::new(RegistryKind::Dns, "partner"), vec!["P-384".to_string()]),
+            (RegistryKey::new(RegistryKind::Consul, "c"), vec!["X25519".to_string()]),
+        ])
+    } else {
+        BTreeMap::new()
+    };
     let registry_proxies = if proxied {
         BTreeMap::from([(RegistryKey::new(RegistryKind::Dns, "partner"), "corp".to_string())])
     } else {
@@ -86,6 +107,7 @@ fn inputs_with<'a>(ingresses: &'a [IngressDoc], proxies: &'a [ProxySpec], proxie
         gateway: GatewayOptions { http_ports: vec![10080], https_port: 10443 },
         proxies,
         registry_proxies,
+        registry_ecdh_curves,
     }
 }
 
@@ -123,16 +145,24 @@ fn incremental_equals_a_fresh_translation_after_every_change() {
     let partner = RegistryKey::new(RegistryKind::Dns, "partner");
     let sinks: Vec<(RegistryKey, Arc<dyn Sink>)> =
         [consul, other, partner].into_iter().map(|k| (k.clone(), cache.attach(&k))).collect();
-    let ingress_sets = [vec![ingress()], vec![ingress(), api_ingress()], vec![api_ingress()], vec![]];
+    let ingress_sets = [
+        vec![ingress()],
+        vec![ingress(), api_ingress()],
+        vec![api_ingress()],
+        vec![],
+        vec![upper_ingress(), ingress()],
+    ];
+    let mut curves = false;
     let mut which = 0;
     let mut proxied = true;
     let proxies = proxies();
     let mut t = Translator::new();
     t.apply(cache.take_all(), &inputs(&ingress_sets[which], &proxies), true, 0);
 
-    let hosts = ["web.dc1.consul", "api.dc1.consul", "x.dc1.consul", "partner.dns", "ghost.dc1.consul"];
+    let hosts =
+        ["web.dc1.consul", "api.dc1.consul", "API.dc1.consul", "x.dc1.consul", "partner.dns", "ghost.dc1.consul"];
     let mut rng = Lcg(7);
-    for step in 0..400 {
+    for step in 0..600 {
         let (key, sink) = &sinks[rng.next(sinks.len() as u64) as usize];
         let host = hosts[rng.next(hosts.len() as u64) as usize];
         let mut inputs_changed = false;
@@ -173,7 +203,7 @@ fn incremental_equals_a_fresh_translation_after_every_change() {
                 }
             }
         }
-        let inputs = inputs_with(&ingress_sets[which], &proxies, proxied);
+        let inputs = inputs_full(&ingress_sets[which], &proxies, proxied, curves);
         let before = t.set().revision;
         let changed = t.apply(cache.take_changes(), &inputs, inputs_changed, 0);
         assert_eq!(t.set().revision, before + u64::from(changed), "step {step}: revision grows with changes");

@@ -15,7 +15,9 @@ use envoy_types::pb::envoy::config::core::v3::{
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint::HostIdentifier,
 };
-use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{CommonTlsContext, UpstreamTlsContext};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CommonTlsContext, TlsParameters, UpstreamTlsContext,
+};
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions,
     http_protocol_options::{ExplicitHttpConfig, UpstreamProtocolOptions, explicit_http_config::ProtocolConfig},
@@ -49,10 +51,16 @@ fn ads() -> ConfigSource {
 
 /// One EDS cluster per service port.
 pub fn clusters(svc: &Service) -> Vec<Resource> {
-    svc.ports.iter().map(|p| cluster(svc, p)).map(|c| Resource::new(c.name.clone(), pack_any(c))).collect()
+    clusters_with(svc, &[])
 }
 
-fn cluster(svc: &Service, port: &ServicePort) -> Cluster {
+/// One EDS cluster per service port; a TLS one offers `ecdh_curves`
+/// (McpBridge `ecdhCurves`; empty: Envoy's default curves).
+pub fn clusters_with(svc: &Service, ecdh_curves: &[String]) -> Vec<Resource> {
+    svc.ports.iter().map(|p| cluster(svc, p, ecdh_curves)).map(|c| Resource::new(c.name.clone(), pack_any(c))).collect()
+}
+
+fn cluster(svc: &Service, port: &ServicePort, ecdh_curves: &[String]) -> Cluster {
     let mut cluster = Cluster {
         name: cluster_name(port.number, "", &svc.host),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
@@ -63,7 +71,7 @@ fn cluster(svc: &Service, port: &ServicePort) -> Cluster {
     };
     let h2 = matches!(port.protocol, Protocol::Grpc | Protocol::Http2);
     if let Some(tls) = &svc.tls {
-        cluster.transport_socket = Some(tls_socket(tls, h2));
+        cluster.transport_socket = Some(tls_socket(tls, h2, ecdh_curves));
     }
     if h2 {
         let opts = HttpProtocolOptions {
@@ -79,10 +87,15 @@ fn cluster(svc: &Service, port: &ServicePort) -> Cluster {
 
 /// TLS origination to the endpoints. HTTP/2 must be negotiated by ALPN over
 /// TLS, and gRPC servers refuse a TLS connection that did not.
-fn tls_socket(tls: &Tls, h2: bool) -> TransportSocket {
+fn tls_socket(tls: &Tls, h2: bool, ecdh_curves: &[String]) -> TransportSocket {
+    let alpn_protocols = if h2 { vec!["h2".into()] } else { Vec::new() };
+    let tls_params =
+        (!ecdh_curves.is_empty()).then(|| TlsParameters { ecdh_curves: ecdh_curves.to_vec(), ..Default::default() });
+    let common =
+        (h2 || tls_params.is_some()).then(|| CommonTlsContext { alpn_protocols, tls_params, ..Default::default() });
     let context = UpstreamTlsContext {
         sni: tls.sni.clone().unwrap_or_default(),
-        common_tls_context: h2.then(|| CommonTlsContext { alpn_protocols: vec!["h2".into()], ..Default::default() }),
+        common_tls_context: common,
         ..Default::default()
     };
     TransportSocket { name: TLS_TRANSPORT_SOCKET.into(), config_type: Some(ConfigType::TypedConfig(pack_any(context))) }

@@ -76,6 +76,12 @@ pub struct IngressOptions {
     pub gateway_name: String,
     /// (namespace, name) of the TLS Secrets that exist.
     pub known_secrets: BTreeSet<(String, String)>,
+    /// Registry service hosts by their ASCII-lowercase form: a
+    /// `higress.io/destination` host names a service ignoring case (DNS
+    /// names are case-insensitive, and Consul and Eureka hosts are
+    /// lowercased), and routes use the service's own spelling.
+    /// A persistent map, so handing the current one over costs nothing.
+    pub service_hosts: imbl::OrdMap<String, String>,
 }
 
 /// The translated Ingresses.
@@ -416,6 +422,13 @@ impl Translator<'_> {
         }
     }
 
+    /// The registry service a destination host names, spelt as the service
+    /// is; an unknown host is kept as written.
+    fn service_host(&self, host: &str) -> String {
+        let hosts = &self.opts.service_hosts;
+        hosts.get(host).or_else(|| hosts.get(&host.to_ascii_lowercase())).cloned().unwrap_or_else(|| host.to_string())
+    }
+
     /// Where a backend sends traffic, or why it cannot be routed.
     fn destinations(&mut self, ing: &Parsed, backend: &Backend) -> Result<Vec<RouteDestination>, String> {
         if let Some(svc) = &backend.service {
@@ -463,7 +476,7 @@ impl Translator<'_> {
             .iter()
             .map(|d| RouteDestination {
                 destination: Destination {
-                    host: d.host.clone(),
+                    host: self.service_host(&d.host),
                     subset: d.subset.clone(),
                     port: d.port.map(|p| PortSelector { number: p.into() }),
                 },

@@ -18,4 +18,7 @@ pub struct Inputs<'a> {
     pub proxies: &'a [ProxySpec],
     /// The `proxyName` of each registry that has one.
     pub registry_proxies: BTreeMap<RegistryKey, String>,
+    /// The `ecdhCurves` of each registry that has some: offered in the TLS
+    /// handshakes of its services' clusters and proxied clusters.
+    pub registry_ecdh_curves: BTreeMap<RegistryKey, Vec<String>>,
 }

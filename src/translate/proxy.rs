@@ -84,6 +84,8 @@ pub struct Proxied<'a> {
     pub proxy: &'a Proxy,
     /// The TLS server name: what the tunnel listener CONNECTs to.
     pub sni: &'a str,
+    /// The registry's `ecdhCurves` (Higress offers them on proxied clusters).
+    pub ecdh_curves: &'a [String],
 }
 
 impl Proxied<'_> {
@@ -248,7 +250,7 @@ fn name_hash(name: &str) -> u64 {
 /// routed directly with a warning.
 fn proxied_services<'a>(
     services: &'a [&'a CachedService],
-    inputs: &Inputs<'_>,
+    inputs: &'a Inputs<'_>,
     proxies: &'a BTreeMap<String, Proxy>,
     warnings: &mut Vec<Warning>,
 ) -> Vec<Proxied<'a>> {
@@ -284,7 +286,8 @@ fn proxied_services<'a>(
         if svc.ports.is_empty() {
             continue;
         }
-        out.push(Proxied { service: svc, proxy, sni });
+        let ecdh_curves = inputs.registry_ecdh_curves.get(registry).map_or(&[][..], Vec::as_slice);
+        out.push(Proxied { service: svc, proxy, sni, ecdh_curves });
     }
     out
 }

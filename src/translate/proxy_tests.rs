@@ -293,3 +293,45 @@ fn bad_proxies_and_unproxiable_services_are_routed_directly() {
     let Spec::EnvoyFilter(filter) = &service_filter.spec else { panic!("an EnvoyFilter") };
     assert_eq!(filter.config_patches.len(), 2, "REMOVE and ADD for good.dns");
 }
+
+#[test]
+fn ecdh_curves_are_offered_by_tls_clusters_and_proxied_ones() {
+    use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
+
+    let (view, proxies, registry_proxies) = proxied_view();
+    let curves = vec!["P-384".to_string(), "P-256".to_string()];
+    let registry_ecdh_curves = BTreeMap::from([(dns("partner"), curves.clone())]);
+    let inputs = Inputs { proxies: &proxies, registry_proxies, registry_ecdh_curves, ..Inputs::default() };
+    let set = build(&view, &inputs);
+    assert!(set.warnings.is_empty(), "{:?}", set.warnings().collect::<Vec<_>>());
+
+    // Over ADS: the TLS context of partner's cluster, not of ledger's.
+    let offered = |name: &str| {
+        let cluster: Cluster = decoded(&set, envoy_res::CLUSTER_TYPE, &[name]).remove(name).unwrap();
+        let Some(ConfigType::TypedConfig(any)) = cluster.transport_socket.unwrap().config_type else { panic!() };
+        let ctx = UpstreamTlsContext::decode(any.value.as_slice()).unwrap();
+        ctx.common_tls_context.and_then(|c| c.tls_params).map(|p| p.ecdh_curves).unwrap_or_default()
+    };
+    assert_eq!(offered("outbound|443||partner.dns"), curves);
+    assert_eq!(offered("outbound|8443||ledger.static"), Vec::<String>::new());
+
+    // To Pilot: the proxied cluster Higress's EnvoyFilter adds back.
+    let filter = set.objects("EnvoyFilter").find(|o| o.metadata.name.ends_with("-service-proxy")).unwrap();
+    let spec = filter.spec.to_json();
+    let added: Vec<&serde_json::Value> = spec["configPatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["patch"]["operation"] == "ADD")
+        .map(|p| &p["patch"]["value"])
+        .collect();
+    let partner = added.iter().find(|c| c["name"] == "outbound|443||partner.dns").unwrap();
+    let tls = &partner["transport_socket"]["typed_config"]["common_tls_context"];
+    assert_eq!(tls["tls_params"]["ecdh_curves"], serde_json::json!(["P-384", "P-256"]));
+    let ledger = added.iter().find(|c| c["name"] == "outbound|8443||ledger.static").unwrap();
+    let tls = &ledger["transport_socket"]["typed_config"]["common_tls_context"];
+    assert_eq!((tls.get("tls_params"), &tls["alpn_protocols"]), (None, &serde_json::json!(["h2"])));
+    // Still valid for Pilot.
+    assert!(set.mcp["networking.istio.io/EnvoyFilter"].keys().any(|k| k.ends_with("-service-proxy")));
+}

@@ -142,3 +142,68 @@ fn tls_services_get_a_destination_rule_and_a_tls_socket() {
     assert_eq!(sockets["outbound|8080||web.dc1.consul"], None, "plain stays plain");
     insta::assert_debug_snapshot!("tls_cluster_transport_sockets", sockets);
 }
+
+#[test]
+fn destination_hosts_match_service_hosts_ignoring_case() {
+    use envoy_types::pb::envoy::config::route::v3::{
+        RouteConfiguration, route::Action, route_action::ClusterSpecifier,
+    };
+    // Higress users write Eureka apps as Eureka shows them (upper case);
+    // meshbridge lowercases Eureka hosts, Nacos keeps the registered case.
+    let eureka = RegistryKey::new(RegistryKind::Eureka, "eureka");
+    let nacos = RegistryKey::new(RegistryKind::Nacos2, "nacos");
+    let orders =
+        Service::new("orders.eureka", vec![port(8080, Protocol::Http)], vec![endpoint("10.0.0.1", 8080, 1, &[])]);
+    let users = Service::new(
+        "UserService.DEFAULT-GROUP.public.nacos",
+        vec![port(8080, Protocol::Http)],
+        vec![endpoint("10.0.0.2", 8080, 1, &[])],
+    );
+    let yaml = r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: shop
+  namespace: default
+  annotations:
+    higress.io/destination: |
+      60% ORDERS.eureka:8080
+      40% userservice.default-group.PUBLIC.nacos
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - path: /
+            pathType: Prefix
+            backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}
+"#;
+    let ingresses = crate::config::ingress_docs(yaml);
+    let inputs = Inputs {
+        ingresses: &ingresses,
+        ingress: ingress::IngressOptions {
+            ingress_class: Some("higress".into()),
+            gateway_namespace: "higress-system".into(),
+            gateway_name: "higress-gateway".into(),
+            ..Default::default()
+        },
+        ..Inputs::default()
+    };
+    let set = build(&view(vec![(eureka, orders), (nacos, users)]), &inputs);
+    assert_eq!(set.warnings().map(ToString::to_string).collect::<Vec<_>>(), Vec::<String>::new());
+    let vs = set.objects("VirtualService").next().expect("a VirtualService").spec.to_json();
+    let hosts: Vec<&str> =
+        vs["http"][0]["route"].as_array().unwrap().iter().map(|r| r["destination"]["host"].as_str().unwrap()).collect();
+    assert_eq!(hosts, ["orders.eureka", "UserService.DEFAULT-GROUP.public.nacos"], "routes name the services as spelt");
+
+    // The standalone gateway routes to both clusters (no 503).
+    let route = set.envoy[envoy::ROUTE_TYPE].iter().next().expect("a route configuration");
+    let route = RouteConfiguration::decode(route.body.value.as_slice()).unwrap();
+    let Some(Action::Route(action)) = &route.virtual_hosts[0].routes[0].action else {
+        panic!("not a route: {route:?}")
+    };
+    let Some(ClusterSpecifier::WeightedClusters(w)) = &action.cluster_specifier else { panic!("{action:?}") };
+    let clusters: Vec<&str> = w.clusters.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(clusters, ["outbound|8080||orders.eureka", "outbound|8080||UserService.DEFAULT-GROUP.public.nacos"]);
+}

@@ -127,7 +127,7 @@ impl Naming {
     pub fn service(&self, name: &str, endpoints: Vec<Endpoint>, last_port: Option<u16>) -> Service {
         let number = self
             .spec
-            .vport_for(name)
+            .vport_for(&self.host(name))
             .or_else(|| endpoints.iter().map(|e| e.port).min())
             .or(last_port)
             .filter(|p| *p != 0);
@@ -236,7 +236,7 @@ mod tests {
 
         spec.protocol = Some("bogus".into());
         spec.vport_default = Some(80);
-        spec.vport_services.insert("api".into(), 9000);
+        spec.vport_services.insert("api.dc1.consul".into(), 9000);
         let naming = Naming::new(&spec, "dc1");
         assert_eq!(naming.service("web", vec![ep(8080)], None).ports[0].name, "http-80");
         assert_eq!(naming.service("api", vec![], None).ports[0].name, "http-9000");

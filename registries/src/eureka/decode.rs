@@ -300,9 +300,9 @@ impl Naming {
             (true, Protocol::Tcp) => Protocol::Tls,
             (_, p) => p,
         };
-        let vport = self.spec.vport_services.iter().find(|(name, _)| name.eq_ignore_ascii_case(app)).map(|(_, p)| *p);
-        let number = vport
-            .or(self.spec.vport_default)
+        let number = self
+            .spec
+            .vport_for(&host)
             .or_else(|| endpoints.iter().map(|e| e.port).min())
             .or(last_port)
             .filter(|p| *p != 0);

@@ -199,10 +199,10 @@ fn secure_ports_vports_and_protocols() {
     assert_eq!((m.ports[0].name.as_str(), m.tls.as_ref()), ("http-8080", None));
 
     spec.protocol = Some("grpcs".into());
-    spec.vport_services.insert("s".into(), 443);
+    spec.vport_services.insert("s.eureka".into(), 443);
     spec.vport_default = Some(80);
     let services = naming(&spec, &reg);
-    assert_eq!(services["s.eureka"].ports[0].name, "grpc-443", "vport names match apps ignoring case");
+    assert_eq!(services["s.eureka"].ports[0].name, "grpc-443", "vport names match hosts ignoring case");
     assert_eq!(services["m.eureka"].ports[0].name, "grpc-80");
     assert!(services["m.eureka"].tls.is_some(), "grpcs asks for TLS whatever the ports say");
 }

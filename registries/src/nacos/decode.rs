@@ -234,7 +234,7 @@ impl Naming {
     pub fn service(&self, key: &ServiceKey, decoded: Endpoints, last_port: Option<u16>) -> Service {
         let number = self
             .spec
-            .vport_for(&key.name)
+            .vport_for(&self.host(key))
             .or_else(|| decoded.endpoints.iter().map(|e| e.port).min())
             .or(last_port)
             .filter(|p| *p != 0);
@@ -369,12 +369,15 @@ mod tests {
     #[test]
     fn service_port_rules() {
         let mut s = spec();
-        s.vport_services.insert("api".into(), 9000);
+        // vport names are hosts (lowercased by config), as in Higress.
+        s.vport_services.insert("api.default-group.public.nacos".into(), 9000);
+        s.vport_services.insert("web".into(), 9001);
         let naming = Naming::new(&s);
         let web = ServiceKey::new(DEFAULT_GROUP, "web");
         let svc = naming.service(&web, endpoints(vec![instance("10.0.0.1", 8081), instance("10.0.0.2", 8080)]), None);
         assert_eq!(svc.host, "web.DEFAULT-GROUP.public.nacos");
-        assert_eq!(svc.ports, vec![ServicePort { number: 8080, protocol: Protocol::Http, name: "http-8080".into() }]);
+        let lowest = ServicePort { number: 8080, protocol: Protocol::Http, name: "http-8080".into() };
+        assert_eq!(svc.ports, vec![lowest], "a bare service name is not a host");
         assert_eq!(svc.endpoints.len(), 2);
         assert_eq!(naming.service(&web, Endpoints::default(), Some(7000)).ports[0].number, 7000);
         assert_eq!(naming.service(&web, Endpoints::default(), None).ports, vec![]);

@@ -55,6 +55,8 @@ pub(crate) struct GrpcApi {
     registry: String,
     servers: Vec<String>,
     auth: Arc<Auth>,
+    /// Deadline of each call (`nacosTimeout`, else [`CALL_TIMEOUT`]).
+    call_timeout: Duration,
     /// Live subscriptions; their listeners are needed to unsubscribe.
     subscribed: Mutex<HashMap<ServiceKey, Arc<dyn NamingEventListener>>>,
     /// Held for its `Drop`, which removes the directory.
@@ -97,20 +99,27 @@ impl GrpcApi {
             registry: registry.to_string(),
             servers,
             auth,
+            call_timeout: CALL_TIMEOUT,
             subscribed: Mutex::default(),
             _cache_dir: cache_dir,
         })
     }
 
+    /// Each call's deadline, `nacosTimeout` when set.
+    pub fn with_call_timeout(mut self, timeout: Option<Duration>) -> GrpcApi {
+        self.call_timeout = timeout.unwrap_or(CALL_TIMEOUT);
+        self
+    }
+
     /// Run one nacos-sdk call with a fresh token and a deadline.
     async fn call<T>(&self, what: &str, call: impl Future<Output = Result<T, SdkError>>) -> Result<T, RegistryError> {
         self.auth.ensure(&self.servers).await?;
-        let result = match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        let result = match tokio::time::timeout(self.call_timeout, call).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(classify(&self.registry, what, &e)),
             Err(_) => Err(RegistryError::Unreachable {
                 registry: self.registry.clone(),
-                reason: format!("{what}: timed out after {CALL_TIMEOUT:?}"),
+                reason: format!("{what}: timed out after {:?}", self.call_timeout),
             }),
         };
         if let Err(e) = &result

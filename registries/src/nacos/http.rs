@@ -34,6 +34,8 @@ pub(crate) struct HttpApi {
     namespace_id: String,
     registry: String,
     auth: Arc<Auth>,
+    /// Deadline of each request (`nacosTimeout`, else [`TIMEOUT`]).
+    timeout: Duration,
 }
 
 impl HttpApi {
@@ -44,7 +46,12 @@ impl HttpApi {
         registry: String,
         auth: Arc<Auth>,
     ) -> HttpApi {
-        HttpApi { http, servers, current: AtomicUsize::new(0), namespace_id, registry, auth }
+        HttpApi { http, servers, current: AtomicUsize::new(0), namespace_id, registry, auth, timeout: TIMEOUT }
+    }
+
+    /// Each request's deadline, `nacosTimeout` when set.
+    pub fn with_timeout(self, timeout: Option<Duration>) -> HttpApi {
+        HttpApi { timeout: timeout.unwrap_or(TIMEOUT), ..self }
     }
 
     /// One page of `group`'s services and the total count.
@@ -87,7 +94,7 @@ impl HttpApi {
         resource: Option<&ServiceKey>,
     ) -> Result<Vec<u8>, RegistryError> {
         self.auth.ensure(std::slice::from_ref(&server.to_string())).await?;
-        let mut req = self.http.get(format!("http://{server}{path}")).query(query).timeout(TIMEOUT);
+        let mut req = self.http.get(format!("http://{server}{path}")).query(query).timeout(self.timeout);
         if let Some(token) = self.auth.token() {
             // Nacos's `resolveToken` reads `Authorization: Bearer` before the
             // `accessToken` parameter; rnacos also an `accessToken` header.
@@ -151,5 +158,36 @@ impl Api for HttpApi {
 
     async fn probe(&self, group: &str) -> Result<(), RegistryError> {
         self.service_page(group, 1, 1).await.map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::{RegistryKind, RegistrySpec};
+
+    #[tokio::test]
+    async fn nacos_timeout_bounds_each_request() {
+        // A server that accepts connections and never answers.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let spec = RegistrySpec::new(RegistryKind::Nacos, "n", "127.0.0.1", addr.port());
+        let http = reqwest::Client::new();
+        let auth = Arc::new(Auth::new(&spec, http.clone()).unwrap());
+        let api = HttpApi::new(http, vec![addr.to_string()], "public".into(), "n".into(), auth)
+            .with_timeout(Some(Duration::from_millis(300)));
+        let started = Instant::now();
+        let err = api.list_services("DEFAULT_GROUP").await.unwrap_err();
+        silent.abort();
+        assert!(started.elapsed() < Duration::from_secs(3), "took {:?}, not nacosTimeout", started.elapsed());
+        assert!(matches!(err, RegistryError::Unreachable { .. }), "{err}");
     }
 }

@@ -147,6 +147,9 @@ pub(crate) struct Provider {
     /// Query parameters left out of the labels (not valid as Kubernetes
     /// labels, or given more than once).
     pub dropped_labels: usize,
+    /// False for a provider Dubbo's admin has switched off: `enabled=false`
+    /// or `disabled=true` in its URL.
+    pub serving: bool,
 }
 
 /// The provider node `node` of `interface`.
@@ -158,6 +161,8 @@ pub(crate) fn provider(interface: &str, node: &str) -> Result<Provider, UrlError
     let version = first("version").unwrap_or(NO_VERSION);
     let group = first("group").unwrap_or("");
     let host = format!("providers:{interface}:{version}:{group}.{}", super::tree::HOST_SUFFIX);
+    let is = |key: &str, value: &str| first(key).is_some_and(|v| v.trim().eq_ignore_ascii_case(value));
+    let serving = !is("enabled", "false") && !is("disabled", "true");
     let weight = match first("weight").and_then(|w| w.trim().parse::<i64>().ok()) {
         Some(w) if w > 0 => u32::try_from(w).unwrap_or(u32::MAX),
         _ => 1,
@@ -179,7 +184,7 @@ pub(crate) fn provider(interface: &str, node: &str) -> Result<Provider, UrlError
     let (mut labels, invalid) = labels::keep_valid(single);
     labels.insert(PROTOCOL_LABEL.0.to_string(), PROTOCOL_LABEL.1.to_string());
     let endpoint = Endpoint { address: url.host, port: url.port, weight, labels };
-    Ok(Provider { host, endpoint, dropped_labels: invalid + repeated })
+    Ok(Provider { host, endpoint, dropped_labels: invalid + repeated, serving })
 }
 
 #[cfg(test)]
@@ -205,6 +210,18 @@ mod tests {
         %26application%3Ddemo-provider%26deprecated%3Dfalse%26dubbo%3D2.0.2%26dynamic%3Dtrue%26generic%3Dfalse\
         %26interface%3Dorg.apache.dubbo.demo.DemoService%26methods%3DsayHello%2CsayHelloAsync%26pid%3D12345\
         %26release%3D2.7.8%26side%3Dprovider%26timestamp%3D1600000000000";
+
+    #[test]
+    fn disabled_providers_are_not_serving() {
+        let serving = |q: &str| {
+            provider("com.foo.Greeter", &java_url_encode(&format!("dubbo://10.0.0.1:20880/x?{q}"))).unwrap().serving
+        };
+        assert!(serving("version=1"));
+        assert!(serving("enabled=true&disabled=false"));
+        assert!(!serving("enabled=false"));
+        assert!(!serving("disabled=true"));
+        assert!(!serving("version=1&disabled=TRUE"), "case does not matter");
+    }
 
     #[test]
     fn a_real_dubbo_2_7_node() {

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use futures::{StreamExt, stream};
-use tracing::warn;
+use tracing::{debug, warn};
 use zookeeper_client as zk;
 
 use super::dubbo;
@@ -107,6 +107,7 @@ impl Reader<'_> {
         let (mut members, mut malformed, mut dropped) = (Vec::new(), Vec::new(), 0);
         for node in nodes {
             match dubbo::provider(&key.name, &node) {
+                Ok(p) if !p.serving => debug!(service = key.name, "provider disabled (enabled=false or disabled=true)"),
                 Ok(p) => {
                     dropped += p.dropped_labels;
                     members.push(Member { host: p.host, endpoint: p.endpoint, protocol: None, tls: false });
@@ -139,6 +140,7 @@ impl Reader<'_> {
             // Gone between the list and the read: deleted, skip it.
             let Some((data, _)) = data? else { continue };
             match spring::parse_instance(&data) {
+                Ok(i) if !i.serving => debug!(path, "instance not UP (payload.metadata.instance_status)"),
                 Ok(i) => {
                     dropped += i.dropped_labels;
                     members.push(Member { host: host.clone(), endpoint: i.endpoint, protocol: i.protocol, tls: i.tls });
@@ -188,9 +190,12 @@ pub(crate) fn zk_error(registry: &str, op: &str, path: &str, e: &zk::Error) -> R
         | zk::Error::Timeout => {
             RegistryError::Unreachable { registry: registry.to_string(), reason: format!("{op} {path}: {e}") }
         }
-        zk::Error::Unimplemented if op == "watch" => {
-            bad(registry, op, path, "persistent recursive watches need ZooKeeper 3.6 or later")
-        }
+        zk::Error::Unimplemented if op == "watch" => bad(
+            registry,
+            op,
+            path,
+            "the server does not implement persistent recursive watches (addWatch): ZooKeeper 3.6 or later is required",
+        ),
         other => bad(registry, op, path, &other.to_string()),
     }
 }

@@ -30,6 +30,10 @@ pub(crate) struct Instance {
     pub tls: bool,
     /// Metadata entries left out of the labels.
     pub dropped_labels: usize,
+    /// False when Spring Cloud marks it out of traffic:
+    /// `payload.metadata.instance_status` present and not `UP` (e.g.
+    /// `OUT_OF_SERVICE`, set through the service-registry endpoint).
+    pub serving: bool,
 }
 
 /// Why an instance node was skipped.
@@ -80,6 +84,8 @@ pub(crate) fn parse_instance(data: &[u8]) -> Result<Instance, InstanceError> {
         })
         .collect();
     let named = pairs.iter().find(|(k, _)| *k == "protocol").map(|(_, v)| *v);
+    let status = metadata.and_then(|m| m.get(STATUS_KEY));
+    let serving = status.is_none_or(|s| s.as_str().is_some_and(|s| s.trim().eq_ignore_ascii_case("UP")));
     let protocol = named.and_then(Protocol::parse).or(ssl.then_some(Protocol::Https));
     let tls = ssl || named.is_some_and(is_tls_protocol);
     let (labels, invalid): (BTreeMap<String, String>, usize) = labels::keep_valid(pairs);
@@ -88,8 +94,12 @@ pub(crate) fn parse_instance(data: &[u8]) -> Result<Instance, InstanceError> {
         protocol,
         tls,
         dropped_labels: invalid + non_string,
+        serving,
     })
 }
+
+/// Spring Cloud Zookeeper's status key in the instance metadata.
+const STATUS_KEY: &str = "instance_status";
 
 /// Protocol names that mean the endpoint itself speaks TLS.
 pub(crate) fn is_tls_protocol(name: &str) -> bool {
@@ -106,6 +116,24 @@ mod tests {
                    "name":"orders","metadata":{"instance_status":"UP","zone":"a","note":"has space","n":1}},
         "registrationTimeUTC":1700000000000,"serviceType":"DYNAMIC",
         "uriSpec":{"parts":[{"value":"scheme","variable":true}]}}"#;
+
+    #[test]
+    fn instances_out_of_service_are_not_serving() {
+        let with = |status: &str| {
+            let json = format!(
+                r#"{{"address":"10.0.0.7","port":8080,"payload":{{"metadata":{{"instance_status":{status}}}}}}}"#
+            );
+            parse_instance(json.as_bytes()).unwrap().serving
+        };
+        assert!(with(r#""UP""#));
+        assert!(with(r#""up""#), "case does not matter");
+        assert!(!with(r#""OUT_OF_SERVICE""#));
+        assert!(!with(r#""DOWN""#));
+        assert!(!with(r#""STARTING""#), "anything but UP");
+        assert!(!with("null"), "present but not a status");
+        assert!(parse_instance(br#"{"address":"10.0.0.7","port":8080}"#).unwrap().serving, "no status: serving");
+        assert!(parse_instance(CURATOR.as_bytes()).unwrap().serving);
+    }
 
     #[test]
     fn a_real_curator_instance() {

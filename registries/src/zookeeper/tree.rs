@@ -241,13 +241,13 @@ impl Naming {
             .into_iter()
             .map(|(host, members)| {
                 let previous = last.and_then(|l| l.get(&host));
-                let service = self.service(kind, &key.name, &host, members, previous);
+                let service = self.service(kind, &host, members, previous);
                 (host, service)
             })
             .collect()
     }
 
-    fn service(&self, kind: Kind, name: &str, host: &str, mut members: Vec<Member>, last: Option<&Service>) -> Service {
+    fn service(&self, kind: Kind, host: &str, mut members: Vec<Member>, last: Option<&Service>) -> Service {
         let last_port = last.and_then(|s| s.ports.first());
         // Instances are expected to agree; if they do not, the one with the
         // lowest port (then address) decides, so the choice is stable.
@@ -263,13 +263,9 @@ impl Naming {
             // An instance that speaks TLS always states a protocol too.
             Kind::Spring => members.iter().find_map(|m| m.protocol.map(|p| (p, m.tls))).unwrap_or(self.spring_default),
         };
-        // vport is looked up by Higress's service name (the host without
-        // `.zookeeper`), then by the interface or service name.
-        let short = host.strip_suffix(&format!(".{HOST_SUFFIX}")).unwrap_or(host);
         let number = self
             .spec
-            .vport_for(short)
-            .or_else(|| self.spec.vport_for(name))
+            .vport_for(host)
             .or_else(|| members.iter().map(|m| m.endpoint.port).min())
             .or(last_port.map(|p| p.number))
             .filter(|p| *p != 0);
@@ -403,13 +399,13 @@ mod tests {
         assert_eq!(gone[host].ports[0].name, "grpc-9000", "an empty service keeps its last port");
 
         spec.protocol = Some("http2".into());
-        spec.vport_services.insert("orders.services".into(), 80);
+        spec.vport_services.insert("orders.services.zookeeper".into(), 80);
         spec.vport_services.insert("billing".into(), 81);
         let naming = Naming::new(&spec);
         let got = naming.render(&t, &k, vec![member(host, "10.0.0.1", 9000, None)], None);
-        assert_eq!(got[host].ports[0].name, "http2-80", "vport by Higress service name, registry protocol");
+        assert_eq!(got[host].ports[0].name, "http2-80", "vport by service host, registry protocol");
         let billing = naming.render(&t, &key(1, "billing"), vec![], None);
-        assert_eq!(billing["billing.services.zookeeper"].ports[0].number, 81, "vport by service name");
+        assert_eq!(billing["billing.services.zookeeper"].ports, vec![], "a bare service name is not a host");
     }
 
     #[test]

@@ -4,18 +4,7 @@
 use std::collections::BTreeSet;
 
 use super::*;
-use crate::config::{Document, parse_documents};
-
-fn docs(yaml: &str) -> Vec<IngressDoc> {
-    parse_documents("test.yaml", yaml)
-        .expect("fixture parses")
-        .into_iter()
-        .filter_map(|d| match d {
-            Document::Ingress(i) => Some(i),
-            _ => None,
-        })
-        .collect()
-}
+use crate::config::ingress_docs as docs;
 
 fn opts() -> IngressOptions {
     IngressOptions {
@@ -27,6 +16,7 @@ fn opts() -> IngressOptions {
             ("shop".to_owned(), "other-tls".to_owned()),
             ("higress-system".to_owned(), "wildcard-tls".to_owned()),
         ]),
+        service_hosts: Default::default(),
     }
 }
 

@@ -110,9 +110,12 @@ pub fn service_filter(proxied: &[Proxied<'_>], namespace: &str) -> Option<IstioO
                 "connect_timeout": duration(SERVICE_CONNECT_TIMEOUT),
                 "load_assignment": one_endpoint(&name, LOCAL, p.proxy.listener_port),
             });
+            if !p.ecdh_curves.is_empty() {
+                tls["common_tls_context"] = json!({ "tls_params": { "ecdh_curves": p.ecdh_curves } });
+            }
             if h2 {
                 // HTTP/2 must be negotiated by ALPN over TLS.
-                tls["common_tls_context"] = json!({ "alpn_protocols": ["h2"] });
+                tls["common_tls_context"]["alpn_protocols"] = json!(["h2"]);
                 cluster["typed_extension_protocol_options"] = json!({
                     "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                         "@type": format!("{TYPE_PREFIX}envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
