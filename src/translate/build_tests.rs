@@ -179,10 +179,10 @@ fn incremental_equals_a_fresh_translation_after_every_change() {
                 0 => sink.update(Update::Remove(host.into())),
                 1 => {
                     // The Ingresses, or which registries use a proxy, change now and then.
-                    if rng.next(2) == 0 {
-                        which = (which + 1) % ingress_sets.len()
-                    } else {
-                        proxied = !proxied
+                    match rng.next(3) {
+                        0 => which = (which + 1) % ingress_sets.len(),
+                        1 => proxied = !proxied,
+                        _ => curves = !curves,
                     }
                     inputs_changed = true;
                 }
