@@ -7,6 +7,7 @@
 //! | `/healthz`, `/ready` | liveness; readiness (open even when a token is required) |
 //! | `/v1/registries[/{name}[/services/{host}]]` | registry health and contents ([`registries`]) |
 //! | `/registry/watcherStatus` | Higress-compatible registry status |
+//! | `/v1/config` | config files, errors and translation warnings |
 //! | `/debug/configz`, `/debug/xdsz` | the Istio config set; connected xDS clients |
 //! | `/metrics` | Prometheus ([`crate::metrics`]) |
 
@@ -73,6 +74,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/registries/{name}", get(registries::one))
         .route("/v1/registries/{name}/services/{host}", get(registries::service))
         .route("/registry/watcherStatus", get(registries::watcher_status))
+        .route("/v1/config", get(config_status))
         .route("/debug/configz", get(configz))
         .route("/debug/xdsz", get(xdsz))
         .route("/metrics", get(prometheus))
@@ -99,6 +101,21 @@ async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"ready": false, "waitingFor": waiting})))
     }
+}
+
+/// The config as it stands: each file's state, every current config error
+/// (file, document and field path in its text), and every translation
+/// warning with the object it concerns and its reason.
+async fn config_status(State(s): State<AdminState>) -> impl IntoResponse {
+    let set = s.config.borrow().clone();
+    let warnings: Vec<serde_json::Value> =
+        set.warnings().map(|w| json!({"object": w.object, "reason": w.reason.as_str(), "detail": w.detail})).collect();
+    Json(json!({
+        "revision": set.revision,
+        "files": &*set.config_files,
+        "errors": &*set.config_errors,
+        "warnings": warnings,
+    }))
 }
 
 /// The current Istio objects, as a Kubernetes `List`.

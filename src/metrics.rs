@@ -287,6 +287,12 @@ impl Collector for StateCollector {
                 .into_iter()
                 .map(|(reason, n)| (ReasonLabels { reason: reason.as_str() }, n as i64)),
         )?;
+        gauges(
+            e,
+            "meshbridge_config_errors",
+            "Current problems with the config (files that do not parse, invalid entries, …); see /v1/config",
+            [(Vec::<(String, String)>::new(), set.config_errors.len() as i64)],
+        )?;
         Ok(())
     }
 }

@@ -112,7 +112,8 @@ fn translate(
     };
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or_default();
     let hosts = changes.hosts.len();
-    let changed = t.apply(changes, &inputs, inputs_changed, now);
+    let mut changed = t.apply(changes, &inputs, inputs_changed, now);
+    changed |= t.set_config_status(&desired.errors, &desired.files);
     if changed {
         let set = t.set();
         debug!(revision = set.revision, hosts, warnings = set.warnings.len(), "published");

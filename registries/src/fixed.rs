@@ -47,7 +47,10 @@ impl Watcher for StaticWatcher {
         Box::pin(
             async move {
                 info!(endpoints = self.service.endpoints.len(), "serving static endpoints");
+                let started = std::time::Instant::now();
                 sink.update(Update::Snapshot(vec![self.service]));
+                // A full sync like any other registry's, so its duration is reported too.
+                sink.synced(started.elapsed());
                 sink.healthy();
                 std::future::pending::<()>().await;
             }

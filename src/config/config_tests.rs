@@ -676,3 +676,26 @@ fn newer_higress_fields_nacos_timeout_and_ecdh_curves() {
         vec![format!("{BRIDGE}: spec.registries[2].nacosTimeout: must not be negative; using the default")]
     );
 }
+
+#[test]
+fn duplicates_across_files_name_both_files_and_file_states_are_reported() {
+    let a = bridge("    - {type: consul, name: a, domain: h, port: 1}\n", "");
+    let mut state = ConfigState::new();
+    state.set_file("10-first.yaml", a.clone());
+    state.set_file("20-second.yaml", a.replace("name: a", "name: b"));
+    state.set_file("30-broken.yaml", "kind: [".into());
+    let d = state.desired();
+    assert_eq!(names(&d), ["consul/a"]);
+    let dup =
+        format!("{BRIDGE}: defined more than once (10-first.yaml and 20-second.yaml), ignoring all but the first");
+    assert!(d.errors.contains(&dup), "{:?}", d.errors);
+    let files: Vec<(&str, &str)> = d.files.iter().map(|f| (f.name.as_str(), f.state)).collect();
+    assert_eq!(files, [("10-first.yaml", "loaded"), ("20-second.yaml", "loaded"), ("30-broken.yaml", "ignored")]);
+    assert!(d.files[2].error.as_deref().is_some_and(|e| e.contains("30-broken.yaml")), "{:?}", d.files[2]);
+
+    // A file that breaks after loading keeps its last good version.
+    state.set_file("10-first.yaml", "kind: [".into());
+    let d = state.desired();
+    assert_eq!(d.files[0].state, "lastGoodKept");
+    assert_eq!(names(&d), ["consul/a"]);
+}

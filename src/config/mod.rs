@@ -54,6 +54,21 @@ pub struct Desired {
     pub tls_secrets: Vec<TlsSecret>,
     /// Every current problem, human-readable, for logs and `/debug`.
     pub errors: Vec<String>,
+    /// Each file of a file-based source and whether it is in force
+    /// (`/v1/config`); empty for other sources.
+    pub files: Vec<FileStatus>,
+}
+
+/// One config file as `/v1/config` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileStatus {
+    pub name: String,
+    /// `loaded`, `lastGoodKept` (the current text is broken; the last good
+    /// version stays in force) or `ignored` (broken, nothing good before).
+    pub state: &'static str,
+    /// Why the current version is not in force.
+    pub error: Option<String>,
 }
 
 /// A certificate from a `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`),

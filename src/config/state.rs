@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::build::Builder;
 use super::model::Document;
-use super::{ConfigError, Desired, parse_documents};
+use super::{ConfigError, Desired, FileStatus, parse_documents};
 
 /// Files by name (built in name order), each with its last good documents,
 /// plus the [`Builder`] that remembers last good registries.
@@ -87,8 +87,44 @@ impl ConfigState {
     /// Build what the files currently say, falling back to last good
     /// documents and registries where the current ones are broken.
     pub fn desired(&mut self) -> Desired {
-        let docs = self.files.values().flat_map(|f| f.good.iter().flatten());
+        // An object given twice is reported with both files; only the first
+        // (in file order) reaches the builder.
+        let mut first_seen: BTreeMap<(&'static str, String, String), &str> = BTreeMap::new();
+        let mut duplicates = Vec::new();
+        let mut docs = Vec::new();
+        for (file, f) in &self.files {
+            for doc in f.good.iter().flatten() {
+                let (kind, ns, name) = match doc {
+                    Document::McpBridge(b) => ("McpBridge", &b.namespace, &b.name),
+                    Document::Secret(s) => ("Secret", &s.namespace, &s.name),
+                    Document::Ingress(i) => ("Ingress", &i.namespace, &i.name),
+                };
+                match first_seen.get(&(kind, ns.clone(), name.clone())) {
+                    Some(first) => duplicates.push(format!(
+                        "{kind} {ns}/{name}: defined more than once ({first} and {file}), ignoring all but the first"
+                    )),
+                    None => {
+                        first_seen.insert((kind, ns.clone(), name.clone()), file);
+                        docs.push(doc);
+                    }
+                }
+            }
+        }
         let mut desired = self.builder.build(docs);
+        desired.errors.splice(0..0, duplicates);
+        desired.files = self
+            .files
+            .iter()
+            .map(|(name, f)| FileStatus {
+                name: name.clone(),
+                state: match (&f.error, &f.good) {
+                    (None, _) => "loaded",
+                    (Some(_), Some(_)) => "lastGoodKept",
+                    (Some(_), None) => "ignored",
+                },
+                error: f.error.as_ref().map(ToString::to_string),
+            })
+            .collect();
         let file_errors = self.files.values().filter_map(|f| {
             let e = f.error.as_ref()?;
             Some(if f.good.is_some() {

@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::mcp;
 use super::model::IstioObject;
 use super::warning::Warning;
+use crate::config::FileStatus;
 use crate::resources::TypeResources;
 
 /// An Istio object's place in the set: kind, namespace, name.
@@ -34,6 +35,10 @@ pub struct ConfigSet {
     /// When the oldest registry change this set is the first to carry
     /// happened; set by the publisher, never by translation.
     pub changed_at: Option<Instant>,
+    /// The config source's current problems and files, as of the `Desired`
+    /// this set was built from (`/v1/config`, metrics).
+    pub config_errors: Arc<[String]>,
+    pub config_files: Arc<[FileStatus]>,
 }
 
 impl ConfigSet {

@@ -7,8 +7,8 @@
 //! credential feed the HTTPS listener. Gateway `selector`s are not read: the
 //! standalone Envoy is every Gateway's workload.
 
-use super::GatewayTls;
 use super::spec::Named;
+use crate::config::TlsSecret as GatewayTls;
 use crate::translate::model::{GatewaySpec, Server};
 use crate::translate::warning::{Reason, Warning};
 
