@@ -322,11 +322,6 @@ impl Cache {
         state.registries.get(key).map(|e| (report(key, e), e.services.clone()))
     }
 
-    /// Services of one registry, by host.
-    pub fn registry_services(&self, key: &RegistryKey) -> Option<BTreeMap<String, Arc<Service>>> {
-        self.lock().registries.get(key).map(|e| e.services.clone())
-    }
-
     fn with_entry(
         &self,
         key: &RegistryKey,

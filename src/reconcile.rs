@@ -9,10 +9,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use meshbridge_registries::{RegistrySpec, watcher_for};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::cache::{Cache, RegistryKey};
+use crate::config::Desired;
 
 /// What the reconciler does for one registry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +50,29 @@ struct Running {
     spec: RegistrySpec,
     /// `None` when the spec could not be turned into a watcher.
     task: Option<JoinHandle<()>>,
+}
+
+/// Start the reconciler task: apply the current `Desired` now (so watchers
+/// start before anything is served), then every new one, calling `observe`
+/// on each first (the effective-config log).
+pub fn spawn(
+    cache: &Arc<Cache>,
+    mut desired: watch::Receiver<Arc<Desired>>,
+    observe: fn(&Desired),
+    tasks: &mut Vec<JoinHandle<()>>,
+) {
+    let mut reconciler = Reconciler::new(cache.clone());
+    let first = desired.borrow_and_update().clone();
+    observe(&first);
+    reconciler.apply(&first.registries);
+    tasks.push(tokio::spawn(async move {
+        // The reconciler (and so every watcher) lives as long as this task.
+        while desired.changed().await.is_ok() {
+            let d = desired.borrow_and_update().clone();
+            observe(&d);
+            reconciler.apply(&d.registries);
+        }
+    }));
 }
 
 /// Owns the watcher tasks. Dropping it stops them all.

@@ -19,7 +19,6 @@ use crate::cache::Cache;
 use crate::config::DirSource;
 use crate::metrics::Metrics;
 use crate::publish::PublishOptions;
-use crate::reconcile::Reconciler;
 use crate::translate::ConfigSet;
 use crate::translate::gateway::GatewayOptions;
 use crate::translate::ingress::IngressOptions;
@@ -228,7 +227,7 @@ impl App {
     pub async fn launch(cmd: RunCommand) -> anyhow::Result<App> {
         let RunCommand { args, admin, gateway } = cmd;
         let builder = crate::config::Builder::with_min_refresh_interval(args.min_refresh_interval);
-        let (source, mut desired) = DirSource::start_with_builder(args.config_dir.clone(), builder)
+        let (source, desired) = DirSource::start_with_builder(args.config_dir.clone(), builder)
             .await
             .with_context(|| format!("config dir {}", args.config_dir.display()))?;
         let cache = Cache::new();
@@ -236,19 +235,10 @@ impl App {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = Vec::new();
 
-        // Reconciler: desired registries → watcher tasks.
-        let mut reconciler = Reconciler::new(cache.clone());
-        let first = desired.borrow_and_update().clone();
-        log_desired(&first);
-        reconciler.apply(&first.registries);
+        // Reconciler: desired registries → watcher tasks; publisher: cache
+        // and desired → the config set.
+        crate::reconcile::spawn(&cache, desired.clone(), log_desired, &mut tasks);
         let config = crate::publish::spawn(&cache, desired.clone(), gateway.publish_options(), &mut tasks);
-        tasks.push(tokio::spawn(async move {
-            while desired.changed().await.is_ok() {
-                let d = desired.borrow_and_update().clone();
-                log_desired(&d);
-                reconciler.apply(&d.registries);
-            }
-        }));
 
         let xds_listener =
             TcpListener::bind(args.xds_addr).await.with_context(|| format!("bind xds {}", args.xds_addr))?;

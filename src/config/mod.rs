@@ -110,13 +110,6 @@ pub struct ProxySpec {
 /// Higress's connect timeout for a proxy without `connectTimeout`.
 pub const DEFAULT_PROXY_CONNECT_TIMEOUT: Duration = Duration::from_millis(1200);
 
-/// Build [`Desired`] from documents, in source order, with no memory of
-/// earlier builds. Use a [`Builder`] (or [`ConfigState`]) to keep last good
-/// registries across builds.
-pub fn build_desired<'a>(docs: impl IntoIterator<Item = &'a Document>) -> Desired {
-    Builder::default().build(docs)
-}
-
 /// The Ingresses of a YAML fixture, for tests.
 #[cfg(test)]
 pub(crate) fn ingress_docs(yaml: &str) -> Vec<IngressDoc> {
