@@ -43,8 +43,8 @@ use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt, stream};
 use tokio::sync::Notify;
-use tokio::task::{AbortHandle, JoinError, JoinSet};
-use tracing::{Instrument, debug, error, info, info_span, warn};
+use tokio::task::{AbortHandle, JoinSet};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use self::auth::Auth;
 use self::decode::{DEFAULT_GROUP, Endpoints, Instance, Naming, PUBLIC_NAMESPACE, ServiceKey, endpoints, is_watched};
@@ -53,6 +53,7 @@ use self::health::Health;
 use self::http::HttpApi;
 use self::servers::Servers;
 use crate::retry::Backoff;
+use crate::worker::{last_port, on_worker_exit};
 use crate::{RegistryError, RegistryKind, RegistrySpec, Service, Sink, Update, Watcher};
 
 const DEFAULT_REFRESH: Duration = Duration::from_secs(30);
@@ -437,10 +438,6 @@ impl Ctx {
     }
 }
 
-fn last_port(service: Option<&Service>) -> Option<u16> {
-    service.and_then(|s| s.ports.first()).map(|p| p.number)
-}
-
 /// One client's life: the loops of one [`Api`].
 struct Session<A: Api> {
     api: Arc<A>,
@@ -480,7 +477,7 @@ impl<A: Api> Session<A> {
         }
         self.reconcile().await;
         // A recovery signalled during the first sync is already covered.
-        let _ = ctx.health.recovered.notified().now_or_never();
+        let _ = ctx.health.recovered().notified().now_or_never();
 
         let every = |period: Duration| {
             let mut t = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -508,7 +505,7 @@ impl<A: Api> Session<A> {
                         }
                     }
                 }
-                () = ctx.health.recovered.notified() => {
+                () = ctx.health.recovered().notified() => {
                     info!("nacos answers again, resyncing");
                     if let Some(end) = self.resync().await {
                         return end;
@@ -520,7 +517,7 @@ impl<A: Api> Session<A> {
                         return end;
                     }
                 }
-                Some(done) = self.workers.join_next() => on_worker_exit(done),
+                Some(done) = self.workers.join_next() => on_worker_exit("nacos", done),
             }
         }
     }
@@ -530,7 +527,7 @@ impl<A: Api> Session<A> {
             Ok(()) => {
                 // This sync already is the recovery resync a failure during
                 // it would ask for.
-                let _ = self.ctx.health.recovered.notified().now_or_never();
+                let _ = self.ctx.health.recovered().notified().now_or_never();
                 self.reconcile().await;
                 None
             }
@@ -629,16 +626,6 @@ async fn watch_service<A: Api>(ctx: Arc<Ctx>, api: Arc<A>, key: ServiceKey, noti
             }
             Err(e) => ctx.health.fail(&e),
         }
-    }
-}
-
-fn on_worker_exit(done: Result<(), JoinError>) {
-    // Aborted loops are the normal way services stop. A panic is a bug; the
-    // next sync restarts the loop (see `Session::reconcile`).
-    if let Err(e) = done
-        && e.is_panic()
-    {
-        error!(error = %e, "nacos service loop panicked");
     }
 }
 
