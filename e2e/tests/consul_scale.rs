@@ -14,6 +14,7 @@ use meshbridge_e2e::recorder::{Event, Recorder};
 use meshbridge_registries::consul::{ConsulWatcher, DEFAULT_MAX_CONNS};
 use meshbridge_registries::{RegistryError, RegistryKind, RegistrySpec, Update};
 use serde_json::{Value, json};
+use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
 
 const SERVICES: usize = 300;
@@ -188,7 +189,17 @@ async fn a_refused_connection_says_connection_limit_reached() {
     for _ in 0..4 {
         held.push(tokio::net::TcpStream::connect(("127.0.0.1", consul.http_port)).await.unwrap());
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Wait until Consul counts them: a fresh connection is hung up on.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut probe = tokio::net::TcpStream::connect(("127.0.0.1", consul.http_port)).await.unwrap();
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(500), probe.read(&mut byte)).await;
+        if matches!(read, Ok(Ok(0) | Err(_))) {
+            break;
+        }
+        assert!(Instant::now() < until, "consul never enforced its connection limit");
+    }
     let watcher = ConsulWatcher::new(spec(consul.http_port)).unwrap().with_wait(WAIT);
     let mut rec: Recorder = Recorder::start(Box::new(watcher), Duration::from_secs(15));
     rec.until("a connection-limit error", |r| {

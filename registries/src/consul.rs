@@ -15,7 +15,11 @@
 //!   without checks added or removed, an instance re-registered on another
 //!   port): Consul keeps one index per service, so the sweep asks each
 //!   service for its index alone (an empty answer) and reads only those that
-//!   moved. It also runs every refresh interval, followed by a snapshot;
+//!   moved. A catalog change counts as named when a read since the previous
+//!   catalog answer returned an index at least as new; so a service-only
+//!   write that lands between two catalog answers together with a later
+//!   write to another service is left to the next periodic sweep. The sweep
+//!   also runs every refresh interval, followed by a snapshot;
 //! - a **full sync** (catalog, checks and every service) at startup, sent as
 //!   an [`Update::Snapshot`] (the ready signal), and again when Consul
 //!   answers after a failure, paced by the jittered backoff.

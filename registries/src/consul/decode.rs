@@ -3,7 +3,7 @@
 //! is unit-tested below.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use serde::Deserialize;
@@ -154,6 +154,28 @@ pub(crate) fn decode_checks(body: &[u8]) -> Result<CheckPrints, serde_json::Erro
         }
     }
     Ok(prints)
+}
+
+/// The services whose health may have changed between two check answers:
+/// those whose own checks changed (appeared, went, or moved), and those with
+/// an instance on a node whose node checks changed. `nodes` gives each
+/// watched service's nodes.
+pub(crate) fn dirty_services<'a>(
+    old: &CheckPrints,
+    new: &CheckPrints,
+    nodes: impl Iterator<Item = (&'a str, &'a BTreeSet<String>)>,
+) -> BTreeSet<String> {
+    fn changed<'m>(a: &'m HashMap<String, u64>, b: &'m HashMap<String, u64>) -> impl Iterator<Item = &'m String> {
+        let moved = a.iter().filter(move |(k, v)| b.get(*k) != Some(*v)).map(|(k, _)| k);
+        moved.chain(b.keys().filter(move |k| !a.contains_key(*k)))
+    }
+    let mut dirty: BTreeSet<String> = changed(&old.services, &new.services).cloned().collect();
+    let moved_nodes: HashSet<&String> = changed(&old.nodes, &new.nodes).collect();
+    if !moved_nodes.is_empty() {
+        let on_moved = nodes.filter(|(_, ns)| ns.iter().any(|n| moved_nodes.contains(n)));
+        dirty.extend(on_moved.map(|(name, _)| name.to_string()));
+    }
+    dirty
 }
 
 fn endpoint_of(entry: HealthEntry) -> Option<Endpoint> {
@@ -336,6 +358,38 @@ mod tests {
         assert_ne!(after.services["web"], before.services["web"]);
         assert_eq!(after.services["api"], before.services["api"]);
         assert_eq!(after.nodes, before.nodes);
+
+        let nodes = BTreeMap::from([
+            ("web".to_string(), BTreeSet::from(["n1".to_string(), "n2".to_string()])),
+            ("api".to_string(), BTreeSet::from(["n1".to_string()])),
+            ("db".to_string(), BTreeSet::from(["n3".to_string()])),
+        ]);
+        let of = || nodes.iter().map(|(k, v)| (k.as_str(), v));
+        let names = |set: BTreeSet<String>| set.into_iter().collect::<Vec<_>>();
+        assert_eq!(names(dirty_services(&before, &after, of())), vec!["web"]);
+        assert_eq!(names(dirty_services(&before, &before, of())), Vec::<String>::new());
+
+        // n1's node check fails: every service with an instance on n1.
+        let c = serde_json::json!([
+            check("n1", "serfHealth", "", "critical", 13),
+            check("n1", "web-1", "web", "passing", 7),
+            check("n2", "web-2", "web", "passing", 8),
+            check("n1", "api-1", "api", "passing", 9),
+            check("n3", "db-1", "db", "passing", 10),
+        ]);
+        let node_down = decode_checks(c.to_string().as_bytes()).unwrap();
+        assert_eq!(names(dirty_services(&before, &node_down, of())), vec!["api", "db", "web"], "db's check is new");
+        let d = serde_json::json!([
+            check("n1", "serfHealth", "", "passing", 14),
+            check("n1", "web-1", "web", "passing", 7),
+            check("n2", "web-2", "web", "passing", 8),
+            check("n1", "api-1", "api", "passing", 9),
+            check("n3", "db-1", "db", "passing", 10),
+        ]);
+        let node_up = decode_checks(d.to_string().as_bytes()).unwrap();
+        assert_eq!(names(dirty_services(&node_down, &node_up, of())), vec!["api", "web"]);
+        // A service whose checks all went (its instances deregistered).
+        assert_eq!(names(dirty_services(&node_up, &CheckPrints::default(), of())), vec!["api", "db", "web"]);
     }
 
     #[test]

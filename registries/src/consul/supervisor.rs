@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info};
 
 use super::client::Indexed;
-use super::decode::CheckPrints;
+use super::decode::{CheckPrints, dirty_services};
 use super::{Ctx, FullSync, Read, is_outage};
 use crate::retry::Backoff;
 use crate::worker::{last_port, on_worker_exit};
@@ -60,6 +60,10 @@ pub(crate) struct Supervisor {
     ctx: Arc<Ctx>,
     services: BTreeMap<String, Tracked>,
     catalog_index: u64,
+    /// The catalog index of the last full sync until a detector answer
+    /// reaches it: a detector answer older than the sync was asked before
+    /// it, and must not undo it.
+    sync_floor: u64,
     prints: CheckPrints,
     /// Reads and sweeps. Dropping the supervisor aborts them.
     tasks: JoinSet<()>,
@@ -88,6 +92,7 @@ impl Supervisor {
             ctx,
             services: BTreeMap::new(),
             catalog_index: 0,
+            sync_floor: 0,
             prints: CheckPrints::default(),
             tasks: JoinSet::new(),
             in_flight: HashMap::new(),
@@ -189,6 +194,7 @@ impl Supervisor {
             self.apply_read(read, false);
         }
         self.catalog_index = catalog.index;
+        self.sync_floor = catalog.index;
         self.prints = checks.value;
         self.read_max_index = 0;
         self.unexplained = None;
@@ -235,6 +241,11 @@ impl Supervisor {
     }
 
     fn on_catalog(&mut self, answer: Indexed<BTreeMap<String, Vec<String>>>) {
+        if answer.index < self.sync_floor {
+            debug!(index = answer.index, floor = self.sync_floor, "catalog answer older than the last sync ignored");
+            return;
+        }
+        self.sync_floor = 0;
         let mut named = false;
         let gone: Vec<String> = self.services.keys().filter(|n| !answer.value.contains_key(*n)).cloned().collect();
         for name in gone {
@@ -270,21 +281,9 @@ impl Supervisor {
 
     fn on_checks(&mut self, answer: Indexed<CheckPrints>) {
         let old = std::mem::replace(&mut self.prints, answer.value);
-        let new = &self.prints;
-        let mut dirty: BTreeSet<String> = BTreeSet::new();
-        let changed = |a: &HashMap<String, u64>, b: &HashMap<String, u64>| -> Vec<String> {
-            let mut keys: Vec<String> =
-                a.iter().filter(|(k, v)| b.get(*k) != Some(v)).map(|(k, _)| k.clone()).collect();
-            keys.extend(b.keys().filter(|k| !a.contains_key(*k)).cloned());
-            keys
-        };
-        dirty.extend(changed(&old.services, &new.services));
-        let nodes: HashSet<String> = changed(&old.nodes, &new.nodes).into_iter().collect();
-        if !nodes.is_empty() {
-            let on_nodes = self.services.iter().filter(|(_, t)| t.nodes.iter().any(|n| nodes.contains(n)));
-            dirty.extend(on_nodes.map(|(name, _)| name.clone()));
-        }
-        debug!(index = answer.index, services = dirty.len(), nodes = nodes.len(), "checks changed");
+        let nodes = self.services.iter().map(|(name, t)| (name.as_str(), &t.nodes));
+        let dirty = dirty_services(&old, &self.prints, nodes);
+        debug!(index = answer.index, services = dirty.len(), "checks changed");
         for name in dirty {
             if self.services.contains_key(&name) {
                 self.want_read(name);
