@@ -125,32 +125,25 @@ pub(crate) fn decode_health(body: &[u8]) -> Result<Instances, serde_json::Error>
 }
 
 /// Decode `GET /v1/health/state/any` into fingerprints. Strings are borrowed
-/// from the body where they can be: this answer grows with the catalog.
+/// from the body where they can be: this answer grows with the catalog. A
+/// fingerprint is the wrapping sum of its checks' hashes, so it does not
+/// depend on Consul's order and needs no sort.
 pub(crate) fn decode_checks(body: &[u8]) -> Result<CheckPrints, serde_json::Error> {
     let checks: Vec<CheckJson<'_>> = serde_json::from_slice(body)?;
-    // Sorted, so that the fingerprint does not depend on Consul's order.
-    let mut keyed: Vec<(&str, &str, &str, &str, u64)> =
-        checks.iter().map(|c| (&*c.service_name, &*c.node, &*c.check_id, &*c.status, c.modify_index)).collect();
-    keyed.sort_unstable();
     let mut prints = CheckPrints::default();
-    let fold = |map: &mut HashMap<String, u64>, key: &str, item: &dyn Fn(&mut DefaultHasher)| {
+    for c in &checks {
         let mut h = DefaultHasher::new();
-        map.get(key).hash(&mut h);
-        item(&mut h);
+        (&*c.node, &*c.check_id, &*c.status, c.modify_index).hash(&mut h);
         let v = h.finish();
+        let (map, key) = match &*c.service_name {
+            "" => (&mut prints.nodes, &*c.node),
+            service => (&mut prints.services, service),
+        };
         match map.get_mut(key) {
-            Some(slot) => *slot = v,
+            Some(sum) => *sum = sum.wrapping_add(v),
             None => {
                 map.insert(key.to_string(), v);
             }
-        }
-    };
-    for (service, node, check, status, index) in keyed {
-        let item = |h: &mut DefaultHasher| (node, check, status, index).hash(h);
-        if service.is_empty() {
-            fold(&mut prints.nodes, node, &item);
-        } else {
-            fold(&mut prints.services, service, &item);
         }
     }
     Ok(prints)
