@@ -118,13 +118,19 @@ impl ConsulWatcher {
 
 /// [`MAX_CONNS_ENV`], else [`DEFAULT_MAX_CONNS`].
 fn max_conns_from_env(registry: &str) -> Result<usize, RegistryError> {
-    match std::env::var(MAX_CONNS_ENV) {
-        Err(_) => Ok(DEFAULT_MAX_CONNS),
-        Ok(v) => v.trim().parse::<usize>().ok().filter(|n| *n >= MIN_MAX_CONNS).ok_or_else(|| RegistryError::Config {
-            registry: registry.to_string(),
-            field: MAX_CONNS_ENV.to_string(),
-            reason: format!("must be a whole number of at least {MIN_MAX_CONNS}"),
-        }),
+    parse_max_conns(registry, std::env::var(MAX_CONNS_ENV).ok())
+}
+
+fn parse_max_conns(registry: &str, value: Option<String>) -> Result<usize, RegistryError> {
+    match value {
+        None => Ok(DEFAULT_MAX_CONNS),
+        Some(v) => {
+            v.trim().parse::<usize>().ok().filter(|n| *n >= MIN_MAX_CONNS).ok_or_else(|| RegistryError::Config {
+                registry: registry.to_string(),
+                field: MAX_CONNS_ENV.to_string(),
+                reason: format!("must be a whole number of at least {MIN_MAX_CONNS}"),
+            })
+        }
     }
 }
 
@@ -379,5 +385,23 @@ async fn probe_leader(ctx: Arc<Ctx>) {
             }
             Err(e) => ctx.health.fail(&e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_cap_from_the_environment() {
+        assert_eq!(parse_max_conns("c", None), Ok(DEFAULT_MAX_CONNS));
+        assert_eq!(parse_max_conns("c", Some(" 16 ".into())), Ok(16));
+        for bad in ["2", "0", "-1", "many", ""] {
+            let err = parse_max_conns("c", Some(bad.into())).unwrap_err();
+            assert!(err.to_string().contains(MAX_CONNS_ENV), "{err}");
+        }
+        let mut spec = RegistrySpec::new(crate::RegistryKind::Consul, "c", "127.0.0.1", 8500);
+        spec.consul_max_conns = Some(1);
+        assert_eq!(ConsulWatcher::new(spec).unwrap().max_conns(), MIN_MAX_CONNS, "raised to the minimum");
     }
 }
