@@ -77,6 +77,14 @@ pub(crate) struct Supervisor {
     unexplained: Option<(u64, Instant)>,
     sweeping: bool,
     sweep_again: bool,
+    /// When the running sweep started, and when a sweep for an unnamed
+    /// change may start: sweeps rest at least as long as the last one took,
+    /// so churn of check-less instances costs Consul at most half its time
+    /// in index probes.
+    sweep_started: Instant,
+    sweep_not_before: Instant,
+    /// A sweep for an unnamed change is due at this instant.
+    sweep_due: Option<Instant>,
     /// When failing services are read again.
     retry_at: Option<Instant>,
     retry_backoff: Backoff,
@@ -102,6 +110,9 @@ impl Supervisor {
             unexplained: None,
             sweeping: false,
             sweep_again: false,
+            sweep_started: Instant::now(),
+            sweep_not_before: Instant::now(),
+            sweep_due: None,
             retry_at: None,
             retry_backoff: Backoff::default(),
             resync_at: None,
@@ -131,7 +142,7 @@ impl Supervisor {
     }
 
     fn next_timer(&self) -> Instant {
-        [self.unexplained.map(|(_, at)| at), self.retry_at, self.resync_at]
+        [self.unexplained.map(|(_, at)| at), self.retry_at, self.resync_at, self.sweep_due]
             .into_iter()
             .flatten()
             .min()
@@ -158,8 +169,22 @@ impl Supervisor {
             } else {
                 debug!(index, "catalog changed with no service named: sweeping");
                 self.unexplained = None;
-                self.start_sweep(false);
+                self.want_sweep();
             }
+        }
+        if self.sweep_due.is_some_and(|at| at <= now) {
+            self.sweep_due = None;
+            self.start_sweep(false);
+        }
+    }
+
+    /// A sweep for an unnamed change, as soon as the pacing allows.
+    fn want_sweep(&mut self) {
+        if self.sweeping {
+            self.sweep_again = true;
+        } else {
+            let at = self.sweep_not_before.max(Instant::now());
+            self.sweep_due = Some(self.sweep_due.map_or(at, |due| due.min(at)));
         }
     }
 
@@ -226,6 +251,8 @@ impl Supervisor {
             }
             Event::SweepDone { periodic, ok } => {
                 self.sweeping = false;
+                let now = Instant::now();
+                self.sweep_not_before = now + now.duration_since(self.sweep_started);
                 if periodic && ok {
                     let mut all: Vec<Service> = self.services.values().filter_map(|t| t.sent.clone()).collect();
                     all.sort();
@@ -234,7 +261,7 @@ impl Supervisor {
                     self.report_failing();
                 }
                 if std::mem::take(&mut self.sweep_again) {
-                    self.start_sweep(false);
+                    self.want_sweep();
                 }
             }
         }
@@ -406,6 +433,7 @@ impl Supervisor {
             return;
         }
         self.sweeping = true;
+        self.sweep_started = Instant::now();
         let known: Vec<(String, u64)> = self.services.iter().map(|(n, t)| (n.clone(), t.index)).collect();
         let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
         let sweep = async move {
