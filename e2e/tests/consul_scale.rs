@@ -215,3 +215,37 @@ async fn a_refused_connection_says_connection_limit_reached() {
     drop(held);
     rec.until("web served", |r| r.view.contains_key("web.dc1.consul")).await;
 }
+
+/// When Consul allows fewer connections than the cap (other clients hold the
+/// rest), the watcher says so once and works on what it has, instead of
+/// failing call after call.
+#[tokio::test]
+async fn a_partly_used_limit_shrinks_the_watcher_instead_of_flapping() {
+    let consul = Consul::start_with_hcl("limits { http_max_conns_per_client = 4 }").await.expect("start consul");
+    for i in 0..20 {
+        consul.register(service(i)).await.unwrap();
+    }
+    // Another client on this host holds one of the four.
+    let held = tokio::net::TcpStream::connect(("127.0.0.1", consul.http_port)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let watcher = ConsulWatcher::new(spec(consul.http_port)).unwrap().with_wait(WAIT);
+    let mut rec: Recorder = Recorder::start(Box::new(watcher), Duration::from_secs(30));
+    rec.until("all 20 services", |r| r.view.len() == 20).await;
+    let is_limit = |e: &&RegistryError| matches!(e, RegistryError::ConnectionLimit { .. });
+    assert!(rec.errors_since(0).iter().any(is_limit), "the limit is reported:\n{}", rec.dump());
+
+    // From now on: no error, changes still arrive, at most 3 connections.
+    // The other client lets go of its connection, which the watcher no
+    // longer tries to take, so the harness (a client too) can use it.
+    let mark = rec.mark();
+    drop(held);
+    // Consul notices the close when it next reads the connection.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sampler = Sampler::start(consul.http_port);
+    sampler.paused(consul.set_ttl_check("svc-4-a", CheckStatus::Fail)).await.unwrap();
+    rec.until("svc-4 empty", |r| r.view[&host(4)].endpoints.is_empty()).await;
+    rec.idle(WAIT * 2).await;
+    assert!(rec.errors_since(mark).is_empty(), "no flapping:\n{}", rec.dump());
+    assert!(sampler.most() <= 3, "{} connections", sampler.most());
+    assert!(rec.healthy_since(mark) || rec.updates_since(mark).iter().any(|u| matches!(u, Update::Upsert(_))));
+}

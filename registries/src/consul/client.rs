@@ -37,6 +37,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const MATCH_NOTHING: &str = "Service.ID == \"\"";
 /// How long the connection-limit check waits for Consul to hang up.
 const LIMIT_CHECK: Duration = Duration::from_millis(300);
+/// The pause between the connection-limit check's two tries.
+const LIMIT_RECHECK: Duration = Duration::from_millis(100);
 
 pub(crate) struct Client {
     pool: Pool,
@@ -258,6 +260,7 @@ impl Client {
             let resp = match lease.send(req).await {
                 Ok(resp) => resp,
                 Err(e) if e.closed_before_answer() && self.hangs_up_at_once().await => {
+                    self.pool.limit_reached();
                     return Err(self.limit(what, "Consul closes new connections from this address at once".into()));
                 }
                 Err(e) => return Err(self.unreachable(what, e.to_string())),
@@ -277,6 +280,7 @@ impl Client {
             Err(_) => return Err(self.unreachable(what, "timed out".into())),
         };
         if status == StatusCode::TOO_MANY_REQUESTS {
+            self.pool.limit_reached();
             return Err(self.limit(what, "429 Too Many Requests".into()));
         }
         if !status.is_success() {
@@ -301,13 +305,20 @@ impl Client {
             return false;
         };
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        let check = async {
+        let check = || async {
             let mut conn = tokio::net::TcpStream::connect((host, port)).await.ok()?;
             let mut byte = [0u8; 1];
             // Consul sends nothing before a request: 0 bytes read is a hang-up.
             matches!(conn.read(&mut byte).await, Ok(0) | Err(_)).then_some(())
         };
-        tokio::time::timeout(LIMIT_CHECK, check).await.ok().flatten().is_some()
+        let hung_up = || async { tokio::time::timeout(LIMIT_CHECK, check()).await.ok().flatten().is_some() };
+        // Twice, a moment apart: a Consul that is going down can accept and
+        // drop a connection while it exits, but then refuses the next.
+        if !hung_up().await {
+            return false;
+        }
+        tokio::time::sleep(LIMIT_RECHECK).await;
+        hung_up().await
     }
 
     fn unreachable(&self, what: &str, reason: String) -> RegistryError {

@@ -8,10 +8,15 @@
 //! read, so bursts of short reads open extra connections (measured: 10 with
 //! 8 requests in flight at most). Here a request waits for a free
 //! connection, or opens one only while fewer than `cap` exist.
+//!
+//! When Consul refuses a new connection for its per-client limit (other
+//! clients on this host hold the rest), the pool keeps the connections it
+//! has and stops opening more ([`Pool::limit_reached`]) instead of failing
+//! call after call; it tries its full cap again after [`RETRY_FULL_CAP`].
 
 use std::io;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Empty;
@@ -20,12 +25,15 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
-use tracing::debug;
+use tracing::{debug, warn};
 
 type Sender = SendRequest<Empty<Bytes>>;
 
 /// How long a pooled connection may take to say it is ready again.
 const READY_TIMEOUT: Duration = Duration::from_secs(1);
+/// After Consul's connection limit shrank the pool, how long before the
+/// pool tries to open connections up to its full cap again.
+const RETRY_FULL_CAP: Duration = Duration::from_secs(60);
 
 /// Why no connection could be had.
 #[derive(Debug)]
@@ -49,6 +57,7 @@ pub(crate) struct Pool {
     /// Host to connect to (IPv6 without brackets) and port.
     host: String,
     port: u16,
+    /// The configured cap.
     cap: usize,
     connect_timeout: Duration,
     state: Mutex<State>,
@@ -56,17 +65,22 @@ pub(crate) struct Pool {
     changed: Notify,
 }
 
-#[derive(Default)]
 struct State {
     idle: Vec<Sender>,
     /// Connections that exist or are being opened (idle ones included).
     live: usize,
+    /// The cap in force: the configured one, or fewer since Consul's
+    /// connection limit was reached (and when).
+    cap: usize,
+    shrunk_at: Option<Instant>,
 }
 
 impl Pool {
     pub fn new(host: &str, port: u16, cap: usize, connect_timeout: Duration) -> Pool {
         let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
-        Pool { host, port, cap: cap.max(1), connect_timeout, state: Mutex::default(), changed: Notify::new() }
+        let cap = cap.max(1);
+        let state = State { idle: Vec::new(), live: 0, cap, shrunk_at: None };
+        Pool { host, port, cap, connect_timeout, state: Mutex::new(state), changed: Notify::new() }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -84,10 +98,14 @@ impl Pool {
             // `None`: all `cap` are in use; `Some(None)`: a place for a new one.
             let found = {
                 let mut st = self.state();
+                if st.shrunk_at.is_some_and(|at| at.elapsed() >= RETRY_FULL_CAP) {
+                    st.cap = self.cap;
+                    st.shrunk_at = None;
+                }
                 let idle = st.idle.pop();
                 if idle.is_some() {
                     Some(idle)
-                } else if st.live < self.cap {
+                } else if st.live < st.cap {
                     st.live += 1;
                     Some(None)
                 } else {
@@ -138,6 +156,19 @@ impl Pool {
         Ok(sender)
     }
 
+    /// Consul refused a connection for its per-client limit, while the
+    /// refused connection's lease still counts as live: keep the others and
+    /// open no more for a while (at least one stays allowed).
+    pub fn limit_reached(&self) {
+        let mut st = self.state();
+        let cap = st.live.saturating_sub(1).max(1);
+        if cap < st.cap {
+            warn!(cap, configured = self.cap, "consul connection limit reached: using fewer connections");
+            st.cap = cap;
+        }
+        st.shrunk_at = Some(Instant::now());
+    }
+
     /// How many connections exist now (idle or in use).
     #[cfg(test)]
     pub fn live(&self) -> usize {
@@ -184,9 +215,21 @@ impl Drop for Lease<'_> {
 pub(crate) struct SendError(Option<hyper::Error>);
 
 impl SendError {
-    /// The peer closed the connection before any answer.
+    /// The peer closed (or reset) the connection before any answer.
     pub fn closed_before_answer(&self) -> bool {
-        self.0.as_ref().is_none_or(|e| e.is_incomplete_message() || e.is_closed() || e.is_canceled())
+        let Some(e) = &self.0 else { return true };
+        if e.is_incomplete_message() || e.is_closed() || e.is_canceled() {
+            return true;
+        }
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            if let Some(io) = s.downcast_ref::<io::Error>() {
+                use io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+                return matches!(io.kind(), ConnectionReset | ConnectionAborted | BrokenPipe);
+            }
+            source = s.source();
+        }
+        false
     }
 }
 
@@ -245,8 +288,12 @@ mod tests {
     }
 
     async fn get(pool: &Pool) {
-        use http_body_util::BodyExt;
         let mut lease = pool.checkout().await.unwrap();
+        request(&mut lease).await;
+    }
+
+    async fn request(lease: &mut Lease<'_>) {
+        use http_body_util::BodyExt;
         let req = hyper::Request::get("/").header("host", "x").body(Empty::new()).unwrap();
         let resp = lease.send(req).await.unwrap();
         let body = resp.into_body().collect().await.unwrap().to_bytes();
@@ -272,6 +319,30 @@ mod tests {
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3, "200 requests over exactly 3 connections");
         assert_eq!(pool.live(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_reached_limit_shrinks_the_pool_to_what_it_holds() {
+        let (port, accepted) = server(Duration::from_millis(5)).await;
+        let pool = Arc::new(Pool::new("127.0.0.1", port, 4, Duration::from_secs(1)));
+        // Two connections work, a third is refused by the limit.
+        let (mut a, mut b) = (pool.checkout().await.unwrap(), pool.checkout().await.unwrap());
+        request(&mut a).await;
+        request(&mut b).await;
+        let c = pool.checkout().await.unwrap();
+        pool.limit_reached();
+        drop(c);
+        drop((a, b));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..10 {
+            let pool = pool.clone();
+            tasks.spawn(async move { get(&pool).await });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3, "no new connection after the limit");
+        assert!(pool.live() <= 2, "{}", pool.live());
     }
 
     #[tokio::test]
