@@ -196,7 +196,7 @@ impl Cache {
         let mut state = self.lock();
         let entry = state.registries.entry(key.clone()).or_default();
         entry.endpoint = spec.endpoint();
-        entry.secrets = spec_secrets(spec);
+        entry.secrets = spec.secrets().into_iter().cloned().collect();
     }
 
     /// Prepare for a (new or restarted) watcher of `key` and return the sink
@@ -352,21 +352,6 @@ fn report(key: &RegistryKey, e: &RegistryEntry) -> RegistryReport {
         services: e.services.len(),
         endpoints: e.services.values().map(|s| s.endpoints.len()).sum(),
     }
-}
-
-/// Every credential a spec carries. User names are not secret, and
-/// scrubbing one (often a plain word such as `nacos`) would garble messages.
-fn spec_secrets(spec: &RegistrySpec) -> Vec<Secret> {
-    let mut out: Vec<Secret> = spec
-        .auth
-        .iter()
-        .filter(|(k, _)| !k.to_ascii_lowercase().contains("username"))
-        .map(|(_, v)| v.clone())
-        .collect();
-    out.extend(spec.nacos_access_key.iter().cloned());
-    out.extend(spec.nacos_secret_key.iter().cloned());
-    out.retain(|s| !s.expose().is_empty());
-    out
 }
 
 /// `message` with every credential replaced. Watchers already keep

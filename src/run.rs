@@ -118,6 +118,11 @@ pub struct RunArgs {
     /// full resyncs.
     #[arg(long, env = "MESHBRIDGE_MIN_REFRESH_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub min_refresh_interval: Duration,
+    /// TCP connections each Consul registry may hold to Consul (at least 3;
+    /// default 8). Consul allows 200 per client address by default, shared
+    /// with every other client on the host.
+    #[arg(long, env = "MESHBRIDGE_CONSUL_MAX_CONNS")]
+    pub consul_max_conns: Option<usize>,
 }
 
 impl RunArgs {
@@ -128,6 +133,7 @@ impl RunArgs {
             xds_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             min_refresh_interval: crate::config::MIN_REFRESH_INTERVAL,
+            consul_max_conns: None,
         }
     }
 
@@ -226,7 +232,8 @@ impl App {
 
     pub async fn launch(cmd: RunCommand) -> anyhow::Result<App> {
         let RunCommand { args, admin, gateway } = cmd;
-        let builder = crate::config::Builder::with_min_refresh_interval(args.min_refresh_interval);
+        let builder = crate::config::Builder::with_min_refresh_interval(args.min_refresh_interval)
+            .with_consul_max_conns(args.consul_max_conns);
         let (source, desired) = DirSource::start_with_builder(args.config_dir.clone(), builder)
             .await
             .with_context(|| format!("config dir {}", args.config_dir.display()))?;

@@ -52,24 +52,36 @@ pub struct Consul {
 impl Consul {
     /// Start a dev agent and wait until it has a leader.
     pub async fn start() -> anyhow::Result<Consul> {
-        Consul::start_inner(None).await
+        Consul::start_inner(None, None).await
+    }
+
+    /// Start a dev agent with extra HCL configuration, e.g.
+    /// `limits { http_max_conns_per_client = 10 }`.
+    pub async fn start_with_hcl(hcl: &str) -> anyhow::Result<Consul> {
+        Consul::start_inner(None, Some(hcl.to_string())).await
     }
 
     /// Start a dev agent with ACLs on, default policy `deny`, and `master` as
     /// the master token. The harness's own calls use that token.
     pub async fn start_with_acl(master: &str) -> anyhow::Result<Consul> {
-        Consul::start_inner(Some(master.to_string())).await
+        Consul::start_inner(Some(master.to_string()), None).await
     }
 
-    async fn start_inner(token: Option<String>) -> anyhow::Result<Consul> {
+    async fn start_inner(token: Option<String>, hcl: Option<String>) -> anyhow::Result<Consul> {
         let bin = binary_from_env(BIN_VAR)?;
         let mut last_err = None;
         for _ in 0..START_ATTEMPTS {
             let dir = tempfile::Builder::new().prefix("meshbridge-consul-").tempdir()?;
             let http_port = free_port();
-            let args = agent_args(http_port, &dir, token.as_deref());
+            let mut args = agent_args(http_port, &dir, token.as_deref());
+            if let Some(hcl) = &hcl {
+                args.extend(["-hcl".to_string(), hcl.clone()]);
+            }
             let guard = spawn(&bin, &args, &dir)?;
-            let mut consul = Consul { http_port, token: token.clone(), args, http: reqwest::Client::new(), guard, dir };
+            // No idle connections kept: tests count the watcher's connections
+            // to the agent, and the harness must not add to them.
+            let http = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
+            let mut consul = Consul { http_port, token: token.clone(), args, http, guard, dir };
             match consul.wait_ready().await {
                 Ok(()) => return Ok(consul),
                 Err(e) => last_err = Some(e.context(format!("consul log:\n{}", consul.log()))),
@@ -107,6 +119,21 @@ impl Consul {
         self.put("/v1/agent/service/register", Some(service)).await
     }
 
+    /// `PUT /v1/catalog/register` (a catalog entry on the agent's node,
+    /// bypassing the agent's anti-entropy), e.g. `{"Node": .., "Address": ..,
+    /// "Service": {..}}`.
+    pub async fn catalog_register(&self, entry: serde_json::Value) -> anyhow::Result<()> {
+        self.put("/v1/catalog/register", Some(entry)).await
+    }
+
+    /// ESTABLISHED TCP connections from this host to the agent's HTTP port
+    /// (client side), from `/proc/net/tcp`. Counts every process on the
+    /// host, so a test counts its watcher's connections while nothing else
+    /// of its own talks to the agent.
+    pub fn client_connections(&self) -> usize {
+        established_to(self.http_port)
+    }
+
     /// `PUT /v1/agent/service/deregister/:id`.
     pub async fn deregister(&self, id: &str) -> anyhow::Result<()> {
         self.put(&format!("/v1/agent/service/deregister/{id}"), None).await
@@ -118,7 +145,12 @@ impl Consul {
     }
 
     async fn put(&self, path: &str, body: Option<serde_json::Value>) -> anyhow::Result<()> {
-        let mut req = self.http.put(format!("{}{path}", self.url())).timeout(Duration::from_secs(10));
+        // `Connection: close`: tests count connections to the agent.
+        let mut req = self
+            .http
+            .put(format!("{}{path}", self.url()))
+            .header("Connection", "close")
+            .timeout(Duration::from_secs(10));
         if let Some(token) = &self.token {
             req = req.header("X-Consul-Token", token);
         }
@@ -164,6 +196,24 @@ impl Consul {
         let req = self.http.get(url).header("X-Consul-Token", token).timeout(Duration::from_secs(2));
         req.send().await.is_ok_and(|r| r.status().is_success())
     }
+}
+
+/// ESTABLISHED TCP connections whose remote port is `port`, from
+/// `/proc/net/tcp` and `/proc/net/tcp6` (rows: `sl local rem st ...`,
+/// addresses as `HEXIP:HEXPORT`, state `01` = ESTABLISHED).
+pub fn established_to(port: u16) -> usize {
+    let want = format!("{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .map(|table| {
+            let rows = table.lines().skip(1).filter(|row| {
+                let cols: Vec<&str> = row.split_whitespace().collect();
+                cols.len() > 3 && cols[3] == "01" && cols[2].rsplit(':').next() == Some(want.as_str())
+            });
+            rows.count()
+        })
+        .sum()
 }
 
 fn agent_args(http_port: u16, dir: &TempDir, token: Option<&str>) -> Vec<String> {

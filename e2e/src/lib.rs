@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod consul;
+pub mod consul_fake;
 pub mod dns_fake;
 pub mod envoy;
 pub mod eureka_fake;

@@ -175,15 +175,15 @@ async fn outage_keeps_endpoints_then_restart_resyncs() {
     let mark = rec.mark();
     let stopped = Instant::now();
     consul.stop();
-    // The outage window covers more than a resync period and errors from the
-    // catalog loop, the health loop and the resync.
+    // The outage window covers more than a resync period and errors from
+    // both change detectors.
     rec.until("errors over a resync period", |r| {
         let errors = r.errors_since(mark);
         let last = r.last_at().unwrap_or(stopped);
         let said = |path: &str| errors.iter().any(|e| e.to_string().contains(path));
         errors.len() >= 6
             && said("/v1/catalog/services")
-            && said("/v1/health/service/web")
+            && said("/v1/health/state/any")
             && last.duration_since(stopped) > REFRESH + Duration::from_millis(500)
     })
     .await;
@@ -237,7 +237,6 @@ async fn garbage_answers_are_errors_not_updates() {
     let (port, heads) = garbage_server().await;
     let mut spec = spec(port);
     spec.consul_datacenter = Some("dc1".into());
-    spec.consul_namespace = Some("team-a".into());
     spec.auth.insert("consulToken".into(), Secret::new(TOKEN));
     let mut rec = watch(spec);
     rec.until("two bad-response errors", |r| {
@@ -253,7 +252,7 @@ async fn garbage_answers_are_errors_not_updates() {
     assert!(!rec.dump().contains(TOKEN));
     assert!(!rec.task.is_finished(), "the watcher keeps retrying");
 
-    // What went on the wire: dc, ns and the token header on every call.
+    // What went on the wire: dc and the token header on every call.
     let heads = heads.lock().unwrap().clone();
     assert!(heads.len() >= 2, "{heads:?}");
     for head in &heads {
@@ -262,8 +261,24 @@ async fn garbage_answers_are_errors_not_updates() {
         let path_ok =
             ["GET /v1/catalog/services?", "GET /v1/status/leader?"].iter().any(|p| request_line.starts_with(p));
         assert!(path_ok, "{request_line}");
-        assert!(request_line.contains("dc=dc1") && request_line.contains("ns=team-a"), "{request_line}");
+        assert!(request_line.contains("dc=dc1"), "{request_line}");
         let token = format!("x-consul-token: {TOKEN}");
         assert!(head.lines().any(|l| l.eq_ignore_ascii_case(&token)), "{head}");
     }
+}
+
+/// Consul CE has no namespaces and answers `ns` with 400: a spec with
+/// `consulNamespace` still works against it (the field is ignored, with a
+/// warning), as it does with Higress.
+#[tokio::test]
+async fn consul_namespace_is_ignored_by_consul_ce() {
+    let consul = consul().await;
+    consul.register(instance("web-1", "web", "127.0.0.4", 8080, json!({}))).await.unwrap();
+    let mut spec = spec(consul.http_port);
+    spec.consul_namespace = Some("team-a".into());
+    let mut rec = watch(spec);
+    rec.until("web", |r| r.endpoints(WEB) == Some(vec!["127.0.0.4:8080".into()])).await;
+    let first = rec.snapshot_since(0).cloned();
+    assert!(first.is_some_and(|s| s.len() == 1), "{}", rec.dump());
+    assert!(rec.errors_since(0).is_empty(), "no 400 for ns: {}", rec.dump());
 }

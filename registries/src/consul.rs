@@ -1,41 +1,62 @@
-//! Consul registry watcher.
+//! Consul registry watcher, on a bounded number of connections whatever the
+//! catalog size.
 //!
-//! A thin client on the binary's reqwest (one HTTP stack, rustls without
-//! OpenSSL, and direct control over blocking-query `index`/`wait` and
-//! `passing`) drives three kinds of loops, all children of one task:
+//! A thin client on hyper (the HTTP stack reqwest already brings, with our
+//! own pool so that the connection cap is a hard bound, and direct control
+//! over blocking-query `index`/`wait`) drives:
 //!
-//! - a blocking query on `/v1/catalog/services`, whose changes start and stop
-//!   the per-service loops (a service gone is an [`Update::Remove`]);
-//! - one blocking query per service on `/v1/health/service/:name?passing`,
-//!   each answer an [`Update::Upsert`] when it differs from what was sent;
-//! - a periodic full resync (catalog plus every service, non-blocking) sent as
-//!   an [`Update::Snapshot`], also run at startup (the ready signal) and when
-//!   Consul answers again after a failure.
+//! - two **change detectors**, blocking queries on `/v1/catalog/services`
+//!   (which services exist, with their tags) and `/v1/health/state/any`
+//!   (every check, folded into one fingerprint per service and per node);
+//! - **targeted reads** of `/v1/health/service/:name` for only the services
+//!   a detector named: new or retagged services, services whose checks
+//!   changed, and the services on a node whose node checks changed;
+//! - a **sweep** for catalog changes no detector can name (an instance
+//!   without checks added or removed, an instance re-registered on another
+//!   port): Consul keeps one index per service, so the sweep asks each
+//!   service for its index alone (an empty answer) and reads only those that
+//!   moved. A catalog change counts as named when a read since the previous
+//!   catalog answer returned an index at least as new; so a service-only
+//!   write that lands between two catalog answers together with a later
+//!   write to another service is left to the next periodic sweep. The sweep
+//!   also runs every refresh interval, followed by a snapshot;
+//! - a **full sync** (catalog, checks and every service) at startup, sent as
+//!   an [`Update::Snapshot`] (the ready signal), and again when Consul
+//!   answers after a failure, paced by the jittered backoff.
+//!
+//! Every call borrows one connection of a pool of at most the connection
+//! cap ([`DEFAULT_MAX_CONNS`], `MESHBRIDGE_CONSUL_MAX_CONNS`), so the watcher
+//! never holds more connections than that: the two detectors hold two, and
+//! reads share the rest. Consul's default `limits.http_max_conns_per_client`
+//! is 200, shared by every client on this host.
 //!
 //! Errors only ever reach [`Sink::error`]: the cache keeps the last known
-//! endpoints while Consul is down. Every emission happens under one lock,
-//! after checking that the service's loop is still the current one, so a
-//! service removed from the catalog cannot come back from a late answer.
+//! endpoints while Consul is down. A service whose answer cannot be read is
+//! skipped and reported, and retried with backoff; while one is, the
+//! registry is not reported healthy.
 
 mod client;
 mod decode;
+mod pool;
+mod supervisor;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use futures::{FutureExt, StreamExt, TryStreamExt, stream};
-use tokio::sync::{Notify, mpsc};
-use tokio::task::{AbortHandle, JoinError, JoinSet};
-use tracing::{Instrument, debug, error, info, info_span};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tracing::{Instrument, debug, info, info_span, warn};
 
-use self::client::{Client, next_index};
-use self::decode::{Naming, select_services};
+use self::client::{Client, Indexed, next_index};
+use self::decode::{CheckPrints, Instances, Naming, select_services};
+use self::supervisor::{Event, Supervisor};
+use crate::health::Health;
 use crate::retry::Backoff;
-use crate::{Endpoint, RegistryError, RegistrySpec, Service, Sink, Update, Watcher, health, resolve};
+use crate::{RegistryError, RegistrySpec, Sink, Watcher, resolve};
 
 /// Blocking-query `wait`. Consul's own default is 5 minutes; 30 s keeps
 /// idle connections well inside common proxy and load-balancer timeouts.
@@ -51,8 +72,15 @@ const MIN_QUERY_GAP: Duration = Duration::from_millis(50);
 /// for `wait` without a word from Consul, so without the probe an outage
 /// could go unnoticed (and `healthy` stay stale) for that long.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
-/// Health calls in flight at once during a full sync.
-const SYNC_CONCURRENCY: usize = 8;
+/// The connection cap unless configured: 2 detectors and 6 reads, far under
+/// Consul's default 200 per client address.
+pub const DEFAULT_MAX_CONNS: usize = 8;
+/// The smallest usable cap: 2 detectors and 1 read.
+pub const MIN_MAX_CONNS: usize = 3;
+/// Environment variable that sets the connection cap when the spec does not.
+pub const MAX_CONNS_ENV: &str = "MESHBRIDGE_CONSUL_MAX_CONNS";
+/// Connections the two detectors hold.
+const DETECTORS: usize = 2;
 
 /// Watches one Consul datacenter. Built by [`crate::watcher_for`].
 pub struct ConsulWatcher {
@@ -60,13 +88,19 @@ pub struct ConsulWatcher {
     client: Client,
     wait: Duration,
     refresh: Duration,
+    max_conns: usize,
 }
 
 impl ConsulWatcher {
     pub fn new(spec: RegistrySpec) -> Result<ConsulWatcher, RegistryError> {
-        let client = Client::new(&spec)?;
+        let max_conns = match spec.consul_max_conns {
+            Some(n) => n,
+            None => max_conns_from_env(&spec.name)?,
+        }
+        .max(MIN_MAX_CONNS);
+        let client = Client::new(&spec, max_conns)?;
         let refresh = spec.consul_refresh_interval.unwrap_or(DEFAULT_REFRESH).max(MIN_REFRESH);
-        Ok(ConsulWatcher { spec, client, wait: DEFAULT_WAIT, refresh })
+        Ok(ConsulWatcher { spec, client, wait: DEFAULT_WAIT, refresh, max_conns })
     }
 
     /// Use another blocking-query `wait` (at least 100 ms); tests use a short
@@ -74,6 +108,29 @@ impl ConsulWatcher {
     pub fn with_wait(mut self, wait: Duration) -> ConsulWatcher {
         self.wait = wait.max(MIN_WAIT);
         self
+    }
+
+    /// The most connections this watcher holds to Consul.
+    pub fn max_conns(&self) -> usize {
+        self.max_conns
+    }
+}
+
+/// [`MAX_CONNS_ENV`], else [`DEFAULT_MAX_CONNS`].
+fn max_conns_from_env(registry: &str) -> Result<usize, RegistryError> {
+    parse_max_conns(registry, std::env::var(MAX_CONNS_ENV).ok())
+}
+
+fn parse_max_conns(registry: &str, value: Option<String>) -> Result<usize, RegistryError> {
+    match value {
+        None => Ok(DEFAULT_MAX_CONNS),
+        Some(v) => {
+            v.trim().parse::<usize>().ok().filter(|n| *n >= MIN_MAX_CONNS).ok_or_else(|| RegistryError::Config {
+                registry: registry.to_string(),
+                field: MAX_CONNS_ENV.to_string(),
+                reason: format!("must be a whole number of at least {MIN_MAX_CONNS}"),
+            })
+        }
     }
 }
 
@@ -85,36 +142,47 @@ impl Watcher for ConsulWatcher {
 }
 
 impl ConsulWatcher {
-    async fn run_inner(self, sink: Arc<dyn Sink>) {
+    async fn run_inner(mut self, sink: Arc<dyn Sink>) {
         let spec = &self.spec;
         let tag = spec.consul_service_tag.clone().filter(|t| !t.is_empty());
+        let namespace = spec.consul_namespace.clone().filter(|n| !n.is_empty());
         info!(
             endpoint = %spec.endpoint(),
             datacenter = spec.consul_datacenter.as_deref().unwrap_or("(from agent)"),
-            namespace = spec.consul_namespace.as_deref().unwrap_or(""),
+            namespace = namespace.as_deref().unwrap_or(""),
             tag = tag.as_deref().unwrap_or(""),
             token = spec.auth.contains_key("consulToken"),
             wait = ?self.wait,
             refresh = ?self.refresh,
+            max_conns = self.max_conns,
             "starting"
         );
-        let health = Health::new(sink.clone());
-        let datacenter = match spec.consul_datacenter.clone().filter(|d| !d.is_empty()) {
-            Some(dc) => dc,
-            None => discover_datacenter(&self.client, &health).await,
+        let health = Health::new(sink.clone(), "consul");
+        let given_dc = spec.consul_datacenter.clone().filter(|d| !d.is_empty());
+        let datacenter = match (&given_dc, &namespace) {
+            (Some(dc), None) => dc.clone(),
+            _ => {
+                let agent = discover_agent(&self.client, &health).await;
+                if namespace.is_some() {
+                    self.client.set_namespace(namespace_for(&agent, namespace.clone()));
+                }
+                given_dc.clone().unwrap_or(agent.datacenter)
+            }
         };
         let ctx = Arc::new(Ctx {
-            naming: Naming::new(spec, &datacenter),
+            naming: Naming::new(&self.spec, &datacenter),
             client: self.client,
             tag,
             wait: self.wait,
+            read_slots: self.max_conns.saturating_sub(DETECTORS).max(1),
             sink,
             health,
-            state: Mutex::default(),
+            seq: AtomicU64::new(0),
         });
-        // Dropping the watcher's future drops this set, which stops the probe.
-        let mut probe = JoinSet::new();
-        probe.spawn(probe_leader(ctx.clone()).in_current_span());
+        // Dropping the watcher's future drops this set, which stops the
+        // probe and the detectors.
+        let mut background = JoinSet::new();
+        background.spawn(probe_leader(ctx.clone()).in_current_span());
 
         let mut backoff = Backoff::default();
         let first = loop {
@@ -126,45 +194,38 @@ impl ConsulWatcher {
                 }
             }
         };
-        let (tx, mut rx) = mpsc::channel(16);
-        let mut sup = Supervisor {
-            ctx: ctx.clone(),
-            workers: JoinSet::new(),
-            services: HashMap::new(),
-            catalog: None,
-            catalog_seen: 0,
-            generation: 0,
-            tx,
-        };
+        let (tx, rx) = mpsc::channel(64);
+        background.spawn(watch_catalog(ctx.clone(), first.catalog.index, tx.clone()).in_current_span());
+        background.spawn(watch_checks(ctx.clone(), first.checks.index, tx.clone()).in_current_span());
+        let mut sup = Supervisor::new(ctx.clone(), tx);
         sup.apply_sync(first);
-        ctx.health.ready.store(true, Ordering::SeqCst);
-
-        let start = tokio::time::Instant::now() + self.refresh;
-        let mut ticker = tokio::time::interval_at(start, self.refresh);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                Some(change) = rx.recv() => sup.on_catalog(change),
-                _ = ticker.tick() => sup.resync().await,
-                () = ctx.health.recovered.notified() => {
-                    info!("consul answers again, resyncing");
-                    sup.resync().await;
-                    ticker.reset();
-                }
-                Some(done) = sup.workers.join_next() => on_worker_exit(done),
-            }
-        }
+        // Failures before the first snapshot need no recovery resync.
+        let _ = futures::FutureExt::now_or_never(ctx.health.recovered.notified());
+        sup.run(rx, self.refresh, background).await;
     }
 }
 
-async fn discover_datacenter(client: &Client, health: &Health) -> String {
+/// The namespace to send: the spec's against Consul Enterprise; none against
+/// Consul CE, which has no namespaces and answers `ns` with 400
+/// (hashicorp/consul#17610), so it is ignored there (as Higress does), with
+/// one warning per watcher start.
+fn namespace_for(agent: &client::Agent, namespace: Option<String>) -> Option<String> {
+    let ns = namespace?;
+    if agent.is_enterprise() {
+        return Some(ns);
+    }
+    warn!(namespace = %ns, version = %agent.version, "consulNamespace ignored: namespaces need Consul Enterprise");
+    None
+}
+
+async fn discover_agent(client: &Client, health: &Health) -> client::Agent {
     let mut backoff = Backoff::default();
     loop {
-        match client.agent_datacenter().await {
-            Ok(dc) => {
+        match client.agent().await {
+            Ok(agent) => {
                 health.ok();
-                info!(datacenter = %dc, "datacenter from the agent");
-                return dc;
+                info!(datacenter = %agent.datacenter, version = %agent.version, "agent");
+                return agent;
             }
             Err(e) => {
                 health.fail(&e);
@@ -174,208 +235,107 @@ async fn discover_datacenter(client: &Client, health: &Health) -> String {
     }
 }
 
-fn on_worker_exit(done: Result<(), JoinError>) {
-    // Aborted loops are the normal way services stop. A panic is a bug; the
-    // next resync restarts the loop (see `Supervisor::reconcile`).
-    if let Err(e) = done
-        && e.is_panic()
-    {
-        error!(error = %e, "consul watch loop panicked");
-    }
-}
-
 /// What every loop shares.
-struct Ctx {
+pub(crate) struct Ctx {
     client: Client,
     naming: Naming,
     tag: Option<String>,
     wait: Duration,
+    /// Reads in flight at once (the cap less the detectors).
+    read_slots: usize,
     sink: Arc<dyn Sink>,
     health: Health,
-    state: Mutex<State>,
+    /// Orders reads: a read's answer is applied only if no later-started
+    /// read's answer was applied before it.
+    seq: AtomicU64,
 }
 
-/// What was sent, and which loop may send for which service.
-#[derive(Default)]
-struct State {
-    /// Service name -> generation of the health loop allowed to emit for it.
-    active: HashMap<String, u64>,
-    /// Service name -> the record last sent to the sink.
-    sent: HashMap<String, Service>,
+/// One service read, numbered when it started.
+pub(crate) struct Read {
+    name: String,
+    seq: u64,
+    result: Result<Indexed<Instances>, RegistryError>,
 }
 
-/// The result of a full, non-blocking read of the catalog and every service.
-struct FullSync {
-    catalog_index: u64,
-    /// Name, endpoints, and the health query's `X-Consul-Index`.
-    services: Vec<(String, Vec<Endpoint>, u64)>,
-}
-
-/// The filtered service set, as the catalog loop saw it at `index`.
-struct CatalogChange {
-    index: u64,
-    names: BTreeSet<String>,
+/// The result of a full, non-blocking read of the catalog, the checks and
+/// every service.
+pub(crate) struct FullSync {
+    catalog: Indexed<BTreeMap<String, Vec<String>>>,
+    checks: Indexed<CheckPrints>,
+    reads: Vec<Read>,
 }
 
 impl Ctx {
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::SeqCst) + 1
     }
 
+    /// The watched services (tag filter applied) with their tags.
+    fn watched(&self, catalog: BTreeMap<String, Vec<String>>) -> BTreeMap<String, Vec<String>> {
+        let keep = select_services(&catalog, self.tag.as_deref());
+        catalog.into_iter().filter(|(name, _)| keep.contains(name)).collect()
+    }
+
+    /// Read one service and resolve its endpoints.
+    async fn read(&self, name: String) -> Read {
+        let seq = self.next_seq();
+        let result = match self.client.health_service(&name).await {
+            Ok(mut answer) => {
+                let endpoints = std::mem::take(&mut answer.value.endpoints);
+                answer.value.endpoints = resolve::endpoints(endpoints).await.0;
+                Ok(answer)
+            }
+            Err(e) => Err(e),
+        };
+        Read { name, seq, result }
+    }
+
+    /// Catalog, checks, then every service, `read_slots` at a time. A
+    /// service whose answer is bad is kept in the result (skipped later); a
+    /// failure to reach Consul fails the whole sync.
     async fn full_sync(&self) -> Result<FullSync, RegistryError> {
-        let started = Instant::now();
+        use futures::StreamExt;
+        let started = std::time::Instant::now();
         let catalog = self.client.catalog_services(0, self.wait).await?;
-        let names = select_services(&catalog.value, self.tag.as_deref());
-        let services = stream::iter(names)
-            .map(|name| async move {
-                let answer = self.client.health_service(&name, 0, self.wait).await?;
-                Ok::<_, RegistryError>((name, resolve::endpoints(answer.value).await.0, answer.index))
-            })
-            .buffer_unordered(SYNC_CONCURRENCY)
-            .try_collect()
-            .await?;
+        let checks = self.client.health_state(0, self.wait).await?;
+        let catalog = Indexed { value: self.watched(catalog.value), index: catalog.index };
+        let names: Vec<String> = catalog.value.keys().cloned().collect();
+        let reads: Vec<Read> =
+            futures::stream::iter(names).map(|name| self.read(name)).buffer_unordered(self.read_slots).collect().await;
+        if let Some(e) = reads.iter().find_map(|r| r.result.as_ref().err().filter(|e| is_outage(e))) {
+            return Err(e.clone());
+        }
         self.health.ok();
         self.sink.synced(started.elapsed());
-        Ok(FullSync { catalog_index: catalog.index, services })
-    }
-
-    /// A health answer for `name` from loop `generation`: send it if that
-    /// loop is still current and the record changed. An answer that raced a
-    /// resync may land after that resync's snapshot; it cannot stick, since
-    /// the loop's next query (at the older index) returns at once with the
-    /// newer state.
-    fn apply(&self, name: &str, generation: u64, endpoints: Vec<Endpoint>, index: u64) {
-        let mut st = self.state();
-        if st.active.get(name) != Some(&generation) {
-            return;
-        }
-        let service = self.naming.service(name, endpoints, last_port(st.sent.get(name)));
-        if st.sent.get(name) == Some(&service) {
-            return;
-        }
-        debug!(service = %name, index, endpoints = service.endpoints.len(), "health changed");
-        st.sent.insert(name.to_string(), service.clone());
-        self.sink.update(Update::Upsert(service));
-    }
-
-    /// `name` left the catalog: silence its loop and remove its host.
-    fn forget(&self, name: &str) {
-        let mut st = self.state();
-        st.active.remove(name);
-        if let Some(service) = st.sent.remove(name) {
-            info!(service = %name, host = %service.host, "service left the catalog");
-            self.sink.update(Update::Remove(service.host));
-        }
+        Ok(FullSync { catalog, checks, reads })
     }
 }
 
-fn last_port(service: Option<&Service>) -> Option<u16> {
-    service.and_then(|s| s.ports.first()).map(|p| p.number)
+/// An error that says Consul itself cannot be used (as opposed to one
+/// service's answer being bad).
+pub(crate) fn is_outage(e: &RegistryError) -> bool {
+    matches!(e, RegistryError::Unreachable { .. } | RegistryError::ConnectionLimit { .. })
 }
 
-/// Owns the loops: the catalog loop and one health loop per service.
-struct Supervisor {
-    ctx: Arc<Ctx>,
-    /// Dropping the watcher's future drops this set, which aborts every loop.
-    workers: JoinSet<()>,
-    services: HashMap<String, AbortHandle>,
-    catalog: Option<AbortHandle>,
-    /// Index of the catalog state last applied, to ignore a change the
-    /// catalog loop queued before a newer resync was applied.
-    catalog_seen: u64,
-    generation: u64,
-    tx: mpsc::Sender<CatalogChange>,
-}
-
-impl Supervisor {
-    async fn resync(&mut self) {
-        match self.ctx.full_sync().await {
-            Ok(sync) => {
-                self.apply_sync(sync);
-                // This snapshot already is the recovery resync a failure
-                // during it would ask for.
-                let _ = self.ctx.health.recovered.notified().now_or_never();
-            }
-            Err(e) => self.ctx.health.fail(&e),
-        }
-    }
-
-    fn apply_sync(&mut self, sync: FullSync) {
-        let names: BTreeSet<String> = sync.services.iter().map(|(n, _, _)| n.clone()).collect();
-        {
-            let mut st = self.ctx.state();
-            st.active.retain(|name, _| names.contains(name));
-            let mut sent = HashMap::with_capacity(sync.services.len());
-            for (name, endpoints, _) in &sync.services {
-                let last = last_port(st.sent.get(name));
-                sent.insert(name.clone(), self.ctx.naming.service(name, endpoints.clone(), last));
-            }
-            st.sent = sent;
-            let mut all: Vec<Service> = st.sent.values().cloned().collect();
-            all.sort();
-            info!(services = all.len(), index = sync.catalog_index, "full sync");
-            self.ctx.sink.update(Update::Snapshot(all));
-        }
-        self.catalog_seen = sync.catalog_index;
-        let start: HashMap<&str, u64> = sync.services.iter().map(|(n, _, i)| (n.as_str(), *i)).collect();
-        self.reconcile(&names, |name| start.get(name).copied().unwrap_or(0));
-        if self.catalog.as_ref().is_none_or(AbortHandle::is_finished) {
-            let loop_ = watch_catalog(self.ctx.clone(), sync.catalog_index, names, self.tx.clone());
-            self.catalog = Some(self.workers.spawn(loop_.in_current_span()));
-        }
-    }
-
-    fn on_catalog(&mut self, change: CatalogChange) {
-        if change.index < self.catalog_seen {
-            debug!(index = change.index, seen = self.catalog_seen, "older catalog change ignored");
-            return;
-        }
-        self.catalog_seen = change.index;
-        for name in self.services.keys().filter(|n| !change.names.contains(*n)) {
-            self.ctx.forget(name);
-        }
-        self.reconcile(&change.names, |_| 0);
-    }
-
-    /// Run exactly one health loop per name in `names`; new loops start at
-    /// `start(name)` (0: a first, non-blocking answer).
-    fn reconcile(&mut self, names: &BTreeSet<String>, start: impl Fn(&str) -> u64) {
-        self.services.retain(|name, handle| {
-            let keep = names.contains(name);
-            if !keep {
-                handle.abort();
-            }
-            keep
-        });
-        for name in names {
-            if self.services.get(name).is_some_and(|h| !h.is_finished()) {
-                continue;
-            }
-            self.generation += 1;
-            self.ctx.state().active.insert(name.clone(), self.generation);
-            let span = info_span!("service", service = %name);
-            let loop_ = watch_service(self.ctx.clone(), name.clone(), self.generation, start(name));
-            let handle = self.workers.spawn(loop_.instrument(span));
-            self.services.insert(name.clone(), handle);
-        }
-    }
-}
-
-async fn watch_catalog(ctx: Arc<Ctx>, mut index: u64, mut last: BTreeSet<String>, tx: mpsc::Sender<CatalogChange>) {
+/// A blocking query loop: `query(index)` until the index moves, then `send`
+/// the answer. Index rules from Consul's "Blocking Queries".
+async fn detect<T, Q, F>(ctx: Arc<Ctx>, what: &str, mut index: u64, tx: mpsc::Sender<Event>, query: Q, wrap: F)
+where
+    Q: Fn(Arc<Ctx>, u64) -> Answer<T>,
+    F: Fn(Indexed<T>) -> Event,
+{
     let mut backoff = Backoff::default();
     loop {
         let started = tokio::time::Instant::now();
-        match ctx.client.catalog_services(index, ctx.wait).await {
+        match query(ctx.clone(), index).await {
             Ok(answer) => {
                 ctx.health.ok();
                 backoff.reset();
                 let prev = index;
                 index = next_index(prev, answer.index);
-                let names = select_services(&answer.value, ctx.tag.as_deref());
-                if names != last {
-                    debug!(index = answer.index, services = names.len(), "catalog changed");
-                    last = names.clone();
-                    if tx.send(CatalogChange { index: answer.index, names }).await.is_err() {
+                if answer.index != prev {
+                    debug!(what, index = answer.index, "changed");
+                    if tx.send(wrap(answer)).await.is_err() {
                         return;
                     }
                 }
@@ -391,67 +351,57 @@ async fn watch_catalog(ctx: Arc<Ctx>, mut index: u64, mut last: BTreeSet<String>
     }
 }
 
-async fn watch_service(ctx: Arc<Ctx>, name: String, generation: u64, mut index: u64) {
-    let mut backoff = Backoff::default();
-    loop {
-        let started = tokio::time::Instant::now();
-        match ctx.client.health_service(&name, index, ctx.wait).await {
-            Ok(answer) => {
-                ctx.health.ok();
-                backoff.reset();
-                let prev = index;
-                index = next_index(prev, answer.index);
-                let (endpoints, _) = resolve::endpoints(answer.value).await;
-                ctx.apply(&name, generation, endpoints, answer.index);
-                if index <= prev {
-                    tokio::time::sleep_until(started + MIN_QUERY_GAP).await;
-                }
-            }
-            Err(e) => {
-                ctx.health.fail(&e);
-                tokio::time::sleep(backoff.next()).await;
-            }
-        }
-    }
+/// A boxed answer of one detector query.
+type Answer<T> = Pin<Box<dyn Future<Output = Result<Indexed<T>, RegistryError>> + Send>>;
+
+async fn watch_catalog(ctx: Arc<Ctx>, index: u64, tx: mpsc::Sender<Event>) {
+    let query = |ctx: Arc<Ctx>, index: u64| -> Answer<BTreeMap<String, Vec<String>>> {
+        Box::pin(async move {
+            let answer = ctx.client.catalog_services(index, ctx.wait).await?;
+            Ok(Indexed { value: ctx.watched(answer.value), index: answer.index })
+        })
+    };
+    detect(ctx, "catalog", index, tx, query, Event::Catalog).await;
+}
+
+async fn watch_checks(ctx: Arc<Ctx>, index: u64, tx: mpsc::Sender<Event>) {
+    let query = |ctx: Arc<Ctx>, index: u64| -> Answer<CheckPrints> {
+        Box::pin(async move { ctx.client.health_state(index, ctx.wait).await })
+    };
+    detect(ctx, "checks", index, tx, query, Event::Checks).await;
 }
 
 /// Ask Consul for its leader every [`PROBE_EVERY`], so that health is fresh
-/// even while every blocking query is parked. A success after a failure
-/// also triggers the recovery resync.
+/// even while both detectors are parked. A success after a failure also
+/// triggers the recovery resync.
 async fn probe_leader(ctx: Arc<Ctx>) {
     let mut ticker = tokio::time::interval(PROBE_EVERY);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
         match ctx.client.leader().await {
-            Ok(_) => ctx.health.ok(),
+            Ok(_) => {
+                ctx.health.ok();
+            }
             Err(e) => ctx.health.fail(&e),
         }
     }
 }
 
-/// Reports health to the sink and notices recovery.
-struct Health {
-    report: health::Health,
-    /// Set once the startup snapshot is out; before that, recovery needs no
-    /// extra resync.
-    ready: AtomicBool,
-    /// Signalled when a call succeeds after a failure.
-    recovered: Notify,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl Health {
-    fn new(sink: Arc<dyn Sink>) -> Health {
-        Health { report: health::Health::new(sink, "consul"), ready: AtomicBool::new(false), recovered: Notify::new() }
-    }
-
-    fn ok(&self) {
-        if self.report.ok() && self.ready.load(Ordering::SeqCst) {
-            self.recovered.notify_one();
+    #[test]
+    fn connection_cap_from_the_environment() {
+        assert_eq!(parse_max_conns("c", None), Ok(DEFAULT_MAX_CONNS));
+        assert_eq!(parse_max_conns("c", Some(" 16 ".into())), Ok(16));
+        for bad in ["2", "0", "-1", "many", ""] {
+            let err = parse_max_conns("c", Some(bad.into())).unwrap_err();
+            assert!(err.to_string().contains(MAX_CONNS_ENV), "{err}");
         }
-    }
-
-    fn fail(&self, e: &RegistryError) {
-        self.report.fail(e);
+        let mut spec = RegistrySpec::new(crate::RegistryKind::Consul, "c", "127.0.0.1", 8500);
+        spec.consul_max_conns = Some(1);
+        assert_eq!(ConsulWatcher::new(spec).unwrap().max_conns(), MIN_MAX_CONNS, "raised to the minimum");
     }
 }

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::names::is_dns1123_subdomain;
+
 /// Keep the pairs that are valid Kubernetes labels; return them and how many
 /// were dropped.
 pub(crate) fn keep_valid<K, V>(pairs: impl IntoIterator<Item = (K, V)>) -> (BTreeMap<String, String>, usize)
@@ -31,16 +33,7 @@ pub(crate) fn is_valid_label_key(key: &str) -> bool {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
     };
-    let prefix_ok = prefix.is_none_or(|p| {
-        p.len() <= 253
-            && p.split('.').all(|part| {
-                !part.is_empty()
-                    && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !part.starts_with('-')
-                    && !part.ends_with('-')
-            })
-    });
-    prefix_ok && is_label_name(name)
+    prefix.is_none_or(is_dns1123_subdomain) && is_label_name(name)
 }
 
 /// A Kubernetes label value: empty, or a name as in [`is_valid_label_key`].

@@ -6,6 +6,7 @@
 //! Istio or Envoy; naming a service's host is the registry's job because each
 //! registry has its own Higress-compatible naming rule.
 
+mod body;
 pub mod consul;
 pub mod dns;
 pub mod eureka;
@@ -15,12 +16,16 @@ mod http_error;
 mod labels;
 mod model;
 pub mod nacos;
+pub mod names;
 mod resolve;
 mod retry;
 mod spec;
+mod worker;
 pub mod zookeeper;
 
+pub use body::MAX_BODY_BYTES;
 pub use model::{Endpoint, Protocol, Service, ServicePort, Tls};
+pub use names::host_part;
 pub use spec::{RegistryKind, RegistrySpec, Secret};
 
 use std::future::Future;
@@ -77,6 +82,11 @@ pub enum RegistryError {
     /// The registry answered with something we cannot read.
     #[error("{registry}: {what}: bad response: {reason}")]
     BadResponse { registry: String, what: String, reason: String },
+    /// The registry refuses more connections from this address (Consul's
+    /// `limits.http_max_conns_per_client`): other clients on the host hold
+    /// them, or the limit is set below the watcher's connection cap.
+    #[error("{registry}: {what}: connection limit reached: {reason}")]
+    ConnectionLimit { registry: String, what: String, reason: String },
     /// The spec cannot be turned into a watcher.
     #[error("{registry}: {field}: {reason}")]
     Config { registry: String, field: String, reason: String },
@@ -89,6 +99,7 @@ impl RegistryError {
             RegistryError::Unreachable { .. } => "unreachable",
             RegistryError::Status { .. } => "status",
             RegistryError::BadResponse { .. } => "bad_response",
+            RegistryError::ConnectionLimit { .. } => "connection_limit",
             RegistryError::Config { .. } => "config",
         }
     }
@@ -107,10 +118,4 @@ pub fn watcher_for(spec: &RegistrySpec) -> Result<Box<dyn Watcher>, RegistryErro
             Ok(Box::new(nacos::NacosWatcher::new(spec.clone())?))
         }
     }
-}
-
-/// Replace characters that are not valid in a DNS label the way Higress does
-/// when it builds host names (`_` becomes `-`).
-pub fn host_part(s: &str) -> String {
-    s.replace('_', "-")
 }

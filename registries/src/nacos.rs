@@ -12,8 +12,9 @@
 //!   `nacosRefreshInterval` (default 30 s, at least 1 s) and when Nacos
 //!   answers again after a failure, so a change is seen even when no push
 //!   comes (a subscription may stay silent when the last instance leaves);
-//! - with gRPC, a subscription per service whose pushes wake that service's
-//!   loop, which asks the server again (see `grpc::PushListener`);
+//! - with gRPC, a subscription per service whose pushes queue that service
+//!   for one of [`CONCURRENCY`] workers, which asks the server again (see
+//!   `grpc::PushListener` and [`pushed`]): no task per service;
 //! - a health probe, a real one-item service list call (for gRPC after a TCP
 //!   connect to the gRPC port, which fails at once while the server is
 //!   down), every min(refresh, 5 s) and before every full sync: nacos-sdk
@@ -31,6 +32,7 @@ mod decode;
 mod grpc;
 mod health;
 mod http;
+mod pushed;
 mod servers;
 
 use std::collections::{BTreeSet, HashMap};
@@ -42,17 +44,18 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt, stream};
-use tokio::sync::Notify;
-use tokio::task::{AbortHandle, JoinError, JoinSet};
-use tracing::{Instrument, debug, error, info, info_span, warn};
+use tokio::task::JoinSet;
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use self::auth::Auth;
 use self::decode::{DEFAULT_GROUP, Endpoints, Instance, Naming, PUBLIC_NAMESPACE, ServiceKey, endpoints, is_watched};
 use self::grpc::{GRPC_PORT_OFFSET, GrpcApi};
 use self::health::Health;
 use self::http::HttpApi;
+use self::pushed::Pushed;
 use self::servers::Servers;
 use crate::retry::Backoff;
+use crate::worker::{last_port, on_worker_exit};
 use crate::{RegistryError, RegistryKind, RegistrySpec, Service, Sink, Update, Watcher};
 
 const DEFAULT_REFRESH: Duration = Duration::from_secs(30);
@@ -78,11 +81,11 @@ pub(crate) trait Api: Send + Sync + 'static {
 
     /// Whether the server pushes changes to subscribers.
     const PUSH: bool = false;
-    /// Wake `notify` whenever the server pushes a change of `key`.
+    /// Queue `key` in `pushed` whenever the server pushes a change of it.
     fn subscribe(
         &self,
         _key: &ServiceKey,
-        _notify: Arc<Notify>,
+        _pushed: Arc<Pushed>,
     ) -> impl Future<Output = Result<(), RegistryError>> + Send {
         async { Ok(()) }
     }
@@ -438,19 +441,16 @@ impl Ctx {
     }
 }
 
-fn last_port(service: Option<&Service>) -> Option<u16> {
-    service.and_then(|s| s.ports.first()).map(|p| p.number)
-}
-
 /// One client's life: the loops of one [`Api`].
 struct Session<A: Api> {
     api: Arc<A>,
     ctx: Arc<Ctx>,
-    /// Dropping the session aborts every service loop.
+    /// The push readers (push clients only). Dropping the session aborts them.
     workers: JoinSet<()>,
-    /// Service loops (push clients only) and whether the service is
-    /// subscribed yet.
-    loops: HashMap<ServiceKey, (AbortHandle, Arc<Notify>, bool)>,
+    /// Services pushed as changed, for the workers.
+    pushed: Arc<Pushed>,
+    /// Watched services (push clients only) and whether each is subscribed yet.
+    subscribed: HashMap<ServiceKey, bool>,
 }
 
 impl<A: Api> Session<A> {
@@ -459,7 +459,7 @@ impl<A: Api> Session<A> {
     }
 
     fn new_shared(api: Arc<A>, ctx: Arc<Ctx>) -> Session<A> {
-        Session { api, ctx, workers: JoinSet::new(), loops: HashMap::new() }
+        Session { api, ctx, workers: JoinSet::new(), pushed: Arc::default(), subscribed: HashMap::new() }
     }
 
     async fn run(mut self, servers: &Servers, current: &[String]) -> End {
@@ -481,7 +481,7 @@ impl<A: Api> Session<A> {
         }
         self.reconcile().await;
         // A recovery signalled during the first sync is already covered.
-        let _ = ctx.health.recovered.notified().now_or_never();
+        let _ = ctx.health.recovered().notified().now_or_never();
 
         let every = |period: Duration| {
             let mut t = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -509,7 +509,7 @@ impl<A: Api> Session<A> {
                         }
                     }
                 }
-                () = ctx.health.recovered.notified() => {
+                () = ctx.health.recovered().notified() => {
                     info!("nacos answers again, resyncing");
                     if let Some(end) = self.resync().await {
                         return end;
@@ -521,7 +521,7 @@ impl<A: Api> Session<A> {
                         return end;
                     }
                 }
-                Some(done) = self.workers.join_next() => on_worker_exit(done),
+                Some(done) = self.workers.join_next() => on_worker_exit("nacos", done),
             }
         }
     }
@@ -531,7 +531,7 @@ impl<A: Api> Session<A> {
             Ok(()) => {
                 // This sync already is the recovery resync a failure during
                 // it would ask for.
-                let _ = self.ctx.health.recovered.notified().now_or_never();
+                let _ = self.ctx.health.recovered().notified().now_or_never();
                 self.reconcile().await;
                 None
             }
@@ -550,35 +550,32 @@ impl<A: Api> Session<A> {
         A::PUSH && self.ctx.health.auth_failures.load(Ordering::SeqCst) >= AUTH_FAILURES_BEFORE_RECONNECT
     }
 
-    /// Push clients: exactly one loop and one subscription per service.
+    /// Push clients: [`CONCURRENCY`] readers of pushed services, and exactly
+    /// one subscription per service.
     async fn reconcile(&mut self) {
         if !A::PUSH {
             return;
         }
+        // A reader that ended (it panicked) is replaced.
+        while self.workers.len() < CONCURRENCY {
+            let reader = read_pushed(self.ctx.clone(), self.api.clone(), self.pushed.clone());
+            self.workers.spawn(reader.in_current_span());
+        }
         let keys = self.ctx.keys();
-        let gone: Vec<ServiceKey> = self.loops.keys().filter(|k| !keys.contains(*k)).cloned().collect();
+        let gone: Vec<ServiceKey> = self.subscribed.keys().filter(|k| !keys.contains(*k)).cloned().collect();
         for key in gone {
-            if let Some((handle, _, _)) = self.loops.remove(&key) {
-                handle.abort();
-            }
+            self.subscribed.remove(&key);
             self.api.unsubscribe(&key).await;
         }
         for key in &keys {
-            if self.loops.get(key).is_some_and(|(h, _, _)| !h.is_finished()) {
-                continue;
-            }
-            let notify = Arc::new(Notify::new());
-            let span = info_span!("service", service = %key);
-            let loop_ = watch_service(self.ctx.clone(), self.api.clone(), key.clone(), notify.clone());
-            let handle = self.workers.spawn(loop_.instrument(span));
-            self.loops.insert(key.clone(), (handle, notify, false));
+            self.subscribed.entry(key.clone()).or_insert(false);
         }
-        let pending: Vec<(ServiceKey, Arc<Notify>)> =
-            self.loops.iter().filter(|(_, (_, _, done))| !done).map(|(k, (_, n, _))| (k.clone(), n.clone())).collect();
-        let api = &self.api;
+        let pending: Vec<ServiceKey> =
+            self.subscribed.iter().filter(|(_, done)| !**done).map(|(k, _)| k.clone()).collect();
+        let (api, pushed) = (&self.api, &self.pushed);
         let results: Vec<(ServiceKey, Result<(), RegistryError>)> = stream::iter(pending)
-            .map(|(key, notify)| async move {
-                let result = api.subscribe(&key, notify).await;
+            .map(|key| async move {
+                let result = api.subscribe(&key, pushed.clone()).await;
                 (key, result)
             })
             .buffer_unordered(CONCURRENCY)
@@ -587,8 +584,8 @@ impl<A: Api> Session<A> {
         for (key, result) in results {
             match result {
                 Ok(()) => {
-                    if let Some(entry) = self.loops.get_mut(&key) {
-                        entry.2 = true;
+                    if let Some(done) = self.subscribed.get_mut(&key) {
+                        *done = true;
                     }
                 }
                 // Retried at the next sync; the periodic reads cover it.
@@ -616,11 +613,12 @@ async fn check_servers(servers: &Servers, current: &[String], health: &Health) -
     }
 }
 
-/// A push-client service loop: each push asks the server for the service.
-/// Pushes that arrive while a read is in flight fold into one more read.
-async fn watch_service<A: Api>(ctx: Arc<Ctx>, api: Arc<A>, key: ServiceKey, notify: Arc<Notify>) {
+/// A push-client reader: each pushed service is asked for again. Pushes
+/// that arrive while it waits fold into one read (see [`Pushed`]); a service
+/// no longer watched is ignored by [`Ctx::apply_one`].
+async fn read_pushed<A: Api>(ctx: Arc<Ctx>, api: Arc<A>, pushed: Arc<Pushed>) {
     loop {
-        notify.notified().await;
+        let key = pushed.next().await;
         let seq = ctx.next_seq();
         match api.instances(&key).await {
             Ok(instances) => {
@@ -630,16 +628,6 @@ async fn watch_service<A: Api>(ctx: Arc<Ctx>, api: Arc<A>, key: ServiceKey, noti
             }
             Err(e) => ctx.health.fail(&e),
         }
-    }
-}
-
-fn on_worker_exit(done: Result<(), JoinError>) {
-    // Aborted loops are the normal way services stop. A panic is a bug; the
-    // next sync restarts the loop (see `Session::reconcile`).
-    if let Err(e) = done
-        && e.is_panic()
-    {
-        error!(error = %e, "nacos service loop panicked");
     }
 }
 

@@ -111,6 +111,11 @@ pub struct RegistrySpec {
     pub consul_datacenter: Option<String>,
     pub consul_service_tag: Option<String>,
     pub consul_refresh_interval: Option<Duration>,
+    /// meshbridge only, not in Higress's McpBridge: the most connections the
+    /// Consul watcher holds (`None`: `MESHBRIDGE_CONSUL_MAX_CONNS`, else
+    /// [`crate::consul::DEFAULT_MAX_CONNS`]). Set by the binary's
+    /// `--consul-max-conns`.
+    pub consul_max_conns: Option<usize>,
 
     pub zk_services_path: Vec<String>,
 
@@ -145,6 +150,7 @@ impl RegistrySpec {
             consul_datacenter: None,
             consul_service_tag: None,
             consul_refresh_interval: None,
+            consul_max_conns: None,
             zk_services_path: Vec::new(),
             auth: BTreeMap::new(),
         }
@@ -163,8 +169,38 @@ impl RegistrySpec {
         found.copied().or(self.vport_default)
     }
 
+    /// Every credential in the spec (the `authSecretName` data but user
+    /// names, the Nacos access and secret keys), non-empty ones only: what
+    /// must be scrubbed from anything shown, such as an error a registry
+    /// echoed. User names are not secret, and scrubbing one (often a plain
+    /// word such as `nacos`) would garble messages.
+    pub fn secrets(&self) -> Vec<&Secret> {
+        let auth = self.auth.iter().filter(|(k, _)| !k.to_ascii_lowercase().contains("username")).map(|(_, v)| v);
+        let keys = [&self.nacos_access_key, &self.nacos_secret_key];
+        auth.chain(keys.into_iter().flatten()).filter(|s| !s.expose().is_empty()).collect()
+    }
+
     /// `domain:port` without credentials, for logs and the admin API.
     pub fn endpoint(&self) -> String {
         format!("{}:{}", self.domain, self.port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_lists_every_credential_once_set() {
+        let mut spec = RegistrySpec::new(RegistryKind::Nacos, "n", "127.0.0.1", 8848);
+        assert!(spec.secrets().is_empty());
+        spec.auth.insert("nacosUsername".into(), Secret::new("user"));
+        spec.auth.insert("nacosPassword".into(), Secret::new("pw"));
+        spec.auth.insert("consulToken".into(), Secret::new(""));
+        spec.nacos_access_key = Some(Secret::new("ak"));
+        spec.nacos_secret_key = Some(Secret::new("sk"));
+        let mut got: Vec<&str> = spec.secrets().into_iter().map(Secret::expose).collect();
+        got.sort();
+        assert_eq!(got, vec!["ak", "pw", "sk"], "user names are not secret");
     }
 }

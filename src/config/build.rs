@@ -25,6 +25,8 @@ const KEEPING: &str = " (keeping last good config)";
 pub struct Builder {
     /// Floor for refresh intervals; `None` is [`MIN_REFRESH_INTERVAL`].
     min_refresh: Option<Duration>,
+    /// `--consul-max-conns`: every Consul registry's connection cap.
+    consul_max_conns: Option<usize>,
     /// A list: one McpBridge may use a name for registries of several types.
     registries: HashMap<EntryKey, Vec<RegistrySpec>>,
     proxies: HashMap<EntryKey, ProxySpec>,
@@ -44,10 +46,18 @@ impl Builder {
         Builder { min_refresh: Some(floor), ..Builder::default() }
     }
 
+    /// Cap every Consul registry's connections at `n` (`--consul-max-conns`).
+    pub fn with_consul_max_conns(self, n: Option<usize>) -> Builder {
+        Builder { consul_max_conns: n, ..self }
+    }
+
     /// Build from documents in source order ("later" in duplicate errors
     /// means later in this order).
     pub fn build<'a>(&mut self, docs: impl IntoIterator<Item = &'a Document>) -> Desired {
-        let built = self.build_full(docs);
+        let mut built = self.build_full(docs);
+        for r in built.desired.registries.iter_mut().filter(|r| r.kind == RegistryKind::Consul) {
+            r.consul_max_conns = r.consul_max_conns.or(self.consul_max_conns);
+        }
         for w in &built.warnings {
             warn!(warning = %w, "config");
         }
@@ -86,7 +96,8 @@ impl Builder {
             }
         }
 
-        let mut next = Builder { min_refresh: self.min_refresh, ..Builder::default() };
+        let mut next =
+            Builder { min_refresh: self.min_refresh, consul_max_conns: self.consul_max_conns, ..Builder::default() };
         let min_refresh = self.min_refresh.unwrap_or(MIN_REFRESH_INTERVAL);
         let mut registry_owner: HashMap<(RegistryKind, String), String> = HashMap::new();
         let mut proxy_owner: HashMap<String, String> = HashMap::new();

@@ -4,17 +4,8 @@
 
 use crate::resources::content_hash;
 
-pub fn is_dns1123_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-pub fn is_dns1123_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
-}
+/// RFC 1123 names, shared with the registries crate.
+pub use meshbridge_registries::names::{is_dns1123_label, is_dns1123_subdomain};
 
 /// `[prefix/]name`: prefix a DNS subdomain, name 1–63 alphanumerics with
 /// `-_.` inside.

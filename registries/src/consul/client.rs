@@ -1,19 +1,29 @@
-//! A thin Consul HTTP client on the binary's reqwest: the three calls the
-//! watcher needs, with blocking-query `index`/`wait`, `passing`, `dc`, `ns`
-//! and the ACL token. Every failure becomes a [`RegistryError`] naming the
-//! call; none contains the token (it travels only in a sensitive header).
+//! A thin Consul HTTP client: the calls the watcher needs, with blocking-query `index`/`wait`, `dc`, `ns` and the ACL token.
+//! Every failure becomes a [`RegistryError`] naming the call; none contains
+//! the token (it travels only in a sensitive header).
+//!
+//! **Connections are capped.** Calls go over the watcher's own pool of at
+//! most `cap` HTTP/1.1 connections ([`Pool`]), so the watcher never holds
+//! more TCP connections to Consul than the cap, whatever the catalog size
+//! (Consul's default `limits.http_max_conns_per_client` is 200 per client
+//! address). The URL is still built with reqwest's `Url` (percent-encoding).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper::StatusCode;
+use hyper::header::{HOST, HeaderValue, USER_AGENT};
 use reqwest::Url;
-use reqwest::header::{HeaderMap, HeaderValue};
 use serde::Deserialize;
+use tokio::io::AsyncReadExt;
 use tracing::debug;
 
-use super::decode::{decode_catalog, decode_health};
-use crate::http_error::client_error;
-use crate::{Endpoint, RegistryError, RegistrySpec};
+use super::decode::{CheckPrints, Instances, decode_catalog, decode_checks, decode_health};
+use super::pool::Pool;
+use crate::body::{Capped, MAX_BODY_BYTES, collect_capped, too_large};
+use crate::{RegistryError, RegistrySpec};
 
 const TOKEN_HEADER: &str = "X-Consul-Token";
 const INDEX_HEADER: &str = "X-Consul-Index";
@@ -21,10 +31,21 @@ const INDEX_HEADER: &str = "X-Consul-Index";
 /// wake-ups, so that a healthy blocking query never hits our timeout.
 const TIMEOUT_SLACK: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A filter no instance matches (every instance has an ID): the answer is
+/// `[]` but carries the service's `X-Consul-Index`. Filtering exists since
+/// Consul 1.5; an older Consul answers 400 and the watcher reads in full.
+const MATCH_NOTHING: &str = "Service.ID == \"\"";
+/// How long the connection-limit check waits for Consul to hang up.
+const LIMIT_CHECK: Duration = Duration::from_millis(300);
+/// The pause between the connection-limit check's two tries.
+const LIMIT_RECHECK: Duration = Duration::from_millis(100);
 
 pub(crate) struct Client {
-    http: reqwest::Client,
+    pool: Pool,
     base: Url,
+    /// `Host` header: `host:port`, IPv6 bracketed.
+    authority: String,
+    token: Option<HeaderValue>,
     registry: String,
     datacenter: Option<String>,
     namespace: Option<String>,
@@ -36,8 +57,25 @@ pub(crate) struct Indexed<T> {
     pub index: u64,
 }
 
+/// What `GET /v1/agent/self` tells about the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Agent {
+    pub datacenter: String,
+    /// `Config.Version`, e.g. `1.8.7`, or `1.8.7+ent` for Enterprise.
+    pub version: String,
+}
+
+impl Agent {
+    /// Consul Enterprise marks its version with `+ent` (`1.8.7+ent`);
+    /// namespaces exist only there.
+    pub fn is_enterprise(&self) -> bool {
+        self.version.contains("+ent")
+    }
+}
+
 impl Client {
-    pub fn new(spec: &RegistrySpec) -> Result<Client, RegistryError> {
+    /// A client that holds at most `max_conns` connections to Consul.
+    pub fn new(spec: &RegistrySpec, max_conns: usize) -> Result<Client, RegistryError> {
         let config = |field: &str, reason: String| RegistryError::Config {
             registry: spec.name.clone(),
             field: field.to_string(),
@@ -54,30 +92,35 @@ impl Client {
         if base.cannot_be_a_base() {
             return Err(config("domain", "not a usable address".into()));
         }
-        let mut headers = HeaderMap::new();
-        if let Some(token) = spec.auth.get("consulToken").filter(|t| !t.expose().is_empty()) {
+        let mut token = None;
+        if let Some(secret) = spec.auth.get("consulToken").filter(|t| !t.expose().is_empty()) {
             // Never echo the value: the reason only says what is wrong.
-            let mut value = HeaderValue::from_str(token.expose())
+            let mut value = HeaderValue::from_str(secret.expose())
                 .map_err(|_| config("authSecretName", "consulToken is not a valid HTTP header value".into()))?;
             value.set_sensitive(true);
-            headers.insert(TOKEN_HEADER, value);
+            token = Some(value);
         }
-        let http = reqwest::Client::builder()
-            .default_headers(headers)
-            .connect_timeout(CONNECT_TIMEOUT)
-            .build()
-            .map_err(|e| config("domain", format!("cannot build HTTP client: {e}")))?;
+        let (Some(host), Some(port)) = (base.host_str(), base.port_or_known_default()) else {
+            return Err(config("domain", "not a usable address".into()));
+        };
         Ok(Client {
-            http,
+            pool: Pool::new(host, port, max_conns, CONNECT_TIMEOUT),
+            authority: format!("{host}:{port}"),
             base,
+            token,
             registry: spec.name.clone(),
             datacenter: spec.consul_datacenter.clone().filter(|s| !s.is_empty()),
-            namespace: spec.consul_namespace.clone().filter(|s| !s.is_empty()),
+            namespace: None,
         })
     }
 
-    /// The agent's datacenter, from `GET /v1/agent/self`.
-    pub async fn agent_datacenter(&self) -> Result<String, RegistryError> {
+    /// Send `ns` on every call from now on (Consul Enterprise only).
+    pub fn set_namespace(&mut self, namespace: Option<String>) {
+        self.namespace = namespace;
+    }
+
+    /// The agent's datacenter and version, from `GET /v1/agent/self`.
+    pub async fn agent(&self) -> Result<Agent, RegistryError> {
         #[derive(Deserialize)]
         struct AgentSelf {
             #[serde(rename = "Config")]
@@ -87,6 +130,8 @@ impl Client {
         struct AgentConfig {
             #[serde(rename = "Datacenter")]
             datacenter: String,
+            #[serde(rename = "Version", default)]
+            version: String,
         }
         let what = "/v1/agent/self";
         let (body, _) = self.get(what, &["v1", "agent", "self"], &[], Duration::ZERO).await?;
@@ -94,7 +139,7 @@ impl Client {
         if agent.config.datacenter.is_empty() {
             return Err(self.bad(what, "empty Config.Datacenter".into()));
         }
-        Ok(agent.config.datacenter)
+        Ok(Agent { datacenter: agent.config.datacenter, version: agent.config.version })
     }
 
     /// `GET /v1/status/leader`: the cheapest call that proves the agent and
@@ -121,19 +166,34 @@ impl Client {
         Ok(Indexed { value, index })
     }
 
-    /// `GET /v1/health/service/:name?passing`: the instances whose checks
-    /// all pass, blocking when `index > 0`.
-    pub async fn health_service(
-        &self,
-        name: &str,
-        index: u64,
-        wait: Duration,
-    ) -> Result<Indexed<Vec<Endpoint>>, RegistryError> {
+    /// `GET /v1/health/state/any`, blocking when `index > 0`: every check,
+    /// folded into per-service and per-node fingerprints.
+    pub async fn health_state(&self, index: u64, wait: Duration) -> Result<Indexed<CheckPrints>, RegistryError> {
+        let what = "/v1/health/state/any";
+        let (body, index) = self.blocking(what, &["v1", "health", "state", "any"], &[], index, wait).await?;
+        let value = decode_checks(&body).map_err(|e| self.bad(what, e.to_string()))?;
+        Ok(Indexed { value, index })
+    }
+
+    /// `GET /v1/health/service/:name` (not blocking): every instance, the
+    /// passing ones as endpoints.
+    pub async fn health_service(&self, name: &str) -> Result<Indexed<Instances>, RegistryError> {
         let what = format!("/v1/health/service/{name}");
         let segments = ["v1", "health", "service", name];
-        let (body, index) = self.blocking(&what, &segments, &[("passing", "true")], index, wait).await?;
+        let (body, index) = self.blocking(&what, &segments, &[], 0, Duration::ZERO).await?;
         let value = decode_health(&body).map_err(|e| self.bad(&what, e.to_string()))?;
         Ok(Indexed { value, index })
+    }
+
+    /// The `X-Consul-Index` of `GET /v1/health/service/:name` without its
+    /// instances (a filter that matches none): Consul keeps one index per
+    /// service, moved by every write to its instances or their checks, so a
+    /// service whose index is unchanged needs no read.
+    pub async fn service_index(&self, name: &str) -> Result<u64, RegistryError> {
+        let what = format!("/v1/health/service/{name}");
+        let segments = ["v1", "health", "service", name];
+        let (_, index) = self.blocking(&what, &segments, &[("filter", MATCH_NOTHING)], 0, Duration::ZERO).await?;
+        Ok(index)
     }
 
     async fn blocking(
@@ -160,7 +220,8 @@ impl Client {
         Ok((body, index))
     }
 
-    /// One GET. Returns the body and the `X-Consul-Index` header if any.
+    /// One GET on a pooled connection. Returns the body and the
+    /// `X-Consul-Index` header if any.
     async fn get(
         &self,
         what: &str,
@@ -173,17 +234,55 @@ impl Client {
             // Percent-encodes each segment, so any service name is safe.
             path.clear().extend(segments);
         }
-        let mut req = self.http.get(url).query(query).timeout(wait + wait / 16 + TIMEOUT_SLACK);
+        let mut pairs: Vec<(&str, &str)> = query.to_vec();
         if let Some(dc) = &self.datacenter {
-            req = req.query(&[("dc", dc)]);
+            pairs.push(("dc", dc));
         }
         if let Some(ns) = &self.namespace {
-            req = req.query(&[("ns", ns)]);
+            pairs.push(("ns", ns));
         }
-        let resp = req.send().await.map_err(|e| client_error(&self.registry, "GET", what, &e))?;
-        let status = resp.status();
-        let index = resp.headers().get(INDEX_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let body = resp.bytes().await.map_err(|e| client_error(&self.registry, "GET", what, &e))?;
+        if !pairs.is_empty() {
+            url.query_pairs_mut().extend_pairs(pairs);
+        }
+        // Origin form: path and query, the host goes in `Host`.
+        let target = match url.query() {
+            Some(q) => format!("{}?{q}", url.path()),
+            None => url.path().to_string(),
+        };
+        let mut req = hyper::Request::get(target).header(HOST, &self.authority).header(USER_AGENT, "meshbridge");
+        if let Some(token) = &self.token {
+            req = req.header(TOKEN_HEADER, token.clone());
+        }
+        let req = req.body(Empty::<Bytes>::new()).map_err(|e| self.bad(what, e.to_string()))?;
+        let timeout = wait + wait / 16 + TIMEOUT_SLACK;
+        let call = async {
+            let mut lease = self.pool.checkout().await.map_err(|e| self.unreachable(what, e.to_string()))?;
+            let resp = match lease.send(req).await {
+                Ok(resp) => resp,
+                Err(e) if e.closed_before_answer() && self.hangs_up_at_once().await => {
+                    self.pool.limit_reached();
+                    return Err(self.limit(what, "Consul closes new connections from this address at once".into()));
+                }
+                Err(e) => return Err(self.unreachable(what, e.to_string())),
+            };
+            let status = resp.status();
+            let index = resp.headers().get(INDEX_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let body = match collect_capped(resp.into_body(), MAX_BODY_BYTES).await {
+                Ok(body) => body,
+                Err(Capped::TooLarge) => return Err(too_large(&self.registry, what, MAX_BODY_BYTES)),
+                Err(Capped::Read(e)) => return Err(self.unreachable(what, format!("reading the answer failed: {e}"))),
+            };
+            lease.done();
+            Ok((status, index, body))
+        };
+        let (status, index, body) = match tokio::time::timeout(timeout, call).await {
+            Ok(result) => result?,
+            Err(_) => return Err(self.unreachable(what, "timed out".into())),
+        };
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            self.pool.limit_reached();
+            return Err(self.limit(what, "429 Too Many Requests".into()));
+        }
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
             debug!(what, status = status.as_u16(), body = %text.trim(), "consul error answer");
@@ -193,7 +292,41 @@ impl Client {
                 status: status.as_u16(),
             });
         }
-        Ok((body.to_vec(), index))
+        Ok((body, index))
+    }
+
+    /// Consul enforces `limits.http_max_conns_per_client` by accepting a
+    /// connection and closing it at once, which a client sees as a
+    /// connection closed before any answer; so does a Consul that is
+    /// restarting. Tell them apart with one fresh connection: refused is an
+    /// outage, hung up on without a word is the limit.
+    async fn hangs_up_at_once(&self) -> bool {
+        let (Some(host), Some(port)) = (self.base.host_str(), self.base.port_or_known_default()) else {
+            return false;
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let check = || async {
+            let mut conn = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+            let mut byte = [0u8; 1];
+            // Consul sends nothing before a request: 0 bytes read is a hang-up.
+            matches!(conn.read(&mut byte).await, Ok(0) | Err(_)).then_some(())
+        };
+        let hung_up = || async { tokio::time::timeout(LIMIT_CHECK, check()).await.ok().flatten().is_some() };
+        // Twice, a moment apart: a Consul that is going down can accept and
+        // drop a connection while it exits, but then refuses the next.
+        if !hung_up().await {
+            return false;
+        }
+        tokio::time::sleep(LIMIT_RECHECK).await;
+        hung_up().await
+    }
+
+    fn unreachable(&self, what: &str, reason: String) -> RegistryError {
+        RegistryError::Unreachable { registry: self.registry.clone(), reason: format!("GET {what}: {reason}") }
+    }
+
+    fn limit(&self, what: &str, reason: String) -> RegistryError {
+        RegistryError::ConnectionLimit { registry: self.registry.clone(), what: what.to_string(), reason }
     }
 
     fn bad(&self, what: &str, reason: String) -> RegistryError {
@@ -228,16 +361,16 @@ mod tests {
     fn token_is_never_in_errors_or_debug() {
         let mut spec = RegistrySpec::new(crate::RegistryKind::Consul, "c", "127.0.0.1", 8500);
         spec.auth.insert("consulToken".into(), crate::Secret::new("s3cret\n"));
-        let err = Client::new(&spec).err().expect("newline is not a header value");
+        let err = Client::new(&spec, 4).err().expect("newline is not a header value");
         assert!(!format!("{err} {err:?}").contains("s3cret"));
         spec.auth.insert("consulToken".into(), crate::Secret::new("s3cret"));
-        assert!(Client::new(&spec).is_ok());
+        assert!(Client::new(&spec, 4).is_ok());
         assert!(!format!("{spec:?}").contains("s3cret"));
     }
 
     #[test]
     fn ipv6_domain_is_bracketed() {
         let spec = RegistrySpec::new(crate::RegistryKind::Consul, "c", "::1", 8500);
-        assert_eq!(Client::new(&spec).unwrap().base.as_str(), "http://[::1]:8500/");
+        assert_eq!(Client::new(&spec, 4).unwrap().base.as_str(), "http://[::1]:8500/");
     }
 }

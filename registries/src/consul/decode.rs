@@ -2,7 +2,9 @@
 //! the tag filter, host naming, ports and labels. No I/O here, so every rule
 //! is unit-tested below.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use serde::Deserialize;
 
@@ -20,13 +22,60 @@ struct HealthEntry {
     node: Option<NodeJson>,
     #[serde(default)]
     service: Option<ServiceJson>,
+    #[serde(default)]
+    checks: Option<Vec<StatusJson>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 struct NodeJson {
     #[serde(default)]
+    node: Option<String>,
+    #[serde(default)]
     address: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct StatusJson {
+    #[serde(default)]
+    status: Option<String>,
+}
+
+/// One element of `GET /v1/health/state/any`: only what tells a change.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct CheckJson<'a> {
+    #[serde(default, borrow)]
+    node: Cow<'a, str>,
+    #[serde(default, rename = "CheckID", borrow)]
+    check_id: Cow<'a, str>,
+    #[serde(default, borrow)]
+    service_name: Cow<'a, str>,
+    #[serde(default, borrow)]
+    status: Cow<'a, str>,
+    #[serde(default)]
+    modify_index: u64,
+}
+
+/// What a `/v1/health/state/any` answer says, folded to one fingerprint per
+/// service (its checks) and per node (the node's own checks, which gate
+/// every instance on it). Comparing two of these names the services whose
+/// health may have changed, without keeping the checks themselves.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct CheckPrints {
+    pub services: HashMap<String, u64>,
+    pub nodes: HashMap<String, u64>,
+}
+
+/// A service's instances as `GET /v1/health/service/:name` (without
+/// `passing`) lists them: the endpoints whose checks all pass, and the nodes
+/// of every instance, passing or not, so that a node check turning passing
+/// is known to concern this service.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct Instances {
+    pub endpoints: Vec<Endpoint>,
+    pub nodes: BTreeSet<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -56,11 +105,70 @@ pub(crate) fn decode_catalog(body: &[u8]) -> Result<BTreeMap<String, Vec<String>
 }
 
 /// Decode `GET /v1/health/service/:name` into endpoints. Addresses may still
-/// be host names here; the caller resolves them. Instances without a usable
-/// address or port are dropped: the mesh cannot route to them.
-pub(crate) fn decode_health(body: &[u8]) -> Result<Vec<Endpoint>, serde_json::Error> {
+/// be host names here; the caller resolves them. Only instances whose checks
+/// all pass are endpoints (what `?passing` would filter server-side; a
+/// `warning` is not passing). Instances without a usable address or port are
+/// dropped: the mesh cannot route to them.
+pub(crate) fn decode_health(body: &[u8]) -> Result<Instances, serde_json::Error> {
     let entries: Vec<HealthEntry> = serde_json::from_slice(body)?;
-    Ok(entries.into_iter().filter_map(endpoint_of).collect())
+    let mut out = Instances::default();
+    for entry in entries {
+        if let Some(node) = entry.node.as_ref().and_then(|n| n.node.clone()) {
+            out.nodes.insert(node);
+        }
+        let passing = entry.checks.iter().flatten().all(|c| c.status.as_deref() == Some("passing"));
+        if passing && let Some(endpoint) = endpoint_of(entry) {
+            out.endpoints.push(endpoint);
+        }
+    }
+    Ok(out)
+}
+
+/// Decode `GET /v1/health/state/any` into fingerprints. Strings are borrowed
+/// from the body where they can be: this answer grows with the catalog. A
+/// fingerprint is the wrapping sum of its checks' hashes, so it does not
+/// depend on Consul's order and needs no sort.
+pub(crate) fn decode_checks(body: &[u8]) -> Result<CheckPrints, serde_json::Error> {
+    let checks: Vec<CheckJson<'_>> = serde_json::from_slice(body)?;
+    let mut prints = CheckPrints::default();
+    for c in &checks {
+        let mut h = DefaultHasher::new();
+        (&*c.node, &*c.check_id, &*c.status, c.modify_index).hash(&mut h);
+        let v = h.finish();
+        let (map, key) = match &*c.service_name {
+            "" => (&mut prints.nodes, &*c.node),
+            service => (&mut prints.services, service),
+        };
+        match map.get_mut(key) {
+            Some(sum) => *sum = sum.wrapping_add(v),
+            None => {
+                map.insert(key.to_string(), v);
+            }
+        }
+    }
+    Ok(prints)
+}
+
+/// The services whose health may have changed between two check answers:
+/// those whose own checks changed (appeared, went, or moved), and those with
+/// an instance on a node whose node checks changed. `nodes` gives each
+/// watched service's nodes.
+pub(crate) fn dirty_services<'a>(
+    old: &CheckPrints,
+    new: &CheckPrints,
+    nodes: impl Iterator<Item = (&'a str, &'a BTreeSet<String>)>,
+) -> BTreeSet<String> {
+    fn changed<'m>(a: &'m HashMap<String, u64>, b: &'m HashMap<String, u64>) -> impl Iterator<Item = &'m String> {
+        let moved = a.iter().filter(move |(k, v)| b.get(*k) != Some(*v)).map(|(k, _)| k);
+        moved.chain(b.keys().filter(move |k| !a.contains_key(*k)))
+    }
+    let mut dirty: BTreeSet<String> = changed(&old.services, &new.services).cloned().collect();
+    let moved_nodes: HashSet<&String> = changed(&old.nodes, &new.nodes).collect();
+    if !moved_nodes.is_empty() {
+        let on_moved = nodes.filter(|(_, ns)| ns.iter().any(|n| moved_nodes.contains(n)));
+        dirty.extend(on_moved.map(|(name, _)| name.to_string()));
+    }
+    dirty
 }
 
 fn endpoint_of(entry: HealthEntry) -> Option<Endpoint> {
@@ -167,7 +275,9 @@ mod tests {
 
     #[test]
     fn health_answer_decodes_to_endpoints() {
-        let eps = decode_health(HEALTH.as_bytes()).unwrap();
+        let decoded = decode_health(HEALTH.as_bytes()).unwrap();
+        assert_eq!(decoded.nodes, BTreeSet::from(["n1".to_string(), "n2".to_string()]));
+        let eps = decoded.endpoints;
         assert_eq!(eps.len(), 2, "{eps:?}");
         // Empty Service.Address falls back to the node's.
         assert_eq!(eps[0].address, "10.0.0.1");
@@ -188,7 +298,91 @@ mod tests {
         for body in ["", "[]", r#"{"web": "x"}"#, r#"{"web": [1]}"#] {
             assert!(decode_catalog(body.as_bytes()).is_err(), "{body:?}");
         }
-        assert_eq!(decode_health(b"[]").unwrap(), vec![]);
+        assert_eq!(decode_health(b"[]").unwrap(), Instances::default());
+        for body in ["", "{", "[{\"ServiceName\": 1}]", "{}"] {
+            assert!(decode_checks(body.as_bytes()).is_err(), "{body:?}");
+        }
+    }
+
+    #[test]
+    fn only_instances_whose_checks_all_pass_are_endpoints() {
+        let body = r#"[
+          {"Node": {"Node": "n1", "Address": "10.0.0.1"}, "Service": {"Port": 80},
+           "Checks": [{"Status": "passing"}, {"Status": "warning"}]},
+          {"Node": {"Node": "n2", "Address": "10.0.0.2"}, "Service": {"Port": 80},
+           "Checks": [{"Status": "passing"}, {"Status": "critical"}]},
+          {"Node": {"Node": "n3", "Address": "10.0.0.3"}, "Service": {"Port": 80}, "Checks": []},
+          {"Node": {"Node": "n4", "Address": "10.0.0.4"}, "Service": {"Port": 80},
+           "Checks": [{"Status": "passing"}]}
+        ]"#;
+        let decoded = decode_health(body.as_bytes()).unwrap();
+        let addrs: Vec<&str> = decoded.endpoints.iter().map(|e| e.address.as_str()).collect();
+        assert_eq!(addrs, vec!["10.0.0.3", "10.0.0.4"]);
+        assert_eq!(decoded.nodes.len(), 4, "failing instances still name their node");
+    }
+
+    #[test]
+    fn check_prints_change_only_for_what_changed() {
+        let check = |node: &str, id: &str, service: &str, status: &str, index: u64| {
+            serde_json::json!({"Node": node, "CheckID": id, "ServiceName": service, "Status": status,
+                               "ModifyIndex": index, "Output": "ignored"})
+        };
+        let a = serde_json::json!([
+            check("n1", "serfHealth", "", "passing", 5),
+            check("n1", "web-1", "web", "passing", 7),
+            check("n2", "web-2", "web", "passing", 8),
+            check("n1", "api-1", "api", "passing", 9),
+        ]);
+        let before = decode_checks(a.to_string().as_bytes()).unwrap();
+        assert_eq!(before.services.len(), 2);
+        assert_eq!(before.nodes.len(), 1);
+        // Same checks in another order: same prints.
+        let mut shuffled = a.as_array().unwrap().clone();
+        shuffled.reverse();
+        assert_eq!(decode_checks(serde_json::Value::from(shuffled).to_string().as_bytes()).unwrap(), before);
+
+        let b = serde_json::json!([
+            check("n1", "serfHealth", "", "passing", 5),
+            check("n1", "web-1", "web", "critical", 12),
+            check("n2", "web-2", "web", "passing", 8),
+            check("n1", "api-1", "api", "passing", 9),
+        ]);
+        let after = decode_checks(b.to_string().as_bytes()).unwrap();
+        assert_ne!(after.services["web"], before.services["web"]);
+        assert_eq!(after.services["api"], before.services["api"]);
+        assert_eq!(after.nodes, before.nodes);
+
+        let nodes = BTreeMap::from([
+            ("web".to_string(), BTreeSet::from(["n1".to_string(), "n2".to_string()])),
+            ("api".to_string(), BTreeSet::from(["n1".to_string()])),
+            ("db".to_string(), BTreeSet::from(["n3".to_string()])),
+        ]);
+        let of = || nodes.iter().map(|(k, v)| (k.as_str(), v));
+        let names = |set: BTreeSet<String>| set.into_iter().collect::<Vec<_>>();
+        assert_eq!(names(dirty_services(&before, &after, of())), vec!["web"]);
+        assert_eq!(names(dirty_services(&before, &before, of())), Vec::<String>::new());
+
+        // n1's node check fails: every service with an instance on n1.
+        let c = serde_json::json!([
+            check("n1", "serfHealth", "", "critical", 13),
+            check("n1", "web-1", "web", "passing", 7),
+            check("n2", "web-2", "web", "passing", 8),
+            check("n1", "api-1", "api", "passing", 9),
+            check("n3", "db-1", "db", "passing", 10),
+        ]);
+        let node_down = decode_checks(c.to_string().as_bytes()).unwrap();
+        assert_eq!(names(dirty_services(&before, &node_down, of())), vec!["api", "db", "web"], "db's check is new");
+        let d = serde_json::json!([
+            check("n1", "serfHealth", "", "passing", 14),
+            check("n1", "web-1", "web", "passing", 7),
+            check("n2", "web-2", "web", "passing", 8),
+            check("n1", "api-1", "api", "passing", 9),
+            check("n3", "db-1", "db", "passing", 10),
+        ]);
+        let node_up = decode_checks(d.to_string().as_bytes()).unwrap();
+        assert_eq!(names(dirty_services(&node_down, &node_up, of())), vec!["api", "web"]);
+        // A service whose checks all went (its instances deregistered).
+        assert_eq!(names(dirty_services(&node_up, &CheckPrints::default(), of())), vec!["api", "db", "web"]);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use reqwest::header::{ACCEPT, HeaderMap, HeaderValue};
 use tracing::{debug, warn};
 
 use super::decode::{Applications, decode_apps};
+use crate::body::{MAX_BODY_BYTES, read_capped};
 use crate::http_error::request_error;
 use crate::{RegistryError, RegistrySpec};
 
@@ -88,7 +89,8 @@ impl Client {
         let what = format!("{}{path}", self.servers[index]);
         let resp = self.http.get(&what).send().await.map_err(|e| request_error(&self.registry, "GET", &what, &e))?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| request_error(&self.registry, "GET", &what, &e))?;
+        let read_error = |e: &reqwest::Error| request_error(&self.registry, "GET", &what, e);
+        let body = read_capped(resp, MAX_BODY_BYTES, &self.registry, &what, read_error).await?;
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
             debug!(what, status = status.as_u16(), body = %text.trim(), "eureka error answer");

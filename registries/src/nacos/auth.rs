@@ -21,6 +21,7 @@ use nacos_sdk::api::plugin::{AuthContext, AuthPlugin, LoginIdentityContext, Requ
 use serde::Deserialize;
 use tracing::{debug, info};
 
+use crate::body::{MAX_BODY_BYTES, read_capped};
 use crate::http_error::client_error;
 use crate::{RegistryError, RegistrySpec, Secret};
 
@@ -175,7 +176,8 @@ impl Login {
         let req = self.http.post(url).form(&form).timeout(LOGIN_TIMEOUT);
         let resp = req.send().await.map_err(|e| client_error(&self.registry, "POST", LOGIN_PATH, &e))?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| client_error(&self.registry, "POST", LOGIN_PATH, &e))?;
+        let read_error = |e: &reqwest::Error| client_error(&self.registry, "POST", LOGIN_PATH, e);
+        let body = read_capped(resp, MAX_BODY_BYTES, &self.registry, LOGIN_PATH, read_error).await?;
         if !status.is_success() {
             debug!(status = status.as_u16(), "nacos login refused");
             return Err(RegistryError::Status {

@@ -28,10 +28,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use super::pushed::Pushed;
 use nacos_sdk::api::error::Error as SdkError;
 use nacos_sdk::api::naming::{NamingChangeEvent, NamingEventListener, NamingService, NamingServiceBuilder};
 use nacos_sdk::api::props::ClientProps;
-use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 use super::Api;
@@ -201,11 +201,11 @@ impl Api for GrpcApi {
 
     const PUSH: bool = true;
 
-    async fn subscribe(&self, key: &ServiceKey, notify: Arc<Notify>) -> Result<(), RegistryError> {
+    async fn subscribe(&self, key: &ServiceKey, pushed: Arc<Pushed>) -> Result<(), RegistryError> {
         if self.subscriptions().contains_key(key) {
             return Ok(());
         }
-        let listener: Arc<dyn NamingEventListener> = Arc::new(PushListener(notify));
+        let listener: Arc<dyn NamingEventListener> = Arc::new(PushListener { key: key.clone(), pushed });
         let call = self.naming.subscribe(key.name.clone(), Some(key.group.clone()), vec![], listener.clone());
         self.call("subscribe", call).await?;
         self.subscriptions().insert(key.clone(), listener);
@@ -223,14 +223,17 @@ impl Api for GrpcApi {
     }
 }
 
-/// A push only wakes the service's loop, which asks the server: nacos-sdk
-/// delivers each event from its own task, so two pushes may arrive out of
-/// order, and the answer to a question asked later cannot be older.
-struct PushListener(Arc<Notify>);
+/// A push only queues the service for a reader, which asks the server:
+/// nacos-sdk delivers each event from its own task, so two pushes may arrive
+/// out of order, and the answer to a question asked later cannot be older.
+struct PushListener {
+    key: ServiceKey,
+    pushed: Arc<Pushed>,
+}
 
 impl NamingEventListener for PushListener {
     fn event(&self, _: Arc<NamingChangeEvent>) {
-        self.0.notify_one();
+        self.pushed.mark(&self.key);
     }
 }
 

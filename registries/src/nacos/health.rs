@@ -1,11 +1,9 @@
 //! Health reporting shared by every loop of a watcher: the crate's
-//! [`health::Health`], plus the recovery signal and the count of credential
-//! refusals the Nacos loops act on.
+//! [`health::Health`] (with its recovery signal), plus the count of
+//! credential refusals the Nacos loops act on.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-
-use tokio::sync::Notify;
 
 use super::{auth, is_auth_error};
 use crate::{RegistryError, Sink, health};
@@ -15,24 +13,21 @@ pub(super) struct Health {
     report: health::Health,
     /// Credential refusals in a row (logins excluded).
     pub auth_failures: AtomicU32,
-    /// Signalled when a call succeeds after a failure.
-    pub recovered: Notify,
 }
 
 impl Health {
     pub fn new(sink: Arc<dyn Sink>) -> Health {
-        Health {
-            report: health::Health::new(sink, "nacos"),
-            auth_failures: AtomicU32::new(0),
-            recovered: Notify::new(),
-        }
+        Health { report: health::Health::new(sink, "nacos"), auth_failures: AtomicU32::new(0) }
     }
 
     pub fn ok(&self) {
         self.auth_failures.store(0, Ordering::SeqCst);
-        if self.report.ok() {
-            self.recovered.notify_one();
-        }
+        self.report.ok();
+    }
+
+    /// Signalled when a call succeeds after a failure.
+    pub fn recovered(&self) -> &tokio::sync::Notify {
+        &self.report.recovered
     }
 
     pub fn fail(&self, e: &RegistryError) {

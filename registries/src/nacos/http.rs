@@ -17,6 +17,7 @@ use super::auth::{ACCESS_TOKEN, Auth};
 use super::decode::{Instance, ServiceKey, decode_instance_list, decode_service_list};
 use super::{Api, is_auth_error};
 use crate::RegistryError;
+use crate::body::{MAX_BODY_BYTES, read_capped};
 use crate::http_error::client_error;
 
 const SERVICE_LIST: &str = "/nacos/v1/ns/service/list";
@@ -112,7 +113,9 @@ impl HttpApi {
         }
         let resp = req.send().await.map_err(|e| client_error(&self.registry, "GET", path, &e))?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| client_error(&self.registry, "GET", path, &e))?;
+        let body =
+            read_capped(resp, MAX_BODY_BYTES, &self.registry, path, |e| client_error(&self.registry, "GET", path, e))
+                .await?;
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
             debug!(path, status = status.as_u16(), body = %text.trim(), "nacos error answer");
@@ -122,7 +125,7 @@ impl HttpApi {
                 status: status.as_u16(),
             });
         }
-        Ok(body.to_vec())
+        Ok(body)
     }
 
     fn bad(&self, path: &str, reason: String) -> RegistryError {

@@ -7,10 +7,13 @@ use std::time::Duration;
 
 use reqwest::Url;
 
+use crate::body::read_capped;
 use crate::http_error::client_error;
 use crate::{RegistryError, RegistrySpec};
 
 const SERVERLIST_PATH: &str = "/nacos/serverlist";
+/// The most bytes read from an address server answer.
+const SERVERLIST_MAX_BYTES: usize = 1 << 20;
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// Nacos's own default when neither the list nor the spec gives a port.
 const DEFAULT_PORT: u16 = 8848;
@@ -66,7 +69,10 @@ impl Servers {
         let req = http.get(url.clone()).header("Request-Module", "Naming").timeout(TIMEOUT);
         let resp = req.send().await.map_err(|e| client_error(registry, "GET", what, &e))?;
         let status = resp.status();
-        let body = resp.text().await.map_err(|e| client_error(registry, "GET", what, &e))?;
+        // A server list is a few lines; 1 MiB is generous.
+        let body =
+            read_capped(resp, SERVERLIST_MAX_BYTES, registry, what, |e| client_error(registry, "GET", what, e)).await?;
+        let body = String::from_utf8_lossy(&body);
         if !status.is_success() {
             return Err(RegistryError::Status {
                 registry: registry.clone(),

@@ -202,13 +202,7 @@ fn valid_registry_host(host: &str) -> bool {
 }
 
 /// RFC 1123 label: what Istio requires of subset names.
-pub fn valid_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
+pub use meshbridge_registries::names::is_dns1123_label as valid_dns_label;
 
 /// Go's `strconv.ParseBool`, which Higress uses for boolean annotations.
 pub fn parse_bool(s: &str) -> Option<bool> {

@@ -1,0 +1,360 @@
+//! HTTP/1.1 connections to one Consul agent, at most `cap` of them, each
+//! used by one request at a time.
+//!
+//! Owned here rather than left to reqwest's pool because the cap must be a
+//! hard bound on TCP connections, not on requests: a pooling client starts
+//! a new connection whenever no idle one is *ready* at that instant, and an
+//! HTTP/1 connection goes back to its pool a moment after its answer is
+//! read, so bursts of short reads open extra connections (measured: 10 with
+//! 8 requests in flight at most). Here a request waits for a free
+//! connection, or opens one only while fewer than `cap` exist.
+//!
+//! When Consul refuses a new connection for its per-client limit (other
+//! clients on this host hold the rest), the pool keeps the connections it
+//! has and stops opening more ([`Pool::limit_reached`]) instead of failing
+//! call after call; it tries its full cap again after [`RETRY_FULL_CAP`].
+
+use std::io;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tracing::{debug, warn};
+
+type Sender = SendRequest<Empty<Bytes>>;
+
+/// How long a pooled connection may take to say it is ready again.
+const READY_TIMEOUT: Duration = Duration::from_secs(1);
+/// After Consul's connection limit shrank the pool, how long before the
+/// pool tries to open connections up to its full cap again.
+const RETRY_FULL_CAP: Duration = Duration::from_secs(60);
+
+/// Why no connection could be had.
+#[derive(Debug)]
+pub(crate) enum PoolError {
+    Connect(io::Error),
+    ConnectTimeout,
+    Handshake(hyper::Error),
+}
+
+impl std::fmt::Display for PoolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PoolError::Connect(e) => write!(f, "connect failed: {e}"),
+            PoolError::ConnectTimeout => f.write_str("connect failed: timed out"),
+            PoolError::Handshake(e) => write!(f, "connect failed: {e}"),
+        }
+    }
+}
+
+pub(crate) struct Pool {
+    /// Host to connect to (IPv6 without brackets) and port.
+    host: String,
+    port: u16,
+    /// The configured cap.
+    cap: usize,
+    connect_timeout: Duration,
+    state: Mutex<State>,
+    /// A connection went idle or away.
+    changed: Notify,
+}
+
+struct State {
+    idle: Vec<Sender>,
+    /// Connections that exist or are being opened (idle ones included).
+    live: usize,
+    /// The cap in force: the configured one, or fewer since Consul's
+    /// connection limit was reached (and when).
+    cap: usize,
+    shrunk_at: Option<Instant>,
+}
+
+impl Pool {
+    pub fn new(host: &str, port: u16, cap: usize, connect_timeout: Duration) -> Pool {
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let cap = cap.max(1);
+        let state = State { idle: Vec::new(), live: 0, cap, shrunk_at: None };
+        Pool { host, port, cap, connect_timeout, state: Mutex::new(state), changed: Notify::new() }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A connection for one request: an idle one, a new one while fewer
+    /// than `cap` exist, or else the next one freed.
+    pub async fn checkout(&self) -> Result<Lease<'_>, PoolError> {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            // Registered before looking, so a release in between wakes us.
+            notified.as_mut().enable();
+            // `None`: all `cap` are in use; `Some(None)`: a place for a new one.
+            let found = {
+                let mut st = self.state();
+                if st.shrunk_at.is_some_and(|at| at.elapsed() >= RETRY_FULL_CAP) {
+                    st.cap = self.cap;
+                    st.shrunk_at = None;
+                }
+                let idle = st.idle.pop();
+                if idle.is_some() {
+                    Some(idle)
+                } else if st.live < st.cap {
+                    st.live += 1;
+                    Some(None)
+                } else {
+                    None
+                }
+            };
+            let Some(idle) = found else {
+                notified.await;
+                continue;
+            };
+            // Holds the place: dropped without a connection, it frees it.
+            let mut slot = Lease { pool: self, conn: None, reusable: false };
+            match idle {
+                Some(mut conn) => {
+                    if matches!(tokio::time::timeout(READY_TIMEOUT, conn.ready()).await, Ok(Ok(()))) {
+                        slot.conn = Some(conn);
+                        return Ok(slot);
+                    }
+                    // Closed by Consul while idle: forget it (dropping the
+                    // slot frees its place) and look again.
+                    debug!("idle consul connection closed");
+                }
+                None => {
+                    slot.conn = Some(self.connect().await?);
+                    return Ok(slot);
+                }
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<Sender, PoolError> {
+        let connect = TcpStream::connect((self.host.as_str(), self.port));
+        let stream = match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return Err(PoolError::Connect(e)),
+            Err(_) => return Err(PoolError::ConnectTimeout),
+        };
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(PoolError::Handshake)?;
+        // The connection's own task ends when its sender is dropped or the
+        // peer closes.
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!(error = %e, "consul connection ended");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// Consul refused a connection for its per-client limit, while the
+    /// refused connection's lease still counts as live: keep the others and
+    /// open no more for a while (at least one stays allowed).
+    pub fn limit_reached(&self) {
+        let mut st = self.state();
+        let cap = st.live.saturating_sub(1).max(1);
+        if cap < st.cap {
+            warn!(cap, configured = self.cap, "consul connection limit reached: using fewer connections");
+            st.cap = cap;
+        }
+        st.shrunk_at = Some(Instant::now());
+    }
+
+    /// How many connections exist now (idle or in use).
+    #[cfg(test)]
+    pub fn live(&self) -> usize {
+        self.state().live
+    }
+}
+
+/// One connection, lent for one request. Dropped: back to the pool if the
+/// request completed ([`Lease::done`]), closed otherwise.
+pub(crate) struct Lease<'a> {
+    pool: &'a Pool,
+    conn: Option<Sender>,
+    reusable: bool,
+}
+
+impl Lease<'_> {
+    pub async fn send(&mut self, req: hyper::Request<Empty<Bytes>>) -> Result<hyper::Response<Incoming>, SendError> {
+        match self.conn.as_mut() {
+            Some(conn) => conn.send_request(req).await.map_err(|e| SendError(Some(e))),
+            None => Err(SendError(None)),
+        }
+    }
+
+    /// The answer was read whole: the connection can serve another request.
+    pub fn done(&mut self) {
+        self.reusable = true;
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        let mut st = self.pool.state();
+        match self.conn.take() {
+            Some(conn) if self.reusable && !conn.is_closed() => st.idle.push(conn),
+            _ => st.live = st.live.saturating_sub(1),
+        }
+        drop(st);
+        self.pool.changed.notify_one();
+    }
+}
+
+/// A request that failed on its connection (`None`: it had none).
+#[derive(Debug)]
+pub(crate) struct SendError(Option<hyper::Error>);
+
+impl SendError {
+    /// The peer closed (or reset) the connection before any answer.
+    pub fn closed_before_answer(&self) -> bool {
+        let Some(e) = &self.0 else { return true };
+        if e.is_incomplete_message() || e.is_closed() || e.is_canceled() {
+            return true;
+        }
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            if let Some(io) = s.downcast_ref::<io::Error>() {
+                use io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+                return matches!(io.kind(), ConnectionReset | ConnectionAborted | BrokenPipe);
+            }
+            source = s.source();
+        }
+        false
+    }
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(e) => {
+                write!(f, "request failed: {e}")?;
+                let mut source = std::error::Error::source(e);
+                while let Some(s) = source {
+                    write!(f, ": {s}")?;
+                    source = s.source();
+                }
+                Ok(())
+            }
+            None => f.write_str("request failed: no connection"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A keep-alive HTTP server that answers every request after `delay`,
+    /// counting the connections it accepted.
+    async fn server(delay: Duration) -> (u16, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    while let Ok(n) = conn.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        tokio::time::sleep(delay).await;
+                        let resp = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                        if conn.write_all(resp.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (port, accepted)
+    }
+
+    async fn get(pool: &Pool) {
+        let mut lease = pool.checkout().await.unwrap();
+        request(&mut lease).await;
+    }
+
+    async fn request(lease: &mut Lease<'_>) {
+        use http_body_util::BodyExt;
+        let req = hyper::Request::get("/").header("host", "x").body(Empty::new()).unwrap();
+        let resp = lease.send(req).await.unwrap();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"ok");
+        lease.done();
+    }
+
+    #[tokio::test]
+    async fn never_more_connections_than_the_cap() {
+        let (port, accepted) = server(Duration::from_millis(5)).await;
+        let pool = Arc::new(Pool::new("127.0.0.1", port, 3, Duration::from_secs(1)));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..40 {
+            let pool = pool.clone();
+            tasks.spawn(async move {
+                for _ in 0..5 {
+                    get(&pool).await;
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3, "200 requests over exactly 3 connections");
+        assert_eq!(pool.live(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_reached_limit_shrinks_the_pool_to_what_it_holds() {
+        let (port, accepted) = server(Duration::from_millis(5)).await;
+        let pool = Arc::new(Pool::new("127.0.0.1", port, 4, Duration::from_secs(1)));
+        // Two connections work, a third is refused by the limit.
+        let (mut a, mut b) = (pool.checkout().await.unwrap(), pool.checkout().await.unwrap());
+        request(&mut a).await;
+        request(&mut b).await;
+        let c = pool.checkout().await.unwrap();
+        pool.limit_reached();
+        drop(c);
+        drop((a, b));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..10 {
+            let pool = pool.clone();
+            tasks.spawn(async move { get(&pool).await });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3, "no new connection after the limit");
+        assert!(pool.live() <= 2, "{}", pool.live());
+    }
+
+    #[tokio::test]
+    async fn a_failed_connect_frees_its_place() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let pool = Pool::new("127.0.0.1", port, 1, Duration::from_secs(1));
+        for _ in 0..3 {
+            assert!(matches!(pool.checkout().await, Err(PoolError::Connect(_))));
+        }
+        assert_eq!(pool.live(), 0);
+    }
+}
