@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
-use crate::RegistryError;
+use crate::watcher::RegistryError;
 
 /// The most bytes read from one registry answer: 64 MiB. A Consul
 /// `/v1/health/state/any` for 100k instances with one check each is about

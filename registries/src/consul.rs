@@ -55,8 +55,10 @@ use self::client::{Client, Indexed, next_index};
 use self::decode::{CheckPrints, Instances, Naming, select_services};
 use self::supervisor::{Event, Supervisor};
 use crate::health::Health;
+use crate::resolve;
 use crate::retry::Backoff;
-use crate::{RegistryError, RegistrySpec, Sink, Watcher, resolve};
+use crate::spec::RegistrySpec;
+use crate::watcher::{RegistryError, Sink, Watcher};
 
 /// Blocking-query `wait`. Consul's own default is 5 minutes; 30 s keeps
 /// idle connections well inside common proxy and load-balancer timeouts.

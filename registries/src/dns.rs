@@ -31,7 +31,10 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::fixed::single_service;
-use crate::{Endpoint, RegistryError, RegistrySpec, Service, Sink, Update, Watcher, retry};
+use crate::model::{Endpoint, Service};
+use crate::retry;
+use crate::spec::RegistrySpec;
+use crate::watcher::{RegistryError, Sink, Update, Watcher};
 
 /// Re-resolve at least this often, whatever the TTL.
 pub const MAX_REFRESH: Duration = Duration::from_secs(60);
@@ -270,7 +273,8 @@ fn backoff(failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{RegistryKind, Tls};
+    use crate::model::Tls;
+    use crate::spec::RegistryKind;
 
     fn spec(domain: &str) -> RegistrySpec {
         RegistrySpec::new(RegistryKind::Dns, "ext", domain, 443)

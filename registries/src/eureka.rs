@@ -43,7 +43,10 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use self::client::{APPS, Client, DELTA};
 use self::decode::{Naming, Registry};
-use crate::{RegistryError, RegistrySpec, Service, Sink, Update, Watcher, retry};
+use crate::model::Service;
+use crate::retry;
+use crate::spec::RegistrySpec;
+use crate::watcher::{RegistryError, Sink, Update, Watcher};
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 const MIN_INTERVAL: Duration = Duration::from_millis(100);

@@ -17,7 +17,9 @@ use std::sync::Arc;
 
 use tracing::{Instrument, info, info_span};
 
-use crate::{Endpoint, Protocol, RegistryError, RegistrySpec, Service, ServicePort, Sink, Tls, Update, Watcher};
+use crate::model::{Endpoint, Protocol, Service, ServicePort, Tls};
+use crate::spec::RegistrySpec;
+use crate::watcher::{RegistryError, Sink, Update, Watcher};
 
 /// The service port when the spec has none (see `src/config/validate.rs`).
 const DEFAULT_SERVICE_PORT: u16 = 80;
@@ -112,7 +114,7 @@ pub(crate) fn wants_tls(spec: &RegistrySpec) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RegistryKind;
+    use crate::spec::RegistryKind;
 
     fn spec(domain: &str, port: u16) -> RegistrySpec {
         RegistrySpec::new(RegistryKind::Static, "local-echo", domain, port)

@@ -11,7 +11,7 @@ use tracing::warn;
 
 use tokio::sync::Notify;
 
-use crate::{RegistryError, Sink};
+use crate::watcher::{RegistryError, Sink};
 
 /// `Sink::healthy` at most this often while all is well.
 const HEALTHY_EVERY: Duration = Duration::from_secs(1);
@@ -99,7 +99,7 @@ mod tests {
     use futures::FutureExt;
 
     use super::*;
-    use crate::Update;
+    use crate::watcher::Update;
 
     #[derive(Default)]
     struct Counts {

@@ -3,7 +3,7 @@
 //! may hold a signature) and says little; the cause ("Connection refused",
 //! "operation timed out") is in the source chain, so that is what we report.
 
-use crate::RegistryError;
+use crate::watcher::RegistryError;
 
 /// `{method} {path}: {kind}: {causes}`, where a failure while reading the
 /// answer is "reading the answer failed".

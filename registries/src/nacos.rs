@@ -27,6 +27,7 @@
 //! replaces them. Answers are numbered when asked for, so an older answer
 //! never overwrites a newer one (a push-triggered read racing a full sync).
 
+mod api;
 mod auth;
 mod decode;
 mod grpc;
@@ -47,16 +48,19 @@ use futures::{FutureExt, StreamExt, stream};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use self::api::{Api, is_auth_error};
 use self::auth::Auth;
-use self::decode::{DEFAULT_GROUP, Endpoints, Instance, Naming, PUBLIC_NAMESPACE, ServiceKey, endpoints, is_watched};
-use self::grpc::{GRPC_PORT_OFFSET, GrpcApi};
+use self::decode::{DEFAULT_GROUP, Endpoints, Naming, PUBLIC_NAMESPACE, ServiceKey, endpoints, is_watched};
+use self::grpc::{GrpcApi, grpc_reachable};
 use self::health::Health;
 use self::http::HttpApi;
 use self::pushed::Pushed;
 use self::servers::Servers;
+use crate::model::Service;
 use crate::retry::Backoff;
+use crate::spec::{RegistryKind, RegistrySpec};
+use crate::watcher::{RegistryError, Sink, Update, Watcher};
 use crate::worker::{last_port, on_worker_exit};
-use crate::{RegistryError, RegistryKind, RegistrySpec, Service, Sink, Update, Watcher};
 
 const DEFAULT_REFRESH: Duration = Duration::from_secs(30);
 const MIN_REFRESH: Duration = Duration::from_secs(1);
@@ -69,30 +73,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const AUTH_FAILURES_BEFORE_RECONNECT: u32 = 2;
 /// A client that lasted this long resets the backoff between clients.
 const SESSION_RESETS_BACKOFF: Duration = Duration::from_secs(60);
-
-/// What a watcher reads from Nacos, whichever protocol carries it.
-pub(crate) trait Api: Send + Sync + 'static {
-    /// Every service name in `group` (all pages).
-    fn list_services(&self, group: &str) -> impl Future<Output = Result<Vec<String>, RegistryError>> + Send;
-    /// Every instance of a service, healthy or not.
-    fn instances(&self, key: &ServiceKey) -> impl Future<Output = Result<Vec<Instance>, RegistryError>> + Send;
-    /// A cheap real call, to tell whether the server answers.
-    fn probe(&self, group: &str) -> impl Future<Output = Result<(), RegistryError>> + Send;
-
-    /// Whether the server pushes changes to subscribers.
-    const PUSH: bool = false;
-    /// Queue `key` in `pushed` whenever the server pushes a change of it.
-    fn subscribe(
-        &self,
-        _key: &ServiceKey,
-        _pushed: Arc<Pushed>,
-    ) -> impl Future<Output = Result<(), RegistryError>> + Send {
-        async { Ok(()) }
-    }
-    fn unsubscribe(&self, _key: &ServiceKey) -> impl Future<Output = ()> + Send {
-        async {}
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Protocol {
@@ -270,33 +250,6 @@ async fn connect(
 ) -> Result<GrpcApi, RegistryError> {
     grpc_reachable(registry, servers, CONNECT_TIMEOUT).await?;
     GrpcApi::connect(registry, servers.to_vec(), namespace_id, auth.clone()).await
-}
-
-/// Whether some server accepts a TCP connection on its gRPC port.
-async fn grpc_reachable(registry: &str, servers: &[String], timeout: Duration) -> Result<(), RegistryError> {
-    let mut reasons = Vec::new();
-    for server in servers {
-        let Some(addr) = grpc_addr(server) else {
-            reasons.push(format!("{server}: no port"));
-            continue;
-        };
-        match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(&addr)).await {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) => reasons.push(format!("{addr}: {e}")),
-            Err(_) => reasons.push(format!("{addr}: timed out")),
-        }
-    }
-    Err(RegistryError::Unreachable {
-        registry: registry.to_string(),
-        reason: format!("gRPC connect: {}", reasons.join("; ")),
-    })
-}
-
-/// `host:port` of a server's gRPC port (its HTTP port + 1000).
-fn grpc_addr(server: &str) -> Option<String> {
-    let (host, port) = server.rsplit_once(':')?;
-    let port = port.parse::<u16>().ok()?.checked_add(GRPC_PORT_OFFSET)?;
-    Some(format!("{host}:{port}"))
 }
 
 /// What every loop of a watcher shares, across clients.
@@ -643,11 +596,6 @@ async fn resolve(mut decoded: Endpoints) -> Endpoints {
     decoded.endpoints = endpoints;
     decoded.skipped += dropped;
     decoded
-}
-
-/// A request refused for its credentials.
-pub(crate) fn is_auth_error(e: &RegistryError) -> bool {
-    matches!(e, RegistryError::Status { status: 401 | 403, .. })
 }
 
 #[cfg(test)]

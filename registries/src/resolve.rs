@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use crate::Endpoint;
+use crate::model::Endpoint;
 
 /// One name lookup gives up after this long.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);

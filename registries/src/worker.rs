@@ -5,7 +5,7 @@
 use tokio::task::JoinError;
 use tracing::error;
 
-use crate::Service;
+use crate::model::Service;
 
 /// A child loop ended. Aborted loops are the normal way services stop; a
 /// panic is a bug, logged here, and the watcher's next sync starts the loop

@@ -62,8 +62,10 @@ use zookeeper_client as zk;
 use self::read::{Read, Reader};
 use self::tree::{Naming, ServiceKey, Touch, Tree};
 use crate::health::Health;
+use crate::model::Service;
 use crate::retry::Backoff;
-use crate::{RegistryError, RegistrySpec, Service, Sink, Update, Watcher};
+use crate::spec::RegistrySpec;
+use crate::watcher::{RegistryError, Sink, Update, Watcher};
 
 const DEFAULT_RESYNC: Duration = Duration::from_secs(30);
 const MIN_RESYNC: Duration = Duration::from_millis(100);
@@ -439,7 +441,7 @@ impl View {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RegistryKind;
+    use crate::spec::RegistryKind;
 
     fn spec(domain: &str) -> RegistrySpec {
         RegistrySpec::new(RegistryKind::Zookeeper, "zk", domain, 2181)

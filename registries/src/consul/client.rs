@@ -23,7 +23,8 @@ use tracing::debug;
 use super::decode::{CheckPrints, Instances, decode_catalog, decode_checks, decode_health};
 use super::pool::Pool;
 use crate::body::{Capped, MAX_BODY_BYTES, collect_capped, too_large};
-use crate::{RegistryError, RegistrySpec};
+use crate::spec::RegistrySpec;
+use crate::watcher::RegistryError;
 
 const TOKEN_HEADER: &str = "X-Consul-Token";
 const INDEX_HEADER: &str = "X-Consul-Index";

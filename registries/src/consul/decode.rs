@@ -8,7 +8,10 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use serde::Deserialize;
 
-use crate::{Endpoint, Protocol, RegistrySpec, Service, ServicePort, host_part, labels};
+use crate::labels;
+use crate::model::{Endpoint, Protocol, Service, ServicePort};
+use crate::names::host_part;
+use crate::spec::RegistrySpec;
 
 /// Consul registers itself as a service; it is never a mesh service.
 const CONSUL_SERVICE: &str = "consul";
@@ -252,7 +255,7 @@ impl Naming {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RegistryKind;
+    use crate::spec::RegistryKind;
 
     const HEALTH: &str = r#"[
       {"Node": {"Node": "n1", "Address": "10.0.0.1"},

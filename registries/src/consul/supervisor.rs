@@ -16,9 +16,10 @@ use tracing::{Instrument, debug, info};
 use super::client::Indexed;
 use super::decode::{CheckPrints, dirty_services};
 use super::{Ctx, FullSync, Read, is_outage};
+use crate::model::Service;
 use crate::retry::Backoff;
+use crate::watcher::{RegistryError, Update};
 use crate::worker::{last_port, on_worker_exit};
-use crate::{RegistryError, Service, Update};
 
 /// How long a catalog change no read has accounted for waits for the
 /// health detector and its reads before a sweep looks for it. Registering

@@ -17,7 +17,8 @@ use tracing::{debug, warn};
 use super::decode::{Applications, decode_apps};
 use crate::body::{MAX_BODY_BYTES, read_capped};
 use crate::http_error::request_error;
-use crate::{RegistryError, RegistrySpec};
+use crate::spec::RegistrySpec;
+use crate::watcher::RegistryError;
 
 pub(crate) const APPS: &str = "/eureka/apps";
 pub(crate) const DELTA: &str = "/eureka/apps/delta";

@@ -27,7 +27,10 @@ use serde_json::{Map, Value};
 use tracing::debug;
 
 use crate::fixed::wants_tls;
-use crate::{Endpoint, Protocol, RegistrySpec, Service, ServicePort, Tls, host_part, labels};
+use crate::labels;
+use crate::model::{Endpoint, Protocol, Service, ServicePort, Tls};
+use crate::names::host_part;
+use crate::spec::RegistrySpec;
 
 /// `InstanceInfo.InstanceStatus`. `toEnum` maps anything else to UNKNOWN.
 const STATUSES: [&str; 5] = ["UP", "DOWN", "STARTING", "OUT_OF_SERVICE", "UNKNOWN"];

@@ -1,7 +1,7 @@
 use serde_json::json;
 
 use super::*;
-use crate::RegistryKind;
+use crate::spec::RegistryKind;
 
 fn spec() -> RegistrySpec {
     RegistrySpec::new(RegistryKind::Eureka, "eu", "127.0.0.1", 8761)

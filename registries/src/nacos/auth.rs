@@ -23,7 +23,8 @@ use tracing::{debug, info};
 
 use crate::body::{MAX_BODY_BYTES, read_capped};
 use crate::http_error::client_error;
-use crate::{RegistryError, RegistrySpec, Secret};
+use crate::spec::{RegistrySpec, Secret};
+use crate::watcher::RegistryError;
 
 const LOGIN_PATH: &str = "/nacos/v1/auth/login";
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -265,7 +266,7 @@ impl AuthPlugin for SdkAuth {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RegistryKind;
+    use crate::spec::RegistryKind;
 
     fn spec() -> RegistrySpec {
         RegistrySpec::new(RegistryKind::Nacos2, "n", "127.0.0.1", 8848)

@@ -8,7 +8,10 @@ use std::fmt;
 
 use serde::Deserialize;
 
-use crate::{Endpoint, Protocol, RegistrySpec, Service, ServicePort, host_part, labels};
+use crate::labels;
+use crate::model::{Endpoint, Protocol, Service, ServicePort};
+use crate::names::host_part;
+use crate::spec::RegistrySpec;
 
 pub(crate) const DEFAULT_GROUP: &str = "DEFAULT_GROUP";
 /// The default namespace. Nacos 1.x naming, Nacos 2.x/3.x and rnacos all
@@ -252,7 +255,7 @@ impl Naming {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RegistryKind;
+    use crate::spec::RegistryKind;
 
     fn spec() -> RegistrySpec {
         RegistrySpec::new(RegistryKind::Nacos2, "n", "127.0.0.1", 8848)

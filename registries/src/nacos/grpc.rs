@@ -34,10 +34,10 @@ use nacos_sdk::api::naming::{NamingChangeEvent, NamingEventListener, NamingServi
 use nacos_sdk::api::props::ClientProps;
 use tracing::{debug, warn};
 
-use super::Api;
+use super::api::{Api, is_auth_error};
 use super::auth::{Auth, SdkAuth};
 use super::decode::{Instance, PUBLIC_NAMESPACE, ServiceKey};
-use crate::RegistryError;
+use crate::watcher::RegistryError;
 
 /// nacos-sdk's connect sends a health check and logs in.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -123,7 +123,7 @@ impl GrpcApi {
             }),
         };
         if let Err(e) = &result
-            && super::is_auth_error(e)
+            && is_auth_error(e)
         {
             self.auth.invalidate();
         }
@@ -195,7 +195,7 @@ impl Api for GrpcApi {
     async fn probe(&self, group: &str) -> Result<(), RegistryError> {
         // While the server is down nacos-sdk's calls wait for a connection
         // until our deadline; a refused TCP connect says so at once.
-        super::grpc_reachable(&self.registry, &self.servers, PROBE_CONNECT_TIMEOUT).await?;
+        grpc_reachable(&self.registry, &self.servers, PROBE_CONNECT_TIMEOUT).await?;
         self.call("get_service_list", self.naming.get_service_list(1, 1, Some(group.to_string()))).await.map(drop)
     }
 
@@ -290,6 +290,33 @@ impl Drop for CacheDir {
             warn!(path = %self.path.display(), error = %e, "cannot remove the nacos-sdk cache dir");
         }
     }
+}
+
+/// Whether some server accepts a TCP connection on its gRPC port.
+pub(crate) async fn grpc_reachable(registry: &str, servers: &[String], timeout: Duration) -> Result<(), RegistryError> {
+    let mut reasons = Vec::new();
+    for server in servers {
+        let Some(addr) = grpc_addr(server) else {
+            reasons.push(format!("{server}: no port"));
+            continue;
+        };
+        match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(&addr)).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => reasons.push(format!("{addr}: {e}")),
+            Err(_) => reasons.push(format!("{addr}: timed out")),
+        }
+    }
+    Err(RegistryError::Unreachable {
+        registry: registry.to_string(),
+        reason: format!("gRPC connect: {}", reasons.join("; ")),
+    })
+}
+
+/// `host:port` of a server's gRPC port (its HTTP port + 1000).
+pub(crate) fn grpc_addr(server: &str) -> Option<String> {
+    let (host, port) = server.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok()?.checked_add(GRPC_PORT_OFFSET)?;
+    Some(format!("{host}:{port}"))
 }
 
 #[cfg(test)]

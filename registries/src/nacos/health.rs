@@ -5,8 +5,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::{auth, is_auth_error};
-use crate::{RegistryError, Sink, health};
+use super::api::is_auth_error;
+use super::auth;
+use crate::health;
+use crate::watcher::{RegistryError, Sink};
 
 /// Reports health to the sink and notices recovery.
 pub(super) struct Health {

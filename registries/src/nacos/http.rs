@@ -13,12 +13,12 @@ use std::time::Duration;
 use reqwest::header::{AUTHORIZATION, HeaderValue};
 use tracing::debug;
 
+use super::api::{Api, is_auth_error};
 use super::auth::{ACCESS_TOKEN, Auth};
 use super::decode::{Instance, ServiceKey, decode_instance_list, decode_service_list};
-use super::{Api, is_auth_error};
-use crate::RegistryError;
 use crate::body::{MAX_BODY_BYTES, read_capped};
 use crate::http_error::client_error;
+use crate::watcher::RegistryError;
 
 const SERVICE_LIST: &str = "/nacos/v1/ns/service/list";
 const INSTANCE_LIST: &str = "/nacos/v1/ns/instance/list";
@@ -169,7 +169,7 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::{RegistryKind, RegistrySpec};
+    use crate::spec::{RegistryKind, RegistrySpec};
 
     #[tokio::test]
     async fn nacos_timeout_bounds_each_request() {

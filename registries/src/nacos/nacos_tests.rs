@@ -6,8 +6,10 @@ use std::sync::atomic::AtomicBool;
 
 use tokio::sync::mpsc;
 
+use super::decode::Instance;
+use super::grpc::grpc_addr;
 use super::*;
-use crate::Endpoint;
+use crate::model::Endpoint;
 
 /// What a sink was told.
 #[derive(Debug, Clone, PartialEq)]

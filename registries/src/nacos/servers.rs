@@ -9,7 +9,8 @@ use reqwest::Url;
 
 use crate::body::read_capped;
 use crate::http_error::client_error;
-use crate::{RegistryError, RegistrySpec};
+use crate::spec::RegistrySpec;
+use crate::watcher::RegistryError;
 
 const SERVERLIST_PATH: &str = "/nacos/serverlist";
 /// The most bytes read from an address server answer.
@@ -137,7 +138,7 @@ pub(crate) fn parse_server_list(body: &str, port: u16) -> Result<Vec<String>, St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RegistryKind;
+    use crate::spec::RegistryKind;
 
     #[test]
     fn server_list_answers() {

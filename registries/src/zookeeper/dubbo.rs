@@ -11,7 +11,8 @@ use std::net::Ipv6Addr;
 
 use percent_encoding::percent_decode_str;
 
-use crate::{Endpoint, labels};
+use crate::labels;
+use crate::model::Endpoint;
 
 /// The only scheme Higress reads under `/dubbo` (its parser cuts the
 /// `providers/dubbo://` prefix); `tri://` or `rest://` providers are skipped.

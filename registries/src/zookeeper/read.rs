@@ -13,8 +13,8 @@ use zookeeper_client as zk;
 use super::dubbo;
 use super::spring;
 use super::tree::{Kind, Member, ServiceKey, Tree, join};
-use crate::RegistryError;
 use crate::resolve::Unresolved;
+use crate::watcher::RegistryError;
 
 /// Deadline of one ZooKeeper call. While the session is disconnected, calls
 /// wait for it to come back; this turns that wait into an error we report.
@@ -243,7 +243,7 @@ mod tests {
     async fn resolve_keeps_ips_and_expands_names() {
         let m = |a: &str| Member {
             host: "h".into(),
-            endpoint: crate::Endpoint { address: a.into(), port: 80, weight: 1, labels: Default::default() },
+            endpoint: crate::model::Endpoint { address: a.into(), port: 80, weight: 1, labels: Default::default() },
             protocol: None,
             tls: false,
         };

@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::{Endpoint, Protocol, labels};
+use crate::labels;
+use crate::model::{Endpoint, Protocol};
 
 /// One instance, ready for the mesh.
 #[derive(Debug, Clone, PartialEq)]

@@ -13,7 +13,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::{Endpoint, Protocol, RegistryError, RegistrySpec, Service, ServicePort, Tls};
+use crate::model::{Endpoint, Protocol, Service, ServicePort, Tls};
+use crate::spec::RegistrySpec;
+use crate::watcher::RegistryError;
 
 pub(crate) const DUBBO_ROOT: &str = "/dubbo";
 pub(crate) const SPRING_ROOT: &str = "/services";
@@ -283,7 +285,7 @@ impl Naming {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RegistryKind;
+    use crate::spec::RegistryKind;
 
     fn tree(custom: &[&str]) -> Tree {
         Tree::new("zk", &custom.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
