@@ -34,6 +34,12 @@ pub struct ConfigSet {
     /// When the oldest registry change this set is the first to carry
     /// happened; set by the publisher, never by translation.
     pub changed_at: Option<Instant>,
+    /// Startup gate (see `crate::startup`): clients must not be sent this
+    /// set yet. Set by the publisher, never by translation.
+    pub held: bool,
+    /// A registry had neither answered nor been loaded from the dump when
+    /// this set was built. Set by the publisher.
+    pub incomplete: bool,
 }
 
 impl ConfigSet {
