@@ -324,6 +324,11 @@ impl App {
         for t in &self.tasks {
             t.abort();
         }
+        // Wait for them to go, so that the listeners are closed (and the
+        // ports free for a successor) when this returns.
+        for t in self.tasks {
+            let _ = t.await;
+        }
     }
 }
 
