@@ -22,6 +22,10 @@ use meshbridge_registries::RegistryKind;
 use serde_json::json;
 
 const CLUSTER: &str = "outbound|8080||web.dc1.consul";
+
+/// One scenario at a time: each holds 200 req/s through its own Envoy, and
+/// two at once on a small machine would measure the machine.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const RATE: u32 = 200;
 
 fn bridge(consuls: &[(&str, u16)]) -> String {
@@ -112,6 +116,7 @@ fn signal(pid: u32, sig: &str) {
 
 #[tokio::test]
 async fn registry_killed_then_restarted() {
+    let _serial = SERIAL.lock().await;
     let mut w = World::start().await;
     let app = launch(w.config.path(), w.state.path(), "127.0.0.1:0".parse().unwrap()).await;
     let envoy = Envoy::start(app.xds_addr, AdsMode::Sotw, CLUSTER).await.expect("envoy");
@@ -145,6 +150,7 @@ async fn registry_killed_then_restarted() {
 
 #[tokio::test]
 async fn registry_hung_does_not_delay_another() {
+    let _serial = SERIAL.lock().await;
     let w = World::start().await;
     let other = Consul::start().await.expect("second consul");
     std::fs::write(
@@ -193,6 +199,7 @@ async fn registry_hung_does_not_delay_another() {
 
 #[tokio::test]
 async fn meshbridge_restarts_with_every_registry_down() {
+    let _serial = SERIAL.lock().await;
     let mut w = World::start().await;
     let app = launch(w.config.path(), w.state.path(), "127.0.0.1:0".parse().unwrap()).await;
     let xds = app.xds_addr;
@@ -232,6 +239,7 @@ async fn meshbridge_restarts_with_every_registry_down() {
 
 #[tokio::test]
 async fn rolling_restart_of_two_replicas() {
+    let _serial = SERIAL.lock().await;
     let w = World::start().await;
     let state_b = tempfile::tempdir().unwrap();
     let a = launch(w.config.path(), w.state.path(), "127.0.0.1:0".parse().unwrap()).await;
@@ -267,6 +275,73 @@ async fn rolling_restart_of_two_replicas() {
         "FIGURES rolling restart of 2 replicas: replicas back in {:?}, Envoy on a replica {:.1}s later; {}",
         reconnects.iter().map(|d| format!("{:.1}s", d.as_secs_f64())).collect::<Vec<_>>(),
         connected.as_secs_f64(),
+        report.summary()
+    );
+    assert_eq!(report.failed, 0, "{:?}", &report.failures[..report.failures.len().min(20)]);
+}
+
+/// Envoy NACK: a proxy tunnel listener is moved to a port another process
+/// holds, so Envoy cannot bind it and rejects the LDS update. Traffic goes
+/// on with the last good config, the NACK shows on `/debug/xdsz` and in the
+/// metrics, and the next good change is accepted.
+#[tokio::test]
+async fn envoy_nack_keeps_last_good_and_next_change_goes_through() {
+    let _serial = SERIAL.lock().await;
+    use meshbridge::translate::envoy::LISTENER_TYPE;
+    let w = World::start().await;
+    let gateway_port = meshbridge_e2e::free_port();
+    let write = |listener_port: u16| {
+        let mut yaml = bridge(&[("local", w.consul.http_port)]);
+        yaml.push_str(&format!(
+            "    - {{ type: static, name: side, domain: \"127.0.0.1:9\", port: 443, protocol: https, proxyName: corp }}\n  \
+             proxies:\n    - {{ type: http, name: corp, serverAddress: 127.0.0.1, serverPort: 9, listenerPort: {listener_port} }}\n\
+             ---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: web\n  namespace: shop\n  annotations:\n    \
+             higress.io/destination: web.dc1.consul:8080\nspec:\n  ingressClassName: higress\n  rules:\n    - http:\n        paths:\n          \
+             - {{ path: /, pathType: Prefix, backend: {{ resource: {{ apiGroup: networking.higress.io, kind: McpBridge, name: default }} }} }}\n"
+        ));
+        std::fs::write(w.config.path().join("bridge.yaml"), yaml).unwrap();
+    };
+    write(meshbridge_e2e::free_port());
+    let app = meshbridge_e2e::traffic::start_gateway(w.config.path(), gateway_port).await.expect("meshbridge");
+    let envoy = Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, gateway_port).await.expect("envoy");
+    serving(&app, &envoy).await;
+    let listener = |app: &App| {
+        app.clients.snapshot().into_iter().find_map(|c| c.types.get(LISTENER_TYPE).cloned()).unwrap_or_default()
+    };
+    until("listeners ACKed", Duration::from_secs(10), || listener(&app).last_ack.is_some()).await;
+    let load = Load::start(envoy.listen_port, "/", RATE);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Bad: a port that is taken.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    write(taken.local_addr().unwrap().port());
+    let nacked =
+        until("Envoy NACKs the listener it cannot bind", Duration::from_secs(15), || listener(&app).nacks > 0).await;
+    let detail = listener(&app).last_nack_detail.unwrap_or_default().trim().to_string();
+    let (_, xdsz) = {
+        let r = reqwest::get(format!("http://{}/debug/xdsz", app.admin_addr)).await.unwrap();
+        (r.status(), r.text().await.unwrap())
+    };
+    assert!(xdsz.contains("lastNackDetail"), "{xdsz}");
+    let m = app.metrics.render().unwrap();
+    assert!(m.lines().any(|l| l.starts_with("meshbridge_xds_nacks_total") && !l.ends_with(" 0")), "{m}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Good again: the next change is accepted.
+    let acked_before = listener(&app).last_ack_time;
+    write(meshbridge_e2e::free_port());
+    let accepted = until("the next good change is ACKed", Duration::from_secs(15), || {
+        let l = listener(&app);
+        l.last_ack_time > acked_before && l.last_ack_time > l.last_nack_time
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let report = load.stop().await;
+    drop(taken);
+    println!(
+        "FIGURES Envoy NACK: NACK recorded {:.1}s after the bad edit ({detail}), next good edit ACKed in {:.1}s; {}",
+        nacked.as_secs_f64(),
+        accepted.as_secs_f64(),
         report.summary()
     );
     assert_eq!(report.failed, 0, "{:?}", &report.failures[..report.failures.len().min(20)]);
