@@ -88,15 +88,19 @@ async fn clients_wait_for_every_registry_until_the_initial_sync_timeout() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn a_complete_set_is_served_without_waiting() {
-    let dir = tempfile::tempdir().unwrap();
+fn write_static_bridge(dir: &Path) {
     std::fs::write(
-        dir.path().join("bridge.yaml"),
+        dir.join("bridge.yaml"),
         "apiVersion: networking.higress.io/v1\nkind: McpBridge\nmetadata: { name: default, namespace: higress-system }\n\
          spec:\n  registries:\n    - { type: static, name: echo, domain: \"127.0.0.1:10081\", port: 80 }\n",
     )
     .unwrap();
+}
+
+#[tokio::test]
+async fn a_complete_set_is_served_without_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    write_static_bridge(dir.path());
     let app = App::start(RunArgs::loopback(dir.path())).await.unwrap();
     let started = Instant::now();
     let mut client = SotwClient::connect(app.xds_addr).await.unwrap();
@@ -117,7 +121,7 @@ async fn sigterm_drains_then_exits_zero() {
     let state = tempfile::tempdir().unwrap();
     let config = dir.path().join("config");
     std::fs::create_dir(&config).unwrap();
-    write_bridge(&config, closed_port());
+    write_static_bridge(&config);
     let (xds, admin) = (closed_port(), closed_port());
     let drain = Duration::from_secs(3);
     let log = std::fs::File::create(dir.path().join("meshbridge.log")).unwrap();
@@ -146,6 +150,7 @@ async fn sigterm_drains_then_exits_zero() {
         let resp = client.recv().await;
         client.ack(&resp, &[]).await;
 
+        assert_eq!(get(admin_addr, "/ready").await.0, 200);
         let term = Instant::now();
         assert!(
             std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success()
@@ -155,6 +160,7 @@ async fn sigterm_drains_then_exits_zero() {
         while term.elapsed() < Duration::from_secs(2) {
             if let Ok(r) = reqwest::get(format!("http://{admin_addr}/ready")).await
                 && r.status() == 503
+                && r.json::<Value>().await.is_ok_and(|b| b["draining"] == true)
             {
                 unready = Some(term.elapsed());
                 break;
@@ -251,4 +257,108 @@ async fn watcher_churn_leaks_no_tasks_or_series() {
     assert_eq!(cache.registries().len(), configured, "leaked cache entries");
     println!("{edits} edits in {took:?}: peak {peak} watchers, {configured} live after, {series} registry series");
     drop(reconciler);
+}
+
+fn dumped_web() -> meshbridge_registries::Service {
+    use meshbridge_registries::{Endpoint, Protocol, Service, ServicePort};
+    let ep = |a: &str| Endpoint { address: a.into(), port: 8080, weight: 1, labels: Default::default() };
+    Service::new(
+        "web.service.consul",
+        vec![ServicePort { number: 8080, protocol: Protocol::Http, name: "http-8080".into() }],
+        vec![ep("10.1.0.1"), ep("10.1.0.2")],
+    )
+}
+
+/// Restart while a registry is down: the dump is served to a brand-new
+/// client at once (no wait for the timeout), marked stale; a corrupt file
+/// for another registry is ignored, never fatal.
+#[tokio::test]
+async fn warm_restart_serves_the_dump_and_ignores_a_corrupt_file() {
+    use meshbridge::dump::StateDir;
+    use meshbridge::translate::envoy::ENDPOINT_TYPE;
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_bridge(dir.path(), closed_port());
+    let sd = StateDir::open(state.path()).unwrap();
+    sd.write(&RegistryKey::new(RegistryKind::Consul, "down"), &[&dumped_web()]).unwrap();
+    let echo = RegistryKey::new(RegistryKind::Static, "echo");
+    std::fs::write(sd.path(&echo), b"{\"format\": \"meshbridge.io/registry-state\", \"version\": 99}").unwrap();
+    // Not in the config: never loaded.
+    sd.write(&RegistryKey::new(RegistryKind::Consul, "gone"), &[&dumped_web()]).unwrap();
+
+    let started = Instant::now();
+    let app = App::launch(RunCommand {
+        args: RunArgs::loopback(dir.path()),
+        admin: AdminArgs::default(),
+        gateway: GatewayArgs::default(),
+        lifecycle: LifecycleArgs { state_dir: Some(state.path().into()), ..Default::default() },
+    })
+    .await
+    .expect("a corrupt state file is not fatal");
+    let mut client = SotwClient::connect(app.xds_addr).await.unwrap();
+    client.send(SotwClient::request(CLUSTER_TYPE, &[], "", "")).await;
+    let cds = client.recv().await;
+    assert_eq!(cds.resources.len(), 2, "the static cluster and the dumped Consul one");
+    client.ack(&cds, &[]).await;
+    let cluster = "outbound|8080||web.service.consul";
+    client.send(SotwClient::request(ENDPOINT_TYPE, &[cluster], "", "")).await;
+    let eds = client.recv().await;
+    assert_eq!(eds.resources.len(), 1);
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(5), "served from the dump after {waited:?}");
+
+    let (status, ready) = get(app.admin_addr, "/ready").await;
+    assert_eq!((status, ready), (200, serde_json::json!({"ready": true, "stale": ["consul/down"]})));
+    let (_, down) = get(app.admin_addr, "/v1/registries/down").await;
+    assert_eq!((down["stale"].as_bool(), down["endpoints"].as_u64()), (Some(true), Some(2)));
+    assert!(app.cache.registry(&RegistryKey::new(RegistryKind::Consul, "gone")).is_none(), "resurrected");
+    let samples = exposition::parse(&app.metrics.render().unwrap()).unwrap();
+    assert_eq!(exposition::value(&samples, "meshbridge_registry_stale", &[("name", "down")]), Some(1.0));
+    // The static registry answered live, and its file is now valid.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !matches!(sd.read(&echo), Ok(Some(_))) {
+        assert!(Instant::now() < deadline, "{:?}", sd.read(&echo));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("warm restart: CDS and EDS from the dump {waited:?} after start");
+    app.stop().await;
+}
+
+/// `--max-stale`: a registry that has not answered for longer is withdrawn
+/// (its cluster stays, with no endpoints).
+#[tokio::test]
+async fn max_stale_withdraws_a_registry_that_stays_down() {
+    use meshbridge::dump::StateDir;
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_bridge(dir.path(), closed_port());
+    let down = RegistryKey::new(RegistryKind::Consul, "down");
+    StateDir::open(state.path()).unwrap().write(&down, &[&dumped_web()]).unwrap();
+    let app = App::launch(RunCommand {
+        args: RunArgs::loopback(dir.path()),
+        admin: AdminArgs::default(),
+        gateway: GatewayArgs::default(),
+        lifecycle: LifecycleArgs {
+            state_dir: Some(state.path().into()),
+            max_stale: Some(Duration::from_secs(1)),
+            ..Default::default()
+        },
+    })
+    .await
+    .unwrap();
+    let started = Instant::now();
+    assert_eq!(app.cache.registry(&down).unwrap().0.endpoints, 2);
+    while !app.cache.registry(&down).unwrap().0.status.withdrawn {
+        assert!(started.elapsed() < Duration::from_secs(5), "not withdrawn");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let withdrawn = started.elapsed();
+    let (report, services) = app.cache.registry(&down).unwrap();
+    assert_eq!(report.endpoints, 0);
+    assert_eq!(services["web.service.consul"].ports[0].number, 8080, "the service stays, without endpoints");
+    let (_, r) = get(app.admin_addr, "/v1/registries/down").await;
+    assert_eq!(r["withdrawn"], true);
+    assert!(withdrawn >= Duration::from_millis(900), "{withdrawn:?}");
+    println!("max-stale 1s: withdrawn after {withdrawn:?}");
+    app.stop().await;
 }
