@@ -5,7 +5,7 @@
 //! deadline.
 //!
 //! Faults last `MESHBRIDGE_FAULT_SECS` seconds (default 10, for CI);
-//! `e2e/faults.sh` runs them with 60. Needs `source e2e/env.sh consul envoy`.
+//! `e2e/faults.sh` runs them with 60. Needs `source e2e/env.sh consul envoy zookeeper`.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -345,4 +345,60 @@ async fn envoy_nack_keeps_last_good_and_next_change_goes_through() {
         report.summary()
     );
     assert_eq!(report.failed, 0, "{:?}", &report.failures[..report.failures.len().min(20)]);
+}
+
+/// ZooKeeper (Dubbo providers) `kill -9`ed, then restarted on its data dir.
+#[tokio::test]
+async fn zookeeper_killed_then_restarted() {
+    use meshbridge_e2e::zookeeper::ZooKeeper;
+    let _serial = SERIAL.lock().await;
+    const ZK_CLUSTER: &str = "outbound|20880||providers:com.example.Greeter:1.0.0:.zookeeper";
+    let mut zk = ZooKeeper::start().await.expect("start zookeeper");
+    let backends = [Backend::start("127.0.0.1", "b1").await.unwrap(), Backend::start("127.0.0.1", "b2").await.unwrap()];
+    {
+        let c = zk.client().await.unwrap();
+        for b in &backends {
+            let url = format!(
+                "dubbo://127.0.0.1:{}/com.example.Greeter?version=1.0.0&application=greeter&side=provider",
+                b.addr.port()
+            );
+            c.add_dubbo_provider("com.example.Greeter", &url).await.unwrap();
+        }
+    }
+    let (config, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let yaml = format!(
+        "apiVersion: networking.higress.io/v1\nkind: McpBridge\nmetadata: {{ name: default, namespace: higress-system }}\n\
+         spec:\n  registries:\n    - {{ type: zookeeper, name: zk, domain: 127.0.0.1, port: {}, vport: {{ default: 20880 }} }}\n",
+        zk.port
+    );
+    std::fs::write(config.path().join("bridge.yaml"), yaml).unwrap();
+    let app = launch(config.path(), state.path(), "127.0.0.1:0".parse().unwrap()).await;
+    let zk_status = |app: &App| app.cache.registry(&RegistryKey::new(RegistryKind::Zookeeper, "zk")).expect("zk").0;
+    until("zk synced", Duration::from_secs(20), || zk_status(&app).endpoints == 2).await;
+    let envoy = Envoy::start(app.xds_addr, AdsMode::Sotw, ZK_CLUSTER).await.expect("envoy");
+    meshbridge_e2e::traffic::wait_for_traffic(&envoy, 200, &["b1", "b2"], "both providers").await;
+    let fault = fault_secs(10);
+    let load = Load::start(envoy.listen_port, "/", RATE);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    zk.stop();
+    let detect = until("health false after kill -9", Duration::from_secs(15), || !zk_status(&app).status.healthy).await;
+    tokio::time::sleep(fault.saturating_sub(detect)).await;
+    zk.restart().await.expect("restart zookeeper");
+    let back = SystemTime::now();
+    let resync = until("resync after restart", Duration::from_secs(15), || {
+        let r = zk_status(&app);
+        r.status.healthy && r.endpoints == 2 && r.status.last_sync_time.is_some_and(|t| t > back)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let report = load.stop().await;
+    println!(
+        "FIGURES zookeeper killed {fault:?}: detect {:.1}s, resync {:.1}s after restart; {}",
+        detect.as_secs_f64(),
+        resync.as_secs_f64(),
+        report.summary()
+    );
+    assert_eq!(report.failed, 0, "{:?}", &report.failures[..report.failures.len().min(20)]);
+    assert!(resync <= Duration::from_secs(5), "resync took {resync:?}");
 }
