@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 export MESHBRIDGE_CACHE="${MESHBRIDGE_CACHE:-$HOME/.cache/meshbridge}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MESHBRIDGE_CACHE/target}"
 # shellcheck source=e2e/env.sh
-source e2e/env.sh consul envoy zookeeper
+source e2e/env.sh consul envoy zookeeper rnacos
 export MESHBRIDGE_FAULT_SECS="${1:-60}"
 log="$(mktemp)"
 set +e

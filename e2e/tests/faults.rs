@@ -1,11 +1,11 @@
 //! Fault scenarios under load: real Consul, real Envoy, meshbridge
 //! in-process, and a bounded-rate load generator (200 req/s) sending
-//! traffic through Envoy to two backends registered in Consul. Each
+//! traffic through Envoy to two backends registered in the registry. Each
 //! scenario prints its figures and fails on a failed request or a missed
 //! deadline.
 //!
 //! Faults last `MESHBRIDGE_FAULT_SECS` seconds (default 10, for CI);
-//! `e2e/faults.sh` runs them with 60. Needs `source e2e/env.sh consul envoy zookeeper`.
+//! `e2e/faults.sh` runs them with 60. Needs `source e2e/env.sh consul envoy zookeeper rnacos`.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -401,4 +401,55 @@ async fn zookeeper_killed_then_restarted() {
     );
     assert_eq!(report.failed, 0, "{:?}", &report.failures[..report.failures.len().min(20)]);
     assert!(resync <= Duration::from_secs(5), "resync took {resync:?}");
+}
+
+/// rnacos (Nacos 2 gRPC, persistent instances) `kill -9`ed, then restarted
+/// on its data dir.
+#[tokio::test]
+async fn nacos_killed_then_restarted() {
+    use meshbridge_e2e::nacos::{Instance, Rnacos};
+    let _serial = SERIAL.lock().await;
+    const NACOS_CLUSTER: &str = "outbound|8080||web.DEFAULT-GROUP.public.nacos";
+    let mut nacos = Rnacos::start().await.expect("start rnacos");
+    let backends = [Backend::start("127.0.0.1", "b1").await.unwrap(), Backend::start("127.0.0.1", "b2").await.unwrap()];
+    for b in &backends {
+        nacos.register(&Instance::new("web", "127.0.0.1", b.addr.port())).await.unwrap();
+    }
+    let (config, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let yaml = format!(
+        "apiVersion: networking.higress.io/v1\nkind: McpBridge\nmetadata: {{ name: default, namespace: higress-system }}\n\
+         spec:\n  registries:\n    - {{ type: nacos2, name: local, domain: 127.0.0.1, port: {}, vport: {{ default: 8080 }} }}\n",
+        nacos.http_port
+    );
+    std::fs::write(config.path().join("bridge.yaml"), yaml).unwrap();
+    let app = launch(config.path(), state.path(), "127.0.0.1:0".parse().unwrap()).await;
+    let key = RegistryKey::new(RegistryKind::Nacos2, "local");
+    let nacos_status = |app: &App| app.cache.registry(&key).expect("nacos").0;
+    until("nacos synced", Duration::from_secs(20), || nacos_status(&app).endpoints == 2).await;
+    let envoy = Envoy::start(app.xds_addr, AdsMode::Sotw, NACOS_CLUSTER).await.expect("envoy");
+    meshbridge_e2e::traffic::wait_for_traffic(&envoy, 200, &["b1", "b2"], "both instances").await;
+    let fault = fault_secs(10);
+    let load = Load::start(envoy.listen_port, "/", RATE);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    nacos.stop();
+    let detect =
+        until("health false after kill -9", Duration::from_secs(15), || !nacos_status(&app).status.healthy).await;
+    tokio::time::sleep(fault.saturating_sub(detect)).await;
+    nacos.restart().await.expect("restart rnacos");
+    let back = SystemTime::now();
+    let resync = until("resync after restart", Duration::from_secs(30), || {
+        let r = nacos_status(&app);
+        r.status.healthy && r.endpoints == 2 && r.status.last_sync_time.is_some_and(|t| t > back)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let report = load.stop().await;
+    println!(
+        "FIGURES nacos killed {fault:?}: detect {:.1}s, resync {:.1}s after restart; {}",
+        detect.as_secs_f64(),
+        resync.as_secs_f64(),
+        report.summary()
+    );
+    assert_eq!(report.failed, 0, "{:?}", &report.failures[..report.failures.len().min(20)]);
 }
