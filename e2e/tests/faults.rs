@@ -438,11 +438,15 @@ async fn nacos_killed_then_restarted() {
     tokio::time::sleep(fault.saturating_sub(detect)).await;
     nacos.restart().await.expect("restart rnacos");
     let back = SystemTime::now();
-    let resync = until("resync after restart", Duration::from_secs(30), || {
-        let r = nacos_status(&app);
+    let started = Instant::now();
+    let synced = |r: &meshbridge::cache::RegistryReport| {
         r.status.healthy && r.endpoints == 2 && r.status.last_sync_time.is_some_and(|t| t > back)
-    })
-    .await;
+    };
+    while !synced(&nacos_status(&app)) {
+        assert!(started.elapsed() < Duration::from_secs(60), "no resync within 60 s: {:?}", nacos_status(&app));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let resync = started.elapsed();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let report = load.stop().await;
     println!(
