@@ -86,20 +86,24 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-/// Ready once every registry has finished its first sync or has failed it:
-/// a dead registry is reported, it does not hold startup hostage.
+/// Ready when the set being served is complete: every registry has
+/// answered, been loaded from the state dump (stale, listed), or cannot
+/// start (a bad spec is reported, it does not hold readiness). Not ready
+/// while shutting down, so a load balancer stops sending new clients first.
 async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
-    let waiting: Vec<String> = s
-        .cache
-        .statuses()
-        .into_iter()
-        .filter(|(_, st, ..)| !st.ready && st.last_error.is_none())
-        .map(|(k, ..)| k.to_string())
-        .collect();
-    if waiting.is_empty() {
-        (StatusCode::OK, Json(json!({"ready": true})))
+    if s.clients.is_draining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"ready": false, "draining": true})));
+    }
+    let waiting: Vec<String> = crate::startup::missing(&s.cache).iter().map(|k| k.to_string()).collect();
+    let set = s.config.borrow().clone();
+    if waiting.is_empty() && !set.incomplete {
+        let stale: Vec<String> =
+            s.cache.registries().into_iter().filter(|r| r.status.stale).map(|r| r.key.to_string()).collect();
+        (StatusCode::OK, Json(json!({"ready": true, "stale": stale})))
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"ready": false, "waitingFor": waiting})))
+        // `serving`: the startup wait timed out and clients are being sent
+        // the incomplete set.
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"ready": false, "waitingFor": waiting, "serving": !set.held})))
     }
 }
 

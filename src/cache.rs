@@ -56,6 +56,16 @@ pub struct RegistryStatus {
     pub last_error: Option<String>,
     pub last_error_time: Option<SystemTime>,
     pub consecutive_failures: u64,
+    /// The services were loaded from the state dump and the registry has
+    /// not answered since (see `crate::dump`).
+    pub stale: bool,
+    /// The spec cannot become a watcher: reported, never waited for.
+    pub config_error: bool,
+    /// Since when calls to the registry fail (or, for a stale registry, since
+    /// its dump was loaded); `None` while it answers.
+    pub unreachable_since: Option<SystemTime>,
+    /// `--max-stale` withdrew the endpoints; the next answer restores them.
+    pub withdrawn: bool,
 }
 
 #[derive(Debug, Default)]
@@ -89,6 +99,7 @@ pub struct Cache {
     state: Mutex<State>,
     changed: watch::Sender<u64>,
     metrics: RegistryMetrics,
+    watchers: crate::watchers::LiveTasks,
 }
 
 /// One registry as the admin API and metrics report it.
@@ -158,7 +169,12 @@ impl View {
 
 impl Default for Cache {
     fn default() -> Self {
-        Cache { state: Mutex::new(State::default()), changed: watch::channel(0).0, metrics: RegistryMetrics::default() }
+        Cache {
+            state: Mutex::new(State::default()),
+            changed: watch::channel(0).0,
+            metrics: RegistryMetrics::default(),
+            watchers: Default::default(),
+        }
     }
 }
 
@@ -187,6 +203,42 @@ impl Cache {
     /// The counters and histograms the sinks record.
     pub fn metrics(&self) -> &RegistryMetrics {
         &self.metrics
+    }
+
+    /// Live watcher tasks (started by the reconciler, not yet ended).
+    pub fn watchers(&self) -> &crate::watchers::LiveTasks {
+        &self.watchers
+    }
+
+    /// Seed a registry with services from the state dump, before its watcher
+    /// starts: they are served, marked stale, until its first answer.
+    pub fn load_dump(&self, key: &RegistryKey, services: Vec<Service>) {
+        let mut state = self.lock();
+        let state = &mut *state;
+        let entry = state.registries.entry(key.clone()).or_default();
+        entry.status.stale = true;
+        entry.status.unreachable_since = Some(SystemTime::now());
+        if apply(&mut entry.services, Update::Snapshot(services), &mut state.dirty) {
+            self.bump(state);
+        }
+    }
+
+    /// `--max-stale`: empty every service of a registry that has been
+    /// unreachable for too long (ports kept, so clusters stay and answer
+    /// 503 rather than vanish). Its next answer restores them.
+    pub fn withdraw(&self, key: &RegistryKey) {
+        let mut state = self.lock();
+        let state = &mut *state;
+        let Some(entry) = state.registries.get_mut(key) else { return };
+        if entry.status.withdrawn {
+            return;
+        }
+        entry.status.withdrawn = true;
+        let emptied: Vec<Service> =
+            entry.services.values().map(|s| Service { endpoints: Vec::new(), ..Service::clone(s) }).collect();
+        if apply(&mut entry.services, Update::Snapshot(emptied), &mut state.dirty) {
+            self.bump(state);
+        }
     }
 
     /// Remember what a registry's spec says about where it is and what its
@@ -234,6 +286,7 @@ impl Cache {
         self.metrics.errors.get_or_create(&labels).inc();
         entry.error_kinds.insert("config");
         entry.status.healthy = false;
+        entry.status.config_error = true;
         entry.status.last_error = Some(scrub(error, &entry.secrets));
         entry.status.last_error_time = Some(SystemTime::now());
         entry.status.consecutive_failures += 1;
@@ -320,6 +373,11 @@ impl Cache {
     pub fn registry(&self, key: &RegistryKey) -> Option<(RegistryReport, BTreeMap<String, Arc<Service>>)> {
         let state = self.lock();
         state.registries.get(key).map(|e| (report(key, e), e.services.clone()))
+    }
+
+    /// Services of one registry, by host (the state dump).
+    pub fn registry_services(&self, key: &RegistryKey) -> Option<BTreeMap<String, Arc<Service>>> {
+        self.lock().registries.get(key).map(|e| e.services.clone())
     }
 
     fn with_entry(
@@ -428,9 +486,12 @@ impl Sink for RegistrySink {
             let now = SystemTime::now();
             if full {
                 entry.status.ready = true;
+                entry.status.stale = false;
+                entry.status.withdrawn = false;
                 entry.status.last_sync_time = Some(now);
             }
             entry.status.healthy = true;
+            entry.status.unreachable_since = None;
             entry.status.consecutive_failures = 0;
             apply(&mut entry.services, update, dirty)
         });
@@ -439,6 +500,9 @@ impl Sink for RegistrySink {
     fn healthy(&self) {
         self.cache.with_entry(&self.key, self.generation, |entry, _| {
             entry.status.healthy = true;
+            if !entry.status.stale {
+                entry.status.unreachable_since = None;
+            }
             entry.status.consecutive_failures = 0;
             false
         });
@@ -454,6 +518,7 @@ impl Sink for RegistrySink {
             metrics.errors.get_or_create(&labels).inc();
             entry.error_kinds.insert(kind);
             entry.status.healthy = false;
+            entry.status.unreachable_since.get_or_insert_with(SystemTime::now);
             entry.status.last_error = Some(scrub(&error.to_string(), &entry.secrets));
             entry.status.last_error_time = Some(SystemTime::now());
             entry.status.consecutive_failures += 1;

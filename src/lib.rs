@@ -7,12 +7,17 @@
 pub mod admin;
 pub mod cache;
 pub mod config;
+pub mod dump;
+pub mod lifecycle;
 pub mod metrics;
 pub mod publish;
 pub mod reconcile;
 pub mod resources;
 pub mod run;
+pub mod staleness;
+pub mod startup;
 pub mod translate;
+pub mod watchers;
 pub mod xds;
 
 #[cfg(feature = "testing")]

@@ -234,6 +234,24 @@ impl Collector for StateCollector {
         )?;
         gauges(
             e,
+            "meshbridge_registry_stale",
+            "1 while the registry's services come from the state dump (it has not answered since the start)",
+            regs.iter().map(|r| (labels(r), i64::from(r.status.stale))),
+        )?;
+        gauges(
+            e,
+            "meshbridge_registry_withdrawn",
+            "1 while --max-stale has withdrawn the registry's endpoints",
+            regs.iter().map(|r| (labels(r), i64::from(r.status.withdrawn))),
+        )?;
+        gauges(
+            e,
+            "meshbridge_watchers",
+            "Live registry watcher tasks",
+            [(Vec::<(String, String)>::new(), self.cache.watchers().get())],
+        )?;
+        gauges(
+            e,
             "meshbridge_registry_services",
             "Services the registry reports",
             regs.iter().map(|r| (labels(r), r.services as i64)),

@@ -17,6 +17,7 @@ use tracing::{debug, warn};
 
 use crate::cache::{Cache, Changes, RegistryKey};
 use crate::config::Desired;
+use crate::startup::StartupGate;
 use crate::translate::gateway::GatewayOptions;
 use crate::translate::ingress::IngressOptions;
 use crate::translate::{ConfigSet, Inputs, Translator};
@@ -33,15 +34,22 @@ pub fn spawn(
     cache: &Arc<Cache>,
     mut desired: watch::Receiver<Arc<Desired>>,
     opts: PublishOptions,
+    mut gate: StartupGate,
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> watch::Receiver<Arc<ConfigSet>> {
     let mut translator = Translator::new();
     let mut changes = cache.subscribe();
     changes.borrow_and_update();
+    let mut readiness = gate.check(cache);
     let first = cache.take_all();
     let d = desired.borrow_and_update().clone();
     translate(&mut translator, first, &d, &opts, true);
-    let (tx, rx) = watch::channel(Arc::new(translator.set().clone()));
+    let stamped = |t: &Translator, r: crate::startup::Readiness| {
+        let mut set = t.set().clone();
+        r.stamp(&mut set);
+        Arc::new(set)
+    };
+    let (tx, rx) = watch::channel(stamped(&translator, readiness));
     let cache = cache.clone();
     tasks.push(tokio::spawn(async move {
         // A config source that went away leaves its last Desired in force.
@@ -55,8 +63,13 @@ pub fn spawn(
                     if r.is_err() { desired_open = false; continue }
                     inputs_changed = true;
                 }
+                // Only while a registry is missing: see crate::startup.
+                _ = tokio::time::sleep(gate.recheck(readiness).unwrap_or_default()), if gate.recheck(readiness).is_some() => {
+                    if gate.check(&cache) == readiness && !changes.has_changed().unwrap_or(false) { continue }
+                }
             }
             let d = desired.borrow_and_update().clone();
+            let now_ready = gate.check(&cache);
             let batch = cache.take_changes();
             let Some(mut t) = translator.take() else { break };
             let opts = opts.clone();
@@ -74,8 +87,9 @@ pub fn spawn(
                     break;
                 }
             };
-            if changed {
-                tx.send_replace(Arc::new(t.set().clone()));
+            if changed || now_ready != readiness {
+                readiness = now_ready;
+                tx.send_replace(stamped(&t, readiness));
             }
             translator = Some(t);
         }

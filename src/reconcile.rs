@@ -123,7 +123,7 @@ impl Reconciler {
             Ok(watcher) => {
                 let sink = self.cache.attach(key);
                 let span = info_span!("watcher", registry = %key);
-                Some(tokio::spawn(watcher.run(sink).instrument(span)))
+                Some(tokio::spawn(self.cache.watchers().track(watcher.run(sink)).instrument(span)))
             }
             Err(error) => {
                 warn!(registry = %key, %error, "cannot start watcher");

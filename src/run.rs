@@ -17,6 +17,8 @@ use tracing::{error, info, warn};
 use crate::admin::Auth;
 use crate::cache::Cache;
 use crate::config::DirSource;
+use crate::dump::{Dumper, StateDir};
+use crate::lifecycle::LifecycleArgs;
 use crate::metrics::Metrics;
 use crate::publish::PublishOptions;
 use crate::translate::ConfigSet;
@@ -54,6 +56,8 @@ pub struct RunCommand {
     pub admin: AdminArgs,
     #[command(flatten)]
     pub gateway: GatewayArgs,
+    #[command(flatten)]
+    pub lifecycle: LifecycleArgs,
 }
 
 /// How Ingresses are read and what the standalone Envoy gateway listens on.
@@ -175,11 +179,10 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
     init_tracing(cli.log_format);
     let Command::Run(cmd) = cli.command;
     let args = &cmd.args;
-    info!(config_dir = %args.config_dir.display(), xds_addr = %args.xds_addr, admin_addr = %args.admin_addr, min_refresh_interval = ?args.min_refresh_interval, gateway = ?cmd.gateway, "starting meshbridge");
+    info!(config_dir = %args.config_dir.display(), xds_addr = %args.xds_addr, admin_addr = %args.admin_addr, min_refresh_interval = ?args.min_refresh_interval, gateway = ?cmd.gateway, lifecycle = ?cmd.lifecycle, "starting meshbridge");
     let app = App::launch(cmd).await?;
     shutdown_signal().await;
-    info!("shutting down");
-    app.stop().await;
+    app.shutdown().await;
     Ok(())
 }
 
@@ -214,6 +217,8 @@ pub struct App {
     pub config: watch::Receiver<Arc<ConfigSet>>,
     pub clients: Arc<Clients>,
     pub metrics: Arc<Metrics>,
+    dumper: Option<Arc<Dumper>>,
+    drain: std::time::Duration,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     _source: DirSource,
@@ -227,11 +232,12 @@ impl App {
 
     /// Start with these admin options and default gateway options.
     pub async fn start_with(args: RunArgs, admin: AdminArgs) -> anyhow::Result<App> {
-        App::launch(RunCommand { args, admin, gateway: GatewayArgs::default() }).await
+        App::launch(RunCommand { args, admin, gateway: GatewayArgs::default(), lifecycle: LifecycleArgs::default() })
+            .await
     }
 
     pub async fn launch(cmd: RunCommand) -> anyhow::Result<App> {
-        let RunCommand { args, admin, gateway } = cmd;
+        let RunCommand { args, admin, gateway, lifecycle } = cmd;
         let builder = crate::config::Builder::with_min_refresh_interval(args.min_refresh_interval)
             .with_consul_max_conns(args.consul_max_conns);
         let (source, desired) = DirSource::start_with_builder(args.config_dir.clone(), builder)
@@ -242,10 +248,32 @@ impl App {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = Vec::new();
 
+        // The dump goes in before any watcher can answer (its answer then
+        // replaces it) and before the publisher's first set.
+        let dumper = match &lifecycle.state_dir {
+            Some(dir) => {
+                let dir = StateDir::open(dir).with_context(|| format!("state dir {}", dir.display()))?;
+                let keys: Vec<_> = desired
+                    .borrow()
+                    .registries
+                    .iter()
+                    .map(|r| crate::cache::RegistryKey::new(r.kind, r.name.clone()))
+                    .collect();
+                dir.load_into(&cache, &keys);
+                let dumper = Dumper::new(dir, cache.clone());
+                tasks.push(dumper.spawn(crate::dump::DEFAULT_INTERVAL));
+                Some(dumper)
+            }
+            None => None,
+        };
         // Reconciler: desired registries → watcher tasks; publisher: cache
         // and desired → the config set.
         crate::reconcile::spawn(&cache, desired.clone(), log_desired, &mut tasks);
-        let config = crate::publish::spawn(&cache, desired.clone(), gateway.publish_options(), &mut tasks);
+        let gate = crate::startup::StartupGate::new(lifecycle.initial_sync_timeout);
+        let config = crate::publish::spawn(&cache, desired.clone(), gateway.publish_options(), gate, &mut tasks);
+        if let Some(max_stale) = lifecycle.max_stale {
+            tasks.push(crate::staleness::spawn(cache.clone(), max_stale));
+        }
 
         let xds_listener =
             TcpListener::bind(args.xds_addr).await.with_context(|| format!("bind xds {}", args.xds_addr))?;
@@ -284,13 +312,53 @@ impl App {
             }
         }));
         info!(%xds_addr, %admin_addr, "serving");
-        Ok(App { xds_addr, admin_addr, cache, config, clients, metrics, shutdown, tasks, _source: source })
+        Ok(App {
+            xds_addr,
+            admin_addr,
+            cache,
+            config,
+            clients,
+            metrics,
+            dumper,
+            drain: lifecycle.drain,
+            shutdown,
+            tasks,
+            _source: source,
+        })
+    }
+
+    /// Graceful shutdown (see [`crate::lifecycle`]): not ready and no new
+    /// streams, existing streams served for the drain period (or until
+    /// they leave), dump flushed, then stop.
+    pub async fn shutdown(self) {
+        self.clients.start_draining();
+        let streams = self.clients.snapshot().len();
+        info!(
+            drain_s = self.drain.as_secs_f64(),
+            streams, "shutting down: not ready, refusing new xDS streams, draining"
+        );
+        let deadline = tokio::time::Instant::now() + self.drain;
+        while tokio::time::Instant::now() < deadline && !self.clients.snapshot().is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        if let Some(d) = &self.dumper {
+            let written = d.flush().await;
+            info!(written, "state dump flushed");
+        }
+        let left = self.clients.snapshot().len();
+        info!(streams = left, "closing remaining streams; bye");
+        self.stop().await;
     }
 
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
         for t in &self.tasks {
             t.abort();
+        }
+        // Wait for them to go, so that the listeners are closed (and the
+        // ports free for a successor) when this returns.
+        for t in self.tasks {
+            let _ = t.await;
         }
     }
 }

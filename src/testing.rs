@@ -151,7 +151,13 @@ impl XdsFixture {
         sink.update(Update::Snapshot(initial));
         let mut tasks = Vec::new();
         let desired = tokio::sync::watch::channel(std::sync::Arc::new(crate::config::Desired::default())).1;
-        let config = crate::publish::spawn(&cache, desired, Default::default(), &mut tasks);
+        let config = crate::publish::spawn(
+            &cache,
+            desired,
+            Default::default(),
+            crate::startup::StartupGate::new(std::time::Duration::ZERO),
+            &mut tasks,
+        );
         let clients = crate::xds::Clients::new();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");

@@ -134,10 +134,14 @@ async fn registries_api_shapes_errors_and_readiness() {
             "lastError",
             "lastErrorTime",
             "lastSyncTime",
+            "missing",
             "name",
             "ready",
             "services",
-            "type"
+            "stale",
+            "type",
+            "unreachableSince",
+            "withdrawn"
         ]
     );
     assert_eq!(c["type"], "consul");

@@ -198,7 +198,13 @@ impl ProxyFixture {
         cache.attach(&RegistryKey::new(RegistryKind::Dns, "partner")).update(Update::Snapshot(vec![partner]));
         let (desired, rx) = tokio::sync::watch::channel(std::sync::Arc::new(proxied_desired(true)));
         let mut tasks = Vec::new();
-        let config = meshbridge::publish::spawn(&cache, rx, Default::default(), &mut tasks);
+        let config = meshbridge::publish::spawn(
+            &cache,
+            rx,
+            Default::default(),
+            meshbridge::startup::StartupGate::new(std::time::Duration::ZERO),
+            &mut tasks,
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = meshbridge::xds::AdsServer::new(config, meshbridge::xds::Clients::new());

@@ -52,22 +52,29 @@ pub struct Consul {
 impl Consul {
     /// Start a dev agent and wait until it has a leader.
     pub async fn start() -> anyhow::Result<Consul> {
-        Consul::start_inner(None, None).await
+        Consul::start_inner(None, None, false).await
     }
 
     /// Start a dev agent with extra HCL configuration, e.g.
     /// `limits { http_max_conns_per_client = 10 }`.
     pub async fn start_with_hcl(hcl: &str) -> anyhow::Result<Consul> {
-        Consul::start_inner(None, Some(hcl.to_string())).await
+        Consul::start_inner(None, Some(hcl.to_string()), false).await
+    }
+
+    /// Start a single-server agent (not `-dev`) that keeps its catalog and
+    /// Raft indexes in its data dir, so [`Consul::restart`] comes back with
+    /// the same state, as a real cluster does.
+    pub async fn start_persistent() -> anyhow::Result<Consul> {
+        Consul::start_inner(None, None, true).await
     }
 
     /// Start a dev agent with ACLs on, default policy `deny`, and `master` as
     /// the master token. The harness's own calls use that token.
     pub async fn start_with_acl(master: &str) -> anyhow::Result<Consul> {
-        Consul::start_inner(Some(master.to_string()), None).await
+        Consul::start_inner(Some(master.to_string()), None, false).await
     }
 
-    async fn start_inner(token: Option<String>, hcl: Option<String>) -> anyhow::Result<Consul> {
+    async fn start_inner(token: Option<String>, hcl: Option<String>, persistent: bool) -> anyhow::Result<Consul> {
         let bin = binary_from_env(BIN_VAR)?;
         let mut last_err = None;
         for _ in 0..START_ATTEMPTS {
@@ -76,6 +83,15 @@ impl Consul {
             let mut args = agent_args(http_port, &dir, token.as_deref());
             if let Some(hcl) = &hcl {
                 args.extend(["-hcl".to_string(), hcl.clone()]);
+            }
+            if persistent {
+                args[1] = "-server".into();
+                args.extend([
+                    "-bootstrap-expect".into(),
+                    "1".into(),
+                    "-hcl".into(),
+                    "performance { raft_multiplier = 1 }".into(),
+                ]);
             }
             let guard = spawn(&bin, &args, &dir)?;
             // No idle connections kept: tests count the watcher's connections
@@ -98,6 +114,11 @@ impl Consul {
     /// The agent's output so far.
     pub fn log(&self) -> String {
         self.guard.log()
+    }
+
+    /// The agent's process id (to SIGSTOP / SIGCONT it).
+    pub fn pid(&self) -> Option<u32> {
+        self.guard.id()
     }
 
     /// Kill the agent (SIGKILL): clients see connection refused.

@@ -130,6 +130,13 @@ impl Envoy {
         Envoy::start_with(xds, mode, Listeners::Static { route_cluster }, free_port()).await
     }
 
+    /// Like [`Envoy::start`], with an xDS cluster of several endpoints (the
+    /// replicas behind one xDS address); Envoy reconnects to another when
+    /// its stream breaks.
+    pub async fn start_replicas(xds: &[SocketAddr], mode: AdsMode, route_cluster: &str) -> anyhow::Result<Envoy> {
+        Envoy::start_inner(xds, mode, Listeners::Static { route_cluster }, free_port()).await
+    }
+
     /// Start Envoy as a standalone gateway: listeners and routes come over
     /// ADS; `listen_port` is the port meshbridge was told to listen on.
     pub async fn start_gateway(xds: SocketAddr, mode: AdsMode, listen_port: u16) -> anyhow::Result<Envoy> {
@@ -142,10 +149,29 @@ impl Envoy {
         listeners: Listeners<'_>,
         listen_port: u16,
     ) -> anyhow::Result<Envoy> {
+        Envoy::start_inner(&[xds], mode, listeners, listen_port).await
+    }
+
+    async fn start_inner(
+        xds: &[SocketAddr],
+        mode: AdsMode,
+        listeners: Listeners<'_>,
+        listen_port: u16,
+    ) -> anyhow::Result<Envoy> {
         let admin_port = free_port();
         let node_id = format!("e2e-{}", std::process::id());
-        let config = bootstrap(&node_id, xds, mode, admin_port, listen_port, listeners);
-        Envoy::start_bootstrap(&config, admin_port, listen_port).await
+        let mut yaml = bootstrap(&node_id, xds[0], mode, admin_port, listen_port, listeners);
+        let first = format!("socket_address: {{ address: {}, port_value: {} }}\n", xds[0].ip(), xds[0].port());
+        let at = yaml.find(&first).map(|i| i + first.len()).expect("xds endpoint in bootstrap");
+        for more in &xds[1..] {
+            let entry = format!(
+                "              - endpoint:\n                  address:\n                    socket_address: {{ address: {}, port_value: {} }}\n",
+                more.ip(),
+                more.port()
+            );
+            yaml.insert_str(at, &entry);
+        }
+        Envoy::start_bootstrap(&yaml, admin_port, listen_port).await
     }
 
     /// Start Envoy on a bootstrap of the caller's (e.g. a deploy/ file with

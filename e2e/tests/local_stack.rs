@@ -90,6 +90,7 @@ async fn compose_topology_with_local_binaries() {
         args: RunArgs::loopback(dir.path()),
         admin: AdminArgs { admin_token: Some(Secret::new(ADMIN_TOKEN)) },
         gateway: GatewayArgs { gateway_http_port: vec![gateway_port], ..GatewayArgs::default() },
+        lifecycle: Default::default(),
     })
     .await
     .expect("start meshbridge");

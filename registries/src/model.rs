@@ -3,10 +3,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Application protocol of a service port, in Istio's vocabulary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
 pub enum Protocol {
     #[default]
     #[serde(rename = "HTTP")]
@@ -57,7 +57,7 @@ impl fmt::Display for Protocol {
 }
 
 /// One port of a service as the mesh sees it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ServicePort {
     pub number: u16,
     pub protocol: Protocol,
@@ -66,7 +66,7 @@ pub struct ServicePort {
 }
 
 /// One instance of a service.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Endpoint {
     /// An IP address (v4 or v6). Registries resolve names before emitting.
     pub address: String,
@@ -79,7 +79,7 @@ pub struct Endpoint {
 
 /// A service as one registry reports it. Every field is ordered so that
 /// equal services compare and hash equal, which makes versions stable.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Service {
     /// Fully qualified mesh host, e.g. `web.dc1.consul`.
     pub host: String,
@@ -94,7 +94,7 @@ pub struct Service {
 }
 
 /// How to originate TLS to a service's endpoints.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Tls {
     /// Server name to send in the TLS handshake; none sends no SNI.
     pub sni: Option<String>,

@@ -39,6 +39,17 @@ pub struct RegistryView {
     pub last_error: Option<String>,
     pub last_error_time: Option<String>,
     pub consecutive_failures: u64,
+    /// Serving services loaded from the state dump; the registry has not
+    /// answered since the start.
+    pub stale: bool,
+    /// The served config lacks this registry: it has neither answered nor
+    /// been loaded from the dump (after `--initial-sync-timeout`, or added
+    /// since the start).
+    pub missing: bool,
+    /// `--max-stale` withdrew its endpoints.
+    pub withdrawn: bool,
+    /// Unreachable (or stale) since.
+    pub unreachable_since: Option<String>,
     /// Only with `?services=true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_list: Option<Vec<ServiceSummary>>,
@@ -157,6 +168,10 @@ fn view(r: &RegistryReport) -> RegistryView {
         last_error: st.last_error.clone(),
         last_error_time: when(st.last_error_time),
         consecutive_failures: st.consecutive_failures,
+        stale: st.stale,
+        missing: !crate::startup::counts(st),
+        withdrawn: st.withdrawn,
+        unreachable_since: when(st.unreachable_since),
         service_list: None,
     }
 }

@@ -39,6 +39,12 @@ pub struct ConfigSet {
     /// this set was built from (`/v1/config`, metrics).
     pub config_errors: Arc<[String]>,
     pub config_files: Arc<[FileStatus]>,
+    /// Startup gate (see `crate::startup`): clients must not be sent this
+    /// set yet. Set by the publisher, never by translation.
+    pub held: bool,
+    /// A registry had neither answered nor been loaded from the dump when
+    /// this set was built. Set by the publisher.
+    pub incomplete: bool,
 }
 
 impl ConfigSet {

@@ -72,11 +72,22 @@ pub struct Clients {
     next_id: AtomicU64,
     streams: Mutex<BTreeMap<u64, ClientStatus>>,
     metrics: XdsMetrics,
+    /// Shutting down: no new streams, `/ready` false (see `crate::shutdown`).
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Clients {
     pub fn new() -> Arc<Clients> {
         Arc::new(Clients::default())
+    }
+
+    /// Refuse new streams from now on; existing ones are served on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 
     /// The counters and histograms the streams record.

@@ -198,6 +198,15 @@ fn peer(addr: Option<SocketAddr>) -> String {
 }
 
 impl AdsServer {
+    /// Shutting down: a new stream gets UNAVAILABLE, so the client
+    /// reconnects (to another replica, behind a Service) at once.
+    fn refuse_if_draining(&self) -> Result<(), Status> {
+        if self.clients.is_draining() {
+            return Err(Status::unavailable("meshbridge is shutting down"));
+        }
+        Ok(())
+    }
+
     /// Start the task that serves one stream and hand back its responses.
     fn open<S: StreamState>(
         &self,
@@ -215,6 +224,12 @@ impl AdsServer {
         tokio::spawn(
             async move {
                 info!("stream opened");
+                // Startup gate (crate::startup): requests wait in the
+                // stream until the first complete set (or the timeout).
+                let mut config = config;
+                if config.wait_for(|s| !s.held).await.is_err() {
+                    return;
+                }
                 drive(state, inbound, config, tx).await;
                 info!("stream closed");
             }
@@ -233,6 +248,7 @@ impl AggregatedDiscoveryService for AdsServer {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        self.refuse_if_draining()?;
         let remote = request.remote_addr();
         Ok(Response::new(self.open("sotw", remote, request.into_inner(), sotw::SotwStream::new)))
     }
@@ -241,6 +257,7 @@ impl AggregatedDiscoveryService for AdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        self.refuse_if_draining()?;
         let remote = request.remote_addr();
         Ok(Response::new(self.open("delta", remote, request.into_inner(), delta::DeltaStream::new)))
     }
