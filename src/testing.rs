@@ -70,6 +70,18 @@ impl SotwClient {
         }
     }
 
+    /// A first request as Istio's ADSC `WatchConfig()` sends it: no version,
+    /// no names, and `ResponseNonce = time.Now().String()`, a nonce this
+    /// server never sent (Go's `Time.String` layout).
+    pub fn adsc_initial(type_url: &str) -> DiscoveryRequest {
+        // `2024-05-01 12:34:56.789 +0000 UTC m=+0.012345678`
+        let stamp = crate::admin::time::rfc3339(std::time::SystemTime::now()).replace('T', " ").replace('Z', "");
+        let nonce = format!("{stamp} +0000 UTC m=+0.012345678");
+        let mut req = Self::request(type_url, &[], "", &nonce);
+        req.node = node("sidecar~10.0.0.1~adsc.default~default.svc.cluster.local");
+        req
+    }
+
     /// ACK `resp`, keeping the subscription `names`.
     pub async fn ack(&self, resp: &DiscoveryResponse, names: &[&str]) {
         self.send(Self::request(&resp.type_url, names, &resp.version_info, &resp.nonce)).await

@@ -104,6 +104,31 @@ async fn pilot_like_client_gets_every_type_answered_and_stable_versions() {
 }
 
 #[tokio::test]
+async fn adsc_watch_config_gets_every_collection_answered() {
+    // Istio's ADSC `WatchConfig()` (the MCP client of many Istio releases)
+    // sends every collection's first request with `time.Now().String()` as
+    // its nonce; each must be answered, or that Pilot never gets config.
+    let f = XdsFixture::start(vec![svc("web.dc1.consul", &["10.0.0.1"])]).await;
+    let mut adsc = SotwClient::connect(f.addr).await.unwrap();
+    for type_url in [MESH_CONFIG, SE_V1, DR_V1, UNKNOWN] {
+        adsc.send(SotwClient::adsc_initial(type_url)).await;
+    }
+    let mut answered = BTreeMap::new();
+    for _ in 0..4 {
+        let resp = adsc.recv().await;
+        adsc.ack(&resp, &[]).await;
+        answered.insert(resp.type_url.clone(), decode(&resp).into_keys().collect::<Vec<_>>());
+    }
+    assert_eq!(answered[SE_V1], ["mcp/web.dc1.consul"]);
+    assert_eq!(answered.len(), 4, "{answered:?}");
+    assert!(adsc.recv_within(QUIET).await.is_none(), "ACKs are not answered");
+    f.sink.update(Update::Upsert(svc("api.dc1.consul", &["10.0.1.1"])));
+    let push = adsc.recv().await;
+    assert_eq!(push.type_url, SE_V1);
+    assert_eq!(push.resources.len(), 2);
+}
+
+#[tokio::test]
 async fn hosts_that_are_not_kubernetes_names_get_valid_object_names() {
     // Pilot drops an object with an invalid name without a word; a host
     // such as Dubbo's `providers:…` must still reach it, under a valid name.

@@ -158,3 +158,66 @@ async fn delta_sends_only_differences_and_honours_initial_versions() {
     assert!(resync.resources.is_empty(), "unchanged clusters are not re-sent: {:?}", resync.resources);
     assert_eq!(resync.removed_resources, vec![cluster("b.dc1.consul")]);
 }
+
+#[tokio::test]
+async fn sotw_first_request_of_a_type_is_answered_whatever_its_nonce() {
+    let f = XdsFixture::start(vec![svc("a.dc1.consul", &["10.0.0.1"])]).await;
+    let mut c = SotwClient::connect(f.addr).await.unwrap();
+    // Istio's ADSC `WatchConfig()`: the first request carries
+    // `time.Now().String()` as its nonce.
+    let initial = SotwClient::adsc_initial(CLUSTER_TYPE);
+    c.send(initial.clone()).await;
+    let cds = c.recv().await;
+    assert_eq!((cds.type_url.as_str(), cds.resources.len()), (CLUSTER_TYPE, 1));
+    assert_eq!(
+        f.clients.snapshot()[0].types[CLUSTER_TYPE].last_ack,
+        None,
+        "a nonce we never sent acknowledges nothing"
+    );
+    c.ack(&cds, &[]).await;
+    assert!(c.recv_within(QUIET).await.is_none());
+
+    // Once the type has been sent, nonces are checked: the foreign one is now stale.
+    c.send(SotwClient::request(CLUSTER_TYPE, &["x"], "", &initial.response_nonce)).await;
+    assert!(c.recv_within(QUIET).await.is_none(), "stale nonce of a type already sent must be ignored");
+
+    // Another type's first request with the nonce of a different type is answered too.
+    let name = cluster("a.dc1.consul");
+    c.send(SotwClient::request(ENDPOINT_TYPE, &[&name], "", &cds.nonce)).await;
+    let eds = c.recv().await;
+    assert_eq!(endpoints_of(&eds.resources[0]), (name.clone(), 1));
+
+    // A client reconnecting to a new server sends its old stream's nonces
+    // (and may still be NACKing there): every type is answered in full.
+    drop(c);
+    let mut c = SotwClient::connect(f.addr).await.unwrap();
+    c.send(SotwClient::request(CLUSTER_TYPE, &[], &cds.version_info, &cds.nonce)).await;
+    let again = c.recv().await;
+    assert_eq!((again.resources.len(), again.version_info.as_str()), (1, cds.version_info.as_str()));
+    let mut nack = SotwClient::request(ENDPOINT_TYPE, &[&name], &eds.version_info, &eds.nonce);
+    nack.error_detail = Some(envoy_types::pb::google::rpc::Status { code: 3, message: "old".into(), details: vec![] });
+    c.send(nack).await;
+    let eds_again = c.recv().await;
+    assert_eq!(endpoints_of(&eds_again.resources[0]), (name, 1));
+}
+
+#[tokio::test]
+async fn delta_first_request_with_an_old_streams_nonce_is_answered() {
+    let f = XdsFixture::start(vec![svc("a.dc1.consul", &["10.0.0.1"])]).await;
+    let mut c = DeltaClient::connect(f.addr).await.unwrap();
+    c.send(DeltaClient::subscribe(CLUSTER_TYPE, &["*"])).await;
+    let cds = c.recv().await;
+    c.ack(&cds).await;
+    drop(c);
+
+    // Reconnect carrying the old stream's nonce, with nothing held: full answer.
+    let mut c = DeltaClient::connect(f.addr).await.unwrap();
+    let mut req = DeltaClient::subscribe(CLUSTER_TYPE, &["*"]);
+    req.response_nonce = cds.nonce.clone();
+    c.send(req).await;
+    let resync = c.recv().await;
+    assert_eq!(resync.resources.len(), 1);
+    let status = f.clients.snapshot();
+    let me = status.iter().find(|s| s.types.contains_key(CLUSTER_TYPE)).unwrap();
+    assert_eq!(me.types[CLUSTER_TYPE].last_ack, None, "the old stream's nonce acknowledges nothing here");
+}

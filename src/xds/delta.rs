@@ -67,7 +67,10 @@ impl DeltaStream {
             st.sent.retain(|n, _| sub.wants(n));
         }
         self.client.subscribed(&type_url, &st.sub);
-        if !req.response_nonce.is_empty() {
+        // The first request for a type is answered whatever nonce it carries
+        // (a client reconnecting from another server sends its old stream's
+        // nonce); such a nonce acknowledges nothing sent on this stream.
+        if !req.response_nonce.is_empty() && !first {
             match &req.error_detail {
                 Some(status) => {
                     warn!(

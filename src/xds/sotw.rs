@@ -4,7 +4,8 @@
 //!
 //! Rules followed (xDS protocol, "ACK/NACK and resource type instance
 //! version"): a request whose `response_nonce` is not the latest one we sent
-//! for that type is stale and ignored; `error_detail` marks a NACK, after
+//! for that type is stale and ignored, but the first request for a type is
+//! always answered, whatever nonce it carries; `error_detail` marks a NACK, after
 //! which nothing is re-sent until the config changes; Cluster and Listener
 //! responses carry every resource, other types only the named ones that
 //! changed.
@@ -48,26 +49,19 @@ impl SotwStream {
         let type_url = req.type_url.clone();
         let st = self.types.entry(type_url.clone()).or_default();
         let first = st.nonce.is_empty();
+        // Only a nonce of a type already sent on this stream can be stale.
+        // The first request for a type is answered whatever nonce it
+        // carries, as Istio's server and go-control-plane do: Istio's ADSC
+        // `WatchConfig()` sends `time.Now().String()` as its first nonce, and
+        // a client reconnecting to a new server sends its old stream's nonce.
+        let stale = !first && !req.response_nonce.is_empty() && req.response_nonce != st.nonce;
         // What the client says it applied is recorded even from a stale
-        // request (it is still true); only the latest nonce drives the protocol.
-        let stale = !req.response_nonce.is_empty() && req.response_nonce != st.nonce;
-        match (&req.error_detail, req.response_nonce.is_empty()) {
-            (Some(status), _) => {
-                warn!(
-                    type_url,
-                    nonce = req.response_nonce,
-                    version = req.version_info,
-                    detail = status.message,
-                    stale,
-                    "NACK: client kept its last good config"
-                );
-                self.client.nack(&type_url, &req.response_nonce, &req.version_info, &status.message);
-            }
-            (None, false) => {
-                debug!(type_url, nonce = req.response_nonce, version = req.version_info, stale, "ACK");
-                self.client.ack(&type_url, &req.response_nonce, &req.version_info);
-            }
-            (None, true) => {}
+        // request (it is still true); only the latest nonce drives the
+        // protocol. A nonce we never sent acknowledges nothing of ours.
+        if first && !req.response_nonce.is_empty() {
+            debug!(type_url, nonce = req.response_nonce, "first request carries a nonce from elsewhere: answered");
+        } else {
+            record_reply(&self.client, &type_url, req, stale);
         }
         if stale {
             debug!(type_url, nonce = req.response_nonce, latest = st.nonce, "ignoring stale nonce");
@@ -75,7 +69,7 @@ impl SotwStream {
         }
         let sub = Subscription::from_names(&type_url, &req.resource_names);
         self.client.subscribed(&type_url, &sub);
-        if req.error_detail.is_some() {
+        if req.error_detail.is_some() && !first {
             // Nothing is re-sent until the config changes.
             st.sub = sub;
             return Vec::new();
@@ -203,4 +197,26 @@ fn type_version(current: &BTreeMap<&str, &Resource>) -> String {
         buf.push(0);
     }
     content_hash(&buf)
+}
+
+/// Record the ACK or NACK a request carries, if any.
+fn record_reply(client: &ClientHandle, type_url: &str, req: &DiscoveryRequest, stale: bool) {
+    match (&req.error_detail, req.response_nonce.is_empty()) {
+        (Some(status), _) => {
+            warn!(
+                type_url,
+                nonce = req.response_nonce,
+                version = req.version_info,
+                detail = status.message,
+                stale,
+                "NACK: client kept its last good config"
+            );
+            client.nack(type_url, &req.response_nonce, &req.version_info, &status.message);
+        }
+        (None, false) => {
+            debug!(type_url, nonce = req.response_nonce, version = req.version_info, stale, "ACK");
+            client.ack(type_url, &req.response_nonce, &req.version_info);
+        }
+        (None, true) => {}
+    }
 }
