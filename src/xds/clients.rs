@@ -344,8 +344,8 @@ mod tests {
     fn subscription_is_reported() {
         let clients = Clients::new();
         let c = clients.connect("peer", "sotw");
-        c.subscribed("cds", &Subscription::from_names("cds", &[]));
-        c.subscribed("eds", &Subscription::from_names("eds", &["a".into(), "b".into()]));
+        c.subscribed("cds", &Subscription::from_names("cds", &[], &Default::default()));
+        c.subscribed("eds", &Subscription::from_names("eds", &["a".into(), "b".into()], &Default::default()));
         let s = &clients.snapshot()[0];
         assert_eq!(s.subscribed_types.iter().collect::<Vec<_>>(), ["cds", "eds"]);
         assert!(s.types["cds"].wildcard);

@@ -8,6 +8,7 @@
 pub mod clients;
 pub mod delta;
 pub mod sotw;
+pub mod tracker;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -27,39 +28,46 @@ use tracing::{Instrument, debug, info, info_span};
 
 pub use clients::{ClientHandle, Clients};
 
+use crate::resources::TypeResources;
 use crate::translate::ConfigSet;
 use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
 
-/// What a client asked for, for one type.
+/// What a client asked for, for one type. Names are shared `Arc<str>`,
+/// the published resource's own name where there is one, so a stream's
+/// subscription costs a pointer per name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Subscription {
     pub wildcard: bool,
-    pub names: BTreeSet<String>,
+    pub names: BTreeSet<Arc<str>>,
 }
 
 impl Subscription {
     /// From a SotW `resource_names` list or the first delta subscribe list.
     /// An empty list is the legacy wildcard, but only for types where the
     /// client may not know names up front (all but EDS and RDS, which are
-    /// always named: an empty EDS list means "nothing").
-    pub fn from_names(type_url: &str, names: &[String]) -> Subscription {
+    /// always named: an empty EDS list means "nothing"). Names the type
+    /// holds share its resources' names.
+    pub fn from_names(type_url: &str, names: &[String], known: &TypeResources) -> Subscription {
         let mut sub = Subscription::default();
         let named_only = type_url == ENDPOINT_TYPE || type_url == ROUTE_TYPE;
         sub.wildcard = names.is_empty() && !named_only;
         for n in names {
-            sub.add(n);
+            sub.add(n, known);
         }
         sub
     }
 
     /// Add a name (`*` turns wildcard on). True if it was not there.
-    pub fn add(&mut self, name: &str) -> bool {
+    pub fn add(&mut self, name: &str, known: &TypeResources) -> bool {
         if name == "*" {
             let was = self.wildcard;
             self.wildcard = true;
             return !was;
         }
-        self.names.insert(name.to_string())
+        if self.names.contains(name) {
+            return false;
+        }
+        self.names.insert(known.get(name).map(|r| r.name.clone()).unwrap_or_else(|| name.into()))
     }
 
     pub fn remove(&mut self, name: &str) {
@@ -73,6 +81,12 @@ impl Subscription {
     pub fn wants(&self, name: &str) -> bool {
         self.wildcard || self.names.contains(name)
     }
+}
+
+/// The resources a type URL names in `set`, empty when it has none.
+pub fn type_resources<'a>(set: &'a ConfigSet, type_url: &str) -> &'a TypeResources {
+    static EMPTY: std::sync::LazyLock<TypeResources> = std::sync::LazyLock::new(TypeResources::default);
+    set.resources(type_url).unwrap_or(&EMPTY)
 }
 
 /// Types whose every response must list all resources (xDS: Listener and
@@ -245,3 +259,7 @@ impl AggregatedDiscoveryService for AdsServer {
         Ok(Response::new(self.open("delta", remote, request.into_inner(), delta::DeltaStream::new)))
     }
 }
+
+#[cfg(test)]
+#[path = "stream_tests.rs"]
+mod stream_tests;
