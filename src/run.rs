@@ -21,7 +21,7 @@ use crate::reconcile::Reconciler;
 use crate::translate::ConfigSet;
 use crate::translate::gateway::GatewayOptions;
 use crate::translate::ingress::IngressOptions;
-use crate::xds::{AdsServer, Clients};
+use crate::xds::{AdsServer, Clients, XdsLimits};
 
 #[derive(Debug, Parser)]
 #[command(name = "meshbridge", version, about = "Service registries to Istio MCP and Envoy ADS")]
@@ -53,6 +53,8 @@ pub struct RunCommand {
     pub admin: AdminArgs,
     #[command(flatten)]
     pub gateway: GatewayArgs,
+    #[command(flatten)]
+    pub xds: XdsLimits,
 }
 
 /// How Ingresses are read and what the standalone Envoy gateway listens on.
@@ -193,11 +195,11 @@ impl App {
 
     /// Start with these admin options and default gateway options.
     pub async fn start_with(args: RunArgs, admin: AdminArgs) -> anyhow::Result<App> {
-        App::launch(RunCommand { args, admin, gateway: GatewayArgs::default() }).await
+        App::launch(RunCommand { args, admin, gateway: GatewayArgs::default(), xds: XdsLimits::default() }).await
     }
 
     pub async fn launch(cmd: RunCommand) -> anyhow::Result<App> {
-        let RunCommand { args, admin, gateway } = cmd;
+        let RunCommand { args, admin, gateway, xds } = cmd;
         let (source, mut desired) = DirSource::start(args.config_dir.clone())
             .await
             .with_context(|| format!("config dir {}", args.config_dir.display()))?;
@@ -223,7 +225,8 @@ impl App {
         let xds_listener =
             TcpListener::bind(args.xds_addr).await.with_context(|| format!("bind xds {}", args.xds_addr))?;
         let xds_addr = xds_listener.local_addr()?;
-        let ads = AdsServer::new(config.clone(), clients.clone());
+        info!(limits = ?xds, "xds limits");
+        let ads = AdsServer::with_limits(config.clone(), clients.clone(), xds);
         let stop = wait_true(shutdown_rx.clone());
         tasks.push(tokio::spawn(async move {
             if let Err(e) = ads.serve(xds_listener, stop).await {

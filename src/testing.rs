@@ -37,11 +37,26 @@ impl<Req, Resp> AdsClient<Req, Resp> {
         self.tx.send(req).await.expect("ads stream closed");
     }
 
+    /// Send unless the stream is gone; true if sent.
+    pub async fn try_send(&self, req: Req) -> bool {
+        self.tx.send(req).await.is_ok()
+    }
+
     /// The next response, or `None` if none comes within `wait`.
     pub async fn recv_within(&mut self, wait: Duration) -> Option<Resp> {
         match tokio::time::timeout(wait, self.rx.message()).await {
             Ok(Ok(Some(resp))) => Some(resp),
             _ => None,
+        }
+    }
+
+    /// The next message within `wait`: a response, the status the server
+    /// ended the stream with (`Err`), or `Ok(None)` for nothing in time or
+    /// a clean end.
+    pub async fn next_within(&mut self, wait: Duration) -> Result<Option<Resp>, tonic::Status> {
+        match tokio::time::timeout(wait, self.rx.message()).await {
+            Ok(r) => r,
+            Err(_) => Ok(None),
         }
     }
 
@@ -145,6 +160,11 @@ pub struct XdsFixture {
 impl XdsFixture {
     /// Serve `initial` as the full contents of a Consul registry `test`.
     pub async fn start(initial: Vec<meshbridge_registries::Service>) -> XdsFixture {
+        XdsFixture::start_with(initial, crate::xds::XdsLimits::default()).await
+    }
+
+    /// [`start`](Self::start) with these server limits.
+    pub async fn start_with(initial: Vec<meshbridge_registries::Service>, limits: crate::xds::XdsLimits) -> XdsFixture {
         use meshbridge_registries::{RegistryKind, Update};
         let cache = crate::cache::Cache::new();
         let sink = cache.attach(&crate::cache::RegistryKey::new(RegistryKind::Consul, "test"));
@@ -155,7 +175,7 @@ impl XdsFixture {
         let clients = crate::xds::Clients::new();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let server = crate::xds::AdsServer::new(config.clone(), clients.clone());
+        let server = crate::xds::AdsServer::with_limits(config.clone(), clients.clone(), limits);
         tasks.push(tokio::spawn(async move {
             let _ = server.serve(listener, std::future::pending()).await;
         }));

@@ -15,6 +15,8 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use tracing::{debug, warn};
 
+use super::clients::NACK_DETAIL_BYTES;
+use super::limits::{short, truncate};
 use super::tracker::Tracker;
 use super::{ClientHandle, Subscription, push_order, type_resources};
 use crate::translate::ConfigSet;
@@ -38,6 +40,14 @@ pub struct DeltaStream {
 impl DeltaStream {
     pub fn new(client: ClientHandle) -> Self {
         DeltaStream { types: BTreeMap::new(), next_nonce: 0, client, examined: 0 }
+    }
+
+    pub fn has_type(&self, type_url: &str) -> bool {
+        self.types.contains_key(type_url)
+    }
+
+    pub fn type_count(&self) -> usize {
+        self.types.len()
     }
 
     /// Names compared so far on this stream (the work its diffs did).
@@ -76,16 +86,19 @@ impl DeltaStream {
         if !req.response_nonce.is_empty() && !first {
             match &req.error_detail {
                 Some(status) => {
-                    warn!(
-                        type_url,
-                        nonce = req.response_nonce,
-                        detail = status.message,
-                        "NACK: client kept its last good config"
-                    );
+                    if let Some(unlogged) = self.client.nack_log() {
+                        warn!(
+                                type_url,
+                                nonce = %short(&req.response_nonce),
+                                detail = %truncate(&status.message, NACK_DETAIL_BYTES),
+                        unlogged,
+                                "NACK: client kept its last good config"
+                            );
+                    }
                     self.client.nack(&type_url, &req.response_nonce, &req.response_nonce, &status.message);
                 }
                 None => {
-                    debug!(type_url, nonce = req.response_nonce, "ACK");
+                    debug!(type_url, nonce = %short(&req.response_nonce), "ACK");
                     self.client.ack(&type_url, &req.response_nonce, &req.response_nonce);
                 }
             }

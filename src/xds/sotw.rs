@@ -17,6 +17,8 @@ use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, Discovery
 use envoy_types::pb::google::protobuf::Any;
 use tracing::{debug, warn};
 
+use super::clients::NACK_DETAIL_BYTES;
+use super::limits::{short, truncate};
 use super::tracker::Tracker;
 use super::{ClientHandle, Subscription, is_full_state, push_order, type_resources};
 use crate::translate::ConfigSet;
@@ -63,12 +65,12 @@ impl SotwStream {
         // request (it is still true); only the latest nonce drives the
         // protocol. A nonce we never sent acknowledges nothing of ours.
         if first && !req.response_nonce.is_empty() {
-            debug!(type_url, nonce = req.response_nonce, "first request carries a nonce from elsewhere: answered");
+            debug!(type_url, nonce = %short(&req.response_nonce), "first request carries a nonce from elsewhere: answered");
         } else {
             record_reply(&self.client, &type_url, req, stale);
         }
         if stale {
-            debug!(type_url, nonce = req.response_nonce, latest = st.nonce, "ignoring stale nonce");
+            debug!(type_url, nonce = %short(&req.response_nonce), latest = st.nonce, "ignoring stale nonce");
             return Vec::new();
         }
         let sub = Subscription::from_names(&type_url, &req.resource_names, type_resources(set, &type_url));
@@ -107,6 +109,14 @@ impl SotwStream {
             }
         }
         out
+    }
+
+    pub fn has_type(&self, type_url: &str) -> bool {
+        self.types.contains_key(type_url)
+    }
+
+    pub fn type_count(&self) -> usize {
+        self.types.len()
     }
 
     /// Names compared so far on this stream (the work its diffs did).
@@ -164,18 +174,21 @@ impl SotwStream {
 fn record_reply(client: &ClientHandle, type_url: &str, req: &DiscoveryRequest, stale: bool) {
     match (&req.error_detail, req.response_nonce.is_empty()) {
         (Some(status), _) => {
-            warn!(
-                type_url,
-                nonce = req.response_nonce,
-                version = req.version_info,
-                detail = status.message,
-                stale,
-                "NACK: client kept its last good config"
-            );
+            if let Some(unlogged) = client.nack_log() {
+                warn!(
+                    type_url,
+                    nonce = %short(&req.response_nonce),
+                    version = %short(&req.version_info),
+                    detail = %truncate(&status.message, NACK_DETAIL_BYTES),
+                    unlogged,
+                    stale,
+                    "NACK: client kept its last good config"
+                );
+            }
             client.nack(type_url, &req.response_nonce, &req.version_info, &status.message);
         }
         (None, false) => {
-            debug!(type_url, nonce = req.response_nonce, version = req.version_info, stale, "ACK");
+            debug!(type_url, nonce = %short(&req.response_nonce), version = %short(&req.version_info), stale, "ACK");
             client.ack(type_url, &req.response_nonce, &req.version_info);
         }
         (None, true) => {}
