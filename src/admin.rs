@@ -12,6 +12,7 @@
 
 mod auth;
 pub mod registries;
+mod serve;
 pub mod time;
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 pub use auth::{Auth, ct_eq};
+pub use serve::{AdminLimits, serve};
 
 use crate::cache::Cache;
 use crate::metrics::{self, Metrics};

@@ -321,8 +321,12 @@ async fn non_loopback_admin_requires_the_token() {
     let protected = ["/v1/registries", "/registry/watcherStatus", "/debug/configz", "/debug/xdsz", "/metrics"];
 
     // With a token: 401 without it or with a wrong one, 200 with it.
-    let app =
-        App::start_with(args.clone(), AdminArgs { admin_token: Some(Secret::new("admin-tok-61e0")) }).await.unwrap();
+    let app = App::start_with(
+        args.clone(),
+        AdminArgs { admin_token: Some(Secret::new("admin-tok-61e0")), ..AdminArgs::default() },
+    )
+    .await
+    .unwrap();
     let base = format!("http://127.0.0.1:{}", app.admin_addr.port());
     for path in ["/ready", "/healthz"] {
         assert_eq!(http.get(format!("{base}{path}")).send().await.unwrap().status(), 200, "{path} must stay open");
