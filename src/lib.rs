@@ -12,6 +12,7 @@ pub mod publish;
 pub mod reconcile;
 pub mod resources;
 pub mod run;
+pub mod time;
 pub mod translate;
 pub mod xds;
 

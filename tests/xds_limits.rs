@@ -62,7 +62,7 @@ async fn oversized_requests_and_long_strings_are_refused() {
     assert_eq!((i, status.code()), (64, Code::InvalidArgument));
     // All of them count under one metric series.
     let m = f.clients.metrics();
-    let labels = meshbridge::metrics::XdsLabels { type_url: "other".into(), mode: "sotw" };
+    let labels = meshbridge::xds::metrics::XdsLabels { type_url: "other".into(), mode: "sotw" };
     assert_eq!(m.pushes.get_or_create(&labels).get(), 64);
 
     // The server still serves.

@@ -15,9 +15,9 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use meshbridge::metrics::exposition;
 use meshbridge::run::{AdminArgs, App, RunArgs};
 use meshbridge::testing::SotwClient;
+use meshbridge::testing::exposition;
 use meshbridge::translate::envoy::CLUSTER_TYPE;
 use meshbridge_e2e::consul::Consul;
 use meshbridge_e2e::free_port;

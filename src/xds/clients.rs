@@ -20,8 +20,8 @@ use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryResponse, Dis
 use serde::Serialize;
 
 use super::Subscription;
-use crate::admin::time;
-use crate::metrics::{XdsLabels, XdsMetrics};
+use super::metrics::{XdsLabels, XdsMetrics};
+use crate::time;
 
 /// The type URLs that get their own metric series; any other is `other`,
 /// so a client cannot grow `/metrics` by inventing type URLs.

@@ -8,6 +8,7 @@ use super::delta::DeltaStream;
 use super::sotw::SotwStream;
 use super::*;
 use crate::resources::Resource;
+use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE};
 
 const N: usize = 10_000;
 
