@@ -92,3 +92,57 @@ fn per_change_cost_with_many_streams() {
         );
     }
 }
+
+/// Fan-out over real gRPC: 100 in-process delta clients (wildcard CDS and
+/// EDS) receive a one-endpoint change; time to the last client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: prints figures"]
+async fn fanout_to_100_delta_clients() {
+    use meshbridge::testing::{DeltaClient, XdsFixture};
+    use meshbridge_registries::{Endpoint, Protocol, Service, ServicePort, Update};
+
+    let svc = |i: usize, addr: &str| {
+        let eps = vec![Endpoint { address: addr.into(), port: 9000, weight: 1, labels: Default::default() }];
+        let port = ServicePort { number: 8080, protocol: Protocol::Http, name: "http-8080".into() };
+        Service::new(format!("svc-{i}.dc1.consul"), vec![port], eps)
+    };
+    let services = 1_000;
+    let f = XdsFixture::start((0..services).map(|i| svc(i, "10.0.0.1")).collect()).await;
+    let mut clients = Vec::new();
+    for _ in 0..100 {
+        let mut c = DeltaClient::connect(f.addr).await.expect("connect");
+        for type_url in [CLUSTER_TYPE, ENDPOINT_TYPE] {
+            c.send(DeltaClient::subscribe(type_url, &["*"])).await;
+            let resp = c.recv().await;
+            c.ack(&resp).await;
+        }
+        clients.push(c);
+    }
+    let mut times = Vec::new();
+    let mut publish = Vec::new();
+    let mut config = f.config.clone();
+    config.borrow_and_update();
+    for change in 0..20 {
+        let started = Instant::now();
+        f.sink.update(Update::Upsert(svc(change, &format!("10.0.1.{change}"))));
+        config.changed().await.expect("publisher");
+        publish.push(started.elapsed());
+        let mut last = std::time::Duration::ZERO;
+        for c in &mut clients {
+            let resp = c.recv().await;
+            assert_eq!((resp.type_url.as_str(), resp.resources.len()), (ENDPOINT_TYPE, 1));
+            last = last.max(started.elapsed());
+            c.ack(&resp).await;
+        }
+        times.push(last);
+    }
+    times.sort();
+    publish.sort();
+    println!(
+        "{services} services, 100 delta clients, one endpoint change → last client: p50 {:?}, max {:?} \
+         (20 changes); of which the publisher (translation): p50 {:?}",
+        times[times.len() / 2],
+        times[times.len() - 1],
+        publish[publish.len() / 2]
+    );
+}
