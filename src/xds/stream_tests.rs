@@ -89,3 +89,117 @@ fn a_change_to_one_of_many_resources_compares_only_it() {
     assert!(sotw.on_change(&same).is_empty() && delta.on_change(&same).is_empty());
     assert_eq!((sotw.examined() - s0, delta.examined() - d0), (0, 0));
 }
+
+fn small(names: &[(&str, &str)]) -> ConfigSet {
+    let mut set = ConfigSet { revision: 1, ..Default::default() };
+    let t = set.envoy.entry(ENDPOINT_TYPE).or_default();
+    for (n, body) in names {
+        t.insert(1, res(n, body));
+    }
+    set.envoy.entry(CLUSTER_TYPE).or_default();
+    set
+}
+
+/// The publisher's next set with `edit` applied to the EDS map.
+fn edit(prev: &ConfigSet, f: impl FnOnce(&mut crate::resources::TypeResources, u64)) -> ConfigSet {
+    let mut set = ConfigSet { revision: prev.revision + 1, envoy: prev.envoy.clone(), ..Default::default() };
+    if let Some(t) = set.envoy.get_mut(ENDPOINT_TYPE) {
+        f(t, set.revision);
+    }
+    set
+}
+
+fn eds_req(names: &[&str], nonce: &str) -> DiscoveryRequest {
+    DiscoveryRequest {
+        type_url: ENDPOINT_TYPE.into(),
+        resource_names: names.iter().map(|n| n.to_string()).collect(),
+        response_nonce: nonce.into(),
+        ..Default::default()
+    }
+}
+
+/// The bodies sent (the test resources' bodies are their content tags).
+fn sent_names(out: &[envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse]) -> Vec<String> {
+    out.iter().flat_map(|r| &r.resources).map(|a| String::from_utf8_lossy(&a.value).into_owned()).collect()
+}
+
+#[test]
+fn sotw_named_removals_subscription_changes_and_nacks() {
+    let clients = Clients::new();
+    let mut s = SotwStream::new(clients.connect("test", "sotw"));
+    let set = small(&[("a", "a1"), ("b", "b1"), ("c", "c1")]);
+    let first = s.on_request(&eds_req(&["a", "b"], ""), &set);
+    assert_eq!(sent_names(&first), ["a1", "b1"]);
+    let nonce = first[0].nonce.clone();
+
+    // b goes away: SotW EDS cannot say so, and sends nothing for it.
+    let set = edit(&set, |t, rev| {
+        t.remove(rev, "b");
+    });
+    assert!(s.on_change(&set).is_empty());
+    // b comes back unchanged: the client still has it, nothing to send.
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("b", "b1"));
+    });
+    assert!(s.on_change(&set).is_empty());
+    // b comes back changed: sent.
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("b", "b2"));
+    });
+    let out = s.on_change(&set);
+    assert_eq!(sent_names(&out), ["b2"]);
+    let nonce = out[0].nonce.clone();
+
+    // Adding a name sends that name alone.
+    let out = s.on_request(&eds_req(&["a", "b", "c"], &nonce), &set);
+    assert_eq!(sent_names(&out), ["c1"]);
+    let nonce = out[0].nonce.clone();
+
+    // A NACK that also drops c and adds nothing: no answer; dropping c
+    // forgets it, so subscribing again later sends it again.
+    let mut nack = eds_req(&["a", "b"], &nonce);
+    nack.error_detail = Some(envoy_types::pb::google::rpc::Status { code: 3, message: "no".into(), details: vec![] });
+    assert!(s.on_request(&nack, &set).is_empty());
+    let out = s.on_request(&eds_req(&["a", "b", "c"], &nonce), &set);
+    assert_eq!(sent_names(&out), ["c1"]);
+    let nonce = out[0].nonce.clone();
+
+    // A NACK carrying a newly subscribed name gets no answer; the name is
+    // sent with the next change, whatever changed.
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("d", "d1"));
+    });
+    let mut nack = eds_req(&["a", "b", "c", "d"], &nonce);
+    nack.error_detail = Some(envoy_types::pb::google::rpc::Status { code: 3, message: "no".into(), details: vec![] });
+    assert!(s.on_request(&nack, &set).is_empty());
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("z", "z1"));
+    });
+    assert_eq!(sent_names(&s.on_change(&set)), ["d1"]);
+}
+
+#[test]
+fn delta_unsubscribe_sends_no_removal_and_resubscribe_resends() {
+    let clients = Clients::new();
+    let mut d = DeltaStream::new(clients.connect("test", "delta"));
+    let set = small(&[("a", "a1"), ("b", "b1")]);
+    let sub = |names: &[&str], unsub: &[&str]| DeltaDiscoveryRequest {
+        type_url: ENDPOINT_TYPE.into(),
+        resource_names_subscribe: names.iter().map(|n| n.to_string()).collect(),
+        resource_names_unsubscribe: unsub.iter().map(|n| n.to_string()).collect(),
+        ..Default::default()
+    };
+    let out = d.on_request(&sub(&["a", "b"], &[]), &set);
+    assert_eq!(out[0].resources.len(), 2);
+    let out = d.on_request(&sub(&[], &["b"]), &set);
+    assert!(out.is_empty(), "an unsubscribe is not answered with a removal: {out:?}");
+    // b changes while unsubscribed: nothing; a is removed: reported.
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("b", "b2"));
+        t.remove(rev, "a");
+    });
+    let out = d.on_change(&set);
+    assert_eq!((out[0].resources.len(), out[0].removed_resources.clone()), (0, vec!["a".to_string()]));
+    let out = d.on_request(&sub(&["b"], &[]), &set);
+    assert_eq!(out[0].resources.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["b"]);
+}
