@@ -130,7 +130,6 @@ fn sotw_named_removals_subscription_changes_and_nacks() {
     let set = small(&[("a", "a1"), ("b", "b1"), ("c", "c1")]);
     let first = s.on_request(&eds_req(&["a", "b"], ""), &set);
     assert_eq!(sent_names(&first), ["a1", "b1"]);
-    let nonce = first[0].nonce.clone();
 
     // b goes away: SotW EDS cannot say so, and sends nothing for it.
     let set = edit(&set, |t, rev| {
