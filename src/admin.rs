@@ -12,10 +12,10 @@
 //! | `/metrics` | Prometheus ([`crate::metrics`]) |
 
 mod auth;
+mod error;
 pub mod registries;
-pub mod time;
-
-use std::sync::Arc;
+mod serve;
+mod state;
 
 use axum::Router;
 use axum::extract::State;
@@ -23,47 +23,14 @@ use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
 use serde_json::json;
-use tokio::sync::watch;
 
 pub use auth::{Auth, ct_eq};
+pub use error::ApiError;
+pub use serve::{AdminLimits, serve};
+pub use state::AdminState;
 
-use crate::cache::Cache;
-use crate::metrics::{self, Metrics};
-use crate::translate::ConfigSet;
+use crate::metrics;
 use crate::translate::model::IstioObject;
-use crate::xds::Clients;
-
-#[derive(Clone)]
-pub struct AdminState {
-    pub cache: Arc<Cache>,
-    pub config: watch::Receiver<Arc<ConfigSet>>,
-    pub clients: Arc<Clients>,
-    pub metrics: Arc<Metrics>,
-    pub auth: Auth,
-}
-
-/// An error answer: `{"error": message}` with a status.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    message: String,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into() }
-    }
-
-    pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, message)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, Json(json!({"error": self.message}))).into_response()
-    }
-}
 
 pub fn router(state: AdminState) -> Router {
     let auth = state.auth.clone();

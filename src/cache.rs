@@ -22,7 +22,9 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tracing::debug;
 
-use crate::metrics::{RegistryErrorLabels, RegistryLabels, RegistryMetrics};
+pub mod metrics;
+
+use metrics::{RegistryErrorLabels, RegistryLabels, RegistryMetrics};
 
 /// Registries are keyed by (type, name), as the reconciler diffs them.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -268,7 +270,7 @@ impl Cache {
         let Some(entry) = state.registries.remove(key) else {
             return;
         };
-        self.metrics.forget(key, &entry.error_kinds);
+        self.metrics.forget(&RegistryLabels::from(key), &entry.error_kinds);
         if !entry.services.is_empty() {
             state.dirty.extend(entry.services.into_keys());
             self.bump(&mut state);
@@ -532,6 +534,12 @@ impl Sink for RegistrySink {
             metrics.sync_duration.get_or_create(&RegistryLabels::from(&self.key)).observe(took.as_secs_f64());
             false
         });
+    }
+}
+
+impl From<&RegistryKey> for RegistryLabels {
+    fn from(key: &RegistryKey) -> Self {
+        RegistryLabels { name: key.name.clone(), r#type: key.kind.as_str() }
     }
 }
 

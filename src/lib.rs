@@ -4,6 +4,9 @@
 //! Data flow (see ARCHITECTURE.md): `config` → `reconcile` → registry
 //! watchers → `cache` → `translate` → `xds` / `admin`.
 
+// No unwrap() outside tests: errors are handled, or expect()ed with a reason.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod admin;
 pub mod cache;
 pub mod config;
@@ -16,6 +19,7 @@ pub mod resources;
 pub mod run;
 pub mod staleness;
 pub mod startup;
+pub mod time;
 pub mod translate;
 pub mod watchers;
 pub mod xds;

@@ -1,3 +1,5 @@
+// No unwrap() outside tests: errors are handled, or expect()ed with a reason.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 use clap::Parser;
 
 fn main() -> anyhow::Result<()> {

@@ -5,8 +5,9 @@
 //!
 //! - **Counters and histograms** are recorded where things happen: registry
 //!   events, errors and full-sync durations by the cache's sinks
-//!   ([`RegistryMetrics`]); pushes, bytes, NACKs and latencies by each xDS
-//!   stream's [`ClientHandle`](crate::xds::ClientHandle) ([`XdsMetrics`]).
+//!   ([`crate::cache::metrics`]); pushes, bytes, NACKs and latencies by each
+//!   xDS stream's [`ClientHandle`](crate::xds::ClientHandle)
+//!   ([`crate::xds::metrics`]). This module only assembles the registry.
 //! - **Current state** (registry up/ready, services, endpoints, seconds since
 //!   the last sync, connected clients, config objects) is read at scrape time
 //!   by [`StateCollector`], so it never drifts from what the admin API shows
@@ -21,65 +22,18 @@ use std::time::SystemTime;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use crate::cache::{Cache, RegistryKey};
+use crate::cache::Cache;
+use crate::cache::metrics::RegistryLabels;
 use crate::translate::ConfigSet;
 use crate::translate::warning::count_by_reason;
 use crate::xds::Clients;
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-/// Full syncs take milliseconds on a small registry and tens of seconds on a
-/// large one behind a slow link.
-const SYNC_BUCKETS: [f64; 13] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
-/// Event-to-push latency: sub-millisecond in process, seconds when a client
-/// is slow to ACK.
-const LATENCY_BUCKETS: [f64; 14] =
-    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
-
-type HistogramFamily<S> = Family<S, Histogram, fn() -> Histogram>;
-
-fn sync_histogram() -> Histogram {
-    Histogram::new(SYNC_BUCKETS)
-}
-
-fn latency_histogram() -> Histogram {
-    Histogram::new(LATENCY_BUCKETS)
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct RegistryLabels {
-    pub name: String,
-    pub r#type: &'static str,
-}
-
-impl From<&RegistryKey> for RegistryLabels {
-    fn from(key: &RegistryKey) -> Self {
-        RegistryLabels { name: key.name.clone(), r#type: key.kind.as_str() }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct RegistryErrorLabels {
-    pub name: String,
-    pub r#type: &'static str,
-    /// [`meshbridge_registries::RegistryError::kind`].
-    pub kind: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct XdsLabels {
-    pub type_url: String,
-    /// `sotw` or `delta`.
-    pub mode: &'static str,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ModeLabels {
@@ -94,60 +48,6 @@ struct KindLabels {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
-}
-
-/// What the cache's sinks record per registry. Cheap to clone (shared).
-#[derive(Debug, Clone)]
-pub struct RegistryMetrics {
-    pub events: Family<RegistryLabels, Counter>,
-    pub errors: Family<RegistryErrorLabels, Counter>,
-    pub sync_duration: HistogramFamily<RegistryLabels>,
-}
-
-impl Default for RegistryMetrics {
-    fn default() -> Self {
-        RegistryMetrics {
-            events: Family::default(),
-            errors: Family::default(),
-            sync_duration: Family::new_with_constructor(sync_histogram),
-        }
-    }
-}
-
-impl RegistryMetrics {
-    /// Drop a removed registry's series.
-    pub fn forget<'a>(&self, key: &RegistryKey, error_kinds: impl IntoIterator<Item = &'a &'static str>) {
-        let labels = RegistryLabels::from(key);
-        self.events.remove(&labels);
-        self.sync_duration.remove(&labels);
-        for kind in error_kinds {
-            self.errors.remove(&RegistryErrorLabels { name: labels.name.clone(), r#type: labels.r#type, kind });
-        }
-    }
-}
-
-/// What xDS streams record. Cheap to clone (shared).
-#[derive(Debug, Clone)]
-pub struct XdsMetrics {
-    pub pushes: Family<XdsLabels, Counter>,
-    pub push_bytes: Family<XdsLabels, Counter>,
-    pub nacks: Family<XdsLabels, Counter>,
-    /// From the first unpublished registry change to the response carrying it.
-    pub event_to_send: HistogramFamily<XdsLabels>,
-    /// From the same change to the client's ACK of that response.
-    pub event_to_ack: HistogramFamily<XdsLabels>,
-}
-
-impl Default for XdsMetrics {
-    fn default() -> Self {
-        XdsMetrics {
-            pushes: Family::default(),
-            push_bytes: Family::default(),
-            nacks: Family::default(),
-            event_to_send: Family::new_with_constructor(latency_histogram),
-            event_to_ack: Family::new_with_constructor(latency_histogram),
-        }
-    }
 }
 
 /// The process's metric registry.
@@ -290,6 +190,13 @@ impl Collector for StateCollector {
             modes.into_iter().map(|(mode, n)| (ModeLabels { mode }, n)),
         )?;
 
+        gauges(
+            e,
+            "meshbridge_xds_buffered_responses",
+            "xDS responses built but not yet taken by the transport (slow clients)",
+            [(ModeLabels { mode: "all" }, self.clients.buffered() as i64)],
+        )?;
+
         let set = self.config.borrow().clone();
         gauges(
             e,
@@ -337,6 +244,7 @@ pub fn type_kind(type_url: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::RegistryKey;
     use crate::translate;
     use crate::translate::Reason;
     use meshbridge_registries::{Endpoint, Protocol, RegistryKind, Service, ServicePort, Update};
@@ -368,125 +276,5 @@ mod tests {
             "ClusterLoadAssignment"
         );
         assert_eq!(type_kind("networking.istio.io/v1alpha3/ServiceEntry"), "ServiceEntry");
-    }
-}
-
-/// A minimal reader of the text exposition, for tests (feature `testing`):
-/// it checks the syntax strictly enough to catch a malformed line.
-#[cfg(feature = "testing")]
-pub mod exposition {
-    use std::collections::BTreeMap;
-
-    #[derive(Debug, Clone, PartialEq)]
-    pub struct Sample {
-        pub name: String,
-        pub labels: BTreeMap<String, String>,
-        pub value: f64,
-    }
-
-    /// Parse the OpenMetrics/Prometheus text format. Every sample must
-    /// belong to a family declared by a `# TYPE` line, and the text must end
-    /// with `# EOF`.
-    pub fn parse(text: &str) -> Result<Vec<Sample>, String> {
-        let mut families: BTreeMap<String, String> = BTreeMap::new();
-        let mut samples = Vec::new();
-        let mut eof = false;
-        for (i, line) in text.lines().enumerate() {
-            let at = |e: String| format!("line {}: {e}: {line:?}", i + 1);
-            if eof {
-                return Err(at("content after # EOF".into()));
-            }
-            if let Some(comment) = line.strip_prefix("# ") {
-                let mut parts = comment.splitn(3, ' ');
-                match (parts.next(), parts.next(), parts.next()) {
-                    (Some("EOF"), None, None) => eof = true,
-                    (Some("TYPE"), Some(name), Some(kind)) => {
-                        valid_name(name).map_err(at)?;
-                        families.insert(name.to_string(), kind.to_string());
-                    }
-                    (Some("HELP" | "UNIT"), Some(name), _) => valid_name(name).map_err(at)?,
-                    _ => return Err(at("unknown comment".into())),
-                }
-                continue;
-            }
-            let sample = sample(line).map_err(at)?;
-            let family = ["_total", "_bucket", "_sum", "_count", "_created", ""]
-                .iter()
-                .find_map(|suffix| sample.name.strip_suffix(suffix).filter(|f| families.contains_key(*f)));
-            if family.is_none() {
-                return Err(at("sample of an undeclared family".into()));
-            }
-            samples.push(sample);
-        }
-        if !eof {
-            return Err("no # EOF".into());
-        }
-        Ok(samples)
-    }
-
-    fn valid_name(name: &str) -> Result<(), String> {
-        let ok = !name.is_empty()
-            && !name.starts_with(|c: char| c.is_ascii_digit())
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
-        if ok { Ok(()) } else { Err(format!("bad metric name {name:?}")) }
-    }
-
-    fn sample(line: &str) -> Result<Sample, String> {
-        let end = line.find(['{', ' ']).ok_or("no value")?;
-        let name = &line[..end];
-        valid_name(name)?;
-        let mut rest = &line[end..];
-        let mut labels = BTreeMap::new();
-        if let Some(body) = rest.strip_prefix('{') {
-            let mut chars = body.char_indices().peekable();
-            loop {
-                let start = chars.peek().map(|(i, _)| *i).ok_or("unterminated labels")?;
-                if body[start..].starts_with('}') {
-                    rest = &body[start + 1..];
-                    break;
-                }
-                let eq = body[start..].find("=\"").ok_or("label without =\"")? + start;
-                let key = &body[start..eq];
-                valid_name(key)?;
-                while chars.peek().is_some_and(|(i, _)| *i <= eq + 1) {
-                    chars.next();
-                }
-                let mut value = String::new();
-                loop {
-                    match chars.next().ok_or("unterminated label value")? {
-                        (_, '\\') => match chars.next().ok_or("dangling escape")?.1 {
-                            'n' => value.push('\n'),
-                            c @ ('\\' | '"') => value.push(c),
-                            c => return Err(format!("bad escape \\{c}")),
-                        },
-                        (_, '"') => break,
-                        (_, c) => value.push(c),
-                    }
-                }
-                labels.insert(key.to_string(), value);
-                if chars.peek().is_some_and(|(_, c)| *c == ',') {
-                    chars.next();
-                }
-            }
-        }
-        let mut fields = rest.trim_start().split(' ');
-        let value = fields.next().ok_or("no value")?;
-        let value = match value {
-            "+Inf" => f64::INFINITY,
-            "-Inf" => f64::NEG_INFINITY,
-            v => v.parse::<f64>().map_err(|e| format!("bad value {v:?}: {e}"))?,
-        };
-        Ok(Sample { name: name.to_string(), labels, value })
-    }
-
-    /// The value of the sample `name` whose labels include `labels`; the
-    /// sum when several match (e.g. across modes).
-    pub fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        let matching: Vec<f64> = samples
-            .iter()
-            .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v)))
-            .map(|s| s.value)
-            .collect();
-        (!matching.is_empty()).then(|| matching.iter().sum())
     }
 }

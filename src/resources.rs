@@ -60,8 +60,13 @@ pub fn content_hash(bytes: &[u8]) -> String {
 const MIN_LOG: usize = 4096;
 
 /// The resources of one type, by name, with their change log.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct TypeResources {
+    /// Which history this map belongs to: each new map starts one, clones
+    /// continue it. Revisions from [`changed_since`](Self::changed_since)
+    /// only mean something within one lineage (the publisher's sets form one
+    /// linear history per type).
+    lineage: u64,
     by_name: imbl::OrdMap<Arc<str>, Arc<Resource>>,
     /// `(revision, name)` of every insert, update and removal, in revision order.
     log: imbl::Vector<(u64, Arc<str>)>,
@@ -69,6 +74,19 @@ pub struct TypeResources {
     log_floor: u64,
     /// XOR over the resources of `hash64(name, 0, version)`.
     version: u64,
+}
+
+impl Default for TypeResources {
+    fn default() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        TypeResources {
+            lineage: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            by_name: imbl::OrdMap::new(),
+            log: imbl::Vector::new(),
+            log_floor: 0,
+            version: 0,
+        }
+    }
 }
 
 fn entry_hash(name: &str, version: &str) -> u64 {
@@ -111,6 +129,12 @@ impl TypeResources {
     /// or removed; the same content always gives the same version.
     pub fn version(&self) -> String {
         format!("{:016x}", self.version)
+    }
+
+    /// True if `self` and `other` are states of one history (one is a
+    /// modified clone of the other), so that revisions compare.
+    pub fn same_lineage(&self, other: &TypeResources) -> bool {
+        self.lineage == other.lineage
     }
 
     /// Names added, changed or removed after `revision` (each at most once,
@@ -250,6 +274,18 @@ mod tests {
         assert_eq!(t.version(), v1);
         assert!(t.replace_all(6, []));
         assert_eq!(t.version(), empty);
+    }
+
+    #[test]
+    fn clones_share_a_lineage_new_maps_do_not() {
+        let mut a = TypeResources::default();
+        a.insert(1, res("a", b"1"));
+        let mut b = a.clone();
+        b.insert(2, res("a", b"2"));
+        assert!(a.same_lineage(&b));
+        let fresh = TypeResources::default();
+        assert!(!fresh.same_lineage(&a));
+        assert!(!TypeResources::default().same_lineage(&fresh));
     }
 
     #[test]

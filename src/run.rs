@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
-use crate::admin::Auth;
+use crate::admin::{AdminLimits, Auth};
 use crate::cache::Cache;
 use crate::config::DirSource;
 use crate::dump::{Dumper, StateDir};
@@ -24,7 +24,7 @@ use crate::publish::PublishOptions;
 use crate::translate::ConfigSet;
 use crate::translate::gateway::GatewayOptions;
 use crate::translate::ingress::IngressOptions;
-use crate::xds::{AdsServer, Clients};
+use crate::xds::{AdsServer, Clients, XdsLimits};
 
 #[derive(Debug, Parser)]
 #[command(name = "meshbridge", version, about = "Service registries to Istio MCP and Envoy ADS")]
@@ -58,6 +58,8 @@ pub struct RunCommand {
     pub gateway: GatewayArgs,
     #[command(flatten)]
     pub lifecycle: LifecycleArgs,
+    #[command(flatten)]
+    pub xds: XdsLimits,
 }
 
 /// How Ingresses are read and what the standalone Envoy gateway listens on.
@@ -162,13 +164,74 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// Admin API options.
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct AdminArgs {
     /// Bearer token for the admin API. Required (for all but /ready and
     /// /healthz) when --admin-addr is not a loopback address; enforced
-    /// whenever set.
+    /// whenever set. A flag's value is visible to every local user in `ps`:
+    /// prefer --admin-token-file or the environment variable.
     #[arg(long, env = "MESHBRIDGE_ADMIN_TOKEN", hide_env_values = true, value_parser = parse_secret)]
     pub admin_token: Option<Secret>,
+    /// File holding the admin bearer token (surrounding whitespace ignored),
+    /// e.g. a mounted Kubernetes Secret; read at startup.
+    #[arg(long, env = "MESHBRIDGE_ADMIN_TOKEN_FILE", conflicts_with = "admin_token")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Time a client has to send a complete request head.
+    #[arg(long, env = "MESHBRIDGE_ADMIN_HEADER_TIMEOUT", default_value = "10s", value_parser = crate::xds::limits::parse_duration)]
+    pub admin_header_timeout: std::time::Duration,
+    /// Admin connections open at once; more are closed on accept.
+    #[arg(long, env = "MESHBRIDGE_ADMIN_MAX_CONNECTIONS", default_value_t = 128)]
+    pub admin_max_connections: usize,
+}
+
+impl Default for AdminArgs {
+    fn default() -> Self {
+        let limits = AdminLimits::default();
+        AdminArgs {
+            admin_token: None,
+            admin_token_file: None,
+            admin_header_timeout: limits.header_read_timeout,
+            admin_max_connections: limits.max_connections,
+        }
+    }
+}
+
+/// Why the admin token could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The file could not be read.
+    #[error("--admin-token-file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    /// The file is larger than a token can be.
+    #[error("--admin-token-file {path}: larger than {max} bytes, not a token")]
+    TooLarge { path: String, max: u64 },
+    /// The file holds nothing but whitespace.
+    #[error("--admin-token-file {path}: empty")]
+    Empty { path: String },
+}
+
+impl AdminArgs {
+    /// The token from `--admin-token` or `--admin-token-file`. The file's
+    /// content never appears in an error.
+    pub fn token(&self) -> Result<Option<Secret>, TokenError> {
+        const MAX: u64 = 4096;
+        let Some(path) = &self.admin_token_file else { return Ok(self.admin_token.clone()) };
+        let shown = path.display().to_string();
+        let read = |e| TokenError::Read { path: shown.clone(), source: e };
+        let len = std::fs::metadata(path).map_err(read)?.len();
+        if len > MAX {
+            return Err(TokenError::TooLarge { path: shown, max: MAX });
+        }
+        let text = std::fs::read_to_string(path).map_err(read)?;
+        match text.trim() {
+            "" => Err(TokenError::Empty { path: shown }),
+            t => Ok(Some(Secret::new(t))),
+        }
+    }
+
+    pub fn limits(&self) -> AdminLimits {
+        AdminLimits { header_read_timeout: self.admin_header_timeout, max_connections: self.admin_max_connections }
+    }
 }
 
 fn parse_secret(s: &str) -> Result<Secret, std::convert::Infallible> {
@@ -232,12 +295,18 @@ impl App {
 
     /// Start with these admin options and default gateway options.
     pub async fn start_with(args: RunArgs, admin: AdminArgs) -> anyhow::Result<App> {
-        App::launch(RunCommand { args, admin, gateway: GatewayArgs::default(), lifecycle: LifecycleArgs::default() })
-            .await
+        App::launch(RunCommand {
+            args,
+            admin,
+            gateway: GatewayArgs::default(),
+            lifecycle: LifecycleArgs::default(),
+            xds: XdsLimits::default(),
+        })
+        .await
     }
 
     pub async fn launch(cmd: RunCommand) -> anyhow::Result<App> {
-        let RunCommand { args, admin, gateway, lifecycle } = cmd;
+        let RunCommand { args, admin, gateway, lifecycle, xds } = cmd;
         let builder = crate::config::Builder::with_min_refresh_interval(args.min_refresh_interval)
             .with_consul_max_conns(args.consul_max_conns);
         let (source, desired) = DirSource::start_with_builder(args.config_dir.clone(), builder)
@@ -278,7 +347,8 @@ impl App {
         let xds_listener =
             TcpListener::bind(args.xds_addr).await.with_context(|| format!("bind xds {}", args.xds_addr))?;
         let xds_addr = xds_listener.local_addr()?;
-        let ads = AdsServer::new(config.clone(), clients.clone());
+        info!(limits = ?xds, "xds limits");
+        let ads = AdsServer::with_limits(config.clone(), clients.clone(), xds);
         let stop = wait_true(shutdown_rx.clone());
         tasks.push(tokio::spawn(async move {
             if let Err(e) = ads.serve(xds_listener, stop).await {
@@ -286,10 +356,11 @@ impl App {
             }
         }));
 
+        let admin_limits = admin.limits();
         let admin_listener =
             TcpListener::bind(args.admin_addr).await.with_context(|| format!("bind admin {}", args.admin_addr))?;
         let admin_addr = admin_listener.local_addr()?;
-        let auth = Auth::new(admin_addr, admin.admin_token);
+        let auth = Auth::new(admin_addr, admin.token()?);
         if matches!(auth, Auth::Unconfigured) {
             warn!(
                 %admin_addr,
@@ -307,7 +378,7 @@ impl App {
         });
         let stop = wait_true(shutdown_rx);
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = axum::serve(admin_listener, router).with_graceful_shutdown(stop).await {
+            if let Err(e) = crate::admin::serve(admin_listener, router, admin_limits, stop).await {
                 error!(error = %e, "admin server failed");
             }
         }));
@@ -417,6 +488,29 @@ mod tests {
         let logged = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         assert!(logged.contains("effective config") && logged.contains("<redacted>"), "{logged}");
         assert!(!logged.contains("6b1f"), "a secret was logged: {logged}");
+    }
+
+    #[test]
+    fn admin_token_file_is_read_and_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "tok-file-71c4\n").unwrap();
+        let file = path.to_str().unwrap();
+        let cli =
+            Cli::try_parse_from(["meshbridge", "run", "--config-dir", "/tmp", "--admin-token-file", file]).unwrap();
+        let Command::Run(run) = &cli.command;
+        assert_eq!(run.admin.token().unwrap().as_ref().map(Secret::expose), Some("tok-file-71c4"));
+        assert_eq!(run.admin.limits().max_connections, 128);
+
+        std::fs::write(&path, "  \n").unwrap();
+        assert!(matches!(run.admin.token(), Err(TokenError::Empty { .. })));
+        std::fs::write(&path, "x".repeat(5000)).unwrap();
+        let err = run.admin.token().unwrap_err().to_string();
+        assert!(err.contains("larger than 4096 bytes") && !err.contains("xxxx"), "{err}");
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(run.admin.token(), Err(TokenError::Read { .. })));
+        let both = ["meshbridge", "run", "--config-dir", "/tmp", "--admin-token", "t", "--admin-token-file", file];
+        assert!(Cli::try_parse_from(both).is_err(), "the two are exclusive");
     }
 
     #[test]

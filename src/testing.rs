@@ -37,11 +37,26 @@ impl<Req, Resp> AdsClient<Req, Resp> {
         self.tx.send(req).await.expect("ads stream closed");
     }
 
+    /// Send unless the stream is gone; true if sent.
+    pub async fn try_send(&self, req: Req) -> bool {
+        self.tx.send(req).await.is_ok()
+    }
+
     /// The next response, or `None` if none comes within `wait`.
     pub async fn recv_within(&mut self, wait: Duration) -> Option<Resp> {
         match tokio::time::timeout(wait, self.rx.message()).await {
             Ok(Ok(Some(resp))) => Some(resp),
             _ => None,
+        }
+    }
+
+    /// The next message within `wait`: a response, the status the server
+    /// ended the stream with (`Err`), or `Ok(None)` for nothing in time or
+    /// a clean end.
+    pub async fn next_within(&mut self, wait: Duration) -> Result<Option<Resp>, tonic::Status> {
+        match tokio::time::timeout(wait, self.rx.message()).await {
+            Ok(r) => r,
+            Err(_) => Ok(None),
         }
     }
 
@@ -75,7 +90,7 @@ impl SotwClient {
     /// server never sent (Go's `Time.String` layout).
     pub fn adsc_initial(type_url: &str) -> DiscoveryRequest {
         // `2024-05-01 12:34:56.789 +0000 UTC m=+0.012345678`
-        let stamp = crate::admin::time::rfc3339(std::time::SystemTime::now()).replace('T', " ").replace('Z', "");
+        let stamp = crate::time::rfc3339(std::time::SystemTime::now()).replace('T', " ").replace('Z', "");
         let nonce = format!("{stamp} +0000 UTC m=+0.012345678");
         let mut req = Self::request(type_url, &[], "", &nonce);
         req.node = node("sidecar~10.0.0.1~adsc.default~default.svc.cluster.local");
@@ -145,6 +160,11 @@ pub struct XdsFixture {
 impl XdsFixture {
     /// Serve `initial` as the full contents of a Consul registry `test`.
     pub async fn start(initial: Vec<meshbridge_registries::Service>) -> XdsFixture {
+        XdsFixture::start_with(initial, crate::xds::XdsLimits::default()).await
+    }
+
+    /// [`start`](Self::start) with these server limits.
+    pub async fn start_with(initial: Vec<meshbridge_registries::Service>, limits: crate::xds::XdsLimits) -> XdsFixture {
         use meshbridge_registries::{RegistryKind, Update};
         let cache = crate::cache::Cache::new();
         let sink = cache.attach(&crate::cache::RegistryKey::new(RegistryKind::Consul, "test"));
@@ -161,7 +181,7 @@ impl XdsFixture {
         let clients = crate::xds::Clients::new();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let server = crate::xds::AdsServer::new(config.clone(), clients.clone());
+        let server = crate::xds::AdsServer::with_limits(config.clone(), clients.clone(), limits);
         tasks.push(tokio::spawn(async move {
             let _ = server.serve(listener, std::future::pending()).await;
         }));
@@ -174,5 +194,124 @@ impl Drop for XdsFixture {
         for t in &self.tasks {
             t.abort();
         }
+    }
+}
+
+/// A minimal reader of the text exposition, for tests:
+/// it checks the syntax strictly enough to catch a malformed line.
+pub mod exposition {
+    use std::collections::BTreeMap;
+
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct Sample {
+        pub name: String,
+        pub labels: BTreeMap<String, String>,
+        pub value: f64,
+    }
+
+    /// Parse the OpenMetrics/Prometheus text format. Every sample must
+    /// belong to a family declared by a `# TYPE` line, and the text must end
+    /// with `# EOF`.
+    pub fn parse(text: &str) -> Result<Vec<Sample>, String> {
+        let mut families: BTreeMap<String, String> = BTreeMap::new();
+        let mut samples = Vec::new();
+        let mut eof = false;
+        for (i, line) in text.lines().enumerate() {
+            let at = |e: String| format!("line {}: {e}: {line:?}", i + 1);
+            if eof {
+                return Err(at("content after # EOF".into()));
+            }
+            if let Some(comment) = line.strip_prefix("# ") {
+                let mut parts = comment.splitn(3, ' ');
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some("EOF"), None, None) => eof = true,
+                    (Some("TYPE"), Some(name), Some(kind)) => {
+                        valid_name(name).map_err(at)?;
+                        families.insert(name.to_string(), kind.to_string());
+                    }
+                    (Some("HELP" | "UNIT"), Some(name), _) => valid_name(name).map_err(at)?,
+                    _ => return Err(at("unknown comment".into())),
+                }
+                continue;
+            }
+            let sample = sample(line).map_err(at)?;
+            let family = ["_total", "_bucket", "_sum", "_count", "_created", ""]
+                .iter()
+                .find_map(|suffix| sample.name.strip_suffix(suffix).filter(|f| families.contains_key(*f)));
+            if family.is_none() {
+                return Err(at("sample of an undeclared family".into()));
+            }
+            samples.push(sample);
+        }
+        if !eof {
+            return Err("no # EOF".into());
+        }
+        Ok(samples)
+    }
+
+    fn valid_name(name: &str) -> Result<(), String> {
+        let ok = !name.is_empty()
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
+        if ok { Ok(()) } else { Err(format!("bad metric name {name:?}")) }
+    }
+
+    fn sample(line: &str) -> Result<Sample, String> {
+        let end = line.find(['{', ' ']).ok_or("no value")?;
+        let name = &line[..end];
+        valid_name(name)?;
+        let mut rest = &line[end..];
+        let mut labels = BTreeMap::new();
+        if let Some(body) = rest.strip_prefix('{') {
+            let mut chars = body.char_indices().peekable();
+            loop {
+                let start = chars.peek().map(|(i, _)| *i).ok_or("unterminated labels")?;
+                if body[start..].starts_with('}') {
+                    rest = &body[start + 1..];
+                    break;
+                }
+                let eq = body[start..].find("=\"").ok_or("label without =\"")? + start;
+                let key = &body[start..eq];
+                valid_name(key)?;
+                while chars.peek().is_some_and(|(i, _)| *i <= eq + 1) {
+                    chars.next();
+                }
+                let mut value = String::new();
+                loop {
+                    match chars.next().ok_or("unterminated label value")? {
+                        (_, '\\') => match chars.next().ok_or("dangling escape")?.1 {
+                            'n' => value.push('\n'),
+                            c @ ('\\' | '"') => value.push(c),
+                            c => return Err(format!("bad escape \\{c}")),
+                        },
+                        (_, '"') => break,
+                        (_, c) => value.push(c),
+                    }
+                }
+                labels.insert(key.to_string(), value);
+                if chars.peek().is_some_and(|(_, c)| *c == ',') {
+                    chars.next();
+                }
+            }
+        }
+        let mut fields = rest.trim_start().split(' ');
+        let value = fields.next().ok_or("no value")?;
+        let value = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse::<f64>().map_err(|e| format!("bad value {v:?}: {e}"))?,
+        };
+        Ok(Sample { name: name.to_string(), labels, value })
+    }
+
+    /// The value of the sample `name` whose labels include `labels`; the
+    /// sum when several match (e.g. across modes).
+    pub fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let matching: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v)))
+            .map(|s| s.value)
+            .collect();
+        (!matching.is_empty()).then(|| matching.iter().sum())
     }
 }

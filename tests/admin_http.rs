@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use meshbridge::admin::{AdminState, Auth};
 use meshbridge::cache::{Cache, RegistryKey};
-use meshbridge::metrics::{Metrics, exposition};
+use meshbridge::metrics::Metrics;
 use meshbridge::testing::SotwClient;
+use meshbridge::testing::exposition;
 use meshbridge::translate::envoy::CLUSTER_TYPE;
 use meshbridge::translate::{ConfigSet, Inputs, Translator};
 use meshbridge::xds::{AdsServer, Clients};

@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use meshbridge::cache::{Cache, RegistryKey};
 use meshbridge::lifecycle::LifecycleArgs;
-use meshbridge::metrics::{Metrics, exposition};
+use meshbridge::metrics::Metrics;
 use meshbridge::reconcile::Reconciler;
 use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
 use meshbridge::testing::SotwClient;
+use meshbridge::testing::exposition;
 use meshbridge::translate::envoy::CLUSTER_TYPE;
 use meshbridge::xds::Clients;
 use meshbridge_registries::{RegistryKind, RegistrySpec};
@@ -54,6 +55,7 @@ async fn clients_wait_for_every_registry_until_the_initial_sync_timeout() {
         admin: AdminArgs::default(),
         gateway: GatewayArgs::default(),
         lifecycle: LifecycleArgs { initial_sync_timeout: timeout, ..Default::default() },
+        xds: Default::default(),
     })
     .await
     .unwrap();
@@ -292,6 +294,7 @@ async fn warm_restart_serves_the_dump_and_ignores_a_corrupt_file() {
         admin: AdminArgs::default(),
         gateway: GatewayArgs::default(),
         lifecycle: LifecycleArgs { state_dir: Some(state.path().into()), ..Default::default() },
+        xds: Default::default(),
     })
     .await
     .expect("a corrupt state file is not fatal");
@@ -343,6 +346,7 @@ async fn max_stale_withdraws_a_registry_that_stays_down() {
             max_stale: Some(Duration::from_secs(1)),
             ..Default::default()
         },
+        xds: Default::default(),
     })
     .await
     .unwrap();

@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use meshbridge::lifecycle::LifecycleArgs;
-use meshbridge::metrics::exposition;
 use meshbridge::run::{AdminArgs, App, RunArgs, RunCommand};
 use meshbridge::testing::SotwClient;
+use meshbridge::testing::exposition;
 use meshbridge::translate::envoy::CLUSTER_TYPE;
 use meshbridge_e2e::consul::Consul;
 use meshbridge_e2e::free_port;
@@ -266,6 +266,7 @@ async fn credentials_never_shown_or_logged() {
         admin: AdminArgs::default(),
         gateway: Default::default(),
         lifecycle: LifecycleArgs { initial_sync_timeout: Duration::from_secs(1), ..Default::default() },
+        xds: Default::default(),
     })
     .await
     .expect("start meshbridge");
@@ -333,8 +334,12 @@ async fn non_loopback_admin_requires_the_token() {
     let protected = ["/v1/registries", "/registry/watcherStatus", "/debug/configz", "/debug/xdsz", "/metrics"];
 
     // With a token: 401 without it or with a wrong one, 200 with it.
-    let app =
-        App::start_with(args.clone(), AdminArgs { admin_token: Some(Secret::new("admin-tok-61e0")) }).await.unwrap();
+    let app = App::start_with(
+        args.clone(),
+        AdminArgs { admin_token: Some(Secret::new("admin-tok-61e0")), ..AdminArgs::default() },
+    )
+    .await
+    .unwrap();
     let base = format!("http://127.0.0.1:{}", app.admin_addr.port());
     for path in ["/ready", "/healthz"] {
         assert_eq!(http.get(format!("{base}{path}")).send().await.unwrap().status(), 200, "{path} must stay open");

@@ -6,10 +6,11 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use meshbridge::metrics::exposition;
+use meshbridge::lifecycle::LifecycleArgs;
+use meshbridge::run::{App, RunArgs, RunCommand};
 use meshbridge::testing::SotwClient;
+use meshbridge::testing::exposition;
 use meshbridge::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE};
-use meshbridge_e2e::traffic::start_meshbridge;
 use serde_json::Value;
 
 const BRIDGE: &str = "apiVersion: networking.higress.io/v1
@@ -46,7 +47,17 @@ async fn config_status_lists_files_errors_and_warnings_and_the_dashboard_matches
     std::fs::write(dir.path().join("20-copy.yaml"), BRIDGE).unwrap();
     std::fs::write(dir.path().join("30-broken.yaml"), "kind: [").unwrap();
     std::fs::write(dir.path().join("40-ingress.yaml"), INGRESS).unwrap();
-    let app = start_meshbridge(dir.path(), BRIDGE).await.unwrap();
+    std::fs::write(dir.path().join("mcpbridge.yaml"), BRIDGE).unwrap();
+    // The Consul registry never answers: serve without waiting for it.
+    let app = App::launch(RunCommand {
+        args: RunArgs::loopback(dir.path()),
+        admin: Default::default(),
+        gateway: Default::default(),
+        lifecycle: LifecycleArgs { initial_sync_timeout: Duration::from_millis(300), ..Default::default() },
+        xds: Default::default(),
+    })
+    .await
+    .unwrap();
     let base = format!("http://{}", app.admin_addr);
 
     // Poll until the first config set with the Ingress is published.

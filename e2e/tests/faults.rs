@@ -53,6 +53,7 @@ async fn launch(config: &Path, state: &Path, xds: SocketAddr) -> App {
             drain: Duration::from_secs(1),
             ..Default::default()
         },
+        xds: Default::default(),
     })
     .await
     .expect("start meshbridge")

@@ -88,9 +88,10 @@ async fn compose_topology_with_local_binaries() {
     let gateway_port = free_port();
     let app = App::launch(RunCommand {
         args: RunArgs::loopback(dir.path()),
-        admin: AdminArgs { admin_token: Some(Secret::new(ADMIN_TOKEN)) },
+        admin: AdminArgs { admin_token: Some(Secret::new(ADMIN_TOKEN)), ..AdminArgs::default() },
         gateway: GatewayArgs { gateway_http_port: vec![gateway_port], ..GatewayArgs::default() },
         lifecycle: Default::default(),
+        xds: Default::default(),
     })
     .await
     .expect("start meshbridge");

@@ -7,6 +7,9 @@
 //! The prost structs below exist for the MCP envelope (`Resource`,
 //! `Metadata`) and for tests.
 
+// No unwrap() outside tests: errors are handled, or expect()ed with a reason.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 use std::sync::OnceLock;
 
 use prost_reflect::{

@@ -36,6 +36,7 @@
 //! registry is not reported healthy.
 
 mod client;
+mod ctx;
 mod decode;
 mod pool;
 mod supervisor;
@@ -44,7 +45,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -52,10 +53,10 @@ use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use self::client::{Client, Indexed, next_index};
-use self::decode::{CheckPrints, Instances, Naming, select_services};
+use self::ctx::Ctx;
+use self::decode::{CheckPrints, Naming};
 use self::supervisor::{Event, Supervisor};
 use crate::health::Health;
-use crate::resolve;
 use crate::retry::Backoff;
 use crate::spec::RegistrySpec;
 use crate::watcher::{RegistryError, Sink, Watcher};
@@ -235,88 +236,6 @@ async fn discover_agent(client: &Client, health: &Health) -> client::Agent {
             }
         }
     }
-}
-
-/// What every loop shares.
-pub(crate) struct Ctx {
-    client: Client,
-    naming: Naming,
-    tag: Option<String>,
-    wait: Duration,
-    /// Reads in flight at once (the cap less the detectors).
-    read_slots: usize,
-    sink: Arc<dyn Sink>,
-    health: Health,
-    /// Orders reads: a read's answer is applied only if no later-started
-    /// read's answer was applied before it.
-    seq: AtomicU64,
-}
-
-/// One service read, numbered when it started.
-pub(crate) struct Read {
-    name: String,
-    seq: u64,
-    result: Result<Indexed<Instances>, RegistryError>,
-}
-
-/// The result of a full, non-blocking read of the catalog, the checks and
-/// every service.
-pub(crate) struct FullSync {
-    catalog: Indexed<BTreeMap<String, Vec<String>>>,
-    checks: Indexed<CheckPrints>,
-    reads: Vec<Read>,
-}
-
-impl Ctx {
-    fn next_seq(&self) -> u64 {
-        self.seq.fetch_add(1, Ordering::SeqCst) + 1
-    }
-
-    /// The watched services (tag filter applied) with their tags.
-    fn watched(&self, catalog: BTreeMap<String, Vec<String>>) -> BTreeMap<String, Vec<String>> {
-        let keep = select_services(&catalog, self.tag.as_deref());
-        catalog.into_iter().filter(|(name, _)| keep.contains(name)).collect()
-    }
-
-    /// Read one service and resolve its endpoints.
-    async fn read(&self, name: String) -> Read {
-        let seq = self.next_seq();
-        let result = match self.client.health_service(&name).await {
-            Ok(mut answer) => {
-                let endpoints = std::mem::take(&mut answer.value.endpoints);
-                answer.value.endpoints = resolve::endpoints(endpoints).await.0;
-                Ok(answer)
-            }
-            Err(e) => Err(e),
-        };
-        Read { name, seq, result }
-    }
-
-    /// Catalog, checks, then every service, `read_slots` at a time. A
-    /// service whose answer is bad is kept in the result (skipped later); a
-    /// failure to reach Consul fails the whole sync.
-    async fn full_sync(&self) -> Result<FullSync, RegistryError> {
-        use futures::StreamExt;
-        let started = std::time::Instant::now();
-        let catalog = self.client.catalog_services(0, self.wait).await?;
-        let checks = self.client.health_state(0, self.wait).await?;
-        let catalog = Indexed { value: self.watched(catalog.value), index: catalog.index };
-        let names: Vec<String> = catalog.value.keys().cloned().collect();
-        let reads: Vec<Read> =
-            futures::stream::iter(names).map(|name| self.read(name)).buffer_unordered(self.read_slots).collect().await;
-        if let Some(e) = reads.iter().find_map(|r| r.result.as_ref().err().filter(|e| is_outage(e))) {
-            return Err(e.clone());
-        }
-        self.health.ok();
-        self.sink.synced(started.elapsed());
-        Ok(FullSync { catalog, checks, reads })
-    }
-}
-
-/// An error that says Consul itself cannot be used (as opposed to one
-/// service's answer being bad).
-pub(crate) fn is_outage(e: &RegistryError) -> bool {
-    matches!(e, RegistryError::Unreachable { .. } | RegistryError::ConnectionLimit { .. })
 }
 
 /// A blocking query loop: `query(index)` until the index moves, then `send`

@@ -6,6 +6,9 @@
 //! Istio or Envoy; naming a service's host is the registry's job because each
 //! registry has its own Higress-compatible naming rule.
 
+// No unwrap() outside tests: errors are handled, or expect()ed with a reason.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod body;
 pub mod consul;
 pub mod dns;

@@ -16,8 +16,9 @@ use axum::response::Json;
 use meshbridge_registries::{RegistryKind, Service, Tls};
 use serde::{Deserialize, Serialize};
 
-use super::{AdminState, ApiError, time};
+use super::{AdminState, ApiError};
 use crate::cache::RegistryReport;
+use crate::time;
 
 /// One registry, as `GET /v1/registries` lists it.
 #[derive(Debug, Serialize)]

@@ -12,7 +12,7 @@
 //! client is not counted as latency.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime};
 
@@ -20,8 +20,46 @@ use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryResponse, Dis
 use serde::Serialize;
 
 use super::Subscription;
-use crate::admin::time;
-use crate::metrics::{XdsLabels, XdsMetrics};
+use super::metrics::{XdsLabels, XdsMetrics};
+use crate::time;
+
+/// The type URLs that get their own metric series; any other is `other`,
+/// so a client cannot grow `/metrics` by inventing type URLs.
+pub fn metric_type_url(type_url: &str) -> &str {
+    const ENVOY: [&str; 5] = [
+        crate::translate::envoy::CLUSTER_TYPE,
+        crate::translate::envoy::ENDPOINT_TYPE,
+        crate::translate::envoy::LISTENER_TYPE,
+        crate::translate::envoy::ROUTE_TYPE,
+        "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
+    ];
+    const MCP_VERSIONS: [&str; 4] = ["v1", "v1alpha1", "v1alpha3", "v1beta1"];
+    const MCP_KINDS: [&str; 13] = [
+        "networking.istio.io/ServiceEntry",
+        "networking.istio.io/DestinationRule",
+        "networking.istio.io/VirtualService",
+        "networking.istio.io/Gateway",
+        "networking.istio.io/EnvoyFilter",
+        "networking.istio.io/Sidecar",
+        "networking.istio.io/WorkloadEntry",
+        "networking.istio.io/WorkloadGroup",
+        "security.istio.io/AuthorizationPolicy",
+        "security.istio.io/PeerAuthentication",
+        "security.istio.io/RequestAuthentication",
+        "telemetry.istio.io/Telemetry",
+        "core/MeshConfig",
+    ];
+    let known = ENVOY.contains(&type_url)
+        || type_url.split('/').nth(1).is_some_and(|v| MCP_VERSIONS.contains(&v))
+            && crate::translate::mcp::collection(type_url).is_some_and(|c| MCP_KINDS.contains(&c.as_str()));
+    if known { type_url } else { "other" }
+}
+
+/// How often a stream logs a NACK at most.
+const NACK_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How much of a NACK's detail is kept for `/debug/xdsz` and logs.
+pub const NACK_DETAIL_BYTES: usize = 512;
 
 /// Responses awaiting ACK kept per type for the latency metric; older ones
 /// are dropped (a client that never ACKs must not grow the map).
@@ -74,6 +112,8 @@ pub struct Clients {
     metrics: XdsMetrics,
     /// Shutting down: no new streams, `/ready` false (see `crate::shutdown`).
     draining: std::sync::atomic::AtomicBool,
+    /// Responses built but not yet taken by the transport, all streams.
+    pub(super) buffered: AtomicUsize,
 }
 
 impl Clients {
@@ -107,7 +147,14 @@ impl Clients {
             types: BTreeMap::new(),
         };
         self.lock().insert(id, status);
-        ClientHandle { clients: self.clone(), id, mode, connected: Instant::now(), latency: Mutex::default() }
+        ClientHandle {
+            clients: self.clone(),
+            id,
+            mode,
+            connected: Instant::now(),
+            latency: Mutex::default(),
+            nack_log: Mutex::default(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, ClientStatus>> {
@@ -116,6 +163,12 @@ impl Clients {
 
     pub fn snapshot(&self) -> Vec<ClientStatus> {
         self.lock().values().cloned().collect()
+    }
+
+    /// Responses built but not yet taken by the transport, all streams
+    /// together: what slow clients cost beyond their subscription state.
+    pub fn buffered(&self) -> usize {
+        self.buffered.load(Ordering::Relaxed)
     }
 
     /// Connected streams per mode (`sotw`, `delta`).
@@ -180,6 +233,8 @@ pub struct ClientHandle {
     connected: Instant,
     /// Only this stream's task uses it; the lock is never contended.
     latency: Mutex<BTreeMap<String, Latency>>,
+    /// When a NACK was last logged, and how many were not since.
+    nack_log: Mutex<(Option<Instant>, u64)>,
 }
 
 impl ClientHandle {
@@ -198,7 +253,21 @@ impl ClientHandle {
     }
 
     fn labels(&self, type_url: &str) -> XdsLabels {
-        XdsLabels { type_url: type_url.to_string(), mode: self.mode }
+        XdsLabels { type_url: metric_type_url(type_url).to_string(), mode: self.mode }
+    }
+
+    /// Whether a NACK should be logged: at most one per [`NACK_LOG_EVERY`]
+    /// per stream (a client NACKing in a loop must not flood the log);
+    /// returns how many were left unlogged before this one.
+    pub fn nack_log(&self) -> Option<u64> {
+        let mut last = self.nack_log.lock().unwrap_or_else(PoisonError::into_inner);
+        let (at, skipped) = &mut *last;
+        if at.is_some_and(|t| t.elapsed() < NACK_LOG_EVERY) {
+            *skipped += 1;
+            return None;
+        }
+        *at = Some(Instant::now());
+        Some(std::mem::take(skipped))
     }
 
     fn latency(&self) -> MutexGuard<'_, BTreeMap<String, Latency>> {
@@ -282,7 +351,7 @@ impl ClientHandle {
         self.clients.metrics.nacks.get_or_create(&self.labels(type_url)).inc();
         self.with_type(type_url, |t| {
             t.last_nack = Some(version.to_string());
-            t.last_nack_detail = Some(detail.to_string());
+            t.last_nack_detail = Some(super::limits::truncate(detail, NACK_DETAIL_BYTES).into_owned());
             t.last_nack_time = Some(SystemTime::now());
             t.nacks += 1;
         })
@@ -318,7 +387,7 @@ mod tests {
         let at = Instant::now();
         c.sent(&resp("t", "2"), Some(at));
         c.sent(&resp("t", "3"), Some(at)); // same change again: not re-counted
-        let labels = XdsLabels { type_url: "t".into(), mode: "sotw" };
+        let labels = XdsLabels { type_url: "other".into(), mode: "sotw" }; // "t" is no type we know
         let pending = |c: &ClientHandle| c.latency().get("t").map(|l| l.pending.len()).unwrap_or(0);
         assert_eq!(pending(&c), 1);
         c.ack("t", "1", "v"); // a nonce that carried no change
@@ -341,6 +410,29 @@ mod tests {
     }
 
     #[test]
+    fn unknown_type_urls_share_one_series_and_nacks_are_bounded() {
+        let clients = Clients::new();
+        let c = clients.connect("peer", "sotw");
+        for i in 0..1000 {
+            c.sent(&resp(&format!("example.com/v{i}/Widget{}", "x".repeat(100)), "1"), None);
+        }
+        c.sent(&resp(crate::translate::envoy::CLUSTER_TYPE, "1"), None);
+        c.sent(&resp("networking.istio.io/v1alpha3/ServiceEntry", "1"), None);
+        let mut text = String::new();
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("pushes", "", clients.metrics().pushes.clone());
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let series: Vec<&str> = text.lines().filter(|l| l.starts_with("pushes_total{")).collect();
+        assert_eq!(series.len(), 3, "{series:?}");
+        assert!(text.contains(r#"type_url="other""#) && text.contains("} 1000"));
+
+        c.nack("t", "1", "v", &"x".repeat(100_000));
+        assert!(clients.snapshot()[0].types["t"].last_nack_detail.as_ref().unwrap().len() < 600);
+        assert_eq!(c.nack_log(), Some(0));
+        assert_eq!((c.nack_log(), c.nack_log()), (None, None), "rate-limited per stream");
+    }
+
+    #[test]
     fn pending_is_bounded() {
         let clients = Clients::new();
         let c = clients.connect("peer", "delta");
@@ -355,8 +447,8 @@ mod tests {
     fn subscription_is_reported() {
         let clients = Clients::new();
         let c = clients.connect("peer", "sotw");
-        c.subscribed("cds", &Subscription::from_names("cds", &[]));
-        c.subscribed("eds", &Subscription::from_names("eds", &["a".into(), "b".into()]));
+        c.subscribed("cds", &Subscription::from_names("cds", &[], &Default::default()));
+        c.subscribed("eds", &Subscription::from_names("eds", &["a".into(), "b".into()], &Default::default()));
         let s = &clients.snapshot()[0];
         assert_eq!(s.subscribed_types.iter().collect::<Vec<_>>(), ["cds", "eds"]);
         assert!(s.types["cds"].wildcard);

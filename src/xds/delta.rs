@@ -7,23 +7,25 @@
 //! away in `removed_resources`. A NACK is logged and recorded; the rejected
 //! versions count as sent, so they are not pushed again until they change.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as XdsResource,
 };
 use tracing::{debug, warn};
 
-use super::sotw::subscribed;
-use super::{ClientHandle, Subscription, push_order};
+use super::clients::NACK_DETAIL_BYTES;
+use super::limits::{short, truncate};
+use super::tracker::Tracker;
+use super::{ClientHandle, Subscription, push_order, type_resources};
 use crate::translate::ConfigSet;
 use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE};
 
 #[derive(Debug, Default)]
 struct TypeState {
-    sub: Subscription,
-    /// name → version the client has (or is applying).
-    sent: BTreeMap<String, String>,
+    /// The subscription and what the client has (or is applying).
+    tracker: Tracker,
     started: bool,
 }
 
@@ -32,11 +34,25 @@ pub struct DeltaStream {
     types: BTreeMap<String, TypeState>,
     next_nonce: u64,
     client: ClientHandle,
+    examined: u64,
 }
 
 impl DeltaStream {
     pub fn new(client: ClientHandle) -> Self {
-        DeltaStream { types: BTreeMap::new(), next_nonce: 0, client }
+        DeltaStream { types: BTreeMap::new(), next_nonce: 0, client, examined: 0 }
+    }
+
+    pub fn has_type(&self, type_url: &str) -> bool {
+        self.types.contains_key(type_url)
+    }
+
+    pub fn type_count(&self) -> usize {
+        self.types.len()
+    }
+
+    /// Names compared so far on this stream (the work its diffs did).
+    pub fn examined(&self) -> u64 {
+        self.examined
     }
 
     pub fn on_request(&mut self, req: &DeltaDiscoveryRequest, set: &ConfigSet) -> Vec<DeltaDiscoveryResponse> {
@@ -46,62 +62,60 @@ impl DeltaStream {
         let type_url = req.type_url.clone();
         let st = self.types.entry(type_url.clone()).or_default();
         let first = !st.started;
+        let known = type_resources(set, &type_url);
         if first {
             st.started = true;
-            st.sub = Subscription::from_names(&type_url, &req.resource_names_subscribe);
+            let sub = Subscription::from_names(&type_url, &req.resource_names_subscribe, known);
             // What the client already has after a reconnect: not re-sent if
             // unchanged, and reported removed if gone.
-            st.sent = req.initial_resource_versions.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            let name = |n: &str| known.get(n).map(|r| r.name.clone()).unwrap_or_else(|| n.into());
+            st.tracker.start(sub, req.initial_resource_versions.iter().map(|(k, v)| (name(k), Arc::from(v.as_str()))));
         } else {
             for name in &req.resource_names_subscribe {
-                if !st.sub.add(name) {
-                    continue;
-                }
                 // An explicit (re)subscribe always gets the resource.
-                st.sent.remove(name);
+                st.tracker.subscribe(name, known);
             }
             for name in &req.resource_names_unsubscribe {
-                st.sub.remove(name);
+                st.tracker.unsubscribe(name);
             }
-            let sub = st.sub.clone();
-            st.sent.retain(|n, _| sub.wants(n));
         }
-        self.client.subscribed(&type_url, &st.sub);
+        self.client.subscribed(&type_url, st.tracker.sub());
         // The first request for a type is answered whatever nonce it carries
         // (a client reconnecting from another server sends its old stream's
         // nonce); such a nonce acknowledges nothing sent on this stream.
         if !req.response_nonce.is_empty() && !first {
             match &req.error_detail {
                 Some(status) => {
-                    warn!(
-                        type_url,
-                        nonce = req.response_nonce,
-                        detail = status.message,
-                        "NACK: client kept its last good config"
-                    );
+                    if let Some(unlogged) = self.client.nack_log() {
+                        warn!(
+                                type_url,
+                                nonce = %short(&req.response_nonce),
+                                detail = %truncate(&status.message, NACK_DETAIL_BYTES),
+                        unlogged,
+                                "NACK: client kept its last good config"
+                            );
+                    }
                     self.client.nack(&type_url, &req.response_nonce, &req.response_nonce, &status.message);
                 }
                 None => {
-                    debug!(type_url, nonce = req.response_nonce, "ACK");
+                    debug!(type_url, nonce = %short(&req.response_nonce), "ACK");
                     self.client.ack(&type_url, &req.response_nonce, &req.response_nonce);
                 }
             }
         }
         // The first request is always answered, even with nothing, so the
         // client's initial fetch completes.
-        self.respond(&type_url, set, first, &BTreeSet::new()).into_iter().collect()
+        self.respond(&type_url, set, first, &HashSet::new()).map(|(resp, _)| resp).into_iter().collect()
     }
 
     pub fn on_change(&mut self, set: &ConfigSet) -> Vec<DeltaDiscoveryResponse> {
         let mut out = Vec::new();
-        let mut forced = BTreeSet::new();
+        let mut forced = HashSet::new();
         for type_url in push_order(self.types.keys()) {
-            let force = if type_url == ENDPOINT_TYPE { forced.clone() } else { BTreeSet::new() };
-            let before = self.types[&type_url].sent.clone();
-            if let Some(resp) = self.respond(&type_url, set, false, &force) {
+            let force = if type_url == ENDPOINT_TYPE { std::mem::take(&mut forced) } else { HashSet::new() };
+            if let Some((resp, replaced)) = self.respond(&type_url, set, false, &force) {
                 if type_url == CLUSTER_TYPE {
-                    forced
-                        .extend(resp.resources.iter().filter(|r| before.contains_key(&r.name)).map(|r| r.name.clone()));
+                    forced.extend(replaced);
                 }
                 out.push(resp);
             }
@@ -109,18 +123,27 @@ impl DeltaStream {
         out
     }
 
+    /// Send what differs from what the client has (and, when `always`, an
+    /// empty response if nothing does). Returns the response and the names
+    /// it re-sent with a new version.
     fn respond(
         &mut self,
         type_url: &str,
         set: &ConfigSet,
         always: bool,
-        force: &BTreeSet<String>,
-    ) -> Option<DeltaDiscoveryResponse> {
+        force: &HashSet<Arc<str>>,
+    ) -> Option<(DeltaDiscoveryResponse, Vec<Arc<str>>)> {
         let st = self.types.get_mut(type_url)?;
-        let current = subscribed(set, type_url, &st.sub);
-        let resources: Vec<XdsResource> = current
-            .values()
-            .filter(|r| st.sent.get(&*r.name).map(String::as_str) != Some(&*r.version) || force.contains(&*r.name))
+        let now = type_resources(set, type_url);
+        let changes = st.tracker.changes(now, set.revision, force);
+        self.examined += changes.examined as u64;
+        st.tracker.commit(now, set.revision, Vec::new());
+        if changes.is_empty() && !always {
+            return None;
+        }
+        let resources: Vec<XdsResource> = changes
+            .upserts
+            .iter()
             .map(|r| XdsResource {
                 name: r.name.to_string(),
                 version: r.version.to_string(),
@@ -128,16 +151,7 @@ impl DeltaStream {
                 ..Default::default()
             })
             .collect();
-        let removed: Vec<String> = st.sent.keys().filter(|n| !current.contains_key(n.as_str())).cloned().collect();
-        if resources.is_empty() && removed.is_empty() && !always {
-            return None;
-        }
-        for n in &removed {
-            st.sent.remove(n);
-        }
-        for r in &resources {
-            st.sent.insert(r.name.clone(), r.version.clone());
-        }
+        let removed: Vec<String> = changes.removed.iter().map(|(n, _)| n.to_string()).collect();
         self.next_nonce += 1;
         let nonce = self.next_nonce.to_string();
         debug!(type_url, nonce, size = resources.len(), removed = removed.len(), "sent delta response");
@@ -149,6 +163,6 @@ impl DeltaStream {
             ..Default::default()
         };
         self.client.sent(&resp, set.changed_at);
-        Some(resp)
+        Some((resp, changes.replaced))
     }
 }

@@ -7,9 +7,13 @@
 
 pub mod clients;
 pub mod delta;
+pub mod limits;
+pub mod metrics;
 pub mod sotw;
+pub mod subscription;
+pub mod tracker;
 
-use std::collections::BTreeSet;
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,100 +23,47 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     aggregated_discovery_service_server::{AggregatedDiscoveryService, AggregatedDiscoveryServiceServer},
 };
 use futures::Stream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::{Instrument, debug, info, info_span};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use clients::{ClientHandle, Clients};
+use limits::Connections;
+pub use limits::XdsLimits;
+pub use subscription::{Subscription, is_full_state, push_order, type_resources};
 
 use crate::translate::ConfigSet;
-use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
-
-/// What a client asked for, for one type.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Subscription {
-    pub wildcard: bool,
-    pub names: BTreeSet<String>,
-}
-
-impl Subscription {
-    /// From a SotW `resource_names` list or the first delta subscribe list.
-    /// An empty list is the legacy wildcard, but only for types where the
-    /// client may not know names up front (all but EDS and RDS, which are
-    /// always named: an empty EDS list means "nothing").
-    pub fn from_names(type_url: &str, names: &[String]) -> Subscription {
-        let mut sub = Subscription::default();
-        let named_only = type_url == ENDPOINT_TYPE || type_url == ROUTE_TYPE;
-        sub.wildcard = names.is_empty() && !named_only;
-        for n in names {
-            sub.add(n);
-        }
-        sub
-    }
-
-    /// Add a name (`*` turns wildcard on). True if it was not there.
-    pub fn add(&mut self, name: &str) -> bool {
-        if name == "*" {
-            let was = self.wildcard;
-            self.wildcard = true;
-            return !was;
-        }
-        self.names.insert(name.to_string())
-    }
-
-    pub fn remove(&mut self, name: &str) {
-        if name == "*" {
-            self.wildcard = false;
-        } else {
-            self.names.remove(name);
-        }
-    }
-
-    pub fn wants(&self, name: &str) -> bool {
-        self.wildcard || self.names.contains(name)
-    }
-}
-
-/// Types whose every response must list all resources (xDS: Listener and
-/// Cluster are "full state" in SotW), and any type we do not know, which
-/// Pilot's MCP client treats the same way.
-pub fn is_full_state(type_url: &str) -> bool {
-    type_url != ENDPOINT_TYPE && type_url != ROUTE_TYPE
-}
-
-/// go-control-plane's order: CDS, EDS, LDS, RDS, then anything else.
-pub fn push_order<'a>(types: impl Iterator<Item = &'a String>) -> Vec<String> {
-    let rank = |t: &str| match t {
-        CLUSTER_TYPE => 0,
-        ENDPOINT_TYPE => 1,
-        LISTENER_TYPE => 2,
-        ROUTE_TYPE => 3,
-        _ => 4,
-    };
-    let mut v: Vec<String> = types.cloned().collect();
-    v.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)));
-    v
-}
 
 /// The ADS service. Cheap to clone.
 #[derive(Clone)]
 pub struct AdsServer {
     config: watch::Receiver<Arc<ConfigSet>>,
     clients: Arc<Clients>,
+    limits: Arc<XdsLimits>,
+    /// One permit per open stream, all clients together.
+    streams: Arc<Semaphore>,
+    connections: Arc<Connections>,
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 impl AdsServer {
+    /// A server with the default [`XdsLimits`].
     pub fn new(config: watch::Receiver<Arc<ConfigSet>>, clients: Arc<Clients>) -> Self {
-        AdsServer { config, clients }
+        AdsServer::with_limits(config, clients, XdsLimits::default())
+    }
+
+    pub fn with_limits(config: watch::Receiver<Arc<ConfigSet>>, clients: Arc<Clients>, limits: XdsLimits) -> Self {
+        let streams = Arc::new(Semaphore::new(limits.max_streams));
+        AdsServer { config, clients, limits: Arc::new(limits), streams, connections: Arc::default() }
     }
 
     pub fn into_service(self) -> AggregatedDiscoveryServiceServer<AdsServer> {
+        let max_request = self.limits.max_request_bytes;
         AggregatedDiscoveryServiceServer::new(self)
-            .max_decoding_message_size(64 << 20)
+            .max_decoding_message_size(max_request)
             .max_encoding_message_size(256 << 20)
     }
 
@@ -122,11 +73,21 @@ impl AdsServer {
         listener: tokio::net::TcpListener,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), tonic::transport::Error> {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        tonic::transport::Server::builder()
-            .add_service(self.into_service())
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await
+        let (connections, limits) = (self.connections.clone(), self.limits.clone());
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener)
+            .map(move |io| io.map(|io| connections.accept(io, &limits)));
+        let limits = &self.limits;
+        let (keepalive_interval, keepalive_timeout) = limits.keepalive();
+        let mut builder = tonic::transport::Server::builder()
+            .max_concurrent_streams(limits.max_streams_per_connection)
+            .http2_keepalive_interval(keepalive_interval)
+            .http2_keepalive_timeout(keepalive_timeout);
+        if !limits.max_connection_age.is_zero() {
+            builder = builder
+                .max_connection_age(limits.max_connection_age)
+                .max_connection_age_grace(limits.max_connection_age_grace);
+        }
+        builder.add_service(self.into_service()).serve_with_incoming_shutdown(incoming, shutdown).await
     }
 }
 
@@ -134,6 +95,8 @@ impl AdsServer {
 pub trait StreamState: Send + 'static {
     type Req: Send + 'static;
     type Resp: Send + 'static;
+    /// A request breaking a cap (see [`limits`]) ends the stream.
+    fn check(&self, req: &Self::Req) -> Result<(), String>;
     fn on_request(&mut self, req: &Self::Req, set: &ConfigSet) -> Vec<Self::Resp>;
     fn on_change(&mut self, set: &ConfigSet) -> Vec<Self::Resp>;
 }
@@ -141,6 +104,10 @@ pub trait StreamState: Send + 'static {
 impl StreamState for sotw::SotwStream {
     type Req = DiscoveryRequest;
     type Resp = DiscoveryResponse;
+    fn check(&self, req: &DiscoveryRequest) -> Result<(), String> {
+        limits::check_request(&req.type_url, &req.resource_names)?;
+        check_type_count(self.has_type(&req.type_url), self.type_count())
+    }
     fn on_request(&mut self, req: &DiscoveryRequest, set: &ConfigSet) -> Vec<DiscoveryResponse> {
         sotw::SotwStream::on_request(self, req, set)
     }
@@ -152,6 +119,15 @@ impl StreamState for sotw::SotwStream {
 impl StreamState for delta::DeltaStream {
     type Req = DeltaDiscoveryRequest;
     type Resp = DeltaDiscoveryResponse;
+    fn check(&self, req: &DeltaDiscoveryRequest) -> Result<(), String> {
+        let names = req
+            .resource_names_subscribe
+            .iter()
+            .chain(&req.resource_names_unsubscribe)
+            .chain(req.initial_resource_versions.keys());
+        limits::check_request(&req.type_url, names)?;
+        check_type_count(self.has_type(&req.type_url), self.type_count())
+    }
     fn on_request(&mut self, req: &DeltaDiscoveryRequest, set: &ConfigSet) -> Vec<DeltaDiscoveryResponse> {
         delta::DeltaStream::on_request(self, req, set)
     }
@@ -160,23 +136,56 @@ impl StreamState for delta::DeltaStream {
     }
 }
 
+fn check_type_count(known: bool, count: usize) -> Result<(), String> {
+    if known || count < limits::MAX_TYPES_PER_STREAM {
+        Ok(())
+    } else {
+        Err(format!("type_url: more than {} types on one stream", limits::MAX_TYPES_PER_STREAM))
+    }
+}
+
 /// Drive one stream: requests and config changes in, responses out.
+///
+/// A slow or non-reading client holds at most the responses of one step
+/// (one per type) plus the one in the channel: while any is unsent, no
+/// request is read and no config change is looked at. Changes coalesce in
+/// the watch channel, so once the client reads again it gets the newest
+/// state, never a backlog.
 async fn drive<S: StreamState>(
     mut state: S,
     mut inbound: Streaming<S::Req>,
     mut config: watch::Receiver<Arc<ConfigSet>>,
-    tx: mpsc::Sender<Result<S::Resp, Status>>,
+    tx: mpsc::Sender<Result<Counted<S::Resp>, Status>>,
+    clients: Arc<Clients>,
 ) {
+    let mut queue: VecDeque<Counted<S::Resp>> = VecDeque::new();
     loop {
+        if let Some(resp) = queue.pop_front() {
+            // Only the channel's one slot: the rest wait here, unbuilt work in the watch.
+            if tx.send(Ok(resp)).await.is_err() {
+                break;
+            }
+            continue;
+        }
         let out = tokio::select! {
             msg = inbound.next() => match msg {
                 Some(Ok(req)) => {
+                    if let Err(e) = state.check(&req) {
+                        warn!(error = %e, "request refused; closing the stream");
+                        let _ = tx.send(Err(Status::invalid_argument(e))).await;
+                        break;
+                    }
                     // Not borrow_and_update: other types may still owe a push
                     // for this config, which the change branch will make.
                     let set = config.borrow().clone();
                     state.on_request(&req, &set)
                 }
-                Some(Err(status)) => { debug!(%status, "stream error"); break }
+                Some(Err(status)) => {
+                    // E.g. a request over --xds-max-request-bytes: tell the client why.
+                    debug!(%status, "stream error");
+                    let _ = tx.send(Err(status)).await;
+                    break
+                }
                 None => break,
             },
             changed = config.changed() => {
@@ -185,11 +194,31 @@ async fn drive<S: StreamState>(
                 state.on_change(&set)
             }
         };
-        for resp in out {
-            if tx.send(Ok(resp)).await.is_err() {
-                return;
-            }
-        }
+        queue.extend(out.into_iter().map(|r| Counted::new(r, &clients)));
+    }
+}
+
+/// A response built but not yet taken by the transport, counted in
+/// [`Clients::buffered`] while it lives.
+struct Counted<T> {
+    resp: Option<T>,
+    clients: Arc<Clients>,
+}
+
+impl<T> Counted<T> {
+    fn new(resp: T, clients: &Arc<Clients>) -> Self {
+        clients.buffered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Counted { resp: Some(resp), clients: clients.clone() }
+    }
+
+    fn take(mut self) -> Option<T> {
+        self.resp.take()
+    }
+}
+
+impl<T> Drop for Counted<T> {
+    fn drop(&mut self) {
+        self.clients.buffered.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -214,13 +243,22 @@ impl AdsServer {
         remote: Option<SocketAddr>,
         inbound: Streaming<S::Req>,
         state: impl FnOnce(ClientHandle) -> S,
-    ) -> BoxStream<S::Resp> {
+    ) -> Result<BoxStream<S::Resp>, Status> {
+        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
+            warn!(peer = %peer(remote), max = self.limits.max_streams, "xds stream refused: too many open streams");
+            Status::resource_exhausted(format!(
+                "too many open xDS streams (limit {}, --xds-max-streams)",
+                self.limits.max_streams
+            ))
+        })?;
+        let conn = self.connections.stream_opened(remote);
         let peer = peer(remote);
         let client = self.clients.connect(&peer, mode);
         let span = info_span!("ads", mode, stream = client.id(), %peer);
-        let (tx, rx) = mpsc::channel(16);
+        let (tx, rx) = mpsc::channel(1);
         let state = state(client);
         let config = self.config.clone();
+        let clients = self.clients.clone();
         tokio::spawn(
             async move {
                 info!("stream opened");
@@ -230,12 +268,15 @@ impl AdsServer {
                 if config.wait_for(|s| !s.held).await.is_err() {
                     return;
                 }
-                drive(state, inbound, config, tx).await;
+                drive(state, inbound, config, tx, clients).await;
+                drop((permit, conn));
                 info!("stream closed");
             }
             .instrument(span),
         );
-        Box::pin(ReceiverStream::new(rx))
+        // A response leaves the count when tonic takes it to encode.
+        let responses = ReceiverStream::new(rx).filter_map(|r| r.map(Counted::take).transpose());
+        Ok(Box::pin(responses))
     }
 }
 
@@ -250,7 +291,7 @@ impl AggregatedDiscoveryService for AdsServer {
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
         self.refuse_if_draining()?;
         let remote = request.remote_addr();
-        Ok(Response::new(self.open("sotw", remote, request.into_inner(), sotw::SotwStream::new)))
+        Ok(Response::new(self.open("sotw", remote, request.into_inner(), sotw::SotwStream::new)?))
     }
 
     async fn delta_aggregated_resources(
@@ -259,6 +300,10 @@ impl AggregatedDiscoveryService for AdsServer {
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
         self.refuse_if_draining()?;
         let remote = request.remote_addr();
-        Ok(Response::new(self.open("delta", remote, request.into_inner(), delta::DeltaStream::new)))
+        Ok(Response::new(self.open("delta", remote, request.into_inner(), delta::DeltaStream::new)?))
     }
 }
+
+#[cfg(test)]
+#[path = "stream_tests.rs"]
+mod stream_tests;

@@ -10,20 +10,25 @@
 //! responses carry every resource, other types only the named ones that
 //! changed.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::protobuf::Any;
 use tracing::{debug, warn};
 
-use super::{ClientHandle, Subscription, is_full_state, push_order};
-use crate::resources::{Resource, content_hash};
+use super::clients::NACK_DETAIL_BYTES;
+use super::limits::{short, truncate};
+use super::tracker::Tracker;
+use super::{ClientHandle, Subscription, is_full_state, push_order, type_resources};
 use crate::translate::ConfigSet;
+use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE};
 
 #[derive(Debug, Default)]
 struct TypeState {
-    sub: Subscription,
-    /// name → version last sent (what the client has, or is applying).
-    sent: BTreeMap<String, String>,
+    /// The subscription and what the client holds (what it was sent, or
+    /// is applying: a NACKed version counts as sent).
+    tracker: Tracker,
     /// Latest nonce sent for this type; empty before the first response.
     nonce: String,
 }
@@ -34,11 +39,12 @@ pub struct SotwStream {
     types: BTreeMap<String, TypeState>,
     next_nonce: u64,
     client: ClientHandle,
+    examined: u64,
 }
 
 impl SotwStream {
     pub fn new(client: ClientHandle) -> Self {
-        SotwStream { types: BTreeMap::new(), next_nonce: 0, client }
+        SotwStream { types: BTreeMap::new(), next_nonce: 0, client, examined: 0 }
     }
 
     /// Handle one request from the client.
@@ -59,31 +65,27 @@ impl SotwStream {
         // request (it is still true); only the latest nonce drives the
         // protocol. A nonce we never sent acknowledges nothing of ours.
         if first && !req.response_nonce.is_empty() {
-            debug!(type_url, nonce = req.response_nonce, "first request carries a nonce from elsewhere: answered");
+            debug!(type_url, nonce = %short(&req.response_nonce), "first request carries a nonce from elsewhere: answered");
         } else {
             record_reply(&self.client, &type_url, req, stale);
         }
         if stale {
-            debug!(type_url, nonce = req.response_nonce, latest = st.nonce, "ignoring stale nonce");
+            debug!(type_url, nonce = %short(&req.response_nonce), latest = st.nonce, "ignoring stale nonce");
             return Vec::new();
         }
-        let sub = Subscription::from_names(&type_url, &req.resource_names);
+        let sub = Subscription::from_names(&type_url, &req.resource_names, type_resources(set, &type_url));
         self.client.subscribed(&type_url, &sub);
+        // Names no longer wanted are forgotten, so a later re-subscribe sends them.
+        let changed = st.tracker.set_sub(sub);
         if req.error_detail.is_some() && !first {
             // Nothing is re-sent until the config changes.
-            st.sub = sub;
             return Vec::new();
         }
-        let changed = sub != st.sub;
-        st.sub = sub;
-        // Names no longer wanted are forgotten, so a later re-subscribe sends them.
-        let wanted = st.sub.clone();
-        st.sent.retain(|name, _| wanted.wants(name));
         if !(first || changed) {
             return Vec::new();
         }
         let full = first || is_full_state(&type_url);
-        self.respond(&type_url, set, full, &BTreeSet::new()).into_iter().collect()
+        self.respond(&type_url, set, full, &HashSet::new(), true).map(|(resp, _)| resp).into_iter().collect()
     }
 
     /// The config changed: push what differs from what each type was sent,
@@ -92,22 +94,16 @@ impl SotwStream {
         let mut out = Vec::new();
         // Clusters re-sent with a new version get their EDS re-sent too, so a
         // warming cluster is never left waiting for endpoints.
-        let mut forced = BTreeSet::new();
-        let types: Vec<String> = push_order(self.types.keys());
-        for type_url in types {
+        let mut forced = HashSet::new();
+        for type_url in push_order(self.types.keys()) {
             if self.types[&type_url].nonce.is_empty() {
                 continue;
             }
             let full = is_full_state(&type_url);
-            let force =
-                if type_url == crate::translate::envoy::ENDPOINT_TYPE { forced.clone() } else { BTreeSet::new() };
-            let before = self.types[&type_url].sent.clone();
-            if let Some(resp) = self.respond_if_changed(&type_url, set, full, &force) {
-                if type_url == crate::translate::envoy::CLUSTER_TYPE {
-                    let now = &self.types[&type_url].sent;
-                    forced.extend(
-                        now.iter().filter(|(n, v)| before.get(*n).is_some_and(|old| old != *v)).map(|(n, _)| n.clone()),
-                    );
+            let force = if type_url == ENDPOINT_TYPE { std::mem::take(&mut forced) } else { HashSet::new() };
+            if let Some((resp, replaced)) = self.respond(&type_url, set, full, &force, false) {
+                if type_url == CLUSTER_TYPE {
+                    forced.extend(replaced);
                 }
                 out.push(resp);
             }
@@ -115,106 +111,84 @@ impl SotwStream {
         out
     }
 
-    fn respond_if_changed(
-        &mut self,
-        type_url: &str,
-        set: &ConfigSet,
-        full: bool,
-        force: &BTreeSet<String>,
-    ) -> Option<DiscoveryResponse> {
-        let st = &self.types[type_url];
-        let current = subscribed(set, type_url, &st.sub);
-        let dirty =
-            current.iter().any(|(n, r)| st.sent.get(*n).map(String::as_str) != Some(&*r.version) || force.contains(*n));
-        let removed = st.sent.keys().any(|n| !current.contains_key(n.as_str()));
-        if !(dirty || full && removed) {
-            return None;
-        }
-        self.respond(type_url, set, full, force)
+    pub fn has_type(&self, type_url: &str) -> bool {
+        self.types.contains_key(type_url)
     }
 
-    /// Build the response for `type_url`: everything subscribed when `full`,
-    /// else only what is new, changed or forced.
+    pub fn type_count(&self) -> usize {
+        self.types.len()
+    }
+
+    /// Names compared so far on this stream (the work its diffs did).
+    pub fn examined(&self) -> u64 {
+        self.examined
+    }
+
+    /// Bring `type_url` up to date with `set`. When `full`, the response
+    /// carries everything subscribed (and any removal calls for one), else
+    /// only what is new, changed or forced. Without `always`, nothing is
+    /// sent when nothing the client wants differs. Returns the response and
+    /// the names it re-sent with a new version.
     fn respond(
         &mut self,
         type_url: &str,
         set: &ConfigSet,
         full: bool,
-        force: &BTreeSet<String>,
-    ) -> Option<DiscoveryResponse> {
+        force: &HashSet<Arc<str>>,
+        always: bool,
+    ) -> Option<(DiscoveryResponse, Vec<Arc<str>>)> {
+        let st = self.types.get_mut(type_url)?;
+        let now = type_resources(set, type_url);
+        let changes = st.tracker.changes(now, set.revision, force);
+        self.examined += changes.examined as u64;
+        let send = always || !changes.upserts.is_empty() || full && !changes.removed.is_empty();
+        let resources: Vec<Any> = match (send, full) {
+            (false, _) => Vec::new(),
+            (true, true) => st.tracker.wanted(now).map(|r| r.body.clone()).collect(),
+            (true, false) => changes.upserts.iter().map(|r| r.body.clone()).collect(),
+        };
+        // SotW cannot remove a named resource: the client keeps it.
+        let unsent = if send && full { Vec::new() } else { changes.removed };
+        st.tracker.commit(now, set.revision, unsent);
+        if !send {
+            return None;
+        }
         self.next_nonce += 1;
         let nonce = self.next_nonce.to_string();
-        let st = self.types.get_mut(type_url)?;
-        let current = subscribed(set, type_url, &st.sub);
-        let version = type_version(&current);
-        let resources: Vec<&Resource> = current
-            .values()
-            .copied()
-            .filter(|r| {
-                full || st.sent.get(&*r.name).map(String::as_str) != Some(&*r.version) || force.contains(&*r.name)
-            })
-            .collect();
-        if !full {
-            st.sent.retain(|n, _| current.contains_key(n.as_str()));
-        } else {
-            st.sent.clear();
-        }
-        for r in &resources {
-            st.sent.insert(r.name.to_string(), r.version.to_string());
-        }
         st.nonce = nonce.clone();
+        let version = now.version();
         debug!(type_url, nonce, version, size = resources.len(), "sent response");
         let resp = DiscoveryResponse {
             version_info: version,
-            resources: resources.iter().map(|r| r.body.clone()).collect(),
+            resources,
             type_url: type_url.to_string(),
             nonce,
             ..Default::default()
         };
         self.client.sent(&resp, set.changed_at);
-        Some(resp)
+        Some((resp, changes.replaced))
     }
-}
-
-/// The resources of one type that a subscription asks for.
-pub(super) fn subscribed<'a>(
-    set: &'a ConfigSet,
-    type_url: &str,
-    sub: &Subscription,
-) -> BTreeMap<&'a str, &'a Resource> {
-    set.resources(type_url)
-        .map(|m| m.iter().filter(|r| sub.wants(&r.name)).map(|r| (&*r.name, &**r)).collect())
-        .unwrap_or_default()
-}
-
-/// A type's version: a hash over the names and versions it holds.
-fn type_version(current: &BTreeMap<&str, &Resource>) -> String {
-    let mut buf = Vec::new();
-    for (n, r) in current {
-        buf.extend_from_slice(n.as_bytes());
-        buf.push(0);
-        buf.extend_from_slice(r.version.as_bytes());
-        buf.push(0);
-    }
-    content_hash(&buf)
 }
 
 /// Record the ACK or NACK a request carries, if any.
 fn record_reply(client: &ClientHandle, type_url: &str, req: &DiscoveryRequest, stale: bool) {
     match (&req.error_detail, req.response_nonce.is_empty()) {
         (Some(status), _) => {
-            warn!(
-                type_url,
-                nonce = req.response_nonce,
-                version = req.version_info,
-                detail = status.message,
-                stale,
-                "NACK: client kept its last good config"
-            );
+            if let Some(unlogged) = client.nack_log() {
+                warn!(
+                    type_url,
+                    nonce = %short(&req.response_nonce),
+                    version = %short(&req.version_info),
+                    detail = %truncate(&status.message, NACK_DETAIL_BYTES),
+                    unlogged,
+                    stale,
+                    "NACK: client kept its last good config"
+                );
+            }
             client.nack(type_url, &req.response_nonce, &req.version_info, &status.message);
         }
         (None, false) => {
-            debug!(type_url, nonce = req.response_nonce, version = req.version_info, stale, "ACK");
+            debug!(type_url, nonce = %short(&req.response_nonce), version = %short(&req.version_info), stale, "ACK");
             client.ack(type_url, &req.response_nonce, &req.version_info);
         }
         (None, true) => {}

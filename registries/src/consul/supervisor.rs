@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info};
 
 use super::client::Indexed;
+use super::ctx::{Ctx, FullSync, Read, is_outage};
 use super::decode::{CheckPrints, dirty_services};
-use super::{Ctx, FullSync, Read, is_outage};
 use crate::model::Service;
 use crate::retry::Backoff;
 use crate::watcher::{RegistryError, Update};
@@ -56,6 +56,9 @@ struct Tracked {
     /// The last read's answer could not be used.
     failing: Option<RegistryError>,
 }
+
+/// How soon a catalog index that went backwards is followed by a resync.
+const INDEX_RESET_RESYNC: Duration = Duration::from_millis(200);
 
 pub(crate) struct Supervisor {
     ctx: Arc<Ctx>,
@@ -270,7 +273,13 @@ impl Supervisor {
 
     fn on_catalog(&mut self, answer: Indexed<BTreeMap<String, Vec<String>>>) {
         if answer.index < self.sync_floor {
-            debug!(index = answer.index, floor = self.sync_floor, "catalog answer older than the last sync ignored");
+            // Either an answer that was in flight during the last sync, or
+            // Consul's index went backwards (a restarted agent, a new
+            // cluster: Consul's blocking-query rules say to reset). Both are
+            // settled by a full sync, which the backoff paces.
+            debug!(index = answer.index, floor = self.sync_floor, "catalog answer older than the last sync: resyncing");
+            let soon = Instant::now() + INDEX_RESET_RESYNC;
+            self.resync_at = Some(self.resync_at.map_or(soon, |at| at.min(soon)));
             return;
         }
         self.sync_floor = 0;

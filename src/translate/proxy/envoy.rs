@@ -23,7 +23,7 @@ use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
 use envoy_types::pb::google::protobuf::Duration;
 use envoy_types::util::pack_any;
 
-use super::{CONNECT_TARGET, Proxy};
+use super::types::{CONNECT_TARGET, Proxy};
 
 pub(super) const TLS_INSPECTOR: &str = "envoy.filters.listener.tls_inspector";
 pub(super) const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";

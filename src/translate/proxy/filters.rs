@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::envoy::{LOCAL, TCP_PROXY, TLS_INSPECTOR};
-use super::{CONNECT_TARGET, Proxied, Proxy};
+use super::types::{CONNECT_TARGET, Proxied, Proxy};
 use crate::translate::model::{
     ClusterMatch, EnvoyConfigObjectPatch, EnvoyFilterSpec, IstioObject, Patch, PatchMatch, Spec,
 };

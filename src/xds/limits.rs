@@ -1,0 +1,327 @@
+//! Bounds on what one xDS client can make the server hold or do, and the
+//! connection wrapper that enforces the handshake and idle timeouts tonic
+//! does not have.
+//!
+//! | bound | default | enforced by |
+//! | --- | --- | --- |
+//! | request size | 4 MiB | tonic decoder (`max_decoding_message_size`) |
+//! | streams per connection | 16 | HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` |
+//! | open streams, all clients | 4096 | a semaphore: `RESOURCE_EXHAUSTED` beyond it |
+//! | keepalive | ping every 30 s, dead after 10 s | hyper HTTP/2 keepalive |
+//! | connection age | 30 min, then GOAWAY; closed 10 s later | tonic `max_connection_age(_grace)` |
+//! | handshake | 10 s to send the HTTP/2 preface | [`Conn`] |
+//! | idle | 5 min without an open stream | [`Conn`] |
+//! | type URL / resource name | 256 / 1024 bytes; 64 types per stream | the stream task: `INVALID_ARGUMENT` |
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::Sleep;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+/// Longest type URL accepted (Envoy's and Istio's are under 100 bytes).
+pub const MAX_TYPE_URL_BYTES: usize = 256;
+/// Longest resource name accepted (a cluster name is at most ~300 bytes).
+pub const MAX_RESOURCE_NAME_BYTES: usize = 1024;
+/// Distinct type URLs one stream may ask for.
+pub const MAX_TYPES_PER_STREAM: usize = 64;
+
+/// `30s`, `5m`, `250ms`, `1h`, or seconds without a unit.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.trim().split_at(s.trim().find(|c: char| !c.is_ascii_digit()).unwrap_or(s.trim().len()));
+    let n: u64 = num.parse().map_err(|_| format!("{s:?}: expected a number and a unit (ms, s, m, h)"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" | "" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        _ => Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
+    }
+}
+
+/// xDS server limits (`meshbridge run` flags). Durations take `ms`, `s`,
+/// `m` or `h`; `0` turns a timeout off.
+#[derive(Debug, Clone, clap::Args)]
+pub struct XdsLimits {
+    /// Largest request accepted from a client, in bytes.
+    #[arg(long = "xds-max-request-bytes", env = "MESHBRIDGE_XDS_MAX_REQUEST_BYTES", default_value_t = 4 << 20)]
+    pub max_request_bytes: usize,
+    /// Open ADS streams, all clients together; more are refused with RESOURCE_EXHAUSTED.
+    #[arg(long = "xds-max-streams", env = "MESHBRIDGE_XDS_MAX_STREAMS", default_value_t = 4096)]
+    pub max_streams: usize,
+    /// Concurrent streams on one HTTP/2 connection.
+    #[arg(
+        long = "xds-max-streams-per-connection",
+        env = "MESHBRIDGE_XDS_MAX_STREAMS_PER_CONNECTION",
+        default_value_t = 16
+    )]
+    pub max_streams_per_connection: u32,
+    /// HTTP/2 keepalive ping interval.
+    #[arg(long = "xds-keepalive-interval", env = "MESHBRIDGE_XDS_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub keepalive_interval: Duration,
+    /// A connection whose ping is not answered within this is closed.
+    #[arg(long = "xds-keepalive-timeout", env = "MESHBRIDGE_XDS_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub keepalive_timeout: Duration,
+    /// After this, a connection gets a GOAWAY (clients reconnect, spreading
+    /// load after a restart); its streams are closed after the grace period.
+    #[arg(long = "xds-max-connection-age", env = "MESHBRIDGE_XDS_MAX_CONNECTION_AGE", default_value = "30m", value_parser = parse_duration)]
+    pub max_connection_age: Duration,
+    #[arg(long = "xds-max-connection-age-grace", env = "MESHBRIDGE_XDS_MAX_CONNECTION_AGE_GRACE", default_value = "10s", value_parser = parse_duration)]
+    pub max_connection_age_grace: Duration,
+    /// A connection that has not sent the HTTP/2 preface within this is closed.
+    #[arg(long = "xds-handshake-timeout", env = "MESHBRIDGE_XDS_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+    /// A connection without an open stream for this long is closed.
+    #[arg(long = "xds-idle-timeout", env = "MESHBRIDGE_XDS_IDLE_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+}
+
+impl Default for XdsLimits {
+    fn default() -> Self {
+        XdsLimits {
+            max_request_bytes: 4 << 20,
+            max_streams: 4096,
+            max_streams_per_connection: 16,
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            max_connection_age: Duration::from_secs(30 * 60),
+            max_connection_age_grace: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(5 * 60),
+        }
+    }
+}
+
+fn nonzero(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
+}
+
+impl XdsLimits {
+    pub fn keepalive(&self) -> (Option<Duration>, Option<Duration>) {
+        (nonzero(self.keepalive_interval), nonzero(self.keepalive_timeout))
+    }
+}
+
+/// What the streams of one connection tell its [`Conn`]: how many are open
+/// and when the last one closed (ms since `epoch`).
+#[derive(Debug)]
+struct ConnState {
+    streams: AtomicUsize,
+    last_busy_ms: AtomicU64,
+}
+
+/// Connections by peer address, so a stream can find its own.
+#[derive(Debug)]
+pub struct Connections {
+    epoch: Instant,
+    by_peer: Mutex<HashMap<SocketAddr, Weak<ConnState>>>,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Connections { epoch: Instant::now(), by_peer: Mutex::default() }
+    }
+}
+
+/// Held by a stream while it is open.
+pub struct StreamGuard {
+    conn: Arc<ConnState>,
+    epoch: Instant,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.conn.last_busy_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.conn.streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Connections {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Wrap an accepted connection.
+    pub fn accept(self: &Arc<Self>, io: TcpStream, limits: &XdsLimits) -> Conn {
+        let state = Arc::new(ConnState { streams: AtomicUsize::new(0), last_busy_ms: AtomicU64::new(self.now_ms()) });
+        if let Ok(peer) = io.peer_addr() {
+            let mut map = self.by_peer.lock().unwrap_or_else(PoisonError::into_inner);
+            // Closed connections are swept as the map doubles: amortised O(1).
+            if map.len() >= 64 && map.len().is_power_of_two() {
+                map.retain(|_, c| c.strong_count() > 0);
+            }
+            map.insert(peer, Arc::downgrade(&state));
+        }
+        Conn {
+            io,
+            handshake: nonzero(limits.handshake_timeout).map(|d| Box::pin(tokio::time::sleep(d))),
+            preface_left: PREFACE_LEN,
+            idle: nonzero(limits.idle_timeout),
+            idle_timer: None,
+            state,
+            connections: self.clone(),
+        }
+    }
+
+    /// A stream opened on the connection from `peer`.
+    pub fn stream_opened(&self, peer: Option<SocketAddr>) -> Option<StreamGuard> {
+        let conn = self.by_peer.lock().unwrap_or_else(PoisonError::into_inner).get(&peer?)?.upgrade()?;
+        conn.streams.fetch_add(1, Ordering::Relaxed);
+        Some(StreamGuard { conn, epoch: self.epoch })
+    }
+}
+
+/// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`
+const PREFACE_LEN: usize = 24;
+
+/// An accepted TCP connection with a handshake deadline (the HTTP/2
+/// preface must arrive in time) and an idle deadline (no open stream for
+/// too long). Both end the connection with a read error, which hyper turns
+/// into closing it.
+pub struct Conn {
+    io: TcpStream,
+    handshake: Option<Pin<Box<Sleep>>>,
+    preface_left: usize,
+    idle: Option<Duration>,
+    idle_timer: Option<Pin<Box<Sleep>>>,
+    state: Arc<ConnState>,
+    connections: Arc<Connections>,
+}
+
+impl Conn {
+    /// `Err` once the connection has been without a stream for too long.
+    fn check_idle(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        let Some(idle) = self.idle else { return Ok(()) };
+        let now = self.connections.now_ms();
+        if self.state.streams.load(Ordering::Relaxed) > 0 {
+            self.state.last_busy_ms.store(now, Ordering::Relaxed);
+        }
+        let since = Duration::from_millis(now.saturating_sub(self.state.last_busy_ms.load(Ordering::Relaxed)));
+        if since >= idle {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "xds connection idle: no open stream"));
+        }
+        // Wake up when the idle period could end, to check again.
+        let timer = self.idle_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        timer.as_mut().reset(tokio::time::Instant::now() + (idle - since));
+        let _ = timer.as_mut().poll(cx);
+        Ok(())
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if let Some(t) = this.handshake.as_mut()
+            && t.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "xds handshake: no HTTP/2 preface in time",
+            )));
+        }
+        if let Err(e) = this.check_idle(cx) {
+            return Poll::Ready(Err(e));
+        }
+        let before = buf.filled().len();
+        let res = Pin::new(&mut this.io).poll_read(cx, buf);
+        if this.handshake.is_some() {
+            this.preface_left = this.preface_left.saturating_sub(buf.filled().len() - before);
+            if this.preface_left == 0 {
+                this.handshake = None;
+            }
+        }
+        res
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+impl Connected for Conn {
+    type ConnectInfo = TcpConnectInfo;
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+/// Check the client-chosen strings of a request against the caps.
+pub fn check_request<'a>(type_url: &str, names: impl IntoIterator<Item = &'a String>) -> Result<(), String> {
+    if type_url.len() > MAX_TYPE_URL_BYTES {
+        return Err(format!("type_url: {} bytes, the limit is {MAX_TYPE_URL_BYTES}", type_url.len()));
+    }
+    for (i, n) in names.into_iter().enumerate() {
+        if n.len() > MAX_RESOURCE_NAME_BYTES {
+            return Err(format!(
+                "resource name [{i}] of {}: {} bytes, the limit is {MAX_RESOURCE_NAME_BYTES}",
+                truncate(type_url, 100),
+                n.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// At most `max` bytes of `s` (cut at a char boundary), marked when cut:
+/// what logs and `/debug/xdsz` show of client-supplied text.
+pub fn truncate(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return s.into();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &s[..end], s.len()).into()
+}
+
+/// [`truncate`] to 128 bytes: for nonces and versions a client sends.
+pub fn short(s: &str) -> std::borrow::Cow<'_, str> {
+    truncate(s, 128)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_truncation() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert_eq!(truncate("short", 10), "short");
+        let cut = truncate("ééééé", 3);
+        assert!(cut.starts_with("é…") && cut.ends_with("(10 bytes)"), "{cut}");
+        assert!(check_request(&"t".repeat(300), []).unwrap_err().starts_with("type_url: 300 bytes"));
+        let long = vec!["n".repeat(2000)];
+        assert!(check_request("t", &long).unwrap_err().contains("resource name [0]"));
+    }
+}

@@ -1,0 +1,204 @@
+//! Per-change cost of the stream state machines: a change to one of many
+//! resources compares that resource alone, on SotW and delta streams.
+
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::google::protobuf::Any;
+
+use super::delta::DeltaStream;
+use super::sotw::SotwStream;
+use super::*;
+use crate::resources::Resource;
+use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE};
+
+const N: usize = 10_000;
+
+fn res(name: &str, body: &str) -> Resource {
+    Resource::new(name, Any { type_url: "t".into(), value: body.as_bytes().to_vec() })
+}
+
+fn name(i: usize) -> String {
+    format!("outbound|8080||svc-{i:05}.dc1.consul")
+}
+
+fn initial() -> ConfigSet {
+    let mut set = ConfigSet { revision: 1, ..Default::default() };
+    for type_url in [CLUSTER_TYPE, ENDPOINT_TYPE] {
+        let t = set.envoy.entry(type_url).or_default();
+        for i in 0..N {
+            t.insert(1, res(&name(i), &format!("{type_url} {i}")));
+        }
+    }
+    set
+}
+
+/// The publisher's next set: the same maps with one change.
+fn next(prev: &ConfigSet, type_url: &'static str, i: usize, body: &str) -> ConfigSet {
+    let mut set = ConfigSet { revision: prev.revision + 1, envoy: prev.envoy.clone(), ..Default::default() };
+    if let Some(t) = set.envoy.get_mut(type_url) {
+        t.insert(set.revision, res(&name(i), body));
+    }
+    set
+}
+
+#[test]
+fn a_change_to_one_of_many_resources_compares_only_it() {
+    let clients = Clients::new();
+    let set = initial();
+    let all: Vec<String> = (0..N).map(name).collect();
+
+    let mut sotw = SotwStream::new(clients.connect("test", "sotw"));
+    let cds = sotw.on_request(&DiscoveryRequest { type_url: CLUSTER_TYPE.into(), ..Default::default() }, &set);
+    assert_eq!(cds[0].resources.len(), N);
+    let eds = DiscoveryRequest { type_url: ENDPOINT_TYPE.into(), resource_names: all.clone(), ..Default::default() };
+    assert_eq!(sotw.on_request(&eds, &set)[0].resources.len(), N);
+
+    let mut delta = DeltaStream::new(clients.connect("test", "delta"));
+    for type_url in [CLUSTER_TYPE, ENDPOINT_TYPE] {
+        let req = DeltaDiscoveryRequest {
+            type_url: type_url.into(),
+            resource_names_subscribe: vec!["*".into()],
+            ..Default::default()
+        };
+        assert_eq!(delta.on_request(&req, &set)[0].resources.len(), N);
+    }
+
+    // An endpoint change: one EDS resource compared, one sent.
+    let (s0, d0) = (sotw.examined(), delta.examined());
+    let set = next(&set, ENDPOINT_TYPE, 42, "new endpoints");
+    let out = sotw.on_change(&set);
+    assert_eq!(out.iter().map(|r| (r.type_url.as_str(), r.resources.len())).collect::<Vec<_>>(), [(ENDPOINT_TYPE, 1)]);
+    let out = delta.on_change(&set);
+    assert_eq!(out.iter().map(|r| (r.type_url.as_str(), r.resources.len())).collect::<Vec<_>>(), [(ENDPOINT_TYPE, 1)]);
+    assert_eq!((sotw.examined() - s0, delta.examined() - d0), (1, 1));
+
+    // A cluster change: SotW CDS is full state (all N sent), but only the
+    // changed cluster and its forced EDS are compared.
+    let (s0, d0) = (sotw.examined(), delta.examined());
+    let set = next(&set, CLUSTER_TYPE, 7, "new cluster");
+    let out = sotw.on_change(&set);
+    let got: Vec<_> = out.iter().map(|r| (r.type_url.as_str(), r.resources.len())).collect();
+    assert_eq!(got, [(CLUSTER_TYPE, N), (ENDPOINT_TYPE, 1)]);
+    let out = delta.on_change(&set);
+    let got: Vec<_> = out.iter().map(|r| (r.type_url.as_str(), r.resources.len())).collect();
+    assert_eq!(got, [(CLUSTER_TYPE, 1), (ENDPOINT_TYPE, 1)]);
+    assert_eq!((sotw.examined() - s0, delta.examined() - d0), (2, 2));
+
+    // No change: nothing compared, nothing sent.
+    let (s0, d0) = (sotw.examined(), delta.examined());
+    let same = ConfigSet { revision: set.revision + 1, envoy: set.envoy.clone(), ..Default::default() };
+    assert!(sotw.on_change(&same).is_empty() && delta.on_change(&same).is_empty());
+    assert_eq!((sotw.examined() - s0, delta.examined() - d0), (0, 0));
+}
+
+fn small(names: &[(&str, &str)]) -> ConfigSet {
+    let mut set = ConfigSet { revision: 1, ..Default::default() };
+    let t = set.envoy.entry(ENDPOINT_TYPE).or_default();
+    for (n, body) in names {
+        t.insert(1, res(n, body));
+    }
+    set.envoy.entry(CLUSTER_TYPE).or_default();
+    set
+}
+
+/// The publisher's next set with `edit` applied to the EDS map.
+fn edit(prev: &ConfigSet, f: impl FnOnce(&mut crate::resources::TypeResources, u64)) -> ConfigSet {
+    let mut set = ConfigSet { revision: prev.revision + 1, envoy: prev.envoy.clone(), ..Default::default() };
+    if let Some(t) = set.envoy.get_mut(ENDPOINT_TYPE) {
+        f(t, set.revision);
+    }
+    set
+}
+
+fn eds_req(names: &[&str], nonce: &str) -> DiscoveryRequest {
+    DiscoveryRequest {
+        type_url: ENDPOINT_TYPE.into(),
+        resource_names: names.iter().map(|n| n.to_string()).collect(),
+        response_nonce: nonce.into(),
+        ..Default::default()
+    }
+}
+
+/// The bodies sent (the test resources' bodies are their content tags).
+fn sent_names(out: &[envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse]) -> Vec<String> {
+    out.iter().flat_map(|r| &r.resources).map(|a| String::from_utf8_lossy(&a.value).into_owned()).collect()
+}
+
+#[test]
+fn sotw_named_removals_subscription_changes_and_nacks() {
+    let clients = Clients::new();
+    let mut s = SotwStream::new(clients.connect("test", "sotw"));
+    let set = small(&[("a", "a1"), ("b", "b1"), ("c", "c1")]);
+    let first = s.on_request(&eds_req(&["a", "b"], ""), &set);
+    assert_eq!(sent_names(&first), ["a1", "b1"]);
+
+    // b goes away: SotW EDS cannot say so, and sends nothing for it.
+    let set = edit(&set, |t, rev| {
+        t.remove(rev, "b");
+    });
+    assert!(s.on_change(&set).is_empty());
+    // b comes back unchanged: the client still has it, nothing to send.
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("b", "b1"));
+    });
+    assert!(s.on_change(&set).is_empty());
+    // b comes back changed: sent.
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("b", "b2"));
+    });
+    let out = s.on_change(&set);
+    assert_eq!(sent_names(&out), ["b2"]);
+    let nonce = out[0].nonce.clone();
+
+    // Adding a name sends that name alone.
+    let out = s.on_request(&eds_req(&["a", "b", "c"], &nonce), &set);
+    assert_eq!(sent_names(&out), ["c1"]);
+    let nonce = out[0].nonce.clone();
+
+    // A NACK that also drops c and adds nothing: no answer; dropping c
+    // forgets it, so subscribing again later sends it again.
+    let mut nack = eds_req(&["a", "b"], &nonce);
+    nack.error_detail = Some(envoy_types::pb::google::rpc::Status { code: 3, message: "no".into(), details: vec![] });
+    assert!(s.on_request(&nack, &set).is_empty());
+    let out = s.on_request(&eds_req(&["a", "b", "c"], &nonce), &set);
+    assert_eq!(sent_names(&out), ["c1"]);
+    let nonce = out[0].nonce.clone();
+
+    // A NACK carrying a newly subscribed name gets no answer; the name is
+    // sent with the next change, whatever changed.
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("d", "d1"));
+    });
+    let mut nack = eds_req(&["a", "b", "c", "d"], &nonce);
+    nack.error_detail = Some(envoy_types::pb::google::rpc::Status { code: 3, message: "no".into(), details: vec![] });
+    assert!(s.on_request(&nack, &set).is_empty());
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("z", "z1"));
+    });
+    assert_eq!(sent_names(&s.on_change(&set)), ["d1"]);
+}
+
+#[test]
+fn delta_unsubscribe_sends_no_removal_and_resubscribe_resends() {
+    let clients = Clients::new();
+    let mut d = DeltaStream::new(clients.connect("test", "delta"));
+    let set = small(&[("a", "a1"), ("b", "b1")]);
+    let sub = |names: &[&str], unsub: &[&str]| DeltaDiscoveryRequest {
+        type_url: ENDPOINT_TYPE.into(),
+        resource_names_subscribe: names.iter().map(|n| n.to_string()).collect(),
+        resource_names_unsubscribe: unsub.iter().map(|n| n.to_string()).collect(),
+        ..Default::default()
+    };
+    let out = d.on_request(&sub(&["a", "b"], &[]), &set);
+    assert_eq!(out[0].resources.len(), 2);
+    let out = d.on_request(&sub(&[], &["b"]), &set);
+    assert!(out.is_empty(), "an unsubscribe is not answered with a removal: {out:?}");
+    // b changes while unsubscribed: nothing; a is removed: reported.
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("b", "b2"));
+        t.remove(rev, "a");
+    });
+    let out = d.on_change(&set);
+    assert_eq!((out[0].resources.len(), out[0].removed_resources.clone()), (0, vec!["a".to_string()]));
+    let out = d.on_request(&sub(&["b"], &[]), &set);
+    assert_eq!(out[0].resources.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["b"]);
+}

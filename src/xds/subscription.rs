@@ -1,0 +1,88 @@
+//! What a client subscribes to, and the type rules that decide what a
+//! response carries and in which order. A leaf of `xds`: the stream state
+//! machines and the server read it.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::resources::TypeResources;
+use crate::translate::ConfigSet;
+use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
+
+/// What a client asked for, for one type. Names are shared `Arc<str>`,
+/// the published resource's own name where there is one, so a stream's
+/// subscription costs a pointer per name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Subscription {
+    pub wildcard: bool,
+    pub names: BTreeSet<Arc<str>>,
+}
+
+impl Subscription {
+    /// From a SotW `resource_names` list or the first delta subscribe list.
+    /// An empty list is the legacy wildcard, but only for types where the
+    /// client may not know names up front (all but EDS and RDS, which are
+    /// always named: an empty EDS list means "nothing"). Names the type
+    /// holds share its resources' names.
+    pub fn from_names(type_url: &str, names: &[String], known: &TypeResources) -> Subscription {
+        let mut sub = Subscription::default();
+        let named_only = type_url == ENDPOINT_TYPE || type_url == ROUTE_TYPE;
+        sub.wildcard = names.is_empty() && !named_only;
+        for n in names {
+            sub.add(n, known);
+        }
+        sub
+    }
+
+    /// Add a name (`*` turns wildcard on). True if it was not there.
+    pub fn add(&mut self, name: &str, known: &TypeResources) -> bool {
+        if name == "*" {
+            let was = self.wildcard;
+            self.wildcard = true;
+            return !was;
+        }
+        if self.names.contains(name) {
+            return false;
+        }
+        self.names.insert(known.get(name).map(|r| r.name.clone()).unwrap_or_else(|| name.into()))
+    }
+
+    pub fn remove(&mut self, name: &str) {
+        if name == "*" {
+            self.wildcard = false;
+        } else {
+            self.names.remove(name);
+        }
+    }
+
+    pub fn wants(&self, name: &str) -> bool {
+        self.wildcard || self.names.contains(name)
+    }
+}
+
+/// The resources a type URL names in `set`, empty when it has none.
+pub fn type_resources<'a>(set: &'a ConfigSet, type_url: &str) -> &'a TypeResources {
+    static EMPTY: std::sync::LazyLock<TypeResources> = std::sync::LazyLock::new(TypeResources::default);
+    set.resources(type_url).unwrap_or(&EMPTY)
+}
+
+/// Types whose every response must list all resources (xDS: Listener and
+/// Cluster are "full state" in SotW), and any type we do not know, which
+/// Pilot's MCP client treats the same way.
+pub fn is_full_state(type_url: &str) -> bool {
+    type_url != ENDPOINT_TYPE && type_url != ROUTE_TYPE
+}
+
+/// go-control-plane's order: CDS, EDS, LDS, RDS, then anything else.
+pub fn push_order<'a>(types: impl Iterator<Item = &'a String>) -> Vec<String> {
+    let rank = |t: &str| match t {
+        CLUSTER_TYPE => 0,
+        ENDPOINT_TYPE => 1,
+        LISTENER_TYPE => 2,
+        ROUTE_TYPE => 3,
+        _ => 4,
+    };
+    let mut v: Vec<String> = types.cloned().collect();
+    v.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)));
+    v
+}

@@ -1,0 +1,265 @@
+//! What one stream's client holds of one type, in O(1) memory per stream,
+//! and what differs from the published type, in O(change) work.
+//!
+//! After every response the client holds exactly the published type as it
+//! was then, restricted to its subscription (SotW: a full-state type is sent
+//! whole, other types send every changed named resource; delta: every
+//! difference and removal). So instead of a name → version map per stream,
+//! a [`Tracker`] keeps a clone of the published [`TypeResources`] (a
+//! persistent map: the clone is O(1) and shares every entry with the set)
+//! and the set revision it is from. On a change, the type's change log
+//! ([`TypeResources::changed_since`]) names the only resources that can
+//! differ; a full compare happens only when the log no longer reaches back,
+//! or the map is of another history.
+//!
+//! Where the client's holding is not `base ∩ subscription` (a delta
+//! reconnect's `initial_resource_versions`, an explicit resubscribe, a name
+//! newly subscribed, an EDS removal SotW cannot express), an override
+//! records it; overrides are few and are always compared.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use super::Subscription;
+use crate::resources::{Resource, TypeResources};
+
+/// The client's holding of one type on one stream.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    sub: Subscription,
+    /// The type as it was when the client was last brought up to date.
+    base: TypeResources,
+    /// The set revision `base` is from.
+    base_rev: u64,
+    /// Where the holding differs from `base ∩ sub`: `None` = holds nothing.
+    overrides: HashMap<Arc<str>, Option<Arc<str>>>,
+}
+
+/// What differs between the client's holding and the published type.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// New, changed or forced resources the client wants, in name order.
+    pub upserts: Vec<Arc<Resource>>,
+    /// Names among `upserts` the client held with another version.
+    pub replaced: Vec<Arc<str>>,
+    /// Names the client holds that the type no longer has (or, after a
+    /// delta reconnect, that it does not want), with the version held.
+    pub removed: Vec<(Arc<str>, Arc<str>)>,
+    /// How many names were compared: the work done.
+    pub examined: usize,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.upserts.is_empty() && self.removed.is_empty()
+    }
+}
+
+impl Tracker {
+    pub fn sub(&self) -> &Subscription {
+        &self.sub
+    }
+
+    /// What the client holds of `name`, by version.
+    fn held(&self, name: &str) -> Option<Arc<str>> {
+        match self.overrides.get(name) {
+            Some(v) => v.clone(),
+            None if self.sub.wants(name) => self.base.get(name).map(|r| r.version.clone()),
+            None => None,
+        }
+    }
+
+    /// A delta stream's first request: the client holds `initial` (name →
+    /// version, from `initial_resource_versions`) and asks for `sub`.
+    pub fn start(&mut self, sub: Subscription, initial: impl IntoIterator<Item = (Arc<str>, Arc<str>)>) {
+        self.sub = sub;
+        self.base = TypeResources::default();
+        self.base_rev = 0;
+        self.overrides = initial.into_iter().map(|(n, v)| (n, Some(v))).collect();
+    }
+
+    /// Replace the subscription (SotW requests). Names newly wanted are not
+    /// held yet; names no longer wanted are forgotten. True if it changed.
+    pub fn set_sub(&mut self, sub: Subscription) -> bool {
+        if sub == self.sub {
+            return false;
+        }
+        let newly: Vec<Arc<str>> = if sub.wildcard && !self.sub.wildcard {
+            self.base.names().filter(|n| !self.sub.wants(n)).cloned().collect()
+        } else {
+            sub.names.iter().filter(|n| !self.sub.wants(n)).cloned().collect()
+        };
+        self.sub = sub;
+        for n in newly {
+            self.forget(n);
+        }
+        let sub = &self.sub;
+        self.overrides.retain(|n, _| sub.wants(n));
+        true
+    }
+
+    /// Delta subscribe: an explicit (re)subscribe always gets the resource.
+    /// True if `name` was not subscribed yet.
+    pub fn subscribe(&mut self, name: &str, known: &TypeResources) -> bool {
+        let was_wildcard = self.sub.wildcard;
+        if !self.sub.add(name, known) {
+            return false;
+        }
+        if name == "*" {
+            let newly: Vec<Arc<str>> =
+                self.base.names().filter(|n| !was_wildcard && !self.sub.names.contains(&**n)).cloned().collect();
+            newly.into_iter().for_each(|n| self.forget(n));
+        } else if let Some(n) = self.sub.names.get(name).cloned() {
+            self.forget(n);
+        }
+        true
+    }
+
+    /// Delta unsubscribe: the client drops the resource; no removal is sent.
+    pub fn unsubscribe(&mut self, name: &str) {
+        self.sub.remove(name);
+        let sub = &self.sub;
+        self.overrides.retain(|n, _| sub.wants(n));
+    }
+
+    /// The client holds nothing of `name` (only `base` knows it).
+    fn forget(&mut self, name: Arc<str>) {
+        if self.base.contains(&name) || self.overrides.contains_key(&name) {
+            self.overrides.insert(name, None);
+        }
+    }
+
+    /// Compare the holding with `now`, the type in the set of revision
+    /// `rev`. `force` names resources to send even if unchanged.
+    pub fn changes(&self, now: &TypeResources, rev: u64, force: &HashSet<Arc<str>>) -> Changes {
+        let logged =
+            (self.base.same_lineage(now) && rev >= self.base_rev).then(|| now.changed_since(self.base_rev)).flatten();
+        let mut names: BTreeSet<Arc<str>> = match logged {
+            Some(changed) => changed.into_iter().collect(),
+            None if self.sub.wildcard => self.base.names().chain(now.names()).cloned().collect(),
+            None => self.sub.names.clone(),
+        };
+        names.extend(self.overrides.keys().cloned());
+        names.extend(force.iter().cloned());
+        let mut out = Changes { examined: names.len(), ..Changes::default() };
+        for name in names {
+            let had = self.held(&name);
+            let want = if self.sub.wants(&name) { now.get(&name) } else { None };
+            match (had, want) {
+                (had, Some(r)) if had.as_deref() != Some(&*r.version) || force.contains(&name) => {
+                    if had.is_some() {
+                        out.replaced.push(name);
+                    }
+                    out.upserts.push(r.clone());
+                }
+                (Some(v), None) => out.removed.push((name, v)),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// The client now holds `now ∩ subscription`, except `unsent`: removals
+    /// it was not told of, which it still holds at their old versions.
+    pub fn commit(&mut self, now: &TypeResources, rev: u64, unsent: Vec<(Arc<str>, Arc<str>)>) {
+        self.base = now.clone();
+        self.base_rev = rev;
+        self.overrides = unsent.into_iter().map(|(n, v)| (n, Some(v))).collect();
+    }
+
+    /// Every resource of `now` the client wants, in name order.
+    pub fn wanted<'a>(&'a self, now: &'a TypeResources) -> Box<dyn Iterator<Item = &'a Arc<Resource>> + 'a> {
+        if self.sub.wildcard {
+            Box::new(now.iter())
+        } else {
+            Box::new(self.sub.names.iter().filter_map(|n| now.get(n)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::google::protobuf::Any;
+
+    use super::*;
+
+    fn res(name: &str, body: &str) -> Resource {
+        Resource::new(name, Any { type_url: "t".into(), value: body.as_bytes().to_vec() })
+    }
+
+    fn names(v: &[Arc<Resource>]) -> Vec<&str> {
+        v.iter().map(|r| &*r.name).collect()
+    }
+
+    #[test]
+    fn one_change_among_many_examines_one_name() {
+        let mut now = TypeResources::default();
+        for i in 0..10_000 {
+            now.insert(1, res(&format!("r{i:05}"), "v1"));
+        }
+        let mut t = Tracker::default();
+        t.set_sub(Subscription { wildcard: true, ..Default::default() });
+        let first = t.changes(&now, 1, &HashSet::new());
+        assert_eq!(first.upserts.len(), 10_000, "a new holding compares everything");
+        t.commit(&now, 1, Vec::new());
+
+        let mut next = now.clone();
+        next.insert(2, res("r00042", "v2"));
+        let c = t.changes(&next, 2, &HashSet::new());
+        assert_eq!(names(&c.upserts), ["r00042"]);
+        assert_eq!(c.replaced.len(), 1);
+        assert_eq!(c.examined, 1, "only the changed name is looked at");
+        t.commit(&next, 2, Vec::new());
+        assert!(t.changes(&next, 2, &HashSet::new()).is_empty());
+
+        // A map of another history (not the publisher's clone) is compared whole.
+        let mut other = TypeResources::default();
+        other.insert(3, res("r00001", "v1"));
+        let c = t.changes(&other, 3, &HashSet::new());
+        assert_eq!(c.examined, 10_000);
+        assert_eq!(c.removed.len(), 9_999);
+        assert!(c.upserts.is_empty());
+    }
+
+    #[test]
+    fn subscriptions_and_overrides() {
+        let mut now = TypeResources::default();
+        for n in ["a", "b", "c"] {
+            now.insert(1, res(n, "v1"));
+        }
+        let mut t = Tracker::default();
+        t.set_sub(Subscription::from_names("x", &["a".into()], &now));
+        assert_eq!(names(&t.changes(&now, 1, &HashSet::new()).upserts), ["a"]);
+        t.commit(&now, 1, Vec::new());
+        // Newly wanted names are sent though unchanged; dropped ones are forgotten.
+        t.set_sub(Subscription::from_names("x", &["b".into(), "c".into()], &now));
+        let c = t.changes(&now, 1, &HashSet::new());
+        assert_eq!(names(&c.upserts), ["b", "c"]);
+        assert!(c.removed.is_empty());
+        t.commit(&now, 1, Vec::new());
+        // Named → wildcard: what was not wanted is not held.
+        t.set_sub(Subscription { wildcard: true, ..Default::default() });
+        assert_eq!(names(&t.changes(&now, 1, &HashSet::new()).upserts), ["a"]);
+        t.commit(&now, 1, Vec::new());
+
+        // Delta reconnect: held versions are compared, unknown ones removed.
+        let mut d = Tracker::default();
+        let v1 = now["a"].version.clone();
+        d.start(
+            Subscription { wildcard: true, ..Default::default() },
+            [("a".into(), v1), ("b".into(), "old".into()), ("gone".into(), "x".into())],
+        );
+        let c = d.changes(&now, 1, &HashSet::new());
+        assert_eq!(names(&c.upserts), ["b", "c"]);
+        assert_eq!(c.replaced, vec![Arc::from("b")]);
+        assert_eq!(c.removed.iter().map(|(n, _)| &**n).collect::<Vec<_>>(), ["gone"]);
+        d.commit(&now, 1, Vec::new());
+        // An explicit resubscribe re-sends; forcing sends unchanged resources.
+        assert!(d.subscribe("a", &now));
+        assert!(!d.subscribe("a", &now));
+        assert_eq!(names(&d.changes(&now, 1, &HashSet::new()).upserts), ["a"]);
+        d.commit(&now, 1, Vec::new());
+        let force: HashSet<Arc<str>> = [Arc::from("c")].into();
+        assert_eq!(names(&d.changes(&now, 1, &force).upserts), ["c"]);
+    }
+}
