@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod cache;
 pub mod config;
+pub mod kube;
 pub mod metrics;
 pub mod publish;
 pub mod reconcile;

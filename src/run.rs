@@ -15,6 +15,7 @@ use tracing::{error, info, warn};
 use crate::admin::Auth;
 use crate::cache::Cache;
 use crate::config::DirSource;
+use crate::kube::{KubeArgs, KubeSource, SourceOptions};
 use crate::metrics::Metrics;
 use crate::publish::PublishOptions;
 use crate::reconcile::Reconciler;
@@ -53,6 +54,8 @@ pub struct RunCommand {
     pub admin: AdminArgs,
     #[command(flatten)]
     pub gateway: GatewayArgs,
+    #[command(flatten)]
+    pub kube: KubeArgs,
 }
 
 /// How Ingresses are read and what the standalone Envoy gateway listens on.
@@ -102,9 +105,10 @@ impl GatewayArgs {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// Directory of YAML files (McpBridge, Ingress, Secret), watched for edits.
+    /// Directory of YAML files (McpBridge, Ingress, Secret), watched for
+    /// edits. Without it, --kube (or running in a pod) reads the API server.
     #[arg(long, env = "MESHBRIDGE_CONFIG_DIR")]
-    pub config_dir: PathBuf,
+    pub config_dir: Option<PathBuf>,
     /// ADS / MCP gRPC listen address.
     #[arg(long, env = "MESHBRIDGE_XDS_ADDR", default_value = "0.0.0.0:15051")]
     pub xds_addr: SocketAddr,
@@ -117,7 +121,7 @@ impl RunArgs {
     /// Free loopback ports for xDS and admin: how tests run meshbridge.
     pub fn loopback(config_dir: impl Into<PathBuf>) -> RunArgs {
         RunArgs {
-            config_dir: config_dir.into(),
+            config_dir: Some(config_dir.into()),
             xds_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
@@ -142,7 +146,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
     init_tracing(cli.log_format);
     let Command::Run(cmd) = cli.command;
     let args = &cmd.args;
-    info!(config_dir = %args.config_dir.display(), xds_addr = %args.xds_addr, admin_addr = %args.admin_addr, gateway = ?cmd.gateway, "starting meshbridge");
+    info!(config_dir = ?args.config_dir, kube = ?cmd.kube, xds_addr = %args.xds_addr, admin_addr = %args.admin_addr, gateway = ?cmd.gateway, "starting meshbridge");
     let app = App::launch(cmd).await?;
     shutdown_signal().await;
     info!("shutting down");
@@ -182,7 +186,9 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
-    _source: DirSource,
+    /// Kubernetes mode's leader flag and observations; `None` otherwise.
+    pub kube: Option<Arc<KubeSource>>,
+    _source: Option<DirSource>,
 }
 
 impl App {
@@ -193,15 +199,30 @@ impl App {
 
     /// Start with these admin options and default gateway options.
     pub async fn start_with(args: RunArgs, admin: AdminArgs) -> anyhow::Result<App> {
-        App::launch(RunCommand { args, admin, gateway: GatewayArgs::default() }).await
+        App::launch(RunCommand { args, admin, gateway: GatewayArgs::default(), kube: KubeArgs::default() }).await
     }
 
     pub async fn launch(cmd: RunCommand) -> anyhow::Result<App> {
-        let RunCommand { args, admin, gateway } = cmd;
-        let (source, mut desired) = DirSource::start(args.config_dir.clone())
-            .await
-            .with_context(|| format!("config dir {}", args.config_dir.display()))?;
+        let RunCommand { args, admin, gateway, kube } = cmd;
         let cache = Cache::new();
+        let (source, kube, mut desired) = match &args.config_dir {
+            Some(dir) if !kube.kube => {
+                let (source, desired) =
+                    DirSource::start(dir.clone()).await.with_context(|| format!("config dir {}", dir.display()))?;
+                (Some(source), None, desired)
+            }
+            _ if kube.kube || crate::kube::in_cluster() => {
+                let reserved = gateway.gateway_http_port.iter().copied().chain([gateway.gateway_https_port]).collect();
+                let opts = SourceOptions {
+                    args: kube,
+                    ingress_class: gateway.ingress_class.clone(),
+                    reserved_ports: reserved,
+                };
+                let (source, desired) = KubeSource::start(opts, cache.clone()).await?;
+                (None, Some(Arc::new(source)), desired)
+            }
+            _ => anyhow::bail!("no config source: give --config-dir, or --kube to read the Kubernetes API"),
+        };
         let clients = Clients::new();
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = Vec::new();
@@ -257,7 +278,7 @@ impl App {
             }
         }));
         info!(%xds_addr, %admin_addr, "serving");
-        Ok(App { xds_addr, admin_addr, cache, config, clients, metrics, shutdown, tasks, _source: source })
+        Ok(App { xds_addr, admin_addr, cache, config, clients, metrics, shutdown, tasks, kube, _source: source })
     }
 
     pub async fn stop(self) {

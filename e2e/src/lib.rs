@@ -12,6 +12,7 @@ pub mod consul;
 pub mod dns_fake;
 pub mod envoy;
 pub mod eureka_fake;
+pub mod kube_fake;
 pub mod nacos;
 pub mod process;
 pub mod recorder;

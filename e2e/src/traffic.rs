@@ -24,6 +24,7 @@ pub async fn start_gateway(dir: &Path, gateway_port: u16) -> anyhow::Result<App>
         args: RunArgs::loopback(dir),
         admin: AdminArgs::default(),
         gateway: GatewayArgs { gateway_http_port: vec![gateway_port], ..GatewayArgs::default() },
+        kube: Default::default(),
     })
     .await
 }

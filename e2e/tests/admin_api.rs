@@ -313,7 +313,7 @@ async fn non_loopback_admin_requires_the_token() {
     logs();
     let dir = tempfile::tempdir().unwrap();
     let args = RunArgs {
-        config_dir: dir.path().into(),
+        config_dir: Some(dir.path().into()),
         xds_addr: "127.0.0.1:0".parse().unwrap(),
         admin_addr: "0.0.0.0:0".parse().unwrap(),
     };

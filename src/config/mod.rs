@@ -36,7 +36,7 @@ use meshbridge_registries::{RegistrySpec, Secret};
 pub use build::Builder;
 pub use dir::DirSource;
 pub use model::{Document, IngressDoc, McpBridgeDoc, RawEntry, SecretDoc};
-pub use parse::parse_documents;
+pub use parse::{parse_documents, parse_object};
 pub use state::ConfigState;
 
 /// Everything the config sources say we should be doing.
