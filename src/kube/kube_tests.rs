@@ -135,3 +135,31 @@ fn dubbo_spring_example_loads_without_errors() {
     assert!(desired.registries[0].auth.contains_key("nacosPassword"));
     assert_eq!(desired.ingresses.len(), 2);
 }
+
+#[test]
+fn kube_flags_parse_and_exclude_the_config_dir() {
+    use clap::{CommandFactory, Parser};
+
+    use crate::run::{Cli, Command};
+    Cli::command().debug_assert();
+    let cli = Cli::try_parse_from([
+        "meshbridge",
+        "run",
+        "--kube",
+        "--all-mcpbridges",
+        "--watch-namespace",
+        "apps",
+        "--leader-elect",
+        "--leader-lease-duration",
+        "20s",
+    ])
+    .unwrap();
+    let Command::Run(run) = cli.command;
+    assert!(run.kube.kube && run.kube.all_mcpbridges);
+    assert_eq!(run.kube.watch_namespace.as_deref(), Some("apps"));
+    assert_eq!(run.kube.leader_elect, Some(true));
+    assert_eq!(run.kube.leader_lease_duration, Duration::from_secs(20));
+    assert_eq!(run.kube.namespace, "higress-system");
+    assert!(Cli::try_parse_from(["meshbridge", "run", "--kube", "--config-dir", "/tmp"]).is_err());
+    assert!(Cli::try_parse_from(["meshbridge", "run", "--mcpbridge-selector", "a=b", "--all-mcpbridges"]).is_err());
+}
