@@ -3,8 +3,6 @@
 //! over ADS), and editing the Ingress in the API server moves the traffic.
 //! Same path as the directory source: `Desired` → publisher → ADS.
 
-use std::time::Duration;
-
 use meshbridge::kube::KubeArgs;
 use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
 use meshbridge_e2e::backend::Backend;
