@@ -282,6 +282,9 @@ impl App {
     }
 
     pub async fn stop(self) {
+        if let Some(kube) = &self.kube {
+            kube.release().await;
+        }
         let _ = self.shutdown.send(true);
         for t in &self.tasks {
             t.abort();

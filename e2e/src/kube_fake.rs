@@ -13,8 +13,10 @@
 //! - create (POST, 409 `AlreadyExists`), get, replace (PUT, 409 `Conflict`
 //!   on a stale `metadata.resourceVersion`), delete;
 //! - PATCH: `application/merge-patch+json` (RFC 7386, with a
-//!   `metadata.resourceVersion` precondition) and `application/apply-patch+yaml`
-//!   (server-side apply), on the object and on its `/status` subresource;
+//!   `metadata.resourceVersion` precondition), `application/json-patch+json`
+//!   (RFC 6902 `test`/`add`/`replace`/`remove`; a failed `test` is 422) and
+//!   `application/apply-patch+yaml` (server-side apply), on the object and on
+//!   its `/status` subresource;
 //! - `metadata.generation` bumps when anything but metadata and status
 //!   changes; the main resource ignores status changes and `/status` ignores
 //!   everything else, as for a CRD with the status subresource;
@@ -676,7 +678,8 @@ fn patch(shared: &Shared, target: &Target, content_type: &str, body: &Bytes) -> 
     let apply = content_type.starts_with("application/apply-patch");
     let merge = content_type.starts_with("application/merge-patch")
         || content_type.starts_with("application/strategic-merge-patch");
-    if !apply && !merge {
+    let json_patch = content_type.starts_with("application/json-patch");
+    if !apply && !merge && !json_patch {
         return status(415, "UnsupportedMediaType", format!("the fake does not take {content_type:?} patches"));
     }
     let mut store = shared.lock();
@@ -690,7 +693,11 @@ fn patch(shared: &Shared, target: &Target, content_type: &str, body: &Bytes) -> 
                 return r;
             }
             let mut new = old.clone();
-            if apply && target.status {
+            if json_patch {
+                if let Err(r) = json_patch_into(&mut new, &patch) {
+                    return r;
+                }
+            } else if apply && target.status {
                 new["status"] = patch.get("status").cloned().unwrap_or(Value::Null);
             } else {
                 merge_into(&mut new, &patch, merge);
@@ -705,6 +712,51 @@ fn patch(shared: &Shared, target: &Target, content_type: &str, body: &Bytes) -> 
     drop(store);
     changed(shared);
     json_response(out)
+}
+
+/// RFC 6902 JSON patch: `test`, `add`, `replace`, `remove`. A failed `test`
+/// is a 422, as the API server answers.
+// The error is the answer to send.
+#[allow(clippy::result_large_err)]
+fn json_patch_into(target: &mut Value, ops: &Value) -> Result<(), Response> {
+    let invalid = |m: String| status(422, "Invalid", m);
+    for op in ops.as_array().ok_or_else(|| invalid("a JSON patch is a list".into()))? {
+        let path = op["path"].as_str().ok_or_else(|| invalid("op without path".into()))?;
+        let (parent, last) = path.rsplit_once('/').ok_or_else(|| invalid(format!("bad path {path}")))?;
+        let last = last.replace("~1", "/").replace("~0", "~");
+        match op["op"].as_str() {
+            Some("test") => {
+                if target.pointer(path) != Some(&op["value"]) {
+                    return Err(invalid(format!("testing value {path} failed")));
+                }
+            }
+            Some(kind @ ("add" | "replace" | "remove")) => {
+                let parent = target.pointer_mut(parent).ok_or_else(|| invalid(format!("missing parent of {path}")))?;
+                match (parent, kind) {
+                    (Value::Object(m), "remove") => {
+                        m.remove(&last);
+                    }
+                    (Value::Object(m), _) => {
+                        m.insert(last, op["value"].clone());
+                    }
+                    (Value::Array(a), kind) => {
+                        let i = if last == "-" { a.len() } else { last.parse().unwrap_or(usize::MAX) };
+                        match kind {
+                            "add" if i <= a.len() => a.insert(i, op["value"].clone()),
+                            "replace" if i < a.len() => a[i] = op["value"].clone(),
+                            "remove" if i < a.len() => {
+                                a.remove(i);
+                            }
+                            _ => return Err(invalid(format!("index out of range: {path}"))),
+                        }
+                    }
+                    _ => return Err(invalid(format!("{path}: parent is not a container"))),
+                }
+            }
+            other => return Err(invalid(format!("unsupported op {other:?}"))),
+        }
+    }
+    Ok(())
 }
 
 /// RFC 7386 merge (`nulls_delete`), or the fake's apply merge.

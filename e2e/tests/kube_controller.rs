@@ -302,7 +302,7 @@ async fn listener_port_is_written_back_once() {
     let path = format!("/apis/networking.higress.io/v1/namespaces/{NS}/mcpbridges/default");
     let patches: Vec<_> = fake.requests().into_iter().filter(|r| r.method == "PATCH" && r.path == path).collect();
     assert_eq!(patches.len(), 1, "{patches:?}");
-    assert_eq!(patches[0].content_type, "application/merge-patch+json");
+    assert_eq!(patches[0].content_type, "application/json-patch+json");
     assert_eq!(port(), Some(pinned));
     app.stop().await;
 }
@@ -340,10 +340,10 @@ async fn two_replicas_elect_one_leader_and_the_second_takes_over() {
     assert_ne!(holder(&fake).as_deref(), Some(follower_id));
     eventually("leader wrote status", Duration::from_secs(10), || status_patches(&fake, "default") > 0).await;
 
-    // The leader stops renewing; the follower takes over after the lease
-    // duration, by its own clock.
+    // The leader stops renewing (a crash: no release); the follower takes
+    // over after the lease duration, by its own clock.
     let stopped = Instant::now();
-    leader.stop().await;
+    drop(leader);
     eventually("follower takes over", Duration::from_secs(10), || leading(&follower)).await;
     let took = stopped.elapsed();
     assert!(took >= Duration::from_millis(1500), "took over before the lease expired: {took:?}");
@@ -383,4 +383,28 @@ async fn a_leader_that_loses_the_lease_stops_writing_status() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(status_patches(&fake, "default"), writes, "a follower wrote status");
     app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_hands_the_lease_over_at_once() {
+    let fake = KubeFake::with_mcpbridge().await.unwrap();
+    let replica = |id: &str| KubeArgs {
+        leader_elect: Some(true),
+        leader_identity: Some(id.into()),
+        leader_lease_duration: Duration::from_secs(30),
+        leader_renew_deadline: Duration::from_secs(10),
+        leader_retry_period: Duration::from_millis(200),
+        ..args(&fake)
+    };
+    let one = start(replica("replica-1"), GatewayArgs::default()).await;
+    let leading = |app: &App| *app.kube.as_ref().unwrap().leader.borrow();
+    eventually("first replica leads", Duration::from_secs(10), || leading(&one)).await;
+    let two = start(replica("replica-2"), GatewayArgs::default()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!leading(&two));
+    let stopped = Instant::now();
+    one.stop().await;
+    eventually("second replica leads", Duration::from_secs(5), || leading(&two)).await;
+    assert!(stopped.elapsed() < Duration::from_secs(5), "waited for expiry instead of a release");
+    two.stop().await;
 }

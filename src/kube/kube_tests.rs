@@ -163,3 +163,73 @@ fn kube_flags_parse_and_exclude_the_config_dir() {
     assert!(Cli::try_parse_from(["meshbridge", "run", "--kube", "--config-dir", "/tmp"]).is_err());
     assert!(Cli::try_parse_from(["meshbridge", "run", "--mcpbridge-selector", "a=b", "--all-mcpbridges"]).is_err());
 }
+
+fn bridge_object(rv: &str, registries: serde_json::Value) -> Arc<kube::api::DynamicObject> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "networking.higress.io/v1", "kind": "McpBridge",
+            "metadata": {"name": "default", "namespace": "ns", "uid": "u-1", "resourceVersion": rv, "generation": 1},
+            "spec": {"registries": registries},
+        }))
+        .unwrap(),
+    )
+}
+
+fn ingress_object(i: usize, rv: &str) -> Arc<Ingress> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": format!("i{i}"), "namespace": "apps", "uid": format!("u-i{i}"), "resourceVersion": rv,
+                         "annotations": {"higress.io/destination": "web.static:80"}},
+            "spec": {"ingressClassName": "higress", "rules": [{"host": format!("h{i}.example.com"), "http": {"paths": [
+                {"path": "/", "pathType": "Prefix", "backend": {"resource":
+                    {"apiGroup": "networking.higress.io", "kind": "McpBridge", "name": "default"}}}]}}]},
+        }))
+        .unwrap(),
+    )
+}
+
+#[test]
+fn assembler_keeps_an_objects_last_good_version() {
+    use super::watch::Assembler;
+    let mut a = Assembler::new("higress".into());
+    let good = json!([{"type": "static", "name": "web", "domain": "10.0.0.1:80", "port": 80}]);
+    let first = a.build(vec![bridge_object("1", good)], vec![ingress_object(0, "1")], &[], vec![]);
+    assert_eq!(first.desired.errors, Vec::<String>::new());
+    assert_eq!((first.desired.registries.len(), first.desired.ingresses.len()), (1, 1));
+
+    // A version that does not parse keeps the last good one in force.
+    let broken = a.build(vec![bridge_object("2", json!({"not": "a list"}))], vec![], &[], vec![]);
+    assert_eq!(broken.desired.registries, first.desired.registries);
+    assert_eq!(
+        broken.desired.errors,
+        vec!["McpBridge ns/default: spec.registries: must be a list; keeping last good config of this object"]
+    );
+    assert_eq!(broken.desired.ingresses.len(), 0, "a deleted Ingress is gone");
+    // Deleted, then back broken: nothing to fall back on.
+    a.build(vec![], vec![], &[], vec![]);
+    let again = a.build(vec![bridge_object("3", json!({"not": "a list"}))], vec![], &[], vec![]);
+    assert!(again.desired.registries.is_empty());
+    assert!(again.desired.errors[0].ends_with("; object ignored"), "{:?}", again.desired.errors);
+}
+
+/// Cost of a rebuild with many Ingresses: the first parses all, an edit of
+/// one reparses one (the Builder still walks all documents).
+#[test]
+fn assembler_rebuild_cost_follows_the_change() {
+    use super::watch::Assembler;
+    const N: usize = 5_000;
+    let mut a = Assembler::new("higress".into());
+    let bridge = bridge_object("1", json!([{"type": "static", "name": "web", "domain": "10.0.0.1:80", "port": 80}]));
+    let mut ingresses: Vec<_> = (0..N).map(|i| ingress_object(i, "1")).collect();
+    let started = std::time::Instant::now();
+    let first = a.build(vec![bridge.clone()], ingresses.clone(), &[], vec![]);
+    let full = started.elapsed();
+    assert_eq!(first.desired.ingresses.len(), N);
+    ingresses[7] = ingress_object(7, "2");
+    let started = std::time::Instant::now();
+    let second = a.build(vec![bridge], ingresses, &[], vec![]);
+    let one = started.elapsed();
+    assert_eq!(second.desired.ingresses.len(), N);
+    println!("FIGURE kube_assembler_rebuild ingresses={N} first_build={full:?} after_one_edit={one:?} (debug build)");
+}

@@ -72,6 +72,11 @@ enum Attempt {
 }
 
 impl LeaderElector {
+    /// The Lease API this elector uses, for [`LeaderElector::release`].
+    pub fn api(&self) -> Api<Lease> {
+        self.api.clone()
+    }
+
     pub fn new(client: Client, config: LeaderConfig) -> (Self, watch::Receiver<bool>) {
         let api = Api::namespaced(client, &config.namespace);
         let (tx, rx) = watch::channel(false);
@@ -107,6 +112,23 @@ impl LeaderElector {
             });
             tokio::time::sleep(self.config.retry_period).await;
         }
+    }
+
+    /// Give the Lease up if this replica holds it, so another takes over
+    /// at its next try instead of after the lease duration (client-go's
+    /// `ReleaseOnCancel`). Call after the elector task has stopped.
+    pub async fn release(api: &Api<Lease>, config: &LeaderConfig) -> Result<bool, kube::Error> {
+        let Some(mut lease) = api.get_opt(&config.lease).await? else { return Ok(false) };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        if spec.holder_identity.as_deref() != Some(config.identity.as_str()) {
+            return Ok(false);
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        api.replace(&config.lease, &PostParams::default(), &lease).await?;
+        info!(lease = %config.lease, "released lease");
+        Ok(true)
     }
 
     async fn attempt(&mut self) -> Result<Attempt, kube::Error> {

@@ -190,6 +190,8 @@ pub struct SourceOptions {
 /// election and the writers.
 pub struct KubeSource {
     tasks: Vec<JoinHandle<()>>,
+    /// The election task and what [`KubeSource::release`] needs.
+    elector: Option<(JoinHandle<()>, kube::Api<k8s_openapi::api::coordination::v1::Lease>, LeaderConfig)>,
     /// Whether this replica currently writes status and ports.
     pub leader: channel::Receiver<bool>,
     /// The McpBridges as last observed, with the config built from them.
@@ -209,11 +211,13 @@ impl KubeSource {
         let (desired, observed) = watch::start(client.clone(), &opts, &mut tasks).await?;
 
         let elect = args.leader_elect.unwrap_or_else(in_cluster);
+        let mut election = None;
         let leader = if elect {
             let config = LeaderConfig::from_args(args);
             info!(lease = %config.lease, identity = %config.identity, "leader election on");
-            let (elector, rx) = LeaderElector::new(client.clone(), config);
-            tasks.push(tokio::spawn(elector.run().instrument(info_span!("leader"))));
+            let (elector, rx) = LeaderElector::new(client.clone(), config.clone());
+            let api = elector.api();
+            election = Some((tokio::spawn(elector.run().instrument(info_span!("leader"))), api, config));
             rx
         } else {
             info!("leader election off: this replica writes status");
@@ -227,13 +231,27 @@ impl KubeSource {
         tasks.push(tokio::spawn(writer.run(observed.clone(), leader.clone()).instrument(info_span!("status"))));
         let pinner = ports::PortPinner::new(client, opts.reserved_ports.clone());
         tasks.push(tokio::spawn(pinner.run(observed.clone(), leader.clone()).instrument(info_span!("ports"))));
-        Ok((KubeSource { tasks, leader, observed }, desired))
+        Ok((KubeSource { tasks, elector: election, leader, observed }, desired))
+    }
+
+    /// On a clean shutdown: stop the writers and the election, and give the
+    /// Lease up so another replica takes over at once. Errors only log: the
+    /// Lease then simply expires.
+    pub async fn release(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        let Some((task, api, config)) = &self.elector else { return };
+        task.abort();
+        if let Err(error) = LeaderElector::release(api, config).await {
+            tracing::warn!(%error, "cannot release the lease; it expires on its own");
+        }
     }
 }
 
 impl Drop for KubeSource {
     fn drop(&mut self) {
-        for t in &self.tasks {
+        for t in self.tasks.iter().chain(self.elector.as_ref().map(|(t, _, _)| t)) {
             t.abort();
         }
     }

@@ -3,10 +3,12 @@
 //! that port into `spec.proxies[].listenerPort` so it stays the same for good,
 //! whatever other proxies come and go later.
 //!
-//! The write is a JSON merge patch of the whole `spec.proxies` list with the
-//! `resourceVersion` it was computed from: if the object changed meanwhile,
-//! the API server answers 409 and the next observation tries again. Once
-//! written, the entry has a port and is never patched again.
+//! The write is a JSON patch that first `test`s `spec.proxies` against the
+//! list it was computed from, then replaces it: if someone edited the
+//! proxies meanwhile the API server rejects it (422) and the next observation
+//! tries again, while unrelated changes (a status write) do not get in the
+//! way, as a `resourceVersion` precondition would. Once written, the entry
+//! has a port and is never patched again.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -29,9 +31,8 @@ const RETRY: Duration = Duration::from_secs(10);
 pub(super) struct PortPinner {
     client: Client,
     reserved: BTreeSet<u16>,
-    /// Per McpBridge, the resourceVersion our last applied patch was made
-    /// from.
-    patched: HashMap<(String, String), Option<String>>,
+    /// Per McpBridge, the `spec.proxies` our last applied patch replaced.
+    patched: HashMap<(String, String), Vec<Value>>,
 }
 
 impl PortPinner {
@@ -46,13 +47,13 @@ impl PortPinner {
                 let current = observed.borrow_and_update().clone();
                 for (bridge, proxies) in pins(&current, &self.reserved) {
                     // Until the watch shows our patch, the observation is
-                    // stale: patching it again would only earn a 409.
+                    // stale: patching it again would only be rejected.
                     let key = (bridge.namespace.clone(), bridge.name.clone());
-                    if self.patched.get(&key) == Some(&bridge.resource_version) {
+                    if self.patched.get(&key) == Some(&bridge.proxies) {
                         continue;
                     }
                     if self.patch(&bridge, proxies).await {
-                        self.patched.insert(key, bridge.resource_version.clone());
+                        self.patched.insert(key, bridge.proxies.clone());
                     }
                 }
             }
@@ -68,18 +69,25 @@ impl PortPinner {
     async fn patch(&self, bridge: &ObservedBridge, proxies: Vec<Value>) -> bool {
         let ar = mcpbridge_resource();
         let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), &bridge.namespace, &ar);
-        let patch = json!({
-            "metadata": { "resourceVersion": bridge.resource_version },
-            "spec": { "proxies": proxies },
-        });
+        let ops = json!([
+            { "op": "test", "path": "/spec/proxies", "value": bridge.proxies },
+            { "op": "replace", "path": "/spec/proxies", "value": proxies },
+        ]);
+        let patch: json_patch::Patch = match serde_json::from_value(ops) {
+            Ok(p) => p,
+            Err(error) => {
+                warn!(%error, "cannot build the listenerPort patch");
+                return false;
+            }
+        };
         let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-        match api.patch(&bridge.name, &params, &Patch::Merge(&patch)).await {
+        match api.patch(&bridge.name, &params, &Patch::<()>::Json(patch)).await {
             Ok(_) => {
                 info!(mcpbridge = %bridge.id(), "pinned proxy listener ports");
                 return true;
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                debug!(mcpbridge = %bridge.id(), "McpBridge changed meanwhile; pinning on the next observation")
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => {
+                debug!(mcpbridge = %bridge.id(), "proxies changed meanwhile; pinning on the next observation")
             }
             Err(error) => warn!(mcpbridge = %bridge.id(), %error, "cannot pin proxy listener ports"),
         }

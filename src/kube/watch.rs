@@ -240,12 +240,22 @@ type ObjectKey = (&'static str, String, String);
 pub(crate) struct Assembler {
     ingress_class: String,
     builder: Builder,
-    last_good: HashMap<ObjectKey, Document>,
+    objects: HashMap<ObjectKey, Parsed>,
+}
+
+/// One object as last parsed. Unchanged objects (same uid and
+/// resourceVersion) are not serialized and parsed again: with thousands of
+/// Ingresses, one edit costs one parse.
+struct Parsed {
+    version: Option<String>,
+    /// The current document, or the last good one while `error` is set.
+    doc: Option<Document>,
+    error: Option<String>,
 }
 
 impl Assembler {
     pub(crate) fn new(ingress_class: String) -> Self {
-        Assembler { ingress_class, builder: Builder::default(), last_good: HashMap::new() }
+        Assembler { ingress_class, builder: Builder::default(), objects: HashMap::new() }
     }
 
     fn observe(&mut self, stores: &Stores) -> Observed {
@@ -263,12 +273,11 @@ impl Assembler {
         classes: &[Arc<IngressClass>],
         mut secrets: Vec<Arc<Secret>>,
     ) -> Observed {
-        bridges.sort_by_key(|o| (o.namespace(), o.name_any()));
-        ingresses.sort_by_key(|o| (o.namespace(), o.name_any()));
-        secrets.sort_by_key(|o| (o.namespace(), o.name_any()));
-        let mut errors = Vec::new();
-        let mut live = HashSet::new();
-        let mut docs = Vec::new();
+        bridges.sort_by_cached_key(|o| (o.namespace(), o.name_any()));
+        ingresses.sort_by_cached_key(|o| (o.namespace(), o.name_any()));
+        secrets.sort_by_cached_key(|o| (o.namespace(), o.name_any()));
+        // Keys in document order: McpBridges, Secrets, Ingresses.
+        let mut order = Vec::new();
         let mut observed = Vec::new();
 
         let mut auth_names = HashSet::new();
@@ -279,16 +288,20 @@ impl Assembler {
                     auth_names.insert(name.clone());
                 }
             }
-            let mut value = serde_json::to_value(obj.as_ref()).unwrap_or_default();
-            if let Value::Object(map) = &mut value {
-                map.insert(
-                    "apiVersion".into(),
-                    format!("{}/{}", super::MCPBRIDGE_GROUP, super::MCPBRIDGE_VERSION).into(),
-                );
-                map.insert("kind".into(), super::MCPBRIDGE_KIND.into());
-            }
             let key = ("McpBridge", bridge.namespace.clone(), bridge.name.clone());
-            self.parse(key, value, &mut docs, &mut errors, &mut live);
+            let value = || {
+                let mut value = serde_json::to_value(obj.as_ref()).unwrap_or_default();
+                if let Value::Object(map) = &mut value {
+                    map.insert(
+                        "apiVersion".into(),
+                        format!("{}/{}", super::MCPBRIDGE_GROUP, super::MCPBRIDGE_VERSION).into(),
+                    );
+                    map.insert("kind".into(), super::MCPBRIDGE_KIND.into());
+                }
+                value
+            };
+            self.parse(&key, version(obj.as_ref(), ""), value);
+            order.push(key);
             observed.push(bridge);
         }
 
@@ -297,20 +310,14 @@ impl Assembler {
                 && c.annotations().get(DEFAULT_CLASS_ANNOTATION).is_some_and(|v| v == "true")
         });
         let mut tls_names = HashSet::new();
-        let mut ingress_docs = Vec::new();
+        let mut ours = Vec::new();
         for ing in &ingresses {
             let Some(set_class) = selected(ing, &self.ingress_class, default_class) else { continue };
             let ns = ing.namespace().unwrap_or_default();
             for tls in ing.spec.iter().flat_map(|s| s.tls.iter().flatten()) {
                 tls_names.extend(tls.secret_name.clone().map(|n| (ns.clone(), n)));
             }
-            let mut value = serde_json::to_value(ing.as_ref()).unwrap_or_default();
-            if set_class {
-                // What the API server's DefaultIngressClass admission does to
-                // new Ingresses, so the translator sees the class.
-                value["spec"]["ingressClassName"] = Value::String(self.ingress_class.clone());
-            }
-            ingress_docs.push((("Ingress", ns, ing.name_any()), value));
+            ours.push((("Ingress", ns, ing.name_any()), ing, set_class));
         }
 
         for secret in &secrets {
@@ -318,46 +325,73 @@ impl Assembler {
             if !auth_names.contains(&name) && !tls_names.contains(&(ns.clone(), name.clone())) {
                 continue;
             }
-            let value = serde_json::to_value(secret.as_ref()).unwrap_or_default();
-            self.parse(("Secret", ns, name), value, &mut docs, &mut errors, &mut live);
+            let key = ("Secret", ns, name);
+            self.parse(&key, version(secret.as_ref(), ""), || {
+                serde_json::to_value(secret.as_ref()).unwrap_or_default()
+            });
+            order.push(key);
         }
-        for (key, value) in ingress_docs {
-            self.parse(key, value, &mut docs, &mut errors, &mut live);
+        for (key, ing, set_class) in ours {
+            let class = self.ingress_class.clone();
+            let value = move || {
+                let mut value = serde_json::to_value(ing.as_ref()).unwrap_or_default();
+                if set_class {
+                    // What the API server's DefaultIngressClass admission
+                    // does to new Ingresses, so the translator sees the class.
+                    value["spec"]["ingressClassName"] = Value::String(class);
+                }
+                value
+            };
+            self.parse(&key, version(ing.as_ref(), if set_class { "+class" } else { "" }), value);
+            order.push(key);
         }
-        self.last_good.retain(|k, _| live.contains(k));
+        let live: HashSet<&ObjectKey> = order.iter().collect();
+        self.objects.retain(|k, _| live.contains(k));
 
-        let mut desired = self.builder.build(&docs);
+        let mut errors = Vec::new();
+        for key in &order {
+            let (kind, ns, name) = key;
+            let parsed = &self.objects[key];
+            if let Some(reason) = &parsed.error {
+                let outcome =
+                    if parsed.doc.is_some() { "keeping last good config of this object" } else { "object ignored" };
+                errors.push(format!("{kind} {ns}/{name}: {reason}; {outcome}"));
+            }
+        }
+        let docs = order.iter().filter_map(|k| self.objects[k].doc.as_ref());
+        let mut desired = self.builder.build(docs);
         errors.append(&mut desired.errors);
         desired.errors = errors;
         Observed { bridges: observed, desired: Arc::new(desired) }
     }
 
-    /// Parse one object, falling back to its last good document.
-    fn parse(
-        &mut self,
-        key: ObjectKey,
-        value: Value,
-        docs: &mut Vec<Document>,
-        errors: &mut Vec<String>,
-        live: &mut HashSet<ObjectKey>,
-    ) {
-        let (kind, ns, name) = &key;
-        match parse_object(&format!("{kind} {ns}/{name}"), value) {
-            Ok(Some(doc)) => {
-                self.last_good.insert(key.clone(), doc.clone());
-                docs.push(doc);
-            }
-            Ok(None) => {}
-            Err(reason) => match self.last_good.get(&key) {
-                Some(doc) => {
-                    errors.push(format!("{kind} {ns}/{name}: {reason}; keeping last good config of this object"));
-                    docs.push(doc.clone());
-                }
-                None => errors.push(format!("{kind} {ns}/{name}: {reason}; object ignored")),
-            },
+    /// Parse one object unless this `version` was parsed already. A version
+    /// that does not parse keeps the last good document.
+    fn parse(&mut self, key: &ObjectKey, version: Option<String>, value: impl FnOnce() -> Value) {
+        let known = self.objects.get(key).is_some_and(|p| p.version.is_some() && p.version == version);
+        if known {
+            return;
         }
-        live.insert(key);
+        let (kind, ns, name) = key;
+        let result = parse_object(&format!("{kind} {ns}/{name}"), value());
+        let entry = self.objects.entry(key.clone()).or_insert(Parsed { version: None, doc: None, error: None });
+        entry.version = version;
+        match result {
+            Ok(doc) => {
+                entry.doc = doc;
+                entry.error = None;
+            }
+            Err(reason) => entry.error = Some(reason),
+        }
     }
+}
+
+/// What an object was parsed from: its uid and resourceVersion, plus how we
+/// changed it. `None` (no uid or version, as in hand-made objects) means
+/// always parse.
+fn version<K: Resource>(obj: &K, extra: &str) -> Option<String> {
+    let meta = obj.meta();
+    Some(format!("{}/{}{extra}", meta.uid.as_ref()?, meta.resource_version.as_ref()?))
 }
 
 fn observe_bridge(obj: &DynamicObject) -> ObservedBridge {
