@@ -408,3 +408,45 @@ async fn a_clean_stop_hands_the_lease_over_at_once() {
     assert!(stopped.elapsed() < Duration::from_secs(5), "waited for expiry instead of a release");
     two.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingress_tls_secrets_are_read_from_the_ingress_namespace() {
+    let fake = KubeFake::with_mcpbridge().await.unwrap();
+    fake.put(bridge("default", json!([static_registry("kb-tls", "10.0.10.1:80")]), json!([])));
+    let tls_secret = |ns: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+               "metadata": {"name": "shop-cert", "namespace": ns},
+               "stringData": {"tls.crt": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+                              "tls.key": "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"}})
+    };
+    // Same name, other namespace: not the Ingress's.
+    fake.put(tls_secret("elsewhere"));
+    fake.put(json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": "shop", "namespace": "apps", "annotations": {"higress.io/destination": "kb-tls.static:80"}},
+        "spec": {"ingressClassName": "higress", "tls": [{"hosts": ["shop.example.com"], "secretName": "shop-cert"}],
+                 "rules": [{"host": "shop.example.com", "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                    "backend": {"resource": {"apiGroup": "networking.higress.io", "kind": "McpBridge", "name": "default"}}}]}}]}}));
+    let app = start(args(&fake), GatewayArgs::default()).await;
+    let tls = |app: &App| -> Vec<(String, String)> {
+        let desired = app.kube.as_ref().unwrap().observed.borrow().desired.clone();
+        desired.tls_secrets.iter().map(|s| (s.namespace.clone(), s.name.clone())).collect()
+    };
+    eventually("Ingress routed", Duration::from_secs(10), || {
+        app.kube.as_ref().unwrap().observed.borrow().desired.ingresses.len() == 1
+    })
+    .await;
+    assert!(tls(&app).is_empty(), "a Secret in another namespace was used: {:?}", tls(&app));
+    fake.put(tls_secret("apps"));
+    eventually("TLS Secret read", Duration::from_secs(10), || {
+        tls(&app) == [("apps".to_owned(), "shop-cert".to_owned())]
+    })
+    .await;
+    let https = || {
+        app.config.borrow().istio.iter().any(|o| {
+            o.kind == "Gateway"
+                && o.spec["servers"].as_array().is_some_and(|s| s.iter().any(|s| s["port"]["number"] == json!(443)))
+        })
+    };
+    eventually("HTTPS server in the Gateway", Duration::from_secs(10), https).await;
+    app.stop().await;
+}
