@@ -35,20 +35,25 @@
 //! and forget the history), [`KubeFake::requests`] (a log of every request).
 
 use std::collections::{BTreeMap, HashMap};
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+
+mod patch;
+mod stream;
+
+use patch::{json_patch_into, merge_into};
+use stream::{matches, watch_stream};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// Bookmarks go out this often on an idle watch.
@@ -497,44 +502,6 @@ fn resource_list(store: &Store, group: &str, version: &str) -> Option<Value> {
     Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}))
 }
 
-/// Whether `object` is in `target`'s scope and matches the selectors.
-fn matches(object: &Value, target: &Target, query: &HashMap<String, String>) -> bool {
-    if let Some(ns) = &target.namespace
-        && object["metadata"]["namespace"].as_str() != Some(ns)
-    {
-        return false;
-    }
-    let labels = &object["metadata"]["labels"];
-    let label_ok = query.get("labelSelector").is_none_or(|sel| {
-        sel.split(',').filter(|t| !t.trim().is_empty()).all(|term| {
-            let term = term.trim();
-            if let Some((k, v)) = term.split_once("!=") {
-                labels[k.trim()].as_str() != Some(v.trim())
-            } else if let Some((k, v)) = term.split_once('=') {
-                labels[k.trim().trim_end_matches('=')].as_str() == Some(v.trim().trim_start_matches('='))
-            } else if let Some(k) = term.strip_prefix('!') {
-                labels.get(k).is_none()
-            } else {
-                labels.get(term).is_some()
-            }
-        })
-    });
-    let field_ok = query.get("fieldSelector").is_none_or(|sel| {
-        sel.split(',').filter(|t| !t.trim().is_empty()).all(|term| {
-            let field =
-                |path: &str| path.trim().split('.').fold(object, |v, k| &v[k]).as_str().unwrap_or_default().to_owned();
-            if let Some((k, v)) = term.split_once("!=") {
-                field(k) != v.trim()
-            } else if let Some((k, v)) = term.split_once('=') {
-                field(k.trim_end_matches('=')) == v.trim().trim_start_matches('=')
-            } else {
-                false
-            }
-        })
-    });
-    label_ok && field_ok
-}
-
 fn list(shared: &Shared, target: &Target, query: &HashMap<String, String>) -> Response {
     let store = shared.lock();
     let items: Vec<Value> = store
@@ -714,72 +681,6 @@ fn patch(shared: &Shared, target: &Target, content_type: &str, body: &Bytes) -> 
     json_response(out)
 }
 
-/// RFC 6902 JSON patch: `test`, `add`, `replace`, `remove`. A failed `test`
-/// is a 422, as the API server answers.
-// The error is the answer to send.
-#[allow(clippy::result_large_err)]
-fn json_patch_into(target: &mut Value, ops: &Value) -> Result<(), Response> {
-    let invalid = |m: String| status(422, "Invalid", m);
-    for op in ops.as_array().ok_or_else(|| invalid("a JSON patch is a list".into()))? {
-        let path = op["path"].as_str().ok_or_else(|| invalid("op without path".into()))?;
-        let (parent, last) = path.rsplit_once('/').ok_or_else(|| invalid(format!("bad path {path}")))?;
-        let last = last.replace("~1", "/").replace("~0", "~");
-        match op["op"].as_str() {
-            Some("test") => {
-                if target.pointer(path) != Some(&op["value"]) {
-                    return Err(invalid(format!("testing value {path} failed")));
-                }
-            }
-            Some(kind @ ("add" | "replace" | "remove")) => {
-                let parent = target.pointer_mut(parent).ok_or_else(|| invalid(format!("missing parent of {path}")))?;
-                match (parent, kind) {
-                    (Value::Object(m), "remove") => {
-                        m.remove(&last);
-                    }
-                    (Value::Object(m), _) => {
-                        m.insert(last, op["value"].clone());
-                    }
-                    (Value::Array(a), kind) => {
-                        let i = if last == "-" { a.len() } else { last.parse().unwrap_or(usize::MAX) };
-                        match kind {
-                            "add" if i <= a.len() => a.insert(i, op["value"].clone()),
-                            "replace" if i < a.len() => a[i] = op["value"].clone(),
-                            "remove" if i < a.len() => {
-                                a.remove(i);
-                            }
-                            _ => return Err(invalid(format!("index out of range: {path}"))),
-                        }
-                    }
-                    _ => return Err(invalid(format!("{path}: parent is not a container"))),
-                }
-            }
-            other => return Err(invalid(format!("unsupported op {other:?}"))),
-        }
-    }
-    Ok(())
-}
-
-/// RFC 7386 merge (`nulls_delete`), or the fake's apply merge.
-fn merge_into(target: &mut Value, patch: &Value, nulls_delete: bool) {
-    let Value::Object(patch) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = Value::Object(Map::new());
-    }
-    let map = target.as_object_mut().expect("object");
-    for (k, v) in patch {
-        if v.is_null() && nulls_delete {
-            map.remove(k);
-        } else if v.is_object() {
-            merge_into(map.entry(k.clone()).or_insert(Value::Null), v, nulls_delete);
-        } else {
-            map.insert(k.clone(), v.clone());
-        }
-    }
-}
-
 fn delete(shared: &Shared, target: &Target) -> Response {
     let (ns, name) = key_of(target);
     let removed = shared.lock().remove(&target.res.key(), &ns, &name);
@@ -790,95 +691,4 @@ fn delete(shared: &Shared, target: &Target) -> Response {
         }
         None => not_found(target),
     }
-}
-
-/// A watch: events after the asked-for resourceVersion, then live ones,
-/// bookmarks when idle, until `timeoutSeconds`, a 410, or the client leaves.
-fn watch_stream(shared: Arc<Shared>, target: Target, query: HashMap<String, String>) -> Response {
-    let bookmarks = query.get("allowWatchBookmarks").is_some_and(|v| v == "true");
-    let timeout = query.get("timeoutSeconds").and_then(|t| t.parse().ok()).unwrap_or(1800u64);
-    let from: Option<u64> = query.get("resourceVersion").and_then(|v| v.parse().ok()).filter(|&v| v > 0);
-    let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(1024);
-    let mut changes = shared.changed.subscribe();
-    tokio::spawn(async move {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
-        let send = |v: Value| {
-            let mut line = serde_json::to_vec(&v).unwrap_or_default();
-            line.push(b'\n');
-            tx.try_send(Ok(Bytes::from(line))).is_ok()
-        };
-        let (mut pos, epoch, mut initial) = {
-            let store = shared.lock();
-            match from {
-                Some(rv) if rv < store.compacted => {
-                    send(expired(rv, store.compacted));
-                    return;
-                }
-                Some(rv) => (rv, store.epoch, Vec::new()),
-                // No resourceVersion: the current state as ADDED events first.
-                None => {
-                    let now: Vec<Value> = store
-                        .objects
-                        .get(&target.res.key())
-                        .into_iter()
-                        .flat_map(|m| m.values())
-                        .filter(|o| matches(o, &target, &query))
-                        .map(|o| json!({"type": "ADDED", "object": o}))
-                        .collect();
-                    (store.rv, store.epoch, now)
-                }
-            }
-        };
-        for e in initial.drain(..) {
-            if !send(e) {
-                return;
-            }
-        }
-        loop {
-            let (events, expired_now, rv) = {
-                let store = shared.lock();
-                let events: Vec<Value> = store
-                    .history
-                    .iter()
-                    .filter(|e| e.rv > pos && e.res == target.res.key() && matches(&e.object, &target, &query))
-                    .map(|e| json!({"type": e.kind, "object": e.object}))
-                    .collect();
-                (events, store.epoch != epoch, store.rv)
-            };
-            if expired_now {
-                send(expired(pos, rv));
-                return;
-            }
-            for e in events {
-                if !send(e) {
-                    return;
-                }
-            }
-            pos = rv;
-            tokio::select! {
-                r = changes.changed() => if r.is_err() { return },
-                () = tokio::time::sleep(BOOKMARK_EVERY) => {
-                    if bookmarks && !send(json!({"type": "BOOKMARK", "object": {
-                        "kind": target.res.kind, "apiVersion": target.res.api_version(),
-                        "metadata": {"resourceVersion": pos.to_string()}}})) {
-                        return;
-                    }
-                }
-                () = tokio::time::sleep_until(deadline) => return,
-                () = tx.closed() => return,
-            }
-        }
-    });
-    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-    Response::builder()
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from_stream(stream))
-        .unwrap_or_else(|_| status(500, "InternalError", "watch".into()))
-}
-
-fn expired(asked: u64, oldest: u64) -> Value {
-    json!({"type": "ERROR", "object": {
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": format!("too old resource version: {asked} ({oldest})"), "reason": "Expired", "code": 410,
-    }})
 }
