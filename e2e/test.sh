@@ -11,7 +11,19 @@ export MESHBRIDGE_CACHE="${MESHBRIDGE_CACHE:-$HOME/.cache/meshbridge}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MESHBRIDGE_CACHE/target}"
 
 # shellcheck source=e2e/env.sh
-source e2e/env.sh consul envoy rnacos zookeeper tinyproxy docker-compose
+source e2e/env.sh consul envoy rnacos zookeeper tinyproxy docker-compose kubetools
+
+echo "== kubernetes manifests"
+if [ -n "${MESHBRIDGE_KUBECTL_BIN:-}" ] && [ -n "${MESHBRIDGE_KUBE_VALIDATE_BIN:-}" ]; then
+  rendered="$MESHBRIDGE_CACHE/kustomize-rendered.yaml"
+  "$MESHBRIDGE_KUBECTL_BIN" kustomize deploy/kubernetes > "$rendered"
+  "$MESHBRIDGE_KUBE_VALIDATE_BIN" --strict --quiet "$rendered" deploy/kubernetes/crd-mcpbridge.yaml \
+    deploy/examples/dubbo-spring/*.yaml
+  echo "rendered and validated: $(grep -c '^kind:' "$rendered") objects"
+else
+  echo "kubectl / kubernetes-validate not installed (e2e/setup.sh kubetools): manifest check FAILED"
+  manifests_failed=1
+fi
 
 echo "== docker-compose config"
 "$MESHBRIDGE_DOCKER_COMPOSE_BIN" -f docker-compose.yml config -q
@@ -32,4 +44,5 @@ grep -h '^FIGURE' "$log" || true
 # One closing line for the whole run, summed over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+[ "${manifests_failed:-0}" = 1 ] && status=1
 exit "$status"

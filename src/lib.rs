@@ -11,6 +11,7 @@ pub mod admin;
 pub mod cache;
 pub mod config;
 pub mod dump;
+pub mod kube;
 pub mod lifecycle;
 pub mod metrics;
 pub mod publish;

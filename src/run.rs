@@ -18,6 +18,7 @@ use crate::admin::{AdminLimits, Auth};
 use crate::cache::Cache;
 use crate::config::DirSource;
 use crate::dump::{Dumper, StateDir};
+use crate::kube::{KubeArgs, KubeSource, SourceOptions};
 use crate::lifecycle::LifecycleArgs;
 use crate::metrics::Metrics;
 use crate::publish::PublishOptions;
@@ -60,6 +61,8 @@ pub struct RunCommand {
     pub lifecycle: LifecycleArgs,
     #[command(flatten)]
     pub xds: XdsLimits,
+    #[command(flatten)]
+    pub kube: KubeArgs,
 }
 
 /// How Ingresses are read and what the standalone Envoy gateway listens on.
@@ -110,9 +113,10 @@ impl GatewayArgs {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// Directory of YAML files (McpBridge, Ingress, Secret), watched for edits.
+    /// Directory of YAML files (McpBridge, Ingress, Secret), watched for
+    /// edits. Without it, --kube (or running in a pod) reads the API server.
     #[arg(long, env = "MESHBRIDGE_CONFIG_DIR")]
-    pub config_dir: PathBuf,
+    pub config_dir: Option<PathBuf>,
     /// ADS / MCP gRPC listen address.
     #[arg(long, env = "MESHBRIDGE_XDS_ADDR", default_value = "0.0.0.0:15051")]
     pub xds_addr: SocketAddr,
@@ -135,7 +139,7 @@ impl RunArgs {
     /// Free loopback ports for xDS and admin: how tests run meshbridge.
     pub fn loopback(config_dir: impl Into<PathBuf>) -> RunArgs {
         RunArgs {
-            config_dir: config_dir.into(),
+            config_dir: Some(config_dir.into()),
             xds_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             min_refresh_interval: crate::config::MIN_REFRESH_INTERVAL,
@@ -242,7 +246,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
     init_tracing(cli.log_format);
     let Command::Run(cmd) = cli.command;
     let args = &cmd.args;
-    info!(config_dir = %args.config_dir.display(), xds_addr = %args.xds_addr, admin_addr = %args.admin_addr, min_refresh_interval = ?args.min_refresh_interval, gateway = ?cmd.gateway, lifecycle = ?cmd.lifecycle, "starting meshbridge");
+    info!(config_dir = ?args.config_dir, kube = ?cmd.kube, xds_addr = %args.xds_addr, admin_addr = %args.admin_addr, min_refresh_interval = ?args.min_refresh_interval, gateway = ?cmd.gateway, lifecycle = ?cmd.lifecycle, "starting meshbridge");
     let app = App::launch(cmd).await?;
     shutdown_signal().await;
     app.shutdown().await;
@@ -284,7 +288,9 @@ pub struct App {
     drain: std::time::Duration,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
-    _source: DirSource,
+    /// Kubernetes mode's leader flag and observations; `None` otherwise.
+    pub kube: Option<Arc<KubeSource>>,
+    _source: Option<DirSource>,
 }
 
 impl App {
@@ -301,18 +307,35 @@ impl App {
             gateway: GatewayArgs::default(),
             lifecycle: LifecycleArgs::default(),
             xds: XdsLimits::default(),
+            kube: KubeArgs::default(),
         })
         .await
     }
 
     pub async fn launch(cmd: RunCommand) -> anyhow::Result<App> {
-        let RunCommand { args, admin, gateway, lifecycle, xds } = cmd;
-        let builder = crate::config::Builder::with_min_refresh_interval(args.min_refresh_interval)
-            .with_consul_max_conns(args.consul_max_conns);
-        let (source, desired) = DirSource::start_with_builder(args.config_dir.clone(), builder)
-            .await
-            .with_context(|| format!("config dir {}", args.config_dir.display()))?;
+        let RunCommand { args, admin, gateway, lifecycle, xds, kube } = cmd;
         let cache = Cache::new();
+        let (source, kube, desired) = match &args.config_dir {
+            Some(dir) if !kube.kube => {
+                let builder = crate::config::Builder::with_min_refresh_interval(args.min_refresh_interval)
+                    .with_consul_max_conns(args.consul_max_conns);
+                let (source, desired) = DirSource::start_with_builder(dir.clone(), builder)
+                    .await
+                    .with_context(|| format!("config dir {}", dir.display()))?;
+                (Some(source), None, desired)
+            }
+            _ if kube.kube || crate::kube::in_cluster() => {
+                let reserved = gateway.gateway_http_port.iter().copied().chain([gateway.gateway_https_port]).collect();
+                let opts = SourceOptions {
+                    args: kube,
+                    ingress_class: gateway.ingress_class.clone(),
+                    reserved_ports: reserved,
+                };
+                let (source, desired) = KubeSource::start(opts, cache.clone()).await?;
+                (None, Some(Arc::new(source)), desired)
+            }
+            _ => anyhow::bail!("no config source: give --config-dir, or --kube to read the Kubernetes API"),
+        };
         let clients = Clients::new();
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = Vec::new();
@@ -391,6 +414,7 @@ impl App {
             clients,
             metrics,
             dumper,
+            kube,
             drain: lifecycle.drain,
             shutdown,
             tasks,
@@ -422,6 +446,9 @@ impl App {
     }
 
     pub async fn stop(self) {
+        if let Some(kube) = &self.kube {
+            kube.release().await;
+        }
         let _ = self.shutdown.send(true);
         for t in &self.tasks {
             t.abort();

@@ -56,6 +56,7 @@ async fn clients_wait_for_every_registry_until_the_initial_sync_timeout() {
         gateway: GatewayArgs::default(),
         lifecycle: LifecycleArgs { initial_sync_timeout: timeout, ..Default::default() },
         xds: Default::default(),
+        kube: Default::default(),
     })
     .await
     .unwrap();
@@ -295,6 +296,7 @@ async fn warm_restart_serves_the_dump_and_ignores_a_corrupt_file() {
         gateway: GatewayArgs::default(),
         lifecycle: LifecycleArgs { state_dir: Some(state.path().into()), ..Default::default() },
         xds: Default::default(),
+        kube: Default::default(),
     })
     .await
     .expect("a corrupt state file is not fatal");
@@ -347,6 +349,7 @@ async fn max_stale_withdraws_a_registry_that_stays_down() {
             ..Default::default()
         },
         xds: Default::default(),
+        kube: Default::default(),
     })
     .await
     .unwrap();

@@ -13,6 +13,7 @@ pub mod consul_fake;
 pub mod dns_fake;
 pub mod envoy;
 pub mod eureka_fake;
+pub mod kube_fake;
 pub mod load;
 pub mod nacos;
 pub mod process;

@@ -26,6 +26,7 @@ pub async fn start_gateway(dir: &Path, gateway_port: u16) -> anyhow::Result<App>
         gateway: GatewayArgs { gateway_http_port: vec![gateway_port], ..GatewayArgs::default() },
         lifecycle: Default::default(),
         xds: Default::default(),
+        kube: Default::default(),
     })
     .await
 }

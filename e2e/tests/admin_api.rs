@@ -267,6 +267,7 @@ async fn credentials_never_shown_or_logged() {
         gateway: Default::default(),
         lifecycle: LifecycleArgs { initial_sync_timeout: Duration::from_secs(1), ..Default::default() },
         xds: Default::default(),
+        kube: Default::default(),
     })
     .await
     .expect("start meshbridge");
@@ -325,7 +326,7 @@ async fn non_loopback_admin_requires_the_token() {
     logs();
     let dir = tempfile::tempdir().unwrap();
     let args = RunArgs {
-        config_dir: dir.path().into(),
+        config_dir: Some(dir.path().into()),
         xds_addr: "127.0.0.1:0".parse().unwrap(),
         admin_addr: "0.0.0.0:0".parse().unwrap(),
         ..RunArgs::loopback(dir.path())

@@ -55,6 +55,7 @@ async fn config_status_lists_files_errors_and_warnings_and_the_dashboard_matches
         gateway: Default::default(),
         lifecycle: LifecycleArgs { initial_sync_timeout: Duration::from_millis(300), ..Default::default() },
         xds: Default::default(),
+        kube: Default::default(),
     })
     .await
     .unwrap();

@@ -54,6 +54,7 @@ async fn launch(config: &Path, state: &Path, xds: SocketAddr) -> App {
             ..Default::default()
         },
         xds: Default::default(),
+        kube: Default::default(),
     })
     .await
     .expect("start meshbridge")

@@ -92,6 +92,7 @@ async fn compose_topology_with_local_binaries() {
         gateway: GatewayArgs { gateway_http_port: vec![gateway_port], ..GatewayArgs::default() },
         lifecycle: Default::default(),
         xds: Default::default(),
+        kube: Default::default(),
     })
     .await
     .expect("start meshbridge");

@@ -99,7 +99,7 @@ impl Builder {
         let mut next =
             Builder { min_refresh: self.min_refresh, consul_max_conns: self.consul_max_conns, ..Builder::default() };
         let min_refresh = self.min_refresh.unwrap_or(MIN_REFRESH_INTERVAL);
-        let mut registry_owner: HashMap<(RegistryKind, String), String> = HashMap::new();
+        let mut registry_owner: HashMap<(RegistryKind, String), (String, String)> = HashMap::new();
         let mut proxy_owner: HashMap<String, String> = HashMap::new();
         // Explicit listener ports across every McpBridge: the proxies share
         // one Envoy, so two cannot listen on the same port.
@@ -174,14 +174,22 @@ impl Builder {
                     }
                 };
                 let owner_key = (spec.kind, spec.name.clone());
-                if let Some(owner) = registry_owner.get(&owner_key) {
+                if let Some((owner_object, owner_at)) = registry_owner.get(&owner_key) {
                     run.errors.push(format!(
-                        "{object}: {at}.name: duplicate registry {}/{} (already defined by {owner})",
+                        "{object}: {at}.name: duplicate registry {}/{} (already defined by {owner_object} {owner_at})",
                         spec.kind, spec.name
                     ));
+                    // A clash between two McpBridges is reported on both, so
+                    // each object's status shows it (Kubernetes mode).
+                    if *owner_object != object {
+                        run.errors.push(format!(
+                            "{owner_object}: {owner_at}.name: registry {}/{} is also defined by {object} {at}, which is ignored",
+                            spec.kind, spec.name
+                        ));
+                    }
                     continue;
                 }
-                registry_owner.insert(owner_key, format!("{object} {at}"));
+                registry_owner.insert(owner_key, (object.clone(), at.clone()));
                 if let Some(key) = key {
                     next.registries.entry(key).or_default().push(spec.clone());
                 }

@@ -181,6 +181,9 @@ fn duplicate_registries_reject_the_later_one() {
             format!(
                 "McpBridge team/other: spec.registries[0].name: duplicate registry nacos/c (already defined by {BRIDGE} spec.registries[2])"
             ),
+            format!(
+                "{BRIDGE}: spec.registries[2].name: registry nacos/c is also defined by McpBridge team/other spec.registries[0], which is ignored"
+            ),
         ]
     );
     assert_eq!(names(&d), ["nacos/c", "consul/c"]);

@@ -36,7 +36,7 @@ use meshbridge_registries::{RegistrySpec, Secret};
 pub use build::Builder;
 pub use dir::DirSource;
 pub use model::{Document, IngressDoc, McpBridgeDoc, RawEntry, SecretDoc};
-pub use parse::parse_documents;
+pub use parse::{parse_documents, parse_object};
 pub use state::ConfigState;
 pub use validate::MIN_REFRESH_INTERVAL;
 
@@ -105,6 +105,12 @@ pub struct ProxySpec {
     pub listener_port: Option<u16>,
     /// `None` when unset; Higress then uses [`DEFAULT_PROXY_CONNECT_TIMEOUT`].
     pub connect_timeout: Option<Duration>,
+}
+
+/// Build [`Desired`] from documents, in source order, with no memory of
+/// earlier builds (tests; sources keep a [`Builder`] for last good specs).
+pub fn build_desired<'a>(docs: impl IntoIterator<Item = &'a Document>) -> Desired {
+    Builder::default().build(docs)
 }
 
 /// Higress's connect timeout for a proxy without `connectTimeout`.

@@ -54,6 +54,14 @@ pub fn parse_documents(file: &str, text: &str) -> Result<Vec<Document>, ConfigEr
     Ok(docs)
 }
 
+/// One object already decoded, as the Kubernetes API hands it over: the
+/// same checks and shapes as a YAML document, so both sources build the
+/// same [`Document`]s. `None` for kinds and versions we do not read.
+/// `source` names the object in logs; the error names the field.
+pub fn parse_object(source: &str, value: Value) -> Result<Option<Document>, String> {
+    parse_document(source, 1, value)
+}
+
 fn parse_document(file: &str, index: usize, value: Value) -> Result<Option<Document>, String> {
     let Value::Object(mut obj) = value else {
         return Err("not a mapping".into());

@@ -1,0 +1,235 @@
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::networking::v1::Ingress;
+use serde_json::json;
+
+use super::parse_duration;
+use super::ports::pins;
+use super::status::{bridge_status, errors_of};
+use super::watch::{Observed, ObservedBridge, selected};
+use crate::config::{Desired, ProxySpec, build_desired, parse_documents};
+
+#[test]
+fn durations() {
+    assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+    assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+    assert!(parse_duration("3h").is_err());
+    assert!(parse_duration("x").is_err());
+}
+
+fn ingress(annotation: Option<&str>, class_name: Option<&str>) -> Ingress {
+    let mut v = json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                       "metadata": {"name": "i", "namespace": "n", "annotations": {}}, "spec": {}});
+    if let Some(a) = annotation {
+        v["metadata"]["annotations"]["kubernetes.io/ingress.class"] = json!(a);
+    }
+    if let Some(c) = class_name {
+        v["spec"]["ingressClassName"] = json!(c);
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+#[test]
+fn ingress_class_selection() {
+    // The annotation wins over ingressClassName, as in Higress.
+    assert_eq!(selected(&ingress(Some("mesh"), Some("other")), "mesh", false), Some(false));
+    assert_eq!(selected(&ingress(Some("other"), Some("mesh")), "mesh", false), None);
+    assert_eq!(selected(&ingress(None, Some("mesh")), "mesh", false), Some(false));
+    // No class: `higress` takes it; another class only as the default
+    // IngressClass, and then the class must be filled in.
+    assert_eq!(selected(&ingress(None, None), "higress", false), Some(false));
+    assert_eq!(selected(&ingress(None, None), "mesh", false), None);
+    assert_eq!(selected(&ingress(None, None), "mesh", true), Some(true));
+    // An empty class takes everything.
+    assert_eq!(selected(&ingress(Some("x"), None), "", false), Some(false));
+}
+
+#[test]
+fn errors_are_attributed_to_their_mcpbridge() {
+    let errors = vec![
+        "McpBridge ns/a: spec.registries[0].port: must be 1..65535".to_owned(),
+        "McpBridge ns/ab: spec.registries[1].name: duplicate".to_owned(),
+        "Secret ns/a: data.x: not valid base64".to_owned(),
+    ];
+    assert_eq!(errors_of(&errors, "ns/a"), vec!["spec.registries[0].port: must be 1..65535"]);
+    assert_eq!(errors_of(&errors, "ns/ab"), vec!["spec.registries[1].name: duplicate"]);
+}
+
+fn observed_bridge(registries: serde_json::Value, proxies: serde_json::Value) -> ObservedBridge {
+    ObservedBridge {
+        namespace: "ns".into(),
+        name: "b".into(),
+        generation: Some(3),
+        resource_version: Some("7".into()),
+        registries: registries.as_array().cloned().unwrap_or_default(),
+        proxies: proxies.as_array().cloned().unwrap_or_default(),
+        status: None,
+    }
+}
+
+#[test]
+fn status_names_entry_errors_and_keeps_transition_times() {
+    let bridge = observed_bridge(
+        json!([{"type": "consul", "name": "c", "port": 0}, {"type": "static", "name": "s"}]),
+        json!([]),
+    );
+    let desired = Desired {
+        errors: vec!["McpBridge ns/b: spec.registries[0].port: must be 1..65535".into()],
+        ..Default::default()
+    };
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let first = bridge_status(&bridge, &desired, &[], None, t0);
+    assert_eq!(first["observedGeneration"], json!(3));
+    assert_eq!(first["registries"][0]["message"], json!("spec.registries[0].port: must be 1..65535"));
+    assert_eq!(first["registries"][1]["message"], json!("not running"));
+    assert_eq!(first["errors"], json!(["spec.registries[0].port: must be 1..65535"]));
+    assert_eq!(first["conditions"][0]["lastTransitionTime"], json!("2023-11-14T22:13:20Z"));
+    // Same content later: same status, so nothing to write.
+    let later = bridge_status(&bridge, &desired, &[], Some(&first), t0 + Duration::from_secs(60));
+    assert_eq!(later, first);
+}
+
+#[test]
+fn only_unpinned_proxies_of_one_mcpbridge_are_pinned() {
+    let proxy = |name: &str, port: Option<u16>| ProxySpec {
+        name: name.into(),
+        server_address: "10.0.0.1".into(),
+        server_port: 3128,
+        listener_port: port,
+        connect_timeout: None,
+    };
+    let bridge = observed_bridge(
+        json!([]),
+        json!([{"name": "free", "serverAddress": "10.0.0.1"}, {"name": "pinned", "listenerPort": 50500}]),
+    );
+    let desired = Desired { proxies: vec![proxy("free", None), proxy("pinned", Some(50500))], ..Default::default() };
+    let observed = Observed { bridges: vec![bridge.clone()], desired: Arc::new(desired) };
+    let out = pins(&observed, &BTreeSet::from([80, 443]));
+    assert_eq!(out.len(), 1);
+    let port = out[0].1[0]["listenerPort"].as_u64().unwrap();
+    assert!((50001..=50999).contains(&port) && port != 50500, "{port}");
+    assert_eq!(out[0].1[0]["serverAddress"], "10.0.0.1");
+    assert_eq!(out[0].1[1], json!({"name": "pinned", "listenerPort": 50500}));
+
+    // Declared by two McpBridges: a clash, left alone.
+    let twice = Observed { bridges: vec![bridge.clone(), bridge], desired: observed.desired.clone() };
+    assert!(pins(&twice, &BTreeSet::new()).is_empty());
+}
+
+#[test]
+fn dubbo_spring_example_loads_without_errors() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/examples/dubbo-spring");
+    let mut docs = Vec::new();
+    for file in ["mcpbridge.yaml", "ingress.yaml"] {
+        let text = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
+        docs.extend(parse_documents(file, &text).unwrap());
+    }
+    let desired = build_desired(&docs);
+    assert_eq!(desired.errors, Vec::<String>::new());
+    let names: Vec<_> = desired.registries.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["spring-nacos", "dubbo-zk"]);
+    assert!(desired.registries[0].auth.contains_key("nacosPassword"));
+    assert_eq!(desired.ingresses.len(), 2);
+}
+
+#[test]
+fn kube_flags_parse_and_exclude_the_config_dir() {
+    use clap::{CommandFactory, Parser};
+
+    use crate::run::{Cli, Command};
+    Cli::command().debug_assert();
+    let cli = Cli::try_parse_from([
+        "meshbridge",
+        "run",
+        "--kube",
+        "--all-mcpbridges",
+        "--watch-namespace",
+        "apps",
+        "--leader-elect",
+        "--leader-lease-duration",
+        "20s",
+    ])
+    .unwrap();
+    let Command::Run(run) = cli.command;
+    assert!(run.kube.kube && run.kube.all_mcpbridges);
+    assert_eq!(run.kube.watch_namespace.as_deref(), Some("apps"));
+    assert_eq!(run.kube.leader_elect, Some(true));
+    assert_eq!(run.kube.leader_lease_duration, Duration::from_secs(20));
+    assert_eq!(run.kube.namespace, "higress-system");
+    assert!(Cli::try_parse_from(["meshbridge", "run", "--kube", "--config-dir", "/tmp"]).is_err());
+    assert!(Cli::try_parse_from(["meshbridge", "run", "--mcpbridge-selector", "a=b", "--all-mcpbridges"]).is_err());
+}
+
+fn bridge_object(rv: &str, registries: serde_json::Value) -> Arc<kube::api::DynamicObject> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "networking.higress.io/v1", "kind": "McpBridge",
+            "metadata": {"name": "default", "namespace": "ns", "uid": "u-1", "resourceVersion": rv, "generation": 1},
+            "spec": {"registries": registries},
+        }))
+        .unwrap(),
+    )
+}
+
+fn ingress_object(i: usize, rv: &str) -> Arc<Ingress> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": format!("i{i}"), "namespace": "apps", "uid": format!("u-i{i}"), "resourceVersion": rv,
+                         "annotations": {"higress.io/destination": "web.static:80"}},
+            "spec": {"ingressClassName": "higress", "rules": [{"host": format!("h{i}.example.com"), "http": {"paths": [
+                {"path": "/", "pathType": "Prefix", "backend": {"resource":
+                    {"apiGroup": "networking.higress.io", "kind": "McpBridge", "name": "default"}}}]}}]},
+        }))
+        .unwrap(),
+    )
+}
+
+#[test]
+fn assembler_keeps_an_objects_last_good_version() {
+    use super::watch::Assembler;
+    let mut a = Assembler::new("higress".into());
+    let good = json!([{"type": "static", "name": "web", "domain": "10.0.0.1:80", "port": 80}]);
+    let first = a.build(vec![bridge_object("1", good)], vec![ingress_object(0, "1")], &[], vec![]);
+    assert_eq!(first.desired.errors, Vec::<String>::new());
+    assert_eq!((first.desired.registries.len(), first.desired.ingresses.len()), (1, 1));
+
+    // A version that does not parse keeps the last good one in force.
+    let broken = a.build(vec![bridge_object("2", json!({"not": "a list"}))], vec![], &[], vec![]);
+    assert_eq!(broken.desired.registries, first.desired.registries);
+    assert_eq!(
+        broken.desired.errors,
+        vec!["McpBridge ns/default: spec.registries: must be a list; keeping last good config of this object"]
+    );
+    assert_eq!(broken.desired.ingresses.len(), 0, "a deleted Ingress is gone");
+    // Deleted, then back broken: nothing to fall back on.
+    a.build(vec![], vec![], &[], vec![]);
+    let again = a.build(vec![bridge_object("3", json!({"not": "a list"}))], vec![], &[], vec![]);
+    assert!(again.desired.registries.is_empty());
+    assert!(again.desired.errors[0].ends_with("; object ignored"), "{:?}", again.desired.errors);
+}
+
+/// Cost of a rebuild with many Ingresses: the first parses all, an edit of
+/// one reparses one (the Builder still walks all documents).
+#[test]
+fn assembler_rebuild_cost_follows_the_change() {
+    use super::watch::Assembler;
+    const N: usize = 5_000;
+    let mut a = Assembler::new("higress".into());
+    let bridge = bridge_object("1", json!([{"type": "static", "name": "web", "domain": "10.0.0.1:80", "port": 80}]));
+    let mut ingresses: Vec<_> = (0..N).map(|i| ingress_object(i, "1")).collect();
+    let started = std::time::Instant::now();
+    let first = a.build(vec![bridge.clone()], ingresses.clone(), &[], vec![]);
+    let full = started.elapsed();
+    assert_eq!(first.desired.ingresses.len(), N);
+    ingresses[7] = ingress_object(7, "2");
+    let started = std::time::Instant::now();
+    let second = a.build(vec![bridge], ingresses, &[], vec![]);
+    let one = started.elapsed();
+    assert_eq!(second.desired.ingresses.len(), N);
+    println!("FIGURE kube_assembler_rebuild ingresses={N} first_build={full:?} after_one_edit={one:?} (debug build)");
+}

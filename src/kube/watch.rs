@@ -1,0 +1,445 @@
+//! Reflectors on McpBridge, Ingress, IngressClass and Secret, and the one
+//! task that turns their stores into [`Desired`].
+//!
+//! Objects go through `config::parse_object` and `config::Builder`, the
+//! functions the directory source uses, so a McpBridge means the same thing
+//! whichever way it arrives. Only referenced Secrets reach the builder:
+//! those named by an `authSecretName` (any namespace, as `Builder` resolves
+//! them) and by an Ingress's `spec.tls[].secretName` (its namespace). A
+//! Secret's data ends up in the registry spec it resolves into, so the
+//! reconciler, which restarts a watcher only when its spec changed, restarts
+//! exactly the watchers that use a changed Secret.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::{DEFAULT_MCPBRIDGE, KubeError, SourceOptions};
+use crate::config::{Builder, Desired, Document, parse_object};
+
+/// Wait this long after a change for the rest of a burst (a relist, a
+/// `kubectl apply` of several objects) before rebuilding.
+const DEBOUNCE: Duration = Duration::from_millis(50);
+/// Secrets that are never ours and can be large or many: Helm release
+/// records and service-account tokens, left out server-side.
+const SECRET_FIELD_SELECTOR: &str = "type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token";
+const CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
+const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
+/// Higress's class, which also takes Ingresses that name none (as the
+/// Ingress translator does).
+const HIGRESS_CLASS: &str = "higress";
+
+/// One McpBridge as last seen, for the status and port writers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObservedBridge {
+    pub namespace: String,
+    pub name: String,
+    pub generation: Option<i64>,
+    pub resource_version: Option<String>,
+    /// `spec.registries[]` and `spec.proxies[]` as written.
+    pub registries: Vec<Value>,
+    pub proxies: Vec<Value>,
+    /// `status` as the API server has it.
+    pub status: Option<Value>,
+}
+
+impl ObservedBridge {
+    /// `namespace/name`, as config errors name it.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The selected McpBridges and the config built from everything watched.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Observed {
+    pub bridges: Vec<ObservedBridge>,
+    pub desired: Arc<Desired>,
+}
+
+/// The stores the builder reads.
+struct Stores {
+    bridges: Store<DynamicObject>,
+    ingresses: Store<Ingress>,
+    classes: Store<IngressClass>,
+    secrets: Vec<Store<Secret>>,
+}
+
+pub(super) fn mcpbridge_resource() -> ApiResource {
+    ApiResource {
+        group: super::MCPBRIDGE_GROUP.into(),
+        version: super::MCPBRIDGE_VERSION.into(),
+        api_version: format!("{}/{}", super::MCPBRIDGE_GROUP, super::MCPBRIDGE_VERSION),
+        kind: super::MCPBRIDGE_KIND.into(),
+        plural: super::MCPBRIDGE_PLURAL.into(),
+    }
+}
+
+/// Start the reflectors, wait for their first lists, and start the task
+/// that publishes [`Desired`] (only when it changed) and [`Observed`].
+pub(super) async fn start(
+    client: Client,
+    opts: &SourceOptions,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Result<(watch::Receiver<Arc<Desired>>, watch::Receiver<Arc<Observed>>), KubeError> {
+    let args = &opts.args;
+    let notify = Arc::new(Notify::new());
+    let ar = mcpbridge_resource();
+    let bridge_cfg = if let Some(selector) = &args.mcpbridge_selector {
+        watcher::Config::default().labels(selector)
+    } else if args.all_mcpbridges {
+        watcher::Config::default()
+    } else {
+        watcher::Config::default().fields(&format!("metadata.name={DEFAULT_MCPBRIDGE}"))
+    };
+    let bridges = reflect(
+        Api::<DynamicObject>::namespaced_with(client.clone(), &args.namespace, &ar),
+        bridge_cfg,
+        ar.clone(),
+        "mcpbridges",
+        &notify,
+        tasks,
+    );
+    let ingresses = match &args.watch_namespace {
+        Some(ns) => Api::<Ingress>::namespaced(client.clone(), ns),
+        None => Api::<Ingress>::all(client.clone()),
+    };
+    let ingresses = reflect(ingresses, watcher::Config::default(), (), "ingresses", &notify, tasks);
+    let classes = reflect(
+        Api::<IngressClass>::all(client.clone()),
+        watcher::Config::default(),
+        (),
+        "ingressclasses",
+        &notify,
+        tasks,
+    );
+    // Auth Secrets live beside the McpBridges, TLS Secrets beside the
+    // Ingresses: with --watch-namespace those two namespaces, else all.
+    let secret_apis: Vec<Api<Secret>> = match &args.watch_namespace {
+        Some(ns) => {
+            let namespaces: BTreeSet<&str> = [ns.as_str(), args.namespace.as_str()].into();
+            namespaces.into_iter().map(|ns| Api::namespaced(client.clone(), ns)).collect()
+        }
+        None => vec![Api::all(client.clone())],
+    };
+    let secrets = secret_apis
+        .into_iter()
+        .map(|api| {
+            reflect(api, watcher::Config::default().fields(SECRET_FIELD_SELECTOR), (), "secrets", &notify, tasks)
+        })
+        .collect();
+    let stores = Stores { bridges, ingresses, classes, secrets };
+    wait_ready(&stores, args.kube_sync_timeout).await?;
+
+    let mut assembler = Assembler::new(opts.ingress_class.clone());
+    let first = assembler.observe(&stores);
+    log_desired(&first.desired);
+    let (desired_tx, desired_rx) = watch::channel(first.desired.clone());
+    let (observed_tx, observed_rx) = watch::channel(Arc::new(first));
+    tasks.push(tokio::spawn(
+        async move {
+            loop {
+                notify.notified().await;
+                tokio::time::sleep(DEBOUNCE).await;
+                let observed = assembler.observe(&stores);
+                if **desired_tx.borrow() != *observed.desired {
+                    log_desired(&observed.desired);
+                    desired_tx.send_replace(observed.desired.clone());
+                }
+                observed_tx.send_if_modified(|old| {
+                    let changed = **old != observed;
+                    if changed {
+                        *old = Arc::new(observed);
+                    }
+                    changed
+                });
+            }
+        }
+        .instrument(info_span!("kube_source")),
+    ));
+    Ok((desired_rx, observed_rx))
+}
+
+/// A reflector task for one resource; every change wakes `notify`.
+fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    dyntype: K::DynamicType,
+    resource: &'static str,
+    notify: &Arc<Notify>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    let writer = reflector::store::Writer::new(dyntype);
+    let store = writer.as_reader();
+    let stream = watcher(api, config)
+        .default_backoff()
+        // Managed fields are large and never read.
+        .modify(|o: &mut K| o.managed_fields_mut().clear())
+        .reflect(writer);
+    let notify = notify.clone();
+    tasks.push(tokio::spawn(
+        async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                        notify.notify_one()
+                    }
+                    Ok(_) => {}
+                    Err(error) => warn!(%error, "watch failed; retrying with backoff"),
+                }
+            }
+        }
+        .instrument(info_span!("kube_watch", resource)),
+    ));
+    store
+}
+
+async fn wait_ready(stores: &Stores, timeout: Duration) -> Result<(), KubeError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let fail = |resource| KubeError::SyncTimeout { resource, timeout };
+    let wait = |resource, ready| async move {
+        // A dropped writer (the reflector task ended) shows in the watch logs.
+        let _ = tokio::time::timeout_at(deadline, ready).await.map_err(|_| fail(resource))?;
+        debug!(resource, "listed");
+        Ok::<(), KubeError>(())
+    };
+    wait("mcpbridges", stores.bridges.wait_until_ready().boxed_local()).await?;
+    wait("ingresses", stores.ingresses.wait_until_ready().boxed_local()).await?;
+    wait("ingressclasses", stores.classes.wait_until_ready().boxed_local()).await?;
+    for secrets in &stores.secrets {
+        wait("secrets", secrets.wait_until_ready().boxed_local()).await?;
+    }
+    Ok(())
+}
+
+/// Object identity across builds: (kind, namespace, name).
+type ObjectKey = (&'static str, String, String);
+
+/// Turns store contents into [`Observed`], remembering each object's last
+/// good document and, through its [`Builder`], each entry's last good spec.
+pub(crate) struct Assembler {
+    ingress_class: String,
+    builder: Builder,
+    objects: HashMap<ObjectKey, Parsed>,
+}
+
+/// One object as last parsed. Unchanged objects (same uid and
+/// resourceVersion) are not serialized and parsed again: with thousands of
+/// Ingresses, one edit costs one parse.
+struct Parsed {
+    version: Option<String>,
+    /// The current document, or the last good one while `error` is set.
+    doc: Option<Document>,
+    error: Option<String>,
+}
+
+impl Assembler {
+    pub(crate) fn new(ingress_class: String) -> Self {
+        Assembler { ingress_class, builder: Builder::default(), objects: HashMap::new() }
+    }
+
+    fn observe(&mut self, stores: &Stores) -> Observed {
+        let secrets: Vec<Arc<Secret>> = stores.secrets.iter().flat_map(Store::state).collect();
+        self.build(stores.bridges.state(), stores.ingresses.state(), &stores.classes.state(), secrets)
+    }
+
+    /// Build from objects as the stores hold them. Order does not matter:
+    /// objects are sorted by (namespace, name) first, so "the later one" of
+    /// two clashing McpBridges is always the same.
+    pub(crate) fn build(
+        &mut self,
+        mut bridges: Vec<Arc<DynamicObject>>,
+        mut ingresses: Vec<Arc<Ingress>>,
+        classes: &[Arc<IngressClass>],
+        mut secrets: Vec<Arc<Secret>>,
+    ) -> Observed {
+        bridges.sort_by_cached_key(|o| (o.namespace(), o.name_any()));
+        ingresses.sort_by_cached_key(|o| (o.namespace(), o.name_any()));
+        secrets.sort_by_cached_key(|o| (o.namespace(), o.name_any()));
+        // Keys in document order: McpBridges, Secrets, Ingresses.
+        let mut order = Vec::new();
+        let mut observed = Vec::new();
+
+        let mut auth_names = HashSet::new();
+        for obj in &bridges {
+            let bridge = observe_bridge(obj);
+            for entry in &bridge.registries {
+                if let Some(Value::String(name)) = entry.get("authSecretName") {
+                    auth_names.insert(name.clone());
+                }
+            }
+            let key = ("McpBridge", bridge.namespace.clone(), bridge.name.clone());
+            let value = || {
+                let mut value = serde_json::to_value(obj.as_ref()).unwrap_or_default();
+                if let Value::Object(map) = &mut value {
+                    map.insert(
+                        "apiVersion".into(),
+                        format!("{}/{}", super::MCPBRIDGE_GROUP, super::MCPBRIDGE_VERSION).into(),
+                    );
+                    map.insert("kind".into(), super::MCPBRIDGE_KIND.into());
+                }
+                value
+            };
+            self.parse(&key, version(obj.as_ref(), ""), value);
+            order.push(key);
+            observed.push(bridge);
+        }
+
+        let default_class = classes.iter().any(|c| {
+            c.name_any() == self.ingress_class
+                && c.annotations().get(DEFAULT_CLASS_ANNOTATION).is_some_and(|v| v == "true")
+        });
+        let mut tls_names = HashSet::new();
+        let mut ours = Vec::new();
+        for ing in &ingresses {
+            let Some(set_class) = selected(ing, &self.ingress_class, default_class) else { continue };
+            let ns = ing.namespace().unwrap_or_default();
+            for tls in ing.spec.iter().flat_map(|s| s.tls.iter().flatten()) {
+                tls_names.extend(tls.secret_name.clone().map(|n| (ns.clone(), n)));
+            }
+            ours.push((("Ingress", ns, ing.name_any()), ing, set_class));
+        }
+
+        for secret in &secrets {
+            let (ns, name) = (secret.namespace().unwrap_or_default(), secret.name_any());
+            if !auth_names.contains(&name) && !tls_names.contains(&(ns.clone(), name.clone())) {
+                continue;
+            }
+            let key = ("Secret", ns, name);
+            self.parse(&key, version(secret.as_ref(), ""), || {
+                serde_json::to_value(secret.as_ref()).unwrap_or_default()
+            });
+            order.push(key);
+        }
+        for (key, ing, set_class) in ours {
+            let class = self.ingress_class.clone();
+            let value = move || {
+                let mut value = serde_json::to_value(ing.as_ref()).unwrap_or_default();
+                if set_class {
+                    // What the API server's DefaultIngressClass admission
+                    // does to new Ingresses, so the translator sees the class.
+                    value["spec"]["ingressClassName"] = Value::String(class);
+                }
+                value
+            };
+            self.parse(&key, version(ing.as_ref(), if set_class { "+class" } else { "" }), value);
+            order.push(key);
+        }
+        let live: HashSet<&ObjectKey> = order.iter().collect();
+        self.objects.retain(|k, _| live.contains(k));
+
+        let mut errors = Vec::new();
+        for key in &order {
+            let (kind, ns, name) = key;
+            let parsed = &self.objects[key];
+            if let Some(reason) = &parsed.error {
+                let outcome =
+                    if parsed.doc.is_some() { "keeping last good config of this object" } else { "object ignored" };
+                errors.push(format!("{kind} {ns}/{name}: {reason}; {outcome}"));
+            }
+        }
+        let docs = order.iter().filter_map(|k| self.objects[k].doc.as_ref());
+        let mut desired = self.builder.build(docs);
+        errors.append(&mut desired.errors);
+        desired.errors = errors;
+        Observed { bridges: observed, desired: Arc::new(desired) }
+    }
+
+    /// Parse one object unless this `version` was parsed already. A version
+    /// that does not parse keeps the last good document.
+    fn parse(&mut self, key: &ObjectKey, version: Option<String>, value: impl FnOnce() -> Value) {
+        let known = self.objects.get(key).is_some_and(|p| p.version.is_some() && p.version == version);
+        if known {
+            return;
+        }
+        let (kind, ns, name) = key;
+        let result = parse_object(&format!("{kind} {ns}/{name}"), value());
+        let entry = self.objects.entry(key.clone()).or_insert(Parsed { version: None, doc: None, error: None });
+        entry.version = version;
+        match result {
+            Ok(doc) => {
+                entry.doc = doc;
+                entry.error = None;
+            }
+            Err(reason) => entry.error = Some(reason),
+        }
+    }
+}
+
+/// What an object was parsed from: its uid and resourceVersion, plus how we
+/// changed it. `None` (no uid or version, as in hand-made objects) means
+/// always parse.
+fn version<K: Resource>(obj: &K, extra: &str) -> Option<String> {
+    let meta = obj.meta();
+    Some(format!("{}/{}{extra}", meta.uid.as_ref()?, meta.resource_version.as_ref()?))
+}
+
+fn observe_bridge(obj: &DynamicObject) -> ObservedBridge {
+    let list = |field: &str| match obj.data.get("spec").and_then(|s| s.get(field)) {
+        Some(Value::Array(entries)) => entries.clone(),
+        _ => Vec::new(),
+    };
+    ObservedBridge {
+        namespace: obj.namespace().unwrap_or_default(),
+        name: obj.name_any(),
+        generation: obj.metadata.generation,
+        resource_version: obj.resource_version(),
+        registries: list("registries"),
+        proxies: list("proxies"),
+        status: obj.data.get("status").filter(|s| !s.is_null()).cloned(),
+    }
+}
+
+/// Whether an Ingress is ours: `Some(true)` when it is only through the
+/// default IngressClass and must be given the class name.
+/// `kubernetes.io/ingress.class` wins over `spec.ingressClassName`, as in
+/// Higress; an empty `--ingress-class` takes every Ingress.
+pub(crate) fn selected(ing: &Ingress, class: &str, default_class: bool) -> Option<bool> {
+    if class.is_empty() {
+        return Some(false);
+    }
+    let named = ing
+        .annotations()
+        .get(CLASS_ANNOTATION)
+        .cloned()
+        .or_else(|| ing.spec.as_ref().and_then(|s| s.ingress_class_name.clone()))
+        .filter(|c| !c.is_empty());
+    match named {
+        Some(c) => (c == class).then_some(false),
+        None if class == HIGRESS_CLASS => Some(false),
+        None => default_class.then_some(true),
+    }
+}
+
+fn log_desired(desired: &Desired) {
+    info!(
+        registries = desired.registries.len(),
+        proxies = desired.proxies.len(),
+        ingresses = desired.ingresses.len(),
+        errors = desired.errors.len(),
+        "config from kubernetes"
+    );
+    for error in &desired.errors {
+        warn!(error = %error, "config problem");
+    }
+}
