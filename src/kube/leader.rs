@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::KubeArgs;
+use super::args::KubeArgs;
 
 /// Where the Lease is and how this replica takes part.
 #[derive(Debug, Clone)]

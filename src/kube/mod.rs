@@ -12,6 +12,7 @@
 //!
 //! Every replica watches and serves xDS; only the leader writes.
 
+mod args;
 mod leader;
 mod ports;
 mod status;
@@ -20,11 +21,8 @@ mod watch;
 #[cfg(test)]
 mod kube_tests;
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
 
-use kube::Client;
 use tokio::sync::watch as channel;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span};
@@ -32,159 +30,13 @@ use tracing::{Instrument, info, info_span};
 use crate::cache::Cache;
 use crate::config::Desired;
 
+pub use args::{
+    DEFAULT_MCPBRIDGE, KubeArgs, KubeError, MCPBRIDGE_GROUP, MCPBRIDGE_KIND, MCPBRIDGE_PLURAL, MCPBRIDGE_VERSION,
+    SourceOptions, client, in_cluster, parse_duration,
+};
 pub use leader::{LeaderConfig, LeaderElector};
 pub use status::{BridgeStatus, FIELD_MANAGER, bridge_status};
 pub use watch::{Observed, ObservedBridge};
-
-/// `networking.higress.io/v1` `McpBridge`, as Higress's CRD names it.
-pub const MCPBRIDGE_GROUP: &str = "networking.higress.io";
-pub const MCPBRIDGE_VERSION: &str = "v1";
-pub const MCPBRIDGE_KIND: &str = "McpBridge";
-pub const MCPBRIDGE_PLURAL: &str = "mcpbridges";
-/// The McpBridge Higress reads when nothing widens the selection.
-pub const DEFAULT_MCPBRIDGE: &str = "default";
-
-/// `meshbridge run --kube` options.
-#[derive(Debug, Clone, clap::Args)]
-pub struct KubeArgs {
-    /// Read McpBridges, Ingresses and Secrets from the Kubernetes API. The
-    /// default inside a pod when --config-dir is not given.
-    #[arg(long, env = "MESHBRIDGE_KUBE", conflicts_with = "config_dir")]
-    pub kube: bool,
-    /// Namespace of the McpBridges (and of the leader-election Lease).
-    #[arg(long, env = "MESHBRIDGE_NAMESPACE", default_value = "higress-system")]
-    pub namespace: String,
-    /// Read the McpBridges in --namespace matching this label selector
-    /// instead of only the one named `default`.
-    #[arg(long, env = "MESHBRIDGE_MCPBRIDGE_SELECTOR", conflicts_with = "all_mcpbridges")]
-    pub mcpbridge_selector: Option<String>,
-    /// Read every McpBridge in --namespace instead of only `default`.
-    #[arg(long, env = "MESHBRIDGE_ALL_MCPBRIDGES")]
-    pub all_mcpbridges: bool,
-    /// Read Ingresses (and their TLS Secrets) in this namespace only; all
-    /// namespaces when unset.
-    #[arg(long, env = "MESHBRIDGE_WATCH_NAMESPACE")]
-    pub watch_namespace: Option<String>,
-    /// Elect a leader with a Lease; only the leader writes status and
-    /// listener ports. Default: on inside a pod, off elsewhere.
-    #[arg(long, env = "MESHBRIDGE_LEADER_ELECT", num_args = 0..=1, default_missing_value = "true")]
-    pub leader_elect: Option<bool>,
-    /// Name of the Lease in --namespace.
-    #[arg(long, env = "MESHBRIDGE_LEADER_LEASE", default_value = "meshbridge")]
-    pub leader_lease: String,
-    /// This replica's identity in the Lease. Default: $POD_NAME, else $HOSTNAME.
-    #[arg(long, env = "MESHBRIDGE_LEADER_IDENTITY")]
-    pub leader_identity: Option<String>,
-    /// How long a Lease holds without renewal (`15s`, `500ms`).
-    #[arg(long, env = "MESHBRIDGE_LEADER_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
-    pub leader_lease_duration: Duration,
-    /// The leader stops writing when it could not renew for this long.
-    #[arg(long, env = "MESHBRIDGE_LEADER_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
-    pub leader_renew_deadline: Duration,
-    /// How often the Lease is tried or renewed.
-    #[arg(long, env = "MESHBRIDGE_LEADER_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
-    pub leader_retry_period: Duration,
-    /// At most one status write per McpBridge this often.
-    #[arg(long, env = "MESHBRIDGE_STATUS_INTERVAL", default_value = "5s", value_parser = parse_duration)]
-    pub status_interval: Duration,
-    /// API server URL, instead of in-cluster config or KUBECONFIG; plain
-    /// `http://` works (`kubectl proxy`, tests).
-    #[arg(long, env = "MESHBRIDGE_KUBE_API_URL")]
-    pub kube_api_url: Option<String>,
-    /// Give up starting when the first list of every resource has not
-    /// completed in this time.
-    #[arg(long, env = "MESHBRIDGE_KUBE_SYNC_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
-    pub kube_sync_timeout: Duration,
-}
-
-impl Default for KubeArgs {
-    fn default() -> Self {
-        KubeArgs {
-            kube: false,
-            namespace: "higress-system".into(),
-            mcpbridge_selector: None,
-            all_mcpbridges: false,
-            watch_namespace: None,
-            leader_elect: None,
-            leader_lease: "meshbridge".into(),
-            leader_identity: None,
-            leader_lease_duration: Duration::from_secs(15),
-            leader_renew_deadline: Duration::from_secs(10),
-            leader_retry_period: Duration::from_secs(2),
-            status_interval: Duration::from_secs(5),
-            kube_api_url: None,
-            kube_sync_timeout: Duration::from_secs(60),
-        }
-    }
-}
-
-impl KubeArgs {
-    /// Kubernetes mode against `url` (a fake API server or `kubectl proxy`).
-    pub fn at(url: impl Into<String>) -> KubeArgs {
-        KubeArgs { kube: true, kube_api_url: Some(url.into()), ..KubeArgs::default() }
-    }
-}
-
-/// Whether this process runs in a pod (the API server's env is injected).
-pub fn in_cluster() -> bool {
-    std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
-}
-
-/// `15s`, `500ms`, `2m`, or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: f64 = num.parse().map_err(|_| format!("{s:?}: not a duration (like 15s or 500ms)"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        _ => return Err(format!("{s:?}: unit must be ms, s or m")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?}: out of range"))
-}
-
-/// Errors of Kubernetes mode.
-#[derive(Debug, thiserror::Error)]
-pub enum KubeError {
-    /// Neither --kube-api-url, in-cluster config nor KUBECONFIG gave a usable
-    /// API server config.
-    #[error("kubernetes client config: {0}")]
-    Config(String),
-    /// The client could not be built (TLS, proxy settings).
-    #[error("kubernetes client: {0}")]
-    Client(#[source] kube::Error),
-    /// The first list of a resource did not complete in time.
-    #[error("kubernetes: {resource} not listed within {timeout:?} (check RBAC and the API server)")]
-    SyncTimeout { resource: &'static str, timeout: Duration },
-}
-
-/// A kube client for `args`: --kube-api-url, else in-cluster, else
-/// KUBECONFIG. TLS is rustls with ring, the binary's one provider.
-pub async fn client(args: &KubeArgs) -> Result<Client, KubeError> {
-    let config = match &args.kube_api_url {
-        Some(url) => {
-            let uri = url.parse().map_err(|e| KubeError::Config(format!("--kube-api-url {url:?}: {e}")))?;
-            let mut config = kube::Config::new(uri);
-            config.default_namespace = args.namespace.clone();
-            config
-        }
-        None => kube::Config::infer().await.map_err(|e| KubeError::Config(e.to_string()))?,
-    };
-    Client::try_from(config).map_err(KubeError::Client)
-}
-
-/// What the Kubernetes source needs from the rest of the binary.
-pub struct SourceOptions {
-    pub args: KubeArgs,
-    /// `--ingress-class`: Ingresses of this class are read.
-    pub ingress_class: String,
-    /// Gateway listener ports, never given to proxies.
-    pub reserved_ports: BTreeSet<u16>,
-}
 
 /// The running Kubernetes source. Dropping it stops its watches, the
 /// election and the writers.

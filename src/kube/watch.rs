@@ -29,7 +29,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::{DEFAULT_MCPBRIDGE, KubeError, SourceOptions};
+use super::args::{DEFAULT_MCPBRIDGE, KubeError, SourceOptions};
 use crate::config::{Builder, Desired, Document, parse_object};
 
 /// Wait this long after a change for the rest of a burst (a relist, a
@@ -82,11 +82,11 @@ struct Stores {
 
 pub(super) fn mcpbridge_resource() -> ApiResource {
     ApiResource {
-        group: super::MCPBRIDGE_GROUP.into(),
-        version: super::MCPBRIDGE_VERSION.into(),
-        api_version: format!("{}/{}", super::MCPBRIDGE_GROUP, super::MCPBRIDGE_VERSION),
-        kind: super::MCPBRIDGE_KIND.into(),
-        plural: super::MCPBRIDGE_PLURAL.into(),
+        group: super::args::MCPBRIDGE_GROUP.into(),
+        version: super::args::MCPBRIDGE_VERSION.into(),
+        api_version: format!("{}/{}", super::args::MCPBRIDGE_GROUP, super::args::MCPBRIDGE_VERSION),
+        kind: super::args::MCPBRIDGE_KIND.into(),
+        plural: super::args::MCPBRIDGE_PLURAL.into(),
     }
 }
 
@@ -294,9 +294,9 @@ impl Assembler {
                 if let Value::Object(map) = &mut value {
                     map.insert(
                         "apiVersion".into(),
-                        format!("{}/{}", super::MCPBRIDGE_GROUP, super::MCPBRIDGE_VERSION).into(),
+                        format!("{}/{}", super::args::MCPBRIDGE_GROUP, super::args::MCPBRIDGE_VERSION).into(),
                     );
-                    map.insert("kind".into(), super::MCPBRIDGE_KIND.into());
+                    map.insert("kind".into(), super::args::MCPBRIDGE_KIND.into());
                 }
                 value
             };
