@@ -18,7 +18,7 @@
 //! service removed from the catalog cannot come back from a late answer.
 
 mod client;
-mod decode;
+pub(crate) mod decode;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;

@@ -31,7 +31,7 @@
 //!   endpoints while Eureka is down.
 
 mod client;
-mod decode;
+pub(crate) mod decode;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -6,6 +6,7 @@
 //! Istio or Envoy; naming a service's host is the registry's job because each
 //! registry has its own Higress-compatible naming rule.
 
+mod clip;
 pub mod consul;
 pub mod dns;
 pub mod eureka;
@@ -20,6 +21,10 @@ mod retry;
 mod spec;
 pub mod zookeeper;
 
+#[cfg(test)]
+mod fuzz_tests;
+
+pub use clip::{LOG_MESSAGE_MAX, LOG_VALUE_MAX, clip, clip_owned, clip_to};
 pub use model::{Endpoint, Protocol, Service, ServicePort, Tls};
 pub use spec::{RegistryKind, RegistrySpec, Secret};
 

@@ -27,7 +27,7 @@
 //! never overwrites a newer one (a push-triggered read racing a full sync).
 
 mod auth;
-mod decode;
+pub(crate) mod decode;
 mod grpc;
 mod health;
 mod http;

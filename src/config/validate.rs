@@ -10,7 +10,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use meshbridge_registries::{RegistryKind, RegistrySpec};
+use meshbridge_registries::{RegistryKind, RegistrySpec, clip};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -74,7 +74,7 @@ pub(crate) fn registry(
             let known: Vec<_> = RegistryKind::ALL.iter().map(|k| k.as_str()).collect();
             errors.push(FieldError::new(
                 "type",
-                format!("unknown registry type {s:?} (expected one of {})", known.join(", ")),
+                format!("unknown registry type {:?} (expected one of {})", clip(s), known.join(", ")),
             ));
             None
         }),
@@ -94,7 +94,7 @@ pub(crate) fn registry(
         let curve = curve.trim();
         // Envoy's names are BoringSSL's: X25519, P-256, P-384, X25519MLKEM768…
         if curve.is_empty() || !curve.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-            errors.push(FieldError::new(format!("ecdhCurves[{i}]"), format!("{curve:?} is not a curve name")));
+            errors.push(FieldError::new(format!("ecdhCurves[{i}]"), format!("{:?} is not a curve name", clip(curve))));
         } else if !ecdh_curves.iter().any(|c| c == curve) {
             ecdh_curves.push(curve.to_string());
         }
@@ -121,12 +121,13 @@ pub(crate) fn registry(
                     field("name"),
                     format!(
                         "{:?} names no service host; vport names are hosts such as {}.DEFAULT-GROUP.public.nacos",
-                        svc.name, svc.name
+                        clip(&svc.name),
+                        clip(&svc.name)
                     ),
                 ));
             }
             if vport_services.insert(svc.name.to_ascii_lowercase(), value).is_some() {
-                errors.push(FieldError::new(field("name"), format!("duplicate service {:?}", svc.name)));
+                errors.push(FieldError::new(field("name"), format!("duplicate service {:?}", clip(&svc.name))));
             }
         }
     }
@@ -170,7 +171,7 @@ fn check_address(kind: RegistryKind, cfg: &RegistryConfig, errors: &mut Vec<Fiel
             }
             for ep in domain.split(',').map(str::trim).filter(|e| !e.is_empty()) {
                 if !ep.parse::<SocketAddr>().is_ok_and(|a| a.port() != 0) {
-                    errors.push(FieldError::new("domain", format!("{ep:?} is not an IP:port endpoint")));
+                    errors.push(FieldError::new("domain", format!("{:?} is not an IP:port endpoint", clip(ep))));
                 }
             }
             if cfg.port == 0 { Some(STATIC_DEFAULT_PORT) } else { port_in_range("port", cfg.port, errors) }
@@ -181,7 +182,7 @@ fn check_address(kind: RegistryKind, cfg: &RegistryConfig, errors: &mut Vec<Fiel
             }
             for host in domain.split(',').map(str::trim).filter(|e| !e.is_empty()) {
                 if !is_dns_name(host) {
-                    errors.push(FieldError::new("domain", format!("{host:?} is not a DNS name")));
+                    errors.push(FieldError::new("domain", format!("{:?} is not a DNS name", clip(host))));
                 }
             }
             port_in_range("port", cfg.port, errors)
@@ -214,7 +215,7 @@ pub(crate) fn proxy(raw: &Value, warnings: &mut Vec<FieldError>) -> Result<Proxy
     match cfg.kind.as_str() {
         "" => errors.push(FieldError::new("type", "required")),
         "http" => {}
-        other => errors.push(FieldError::new("type", format!("unknown proxy type {other:?} (expected http)"))),
+        other => errors.push(FieldError::new("type", format!("unknown proxy type {:?} (expected http)", clip(other)))),
     }
     check_name(&cfg.name, &mut errors);
     let server_address = cfg.server_address.trim();
@@ -227,7 +228,7 @@ pub(crate) fn proxy(raw: &Value, warnings: &mut Vec<FieldError>) -> Result<Proxy
         // (STRICT_DNS); a URL or `host:port` here is a common slip.
         errors.push(FieldError::new(
             "serverAddress",
-            format!("{server_address:?} is not an IP address or DNS name (the port goes in serverPort)"),
+            format!("{:?} is not an IP address or DNS name (the port goes in serverPort)", clip(server_address)),
         ));
     }
     let server_port = port_in_range("serverPort", cfg.server_port, &mut errors);
@@ -282,8 +283,9 @@ fn check_name(name: &str, errors: &mut Vec<FieldError>) {
         errors.push(FieldError::new(
             "name",
             format!(
-                "{name:?} is not a DNS label (lowercase letters, digits and '-', \
-                 starting and ending with a letter or digit, at most 63 characters)"
+                "{:?} is not a DNS label (lowercase letters, digits and '-', \
+                 starting and ending with a letter or digit, at most 63 characters)",
+                clip(name)
             ),
         ));
     }
