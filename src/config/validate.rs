@@ -202,10 +202,63 @@ fn check_address(kind: RegistryKind, cfg: &RegistryConfig, errors: &mut Vec<Fiel
         _ => {
             if domain.is_empty() {
                 errors.push(FieldError::new("domain", "required"));
+            } else {
+                check_hosts(kind, domain, errors);
             }
             port_in_range("port", cfg.port, errors)
         }
     }
+}
+
+/// A Consul, Nacos, ZooKeeper or Eureka `domain` must be what its watcher
+/// can connect to; checked here so that a bad one is a field error and the
+/// running watcher keeps its last good spec (the watcher itself would only
+/// fail after the old one was stopped). Consul takes one host; ZooKeeper a
+/// comma list of hosts (the port is `port`); Nacos and Eureka a comma list
+/// of `host` or `host:port`. A host is an IP (IPv6 optionally bracketed) or
+/// a DNS name (underscores allowed, as Docker names have them).
+fn check_hosts(kind: RegistryKind, domain: &str, errors: &mut Vec<FieldError>) {
+    let (list, with_port) = match kind {
+        RegistryKind::Consul => (false, false),
+        RegistryKind::Zookeeper => (true, false),
+        _ => (true, true),
+    };
+    let items: Vec<&str> = domain.split(',').map(str::trim).filter(|h| !h.is_empty()).collect();
+    if !list && domain.contains(',') {
+        errors.push(FieldError::new("domain", format!("{:?}: one host expected, not a list", clip(domain))));
+        return;
+    }
+    if items.is_empty() {
+        errors.push(FieldError::new("domain", format!("{:?} names no host", clip(domain))));
+    }
+    for item in items {
+        let ok = if with_port { is_host_port(item) } else { is_host(item) };
+        if !ok {
+            let expected =
+                if with_port { "a host or host:port" } else { "a host name or IP (the port goes in `port`)" };
+            errors.push(FieldError::new("domain", format!("{:?} is not {expected}", clip(item))));
+        }
+    }
+}
+
+/// An IP address (IPv6 optionally in brackets) or a host name.
+fn is_host(s: &str) -> bool {
+    let bare = s.strip_prefix('[').and_then(|r| r.strip_suffix(']'));
+    if let Some(v6) = bare {
+        return v6.parse::<std::net::Ipv6Addr>().is_ok();
+    }
+    s.parse::<std::net::IpAddr>().is_ok() || (is_dns_name(&s.replace('_', "-")) && !all_numeric_labels(s))
+}
+
+/// [`is_host`], optionally followed by `:port` (1..65535).
+fn is_host_port(s: &str) -> bool {
+    if is_host(s) {
+        return true;
+    }
+    let Some((host, port)) = s.rsplit_once(':') else { return false };
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
+    // An unbracketed IPv6 address has colons of its own: it cannot take a port.
+    port_ok && (host.starts_with('[') || !host.contains(':')) && is_host(host)
 }
 
 /// Validate one proxy entry.
