@@ -2,7 +2,7 @@
 # Installs the real servers the e2e tests run, into a cache that is reused on
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
-#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [docker-compose]
+#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [docker-compose] [cargo-deny]
 #                (default: consul envoy)
 #
 # Prints `export` lines for the binaries it installed; e2e/env.sh sources them.
@@ -105,6 +105,16 @@ install_rnacos() {
   echo "$bin"
 }
 
+# cargo-deny (licenses, bans, sources in e2e/test.sh), built once from crates.io.
+install_cargo_deny() {
+  local bin="$CACHE/cargo-deny/bin/cargo-deny"
+  if [ -x "$bin" ]; then log "cargo-deny cached: $bin"; echo "$bin"; return; fi
+  log "building cargo-deny from crates.io (several minutes on 2 cores)"
+  CARGO_TARGET_DIR="$CACHE/cargo-deny-target" cargo install --locked --root "$CACHE/cargo-deny" cargo-deny >&2
+  rm -rf "$CACHE/cargo-deny-target"
+  echo "$bin"
+}
+
 for w in "${want[@]}"; do
   case "$w" in
     consul)    echo "export MESHBRIDGE_CONSUL_BIN=$(install_consul)" ;;
@@ -113,6 +123,7 @@ for w in "${want[@]}"; do
     rnacos)    echo "export MESHBRIDGE_RNACOS_BIN=$(install_rnacos)" ;;
     tinyproxy) echo "export MESHBRIDGE_TINYPROXY_BIN=$(install_tinyproxy)" ;;
     docker-compose) echo "export MESHBRIDGE_DOCKER_COMPOSE_BIN=$(install_docker_compose)" ;;
+    cargo-deny) echo "export MESHBRIDGE_CARGO_DENY_BIN=$(install_cargo_deny)" ;;
     *) log "unknown component $w"; exit 2 ;;
   esac
 done
