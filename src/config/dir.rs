@@ -222,7 +222,7 @@ impl Scanner {
                 apply(&mut self.state, files) | source
             }
             Err(e) => {
-                warn!(error = %e, "cannot read config directory, keeping last good config");
+                warn!(dir = %self.dir.display(), error = %e, "cannot read config directory, keeping last good config");
                 self.state.set_source_error(Some(e))
             }
         };
