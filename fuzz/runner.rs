@@ -19,6 +19,7 @@ use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 
 const CHUNK: u32 = 20_000;
+const BUDGET_CHUNK: u32 = 500;
 
 /// The repository root, given the calling crate's `CARGO_MANIFEST_DIR`.
 pub fn repo_root(manifest_dir: &str) -> PathBuf {
@@ -41,7 +42,9 @@ pub fn fuzz<S: Strategy>(
     let started = Instant::now();
     let mut done = 0u64;
     while done < total && budget.is_none_or(|b| started.elapsed() < b) {
-        let cases = u32::try_from(total - done).unwrap_or(u32::MAX).min(CHUNK);
+        // A time budget is checked between chunks: keep them short then.
+        let chunk = if budget.is_some() { BUDGET_CHUNK } else { CHUNK };
+        let cases = u32::try_from(total - done).unwrap_or(u32::MAX).min(chunk);
         let config = Config {
             cases,
             failure_persistence: Some(Box::new(FileFailurePersistence::Direct(regressions))),
