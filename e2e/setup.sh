@@ -2,7 +2,7 @@
 # Installs the real servers the e2e tests run, into a cache that is reused on
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
-#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [docker-compose] [kubetools]
+#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [docker-compose] [kubetools] [cargo-deny]
 #                (default: consul envoy)
 #
 # Prints `export` lines for the binaries it installed; e2e/env.sh sources them.
@@ -119,6 +119,16 @@ install_kubetools() {
   echo "$venv/bin"
 }
 
+# cargo-deny (licenses, bans, sources in e2e/test.sh), built once from crates.io.
+install_cargo_deny() {
+  local bin="$CACHE/cargo-deny/bin/cargo-deny"
+  if [ -x "$bin" ]; then log "cargo-deny cached: $bin"; echo "$bin"; return; fi
+  log "building cargo-deny from crates.io (several minutes on 2 cores)"
+  CARGO_TARGET_DIR="$CACHE/cargo-deny-target" cargo install --locked --root "$CACHE/cargo-deny" cargo-deny >&2
+  rm -rf "$CACHE/cargo-deny-target"
+  echo "$bin"
+}
+
 for w in "${want[@]}"; do
   case "$w" in
     consul)    echo "export MESHBRIDGE_CONSUL_BIN=$(install_consul)" ;;
@@ -130,6 +140,7 @@ for w in "${want[@]}"; do
     # Optional: a failed install leaves the kubectl test and the manifest
     # check to say what is missing, it does not stop the other components.
     kubetools) d=$(install_kubetools) && echo "export MESHBRIDGE_KUBECTL_BIN=$d/kubectl MESHBRIDGE_KUBE_VALIDATE_BIN=$d/kubernetes-validate" || log "kubetools not installed" ;;
+    cargo-deny) echo "export MESHBRIDGE_CARGO_DENY_BIN=$(install_cargo_deny)" ;;
     *) log "unknown component $w"; exit 2 ;;
   esac
 done

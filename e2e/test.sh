@@ -11,7 +11,7 @@ export MESHBRIDGE_CACHE="${MESHBRIDGE_CACHE:-$HOME/.cache/meshbridge}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MESHBRIDGE_CACHE/target}"
 
 # shellcheck source=e2e/env.sh
-source e2e/env.sh consul envoy rnacos zookeeper tinyproxy docker-compose kubetools
+source e2e/env.sh consul envoy rnacos zookeeper tinyproxy docker-compose kubetools cargo-deny
 
 echo "== kubernetes manifests"
 if [ -n "${MESHBRIDGE_KUBECTL_BIN:-}" ] && [ -n "${MESHBRIDGE_KUBE_VALIDATE_BIN:-}" ]; then
@@ -33,6 +33,9 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo deny (licenses, bans, sources; advisories need a database we cannot fetch here)"
+# Duplicate versions are warnings (deny.toml); a license or source problem fails.
+"$MESHBRIDGE_CARGO_DENY_BIN" deny --offline check --hide-inclusion-graph licenses bans sources
 echo "== cargo test"
 log="$MESHBRIDGE_CACHE/last-test.log"
 set +e

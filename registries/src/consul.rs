@@ -37,7 +37,7 @@
 
 mod client;
 mod ctx;
-mod decode;
+pub(crate) mod decode;
 mod pool;
 mod supervisor;
 

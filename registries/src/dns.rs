@@ -264,10 +264,11 @@ impl DnsWatcher {
     }
 }
 
-/// 1 s doubling to 60 s: a host that keeps failing is asked about once a
+/// 1 s doubling to 60 s, ±20% so that hosts that failed together are not
+/// retried together: a host that keeps failing is asked about about once a
 /// minute, as often as one that resolves with a long TTL.
 fn backoff(failures: u32) -> Duration {
-    retry::exponential(BACKOFF_START, BACKOFF_MAX, failures)
+    retry::jittered(BACKOFF_START, BACKOFF_MAX, failures)
 }
 
 #[cfg(test)]
@@ -328,9 +329,13 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_to_a_minute() {
-        let got: Vec<u64> = (1..=9).map(|n| backoff(n).as_secs()).collect();
-        assert_eq!(got, vec![1, 2, 4, 8, 16, 32, 60, 60, 60]);
-        assert_eq!(backoff(u32::MAX), BACKOFF_MAX);
+    fn backoff_doubles_to_a_minute_with_jitter() {
+        for (n, want) in [1u64, 2, 4, 8, 16, 32, 60, 60, 60].into_iter().enumerate() {
+            let want = Duration::from_secs(want);
+            let (lo, hi, distinct) = crate::retry::tests::spread(|| backoff(n as u32 + 1));
+            assert!(lo >= want.mul_f64(0.8) && hi <= want.mul_f64(1.2).min(BACKOFF_MAX), "{n}: {lo:?}..{hi:?}");
+            assert!(distinct > 20, "failure {}: delays do not vary ({distinct} distinct)", n + 1);
+        }
+        assert!(backoff(u32::MAX) <= BACKOFF_MAX);
     }
 }

@@ -31,7 +31,7 @@
 //!   endpoints while Eureka is down.
 
 mod client;
-mod decode;
+pub(crate) mod decode;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -113,9 +113,7 @@ impl EurekaWatcher {
                     }
                     st.server = None;
                     failures += 1;
-                    // Faster than the interval while we have nothing yet or
-                    // just lost the servers; never slower.
-                    retry::exponential(BACKOFF_START, self.interval, failures)
+                    retry_wait(self.interval, failures)
                 }
             };
             tokio::time::sleep(wait).await;
@@ -175,5 +173,28 @@ impl EurekaWatcher {
         }
         st.sent = services;
         Ok(())
+    }
+}
+
+/// The wait after `failures` failed rounds: 1 s doubling, ±20% so that
+/// watchers that lost their servers together do not come back together;
+/// faster than the interval while we have nothing yet or just lost the
+/// servers, never slower.
+fn retry_wait(interval: Duration, failures: u32) -> Duration {
+    retry::jittered(BACKOFF_START, interval, failures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_are_jittered_and_capped_by_the_interval() {
+        let interval = Duration::from_secs(30);
+        let (lo, hi, distinct) = retry::tests::spread(|| retry_wait(interval, 3));
+        assert!(distinct > 20, "delays do not vary: {distinct} distinct in 200");
+        assert!(lo >= Duration::from_millis(3200) && hi <= Duration::from_millis(4800), "{lo:?}..{hi:?}");
+        let (_, hi, _) = retry::tests::spread(|| retry_wait(interval, 20));
+        assert!(hi <= interval, "{hi:?} is slower than the interval");
     }
 }

@@ -10,6 +10,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod body;
+mod clip;
 pub mod consul;
 pub mod dns;
 pub mod eureka;
@@ -27,7 +28,11 @@ mod watcher;
 mod worker;
 pub mod zookeeper;
 
+#[cfg(test)]
+mod fuzz_tests;
+
 pub use body::MAX_BODY_BYTES;
+pub use clip::{LOG_MESSAGE_MAX, LOG_VALUE_MAX, clip, clip_owned, clip_to};
 pub use model::{Endpoint, Protocol, Service, ServicePort, Tls};
 pub use names::host_part;
 pub use spec::{RegistryKind, RegistrySpec, Secret};

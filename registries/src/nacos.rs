@@ -29,7 +29,7 @@
 
 mod api;
 mod auth;
-mod decode;
+pub(crate) mod decode;
 mod grpc;
 mod health;
 mod http;

@@ -14,6 +14,13 @@ pub(crate) fn exponential(start: Duration, max: Duration, failures: u32) -> Dura
     start.saturating_mul(1 << failures.saturating_sub(1).min(16)).min(max)
 }
 
+/// [`exponential`] ±20%, never above `max`: for retry loops that keep their
+/// own failure count (Eureka, DNS), so that many watchers (or many hosts of
+/// one) that failed together do not retry in lockstep.
+pub(crate) fn jittered(start: Duration, max: Duration, failures: u32) -> Duration {
+    jitter(exponential(start, max, failures)).min(max)
+}
+
 /// Exponential backoff, 200 ms doubling to 10 s, with ±20% jitter so that
 /// the loops of one watcher (and many watchers) do not retry in lockstep.
 /// Used by the Consul, Nacos and ZooKeeper watchers.
@@ -44,7 +51,7 @@ fn jitter(d: Duration) -> Duration {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -57,6 +64,22 @@ mod tests {
         }
         b.reset();
         assert!(b.next() <= BACKOFF_START.mul_f64(1.2));
+    }
+
+    /// The spread of `f` over many calls: (min, max, distinct values).
+    pub(crate) fn spread(f: impl Fn() -> Duration) -> (Duration, Duration, usize) {
+        let all: Vec<Duration> = (0..200).map(|_| f()).collect();
+        let distinct: std::collections::BTreeSet<_> = all.iter().collect();
+        (*all.iter().min().unwrap(), *all.iter().max().unwrap(), distinct.len())
+    }
+
+    #[test]
+    fn jittered_varies_within_a_fifth_and_never_passes_the_cap() {
+        let (lo, hi, n) = spread(|| jittered(Duration::from_secs(1), Duration::from_secs(60), 3));
+        assert!(n > 20, "only {n} distinct delays in 200");
+        assert!(lo >= Duration::from_millis(3200) && hi <= Duration::from_millis(4800), "{lo:?}..{hi:?}");
+        let (_, hi, n) = spread(|| jittered(Duration::from_secs(1), Duration::from_secs(60), 30));
+        assert!(hi <= Duration::from_secs(60) && n > 20, "{hi:?}, {n}");
     }
 
     #[test]

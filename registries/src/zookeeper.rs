@@ -41,9 +41,9 @@
 //! node is skipped with a warning (once per node) and counted in
 //! [`ZookeeperStats`]; the rest of its service is still served.
 
-mod dubbo;
+pub(crate) mod dubbo;
 mod read;
-mod spring;
+pub(crate) mod spring;
 mod tree;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};

@@ -203,8 +203,9 @@ impl Builder {
         d.proxies.sort_by(|a, b| a.name.cmp(&b.name));
         d.ingresses.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         d.tls_secrets.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        d.errors = run.errors;
-        Built { desired: run.desired, warnings: run.warnings }
+        // Messages echo names and values from files: bound each line.
+        d.errors = run.errors.into_iter().map(clip_message).collect();
+        Built { desired: run.desired, warnings: run.warnings.into_iter().map(clip_message).collect() }
     }
 
     /// The last good spec of an invalid registry entry: the one of the same
@@ -243,6 +244,10 @@ impl Run {
             self.errors.push(format!("{object}: {}: {}{suffix}", path(at, &e.field), e.reason));
         }
     }
+}
+
+fn clip_message(m: String) -> String {
+    meshbridge_registries::clip_owned(m, meshbridge_registries::LOG_MESSAGE_MAX)
 }
 
 fn path(at: &str, field: &str) -> String {

@@ -702,3 +702,73 @@ fn duplicates_across_files_name_both_files_and_file_states_are_reported() {
     assert_eq!(d.files[0].state, "lastGoodKept");
     assert_eq!(names(&d), ["consul/a"]);
 }
+
+#[test]
+fn registry_domains_are_checked_per_type() {
+    let good = [
+        ("consul", "consul.service.dc1"),
+        ("consul", "10.0.0.1"),
+        ("consul", "::1"),
+        ("consul", "[::1]"),
+        ("consul", "consul_server"),
+        ("zookeeper", "zk1, zk2,10.0.0.3"),
+        ("nacos2", "n1:8848,n2,[::1]:8848,::1"),
+        ("nacos", "nacos.local"),
+        ("eureka", "e1:8761,e2"),
+    ];
+    for (kind, domain) in good {
+        let d = build_text(&bridge(&format!("    - {{type: {kind}, name: r, domain: \"{domain}\", port: 1}}\n"), ""))
+            .desired;
+        assert_eq!(d.errors, Vec::<String>::new(), "{kind} {domain}");
+        assert_eq!(d.registries.len(), 1, "{kind} {domain}");
+    }
+    let bad = [
+        ("consul", "http://consul:8500", "\"http://consul:8500\" is not a host name or IP (the port goes in `port`)"),
+        ("consul", "consul:8500", "\"consul:8500\" is not a host name or IP (the port goes in `port`)"),
+        ("consul", "a,b", "\"a,b\": one host expected, not a list"),
+        ("consul", "bad host", "\"bad host\" is not a host name or IP (the port goes in `port`)"),
+        ("consul", "10.0.0.300", "\"10.0.0.300\" is not a host name or IP (the port goes in `port`)"),
+        ("zookeeper", "zk1:2181", "\"zk1:2181\" is not a host name or IP (the port goes in `port`)"),
+        ("zookeeper", ",", "\",\" names no host"),
+        ("nacos2", "n1:0", "\"n1:0\" is not a host or host:port"),
+        ("nacos", "http://n1", "\"http://n1\" is not a host or host:port"),
+        ("eureka", "e1:8761/eureka", "\"e1:8761/eureka\" is not a host or host:port"),
+        ("eureka", "fe80::1:99999", "\"fe80::1:99999\" is not a host or host:port"),
+    ];
+    for (kind, domain, want) in bad {
+        let d = build_text(&bridge(&format!("    - {{type: {kind}, name: r, domain: \"{domain}\", port: 1}}\n"), ""))
+            .desired;
+        assert_eq!(d.errors, vec![format!("{BRIDGE}: spec.registries[0].domain: {want}")], "{kind} {domain}");
+        assert!(d.registries.is_empty());
+    }
+}
+
+#[test]
+fn a_bad_domain_keeps_the_running_registry() {
+    // As the Higress console writes an McpBridge; then the domain is edited
+    // into a URL, which no watcher could use.
+    let higress = |domain: &str| {
+        format!(
+            "apiVersion: networking.higress.io/v1\nkind: McpBridge\nmetadata:\n  name: default\n  namespace: higress-system\n\
+             spec:\n  registries:\n  - domain: {domain}\n    name: my-consul\n    port: 8500\n    type: consul\n\
+             \x20   consulRefreshInterval: 30000000000\n  - domain: 192.168.0.2\n    name: my-nacos\n    port: 8848\n    type: nacos2\n\
+             \x20   nacosGroups:\n    - DEFAULT_GROUP\n"
+        )
+    };
+    let mut state = ConfigState::new();
+    state.set_file("bridge.yaml", higress("consul.local"));
+    let before = state.desired();
+    assert_eq!(before.errors, Vec::<String>::new());
+    assert_eq!(names(&before), ["nacos2/my-nacos", "consul/my-consul"]);
+
+    state.set_file("bridge.yaml", higress("\"http://consul.local:8500\""));
+    let after = state.desired();
+    assert_eq!(after.registries, before.registries, "the last good consul spec stays in force");
+    assert_eq!(
+        after.errors,
+        vec![format!(
+            "{BRIDGE}: spec.registries[0].domain: \"http://consul.local:8500\" is not a host name or IP \
+             (the port goes in `port`) (keeping last good config)"
+        )]
+    );
+}

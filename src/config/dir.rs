@@ -1,13 +1,15 @@
 //! A directory of YAML files as a config source: loaded once, then watched.
 
+use std::collections::{BTreeSet, HashMap};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use notify::{EventKind, RecursiveMode, Watcher, event::AccessKind, event::AccessMode};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 use super::state::ConfigState;
 use super::{Builder, ConfigError, Desired};
@@ -50,11 +52,26 @@ impl DirSource {
         rescan: Duration,
         builder: Builder,
     ) -> Result<(DirSource, watch::Receiver<Arc<Desired>>), ConfigError> {
-        let mut state = ConfigState::with_builder(builder);
-        let files = scan(&dir).await?;
-        apply(&mut state, files);
-        let desired = state.desired();
-        log_desired(&dir, &desired);
+        Self::start_limited(dir, rescan, builder, MAX_FILE_BYTES).await
+    }
+
+    pub(crate) async fn start_limited(
+        dir: PathBuf,
+        rescan: Duration,
+        builder: Builder,
+        max_bytes: u64,
+    ) -> Result<(DirSource, watch::Receiver<Arc<Desired>>), ConfigError> {
+        let mut scanner = Scanner::new(dir.clone(), max_bytes, ConfigState::with_builder(builder));
+        let (scanner, desired) = tokio::task::spawn_blocking(move || {
+            let files = scanner.scan()?;
+            apply(&mut scanner.state, files);
+            let desired = scanner.state.desired();
+            Ok::<_, ConfigError>((scanner, desired))
+        })
+        .await
+        .map_err(|e| ConfigError::Io { path: dir.clone(), source: Arc::new(std::io::Error::other(e.to_string())) })??;
+        let mut logged = Logged::default();
+        logged.log(&dir, &desired);
         let (tx, rx) = watch::channel(Arc::new(desired));
 
         // The notify callback runs on notify's own thread; a full channel
@@ -77,7 +94,7 @@ impl DirSource {
         };
 
         let span = info_span!("config_dir", dir = %dir.display());
-        let task = tokio::spawn(run(dir.clone(), state, tx, event_rx, watcher, rescan).instrument(span));
+        let task = tokio::spawn(run(dir.clone(), scanner, tx, event_rx, watcher, rescan, logged).instrument(span));
         Ok((DirSource { dir, task }, rx))
     }
 
@@ -95,12 +112,13 @@ impl Drop for DirSource {
 
 async fn run(
     dir: PathBuf,
-    mut state: ConfigState,
+    mut state: Scanner,
     tx: watch::Sender<Arc<Desired>>,
     mut events: mpsc::Receiver<()>,
     // Held so the watch lives as long as the task.
     _watcher: Option<notify::RecommendedWatcher>,
     rescan: Duration,
+    mut logged: Logged,
 ) {
     let mut tick = tokio::time::interval(rescan);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -118,22 +136,23 @@ async fn run(
             }
             _ = tick.tick() => {}
         }
-        let changed = match scan(&dir).await {
-            Ok(files) => {
-                let source = state.set_source_error(None);
-                apply(&mut state, files) | source
-            }
+        let desired;
+        (state, desired) = match tokio::task::spawn_blocking(move || {
+            let desired = state.step();
+            (state, desired)
+        })
+        .await
+        {
+            Ok(done) => done,
             Err(e) => {
-                warn!(error = %e, "cannot read config directory, keeping last good config");
-                state.set_source_error(Some(e))
+                // Only a bug panics in there; the last published config stays.
+                warn!(error = %e, "config re-scan failed, stopping the watch");
+                return;
             }
         };
-        if !changed {
-            continue;
-        }
-        let desired = state.desired();
+        let Some(desired) = desired else { continue };
         if **tx.borrow() != desired {
-            log_desired(&dir, &desired);
+            logged.log(&dir, &desired);
             tx.send_replace(Arc::new(desired));
         }
     }
@@ -161,71 +180,171 @@ fn is_change(kind: &EventKind) -> bool {
     }
 }
 
-/// A file's name and its text, or why it could not be read.
-type Scanned = Vec<(String, Result<String, ConfigError>)>;
+/// The most bytes read from one config file (4 MiB). A bigger file is not
+/// read: it keeps its last good config and an error names it. Higress-style
+/// YAML for thousands of registries fits many times over.
+pub const MAX_FILE_BYTES: u64 = 4 << 20;
 
-/// Read every config file in `dir`.
-async fn scan(dir: &Path) -> Result<Scanned, ConfigError> {
-    let io_err = |source| ConfigError::Io { path: dir.to_owned(), source: Arc::new(source) };
-    let mut entries = tokio::fs::read_dir(dir).await.map_err(io_err)?;
-    let mut paths = Vec::new();
-    while let Some(entry) = entries.next_entry().await.map_err(io_err)? {
-        let path = entry.path();
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-        // Hidden files are editor swap files, Kubernetes volume internals
-        // (`..data`) and the like. `metadata` follows symlinks, as a
-        // ConfigMap volume needs.
-        if !yaml || name.starts_with('.') {
-            continue;
+/// What a scan found of one file.
+#[derive(Debug)]
+pub(crate) enum FileRead {
+    /// Same modification time and size as the last good read: not re-read.
+    Unchanged,
+    Text(String),
+    /// Listed but unreadable (a dangling symlink, EACCES, too big, not UTF-8).
+    Error(ConfigError),
+}
+
+/// The file-reading half of a [`DirSource`]: the directory, the size and
+/// modification time of each file last read, and the [`ConfigState`] the
+/// texts go to. Blocking I/O and parsing: [`DirSource`] runs it on the
+/// blocking pool, never on an async worker (a 50 MB file once cost seconds
+/// of CPU there).
+#[derive(Debug)]
+pub(crate) struct Scanner {
+    dir: PathBuf,
+    max_bytes: u64,
+    /// Path → (modified, len) of the last successful read.
+    seen: HashMap<PathBuf, (Option<SystemTime>, u64)>,
+    pub(crate) state: ConfigState,
+}
+
+impl Scanner {
+    pub(crate) fn new(dir: PathBuf, max_bytes: u64, state: ConfigState) -> Scanner {
+        Scanner { dir, max_bytes, seen: HashMap::new(), state }
+    }
+
+    /// Read what changed and return the new [`Desired`] if anything did.
+    pub(crate) fn step(&mut self) -> Option<Desired> {
+        let changed = match self.scan() {
+            Ok(files) => {
+                let source = self.state.set_source_error(None);
+                apply(&mut self.state, files) | source
+            }
+            Err(e) => {
+                warn!(dir = %self.dir.display(), error = %e, "cannot read config directory, keeping last good config");
+                self.state.set_source_error(Some(e))
+            }
+        };
+        changed.then(|| self.state.desired())
+    }
+
+    /// Every config file in the directory, in name order, read unless unchanged.
+    pub(crate) fn scan(&mut self) -> Result<Vec<(String, FileRead)>, ConfigError> {
+        let io_err = |source| ConfigError::Io { path: self.dir.clone(), source: Arc::new(source) };
+        let mut paths = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(io_err)? {
+            let entry = entry.map_err(io_err)?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+            // Hidden files are editor swap files, Kubernetes volume internals
+            // (`..data`) and the like.
+            if yaml && !name.starts_with('.') {
+                paths.push(entry.path());
+            }
         }
-        match tokio::fs::metadata(&path).await {
-            Ok(m) if m.is_file() => paths.push(path),
-            Ok(_) => {}
-            // A dangling symlink or a file removed since read_dir.
-            Err(e) => debug!(path = %path.display(), error = %e, "skipping unreadable entry"),
+        paths.sort();
+        let mut files = Vec::with_capacity(paths.len());
+        for path in paths {
+            // `metadata` follows symlinks, as a ConfigMap volume needs.
+            let read = match std::fs::metadata(&path) {
+                Ok(m) if !m.is_file() => continue,
+                Ok(m) => self.read(&path, &m),
+                // Gone since read_dir: a removal, not an error.
+                Err(_) if std::fs::symlink_metadata(&path).is_err() => continue,
+                // Listed but unreadable: a dangling symlink, or no permission
+                // on the way to the target. Not a removal: its last good
+                // config stays.
+                Err(e) => FileRead::Error(ConfigError::Io { path: path.clone(), source: Arc::new(e) }),
+            };
+            if matches!(read, FileRead::Error(_)) {
+                // Re-read once it is readable again, whatever its stamp.
+                self.seen.remove(&path);
+            }
+            files.push((path.display().to_string(), read));
+        }
+        let listed: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+        self.seen.retain(|p, _| listed.contains(&p.display().to_string().as_str()));
+        Ok(files)
+    }
+
+    fn read(&mut self, path: &Path, meta: &std::fs::Metadata) -> FileRead {
+        let stamp = (meta.modified().ok(), meta.len());
+        if self.seen.get(path) == Some(&stamp) {
+            return FileRead::Unchanged;
+        }
+        let io = |e| ConfigError::Io { path: path.to_owned(), source: Arc::new(e) };
+        let too_large = |size| ConfigError::TooLarge { path: path.to_owned(), size, max: self.max_bytes };
+        if meta.len() > self.max_bytes {
+            return FileRead::Error(too_large(meta.len()));
+        }
+        // The file may grow between stat and read: never read past the cap.
+        let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+        let read = std::fs::File::open(path).and_then(|f| f.take(self.max_bytes + 1).read_to_end(&mut bytes));
+        if let Err(e) = read {
+            return FileRead::Error(io(e));
+        }
+        if bytes.len() as u64 > self.max_bytes {
+            return FileRead::Error(too_large(bytes.len() as u64));
+        }
+        match String::from_utf8(bytes) {
+            Ok(text) => {
+                self.seen.insert(path.to_owned(), stamp);
+                FileRead::Text(text)
+            }
+            Err(_) => FileRead::Error(io(std::io::Error::new(std::io::ErrorKind::InvalidData, "not valid UTF-8"))),
         }
     }
-    paths.sort();
-    let mut files = Vec::with_capacity(paths.len());
-    for path in paths {
-        let text = tokio::fs::read_to_string(&path)
-            .await
-            .map_err(|e| ConfigError::Io { path: path.clone(), source: Arc::new(e) });
-        files.push((path.display().to_string(), text));
-    }
-    Ok(files)
 }
 
 /// Make `state` match a fresh scan. Returns whether anything changed.
-fn apply(state: &mut ConfigState, files: Scanned) -> bool {
+fn apply(state: &mut ConfigState, files: Vec<(String, FileRead)>) -> bool {
     let gone: Vec<String> =
         state.files().filter(|known| !files.iter().any(|(name, _)| name == known)).map(str::to_owned).collect();
     let mut changed = false;
     for name in gone {
-        debug!(file = %name, "config file removed");
+        info!(file = %name, "config file removed");
         changed |= state.remove_file(&name);
     }
-    for (name, text) in files {
-        changed |= match text {
-            Ok(text) => state.set_file(&name, text),
-            Err(e) => state.set_file_error(&name, e),
+    for (name, read) in files {
+        changed |= match read {
+            FileRead::Unchanged => false,
+            FileRead::Text(text) => state.set_file(&name, text),
+            FileRead::Error(e) => state.set_file_error(&name, e),
         };
     }
     changed
 }
 
-fn log_desired(dir: &Path, desired: &Desired) {
-    info!(
-        dir = %dir.display(),
-        registries = desired.registries.len(),
-        proxies = desired.proxies.len(),
-        ingresses = desired.ingresses.len(),
-        errors = desired.errors.len(),
-        "config loaded"
-    );
-    for error in &desired.errors {
-        warn!(error = %error, "config problem");
+/// The config problems already logged: each is logged at WARN once, when it
+/// appears, not again on every later edit of the directory.
+#[derive(Debug, Default)]
+pub(crate) struct Logged(BTreeSet<String>);
+
+impl Logged {
+    fn log(&mut self, dir: &Path, desired: &Desired) {
+        info!(
+            dir = %dir.display(),
+            registries = desired.registries.len(),
+            proxies = desired.proxies.len(),
+            ingresses = desired.ingresses.len(),
+            errors = desired.errors.len(),
+            "config loaded"
+        );
+        for error in self.fresh(&desired.errors) {
+            warn!(error = %error, "config problem");
+        }
+    }
+
+    /// The errors not logged before; forgets those that are gone, so one
+    /// that comes back is logged again.
+    pub(crate) fn fresh<'a>(&mut self, errors: &'a [String]) -> Vec<&'a String> {
+        self.0.retain(|e| errors.contains(e));
+        errors.iter().filter(|e| self.0.insert((*e).clone())).collect()
     }
 }
+
+#[cfg(test)]
+#[path = "dir_tests.rs"]
+mod tests;

@@ -34,7 +34,7 @@ use std::time::Duration;
 use meshbridge_registries::{RegistrySpec, Secret};
 
 pub use build::Builder;
-pub use dir::DirSource;
+pub use dir::{DirSource, MAX_FILE_BYTES};
 pub use model::{Document, IngressDoc, McpBridgeDoc, RawEntry, SecretDoc};
 pub use parse::{parse_documents, parse_object};
 pub use state::ConfigState;
@@ -153,6 +153,10 @@ pub enum ConfigError {
     /// A file or directory could not be read.
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: Arc<std::io::Error> },
+    /// A config file is bigger than the cap ([`dir::MAX_FILE_BYTES`]); it is
+    /// not read.
+    #[error("{}: {size} bytes, more than the limit of {max} bytes per config file", path.display())]
+    TooLarge { path: PathBuf, size: u64, max: u64 },
 }
 
 fn location(document: Option<usize>, line: Option<u64>) -> String {

@@ -133,6 +133,8 @@ impl ConfigState {
                 format!("{e}; file ignored")
             })
         });
+        let file_errors =
+            file_errors.map(|e| meshbridge_registries::clip_owned(e, meshbridge_registries::LOG_MESSAGE_MAX));
         let mut errors: Vec<String> = self.source_error.iter().cloned().chain(file_errors).collect();
         errors.append(&mut desired.errors);
         desired.errors = errors;

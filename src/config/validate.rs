@@ -10,7 +10,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use meshbridge_registries::{RegistryKind, RegistrySpec};
+use meshbridge_registries::{RegistryKind, RegistrySpec, clip};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -74,7 +74,7 @@ pub(crate) fn registry(
             let known: Vec<_> = RegistryKind::ALL.iter().map(|k| k.as_str()).collect();
             errors.push(FieldError::new(
                 "type",
-                format!("unknown registry type {s:?} (expected one of {})", known.join(", ")),
+                format!("unknown registry type {:?} (expected one of {})", clip(s), known.join(", ")),
             ));
             None
         }),
@@ -94,7 +94,7 @@ pub(crate) fn registry(
         let curve = curve.trim();
         // Envoy's names are BoringSSL's: X25519, P-256, P-384, X25519MLKEM768…
         if curve.is_empty() || !curve.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-            errors.push(FieldError::new(format!("ecdhCurves[{i}]"), format!("{curve:?} is not a curve name")));
+            errors.push(FieldError::new(format!("ecdhCurves[{i}]"), format!("{:?} is not a curve name", clip(curve))));
         } else if !ecdh_curves.iter().any(|c| c == curve) {
             ecdh_curves.push(curve.to_string());
         }
@@ -121,12 +121,13 @@ pub(crate) fn registry(
                     field("name"),
                     format!(
                         "{:?} names no service host; vport names are hosts such as {}.DEFAULT-GROUP.public.nacos",
-                        svc.name, svc.name
+                        clip(&svc.name),
+                        clip(&svc.name)
                     ),
                 ));
             }
             if vport_services.insert(svc.name.to_ascii_lowercase(), value).is_some() {
-                errors.push(FieldError::new(field("name"), format!("duplicate service {:?}", svc.name)));
+                errors.push(FieldError::new(field("name"), format!("duplicate service {:?}", clip(&svc.name))));
             }
         }
     }
@@ -170,7 +171,7 @@ fn check_address(kind: RegistryKind, cfg: &RegistryConfig, errors: &mut Vec<Fiel
             }
             for ep in domain.split(',').map(str::trim).filter(|e| !e.is_empty()) {
                 if !ep.parse::<SocketAddr>().is_ok_and(|a| a.port() != 0) {
-                    errors.push(FieldError::new("domain", format!("{ep:?} is not an IP:port endpoint")));
+                    errors.push(FieldError::new("domain", format!("{:?} is not an IP:port endpoint", clip(ep))));
                 }
             }
             if cfg.port == 0 { Some(STATIC_DEFAULT_PORT) } else { port_in_range("port", cfg.port, errors) }
@@ -181,7 +182,7 @@ fn check_address(kind: RegistryKind, cfg: &RegistryConfig, errors: &mut Vec<Fiel
             }
             for host in domain.split(',').map(str::trim).filter(|e| !e.is_empty()) {
                 if !is_dns_name(host) {
-                    errors.push(FieldError::new("domain", format!("{host:?} is not a DNS name")));
+                    errors.push(FieldError::new("domain", format!("{:?} is not a DNS name", clip(host))));
                 }
             }
             port_in_range("port", cfg.port, errors)
@@ -201,10 +202,63 @@ fn check_address(kind: RegistryKind, cfg: &RegistryConfig, errors: &mut Vec<Fiel
         _ => {
             if domain.is_empty() {
                 errors.push(FieldError::new("domain", "required"));
+            } else {
+                check_hosts(kind, domain, errors);
             }
             port_in_range("port", cfg.port, errors)
         }
     }
+}
+
+/// A Consul, Nacos, ZooKeeper or Eureka `domain` must be what its watcher
+/// can connect to; checked here so that a bad one is a field error and the
+/// running watcher keeps its last good spec (the watcher itself would only
+/// fail after the old one was stopped). Consul takes one host; ZooKeeper a
+/// comma list of hosts (the port is `port`); Nacos and Eureka a comma list
+/// of `host` or `host:port`. A host is an IP (IPv6 optionally bracketed) or
+/// a DNS name (underscores allowed, as Docker names have them).
+fn check_hosts(kind: RegistryKind, domain: &str, errors: &mut Vec<FieldError>) {
+    let (list, with_port) = match kind {
+        RegistryKind::Consul => (false, false),
+        RegistryKind::Zookeeper => (true, false),
+        _ => (true, true),
+    };
+    let items: Vec<&str> = domain.split(',').map(str::trim).filter(|h| !h.is_empty()).collect();
+    if !list && domain.contains(',') {
+        errors.push(FieldError::new("domain", format!("{:?}: one host expected, not a list", clip(domain))));
+        return;
+    }
+    if items.is_empty() {
+        errors.push(FieldError::new("domain", format!("{:?} names no host", clip(domain))));
+    }
+    for item in items {
+        let ok = if with_port { is_host_port(item) } else { is_host(item) };
+        if !ok {
+            let expected =
+                if with_port { "a host or host:port" } else { "a host name or IP (the port goes in `port`)" };
+            errors.push(FieldError::new("domain", format!("{:?} is not {expected}", clip(item))));
+        }
+    }
+}
+
+/// An IP address (IPv6 optionally in brackets) or a host name.
+fn is_host(s: &str) -> bool {
+    let bare = s.strip_prefix('[').and_then(|r| r.strip_suffix(']'));
+    if let Some(v6) = bare {
+        return v6.parse::<std::net::Ipv6Addr>().is_ok();
+    }
+    s.parse::<std::net::IpAddr>().is_ok() || (is_dns_name(&s.replace('_', "-")) && !all_numeric_labels(s))
+}
+
+/// [`is_host`], optionally followed by `:port` (1..65535).
+fn is_host_port(s: &str) -> bool {
+    if is_host(s) {
+        return true;
+    }
+    let Some((host, port)) = s.rsplit_once(':') else { return false };
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
+    // An unbracketed IPv6 address has colons of its own: it cannot take a port.
+    port_ok && (host.starts_with('[') || !host.contains(':')) && is_host(host)
 }
 
 /// Validate one proxy entry.
@@ -214,7 +268,7 @@ pub(crate) fn proxy(raw: &Value, warnings: &mut Vec<FieldError>) -> Result<Proxy
     match cfg.kind.as_str() {
         "" => errors.push(FieldError::new("type", "required")),
         "http" => {}
-        other => errors.push(FieldError::new("type", format!("unknown proxy type {other:?} (expected http)"))),
+        other => errors.push(FieldError::new("type", format!("unknown proxy type {:?} (expected http)", clip(other)))),
     }
     check_name(&cfg.name, &mut errors);
     let server_address = cfg.server_address.trim();
@@ -227,7 +281,7 @@ pub(crate) fn proxy(raw: &Value, warnings: &mut Vec<FieldError>) -> Result<Proxy
         // (STRICT_DNS); a URL or `host:port` here is a common slip.
         errors.push(FieldError::new(
             "serverAddress",
-            format!("{server_address:?} is not an IP address or DNS name (the port goes in serverPort)"),
+            format!("{:?} is not an IP address or DNS name (the port goes in serverPort)", clip(server_address)),
         ));
     }
     let server_port = port_in_range("serverPort", cfg.server_port, &mut errors);
@@ -282,8 +336,9 @@ fn check_name(name: &str, errors: &mut Vec<FieldError>) {
         errors.push(FieldError::new(
             "name",
             format!(
-                "{name:?} is not a DNS label (lowercase letters, digits and '-', \
-                 starting and ending with a letter or digit, at most 63 characters)"
+                "{:?} is not a DNS label (lowercase letters, digits and '-', \
+                 starting and ending with a letter or digit, at most 63 characters)",
+                clip(name)
             ),
         ));
     }

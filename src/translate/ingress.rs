@@ -44,6 +44,7 @@ mod ingress_tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use meshbridge_registries::clip;
 use serde::Serialize;
 
 use self::annotations::{DESTINATION, IngressAnnotations, RewriteRule};
@@ -130,7 +131,7 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
                 t.warnings.push(Warning::new(
                     format!("Ingress {id}"),
                     Reason::InvalidIngress,
-                    format!("metadata.creationTimestamp {ts:?} is not an RFC 3339 time"),
+                    format!("metadata.creationTimestamp {:?} is not an RFC 3339 time", clip(ts)),
                 ));
             }
             parsed
@@ -273,7 +274,7 @@ impl Translator<'_> {
                     self.warnings.push(Warning::new(
                         format!("Ingress {}", ing.id),
                         Reason::InvalidIngress,
-                        format!("spec.tls[{i}]: {raw:?} is not a valid host; ignored"),
+                        format!("spec.tls[{i}]: {:?} is not a valid host; ignored", clip(&raw)),
                     ));
                     continue;
                 };
@@ -308,7 +309,7 @@ impl Translator<'_> {
                 self.warnings.push(Warning::new(
                     format!("Ingress {}", ing.id),
                     Reason::InvalidIngress,
-                    format!("host {raw_host:?} is not a valid host name; rule left out"),
+                    format!("host {:?} is not a valid host name; rule left out", clip(raw_host)),
                 ));
                 index += http.paths.len();
                 continue;
@@ -338,7 +339,7 @@ impl Translator<'_> {
             None | Some("Prefix" | "ImplementationSpecific") => PathKind::Prefix,
             Some("Exact") => PathKind::Exact,
             Some(other) => {
-                self.warnings.push(left_out(format!("unknown pathType {other:?}")));
+                self.warnings.push(left_out(format!("unknown pathType {:?}", clip(other))));
                 return;
             }
         };
@@ -433,7 +434,7 @@ impl Translator<'_> {
     fn destinations(&mut self, ing: &Parsed, backend: &Backend) -> Result<Vec<RouteDestination>, String> {
         if let Some(svc) = &backend.service {
             if !annotations::valid_dns_label(&svc.name) {
-                return Err(format!("backend service name {:?} is not a valid Service name", svc.name));
+                return Err(format!("backend service name {:?} is not a valid Service name", clip(&svc.name)));
             }
             let port = match (svc.port.number, svc.port.name.as_deref().filter(|n| !n.is_empty())) {
                 (Some(n @ 1..=65535), _) => Some(PortSelector { number: n as u32 }),

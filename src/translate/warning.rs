@@ -81,8 +81,15 @@ pub struct Warning {
 }
 
 impl Warning {
+    /// `object` and `detail` are clipped ([`meshbridge_registries::clip_to`]):
+    /// they may echo values of any size from files and registries.
     pub fn new(object: impl Into<String>, reason: Reason, detail: impl Into<String>) -> Warning {
-        Warning { object: object.into(), reason, detail: detail.into() }
+        use meshbridge_registries::{LOG_MESSAGE_MAX, LOG_VALUE_MAX, clip_owned};
+        Warning {
+            object: clip_owned(object.into(), 2 * LOG_VALUE_MAX),
+            reason,
+            detail: clip_owned(detail.into(), LOG_MESSAGE_MAX),
+        }
     }
 }
 

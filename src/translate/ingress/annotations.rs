@@ -5,6 +5,8 @@
 //! under `higress.io/`. Any other key under those two prefixes is counted as
 //! ignored.
 
+use meshbridge_registries::clip;
+
 use super::model::Metadata;
 
 const HIGRESS: &str = "higress.io/";
@@ -108,7 +110,8 @@ impl IngressAnnotations {
         out.rewrite = match (rewrite_path, rewrite_target) {
             (Some((_, path)), _) => Ok(Some(RewriteRule::Path(path))),
             (None, Some((key, target))) if target.contains(['$', '\\']) => Err(format!(
-                "annotation {key}: capture groups ({target:?}) need regex path matching, which is not supported"
+                "annotation {key}: capture groups ({:?}) need regex path matching, which is not supported",
+                clip(&target)
             )),
             (None, Some((_, target))) => Ok(Some(RewriteRule::Target(target))),
             (None, None) => Ok(None),
@@ -117,7 +120,9 @@ impl IngressAnnotations {
         if let Some((key, value)) = get(IGNORE_PATH_CASE, true) {
             match parse_bool(&value) {
                 Some(b) => out.ignore_path_case = b,
-                None => out.warnings.push(format!("annotation {key}: {value:?} is not a boolean; taken as false")),
+                None => {
+                    out.warnings.push(format!("annotation {key}: {:?} is not a boolean; taken as false", clip(&value)))
+                }
             }
         }
 
@@ -147,7 +152,7 @@ pub fn parse_destination(value: &str) -> Result<Vec<McpDestination>, Destination
                 words.next();
                 match w.parse::<u32>() {
                     Ok(w) if w <= 100 && !has_sign(first) => w,
-                    _ => return Err(DestinationError::BadWeight { line, weight: first.to_owned() }),
+                    _ => return Err(DestinationError::BadWeight { line, weight: clip(first).into_owned() }),
                 }
             }
             None => 100,
@@ -156,21 +161,21 @@ pub fn parse_destination(value: &str) -> Result<Vec<McpDestination>, Destination
         let (host, port) = match address.rsplit_once(':') {
             Some((host, port)) => {
                 let number = port.parse::<u16>().ok().filter(|p| *p != 0 && !has_sign(port));
-                let number = number.ok_or_else(|| DestinationError::BadPort { line, port: port.to_owned() })?;
+                let number = number.ok_or_else(|| DestinationError::BadPort { line, port: clip(port).into_owned() })?;
                 (host, Some(number))
             }
             None => (address, None),
         };
         if !valid_registry_host(host) {
-            return Err(DestinationError::BadHost { line, host: host.to_owned() });
+            return Err(DestinationError::BadHost { line, host: clip(host).into_owned() });
         }
         let subset = match words.next() {
             Some(s) if valid_dns_label(s) => Some(s.to_owned()),
-            Some(s) => return Err(DestinationError::BadSubset { line, subset: s.to_owned() }),
+            Some(s) => return Err(DestinationError::BadSubset { line, subset: clip(s).into_owned() }),
             None => None,
         };
         if let Some(extra) = words.next() {
-            return Err(DestinationError::Extra { line, extra: extra.to_owned() });
+            return Err(DestinationError::Extra { line, extra: clip(extra).into_owned() });
         }
         sum += u64::from(weight);
         out.push(McpDestination { weight, host: host.to_owned(), port, subset });
