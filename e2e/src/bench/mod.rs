@@ -233,7 +233,7 @@ async fn envoy_warm(envoy: &Envoy, clusters: usize, limit: Duration) -> bool {
 
 /// Wait until every follower has had an update and nothing more has
 /// arrived for a second.
-async fn settle(all: &[&Follower], limit: Duration) {
+pub async fn settle(all: &[&Follower], limit: Duration) {
     let deadline = Instant::now() + limit;
     let mut last = 0;
     let mut quiet_since = Instant::now();

@@ -29,8 +29,12 @@ fn stat_cpu(stat: &str) -> Option<f64> {
 /// CPU seconds used so far by everything in this process except the
 /// harness threads: meshbridge's share.
 pub fn meshbridge_cpu() -> f64 {
-    let total = std::fs::read_to_string("/proc/self/stat").ok().and_then(|s| stat_cpu(&s)).unwrap_or(0.0);
-    total - harness_cpu()
+    process_cpu() - harness_cpu()
+}
+
+/// CPU seconds used so far by the whole process.
+pub fn process_cpu() -> f64 {
+    std::fs::read_to_string("/proc/self/stat").ok().and_then(|s| stat_cpu(&s)).unwrap_or(0.0)
 }
 
 fn harness_cpu() -> f64 {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, bail};
 use tokio::task::JoinHandle;
 use zookeeper_client as zk;
 
@@ -326,10 +326,4 @@ pub async fn poll_until(limit: Duration, every: Duration, mut pred: impl FnMut()
         }
         tokio::time::sleep(every).await;
     }
-}
-
-/// `ensure!` for the harness's own setup steps.
-pub fn check(cond: bool, what: &str) -> anyhow::Result<()> {
-    ensure!(cond, "{what}");
-    Ok(())
 }
