@@ -31,7 +31,12 @@ pub struct Row {
     pub rss_sync_mib: f64,
     /// With Envoy and every in-process ADS client connected and synced.
     pub rss_clients_mib: f64,
+    /// At sync, all of this process's; `connections_before` were open
+    /// before meshbridge started (the harness's own).
     pub connections: usize,
+    pub connections_before: usize,
+    /// Changes the registry refused to the harness.
+    pub change_errors: usize,
     pub changes: usize,
     pub done: usize,
     pub envoy_ms: Vec<f64>,
@@ -59,6 +64,8 @@ impl Row {
             rss_sync_mib: 0.0,
             rss_clients_mib: 0.0,
             connections: 0,
+            connections_before: 0,
+            change_errors: 0,
             changes: 0,
             done: 0,
             envoy_ms: Vec::new(),
@@ -100,13 +107,13 @@ pub fn render(rows: &[Row]) -> String {
     let _ = writeln!(o, "\n## Sync, memory, connections\n");
     let _ = writeln!(
         o,
-        "| registry | services × inst | register (s) | sync (s) | sync CPU (s) | Envoy warm (s) | RSS at sync (MiB) | RSS with clients (MiB) | conns to registry |"
+        "| registry | services × inst | register (s) | sync (s) | sync CPU (s) | Envoy warm (s) | RSS at sync (MiB) | RSS with clients (MiB) | conns to registry (harness's before start) |"
     );
     let _ = writeln!(o, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in rows {
         let _ = writeln!(
             o,
-            "| {} | {} × {} | {:.1} | {} | {:.2} | {} | {:.0} | {:.0} | {} |",
+            "| {} | {} × {} | {:.1} | {} | {:.2} | {} | {:.0} | {:.0} | {} ({}) |",
             r.kind.name(),
             r.services,
             r.per,
@@ -116,24 +123,26 @@ pub fn render(rows: &[Row]) -> String {
             opt(r.envoy_sync_s, 2),
             r.rss_sync_mib,
             r.rss_clients_mib,
-            r.connections
+            r.connections,
+            r.connections_before
         );
     }
     let _ = writeln!(o, "\n## Single-instance changes (p50 / p99, ms)\n");
     let _ = writeln!(
         o,
-        "| registry | services | changes ok | Envoy EDS applied | bare client notified | difference | last of fan-out | CPU/change (ms) | bytes/change SotW | delta | MCP |"
+        "| registry | services | changes ok (refused) | Envoy EDS applied | bare client notified | difference | last of fan-out | CPU/change (ms) | bytes/change SotW | delta | MCP |"
     );
     let _ = writeln!(o, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in rows {
         let [s, d, m] = r.bytes_per_change;
         let _ = writeln!(
             o,
-            "| {} | {} | {}/{} | {} | {} | {} | {} | {:.2} | {s:.0} | {d:.0} | {m:.0} |",
+            "| {} | {} | {}/{} ({}) | {} | {} | {} | {} | {:.2} | {s:.0} | {d:.0} | {m:.0} |",
             r.kind.name(),
             r.services,
             r.done,
             r.changes,
+            r.change_errors,
             p(&r.envoy_ms),
             p(&r.bare_ms),
             p(&r.diff_ms),
