@@ -92,14 +92,15 @@ async fn run(opts: Options, mb: Handle) -> anyhow::Result<Vec<Row>> {
     for &kind in &opts.registries {
         for &n in &opts.sizes {
             eprintln!("bench: {} with {n} services × {}", kind.name(), opts.per);
-            match measure(kind, n, &opts, &mb).await {
-                Ok(row) => rows.push(row),
-                Err(e) => {
-                    let mut row = Row::new(kind, n, opts.per);
-                    row.notes.push(format!("failed: {e:#}"));
-                    rows.push(row);
-                }
-            }
+            let row = measure(kind, n, &opts, &mb).await.unwrap_or_else(|e| {
+                let mut row = Row::new(kind, n, opts.per);
+                row.notes.push(format!("failed: {e:#}"));
+                row
+            });
+            // Each row as soon as it is measured: a long run stopped
+            // halfway still leaves its figures.
+            eprint!("{}", report::render(std::slice::from_ref(&row)));
+            rows.push(row);
         }
     }
     Ok(rows)
