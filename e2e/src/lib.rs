@@ -8,6 +8,7 @@
 //! silently.
 
 pub mod backend;
+pub mod bench;
 pub mod consul;
 pub mod consul_fake;
 pub mod dns_fake;

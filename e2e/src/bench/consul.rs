@@ -1,0 +1,72 @@
+//! A Consul 1.8 dev agent for the bench: like [`crate::consul::Consul`],
+//! but with its DNS interface on (the peer Envoy resolves services there)
+//! and with Consul's default limits, `limits.http_max_conns_per_client`
+//! = 200 included.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure};
+use tempfile::TempDir;
+
+use crate::process::{ChildGuard, binary_from_env, free_port};
+
+pub struct ConsulDev {
+    pub http_port: u16,
+    pub dns_port: u16,
+    http: reqwest::Client,
+    guard: ChildGuard,
+    _dir: TempDir,
+}
+
+impl ConsulDev {
+    pub async fn start() -> anyhow::Result<ConsulDev> {
+        let bin = binary_from_env("MESHBRIDGE_CONSUL_BIN")?;
+        let dir = tempfile::Builder::new().prefix("meshbridge-bench-consul-").tempdir()?;
+        let (http_port, dns_port) = (free_port(), free_port());
+        let mut cmd = Command::new(bin);
+        cmd.args(["agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1", "-log-level", "warn"])
+            .args(["-grpc-port", "-1", "-serf-wan-port", "-1"])
+            .args(["-http-port", &http_port.to_string(), "-dns-port", &dns_port.to_string()])
+            .args(["-serf-lan-port", &free_port().to_string(), "-server-port", &free_port().to_string()])
+            .arg("-data-dir")
+            .arg(dir.path().join("data"))
+            .args(["-node", "bench-agent"]);
+        let guard = ChildGuard::spawn("consul", cmd, dir.path().join("consul.log"))?;
+        let mut consul = ConsulDev { http_port, dns_port, http: super::registry::no_pool_client(), guard, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if !consul.guard.is_running() {
+                bail!("consul exited during startup:\n{}", consul.guard.log());
+            }
+            if consul.has_leader().await {
+                return Ok(consul);
+            }
+            ensure!(Instant::now() < deadline, "consul not ready:\n{}", consul.guard.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http_port)
+    }
+
+    async fn has_leader(&self) -> bool {
+        match self.http.get(format!("{}/v1/status/leader", self.url())).send().await {
+            Ok(r) if r.status().is_success() => r.json::<String>().await.is_ok_and(|l| !l.is_empty()),
+            _ => false,
+        }
+    }
+
+    /// `PUT path` with an optional JSON body; errors carry Consul's answer.
+    pub async fn put(&self, path: &str, body: Option<serde_json::Value>) -> anyhow::Result<()> {
+        let mut req = self.http.put(format!("{}{path}", self.url()));
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await?;
+        let status = resp.status();
+        ensure!(status.is_success(), "PUT {path}: {status}: {}", resp.text().await.unwrap_or_default());
+        Ok(())
+    }
+}

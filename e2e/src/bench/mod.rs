@@ -1,0 +1,370 @@
+//! The benchmark harness (`cargo run --release -p meshbridge-e2e --bin
+//! bench`): real registries filled with `n` services × 10 instances,
+//! meshbridge in-process on its own runtime, a real Envoy over delta ADS,
+//! and in-process ADS clients; it measures sync, memory, connections and
+//! the cost and latency of single-instance changes, and prints a table.
+//! It never fails on a figure.
+//!
+//! What each figure means is in BENCHMARKS.md ("Benchmark harness").
+
+pub mod consul;
+pub mod follow;
+pub mod peer;
+pub mod procfs;
+pub mod registry;
+pub mod report;
+
+use std::time::{Duration, Instant, SystemTime};
+
+use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
+use meshbridge::translate::envoy::ENDPOINT_TYPE;
+use tokio::runtime::Handle;
+
+use crate::envoy::{AdsMode, Envoy};
+use follow::{Follower, Kind as FollowKind, Tally};
+use registry::{Kind, Registry, poll_until};
+pub use report::{Peer, Row};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub sizes: Vec<usize>,
+    /// Instances per service.
+    pub per: usize,
+    /// Single-instance changes per registry and size.
+    pub changes: usize,
+    /// In-process delta ADS clients besides the real Envoy.
+    pub fanout: usize,
+    pub registries: Vec<Kind>,
+    /// Failing-check rounds against the Consul DNS peer (0: skip).
+    pub peer_rounds: usize,
+    /// Give up on a full sync after this long.
+    pub sync_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            sizes: vec![1000],
+            per: 10,
+            changes: 200,
+            fanout: 100,
+            registries: vec![Kind::Consul, Kind::Nacos, Kind::Zookeeper],
+            peer_rounds: 5,
+            sync_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// How long one change may take to show up everywhere.
+const CHANGE_LIMIT: Duration = Duration::from_secs(10);
+/// Consecutive changes that show up nowhere before a size is given up.
+const MAX_MISSES: usize = 5;
+
+/// Run everything and return the report. meshbridge gets a runtime of its
+/// own, and the harness one whose threads are named
+/// [`procfs::HARNESS_THREAD`], so that meshbridge's CPU can be told apart.
+pub fn run_blocking(opts: Options) -> anyhow::Result<String> {
+    let harness = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(procfs::HARNESS_THREAD)
+        // A thread that exits takes its CPU time out of the harness's sum.
+        .thread_keep_alive(Duration::from_secs(86_400))
+        .enable_all()
+        .build()?;
+    let meshbridge =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("meshbridge").enable_all().build()?;
+    let mb = meshbridge.handle().clone();
+    let rows = harness.block_on(async move { harness_spawn(run(opts, mb)).await })?;
+    meshbridge.shutdown_timeout(Duration::from_secs(2));
+    harness.shutdown_timeout(Duration::from_secs(2));
+    Ok(report::render(&rows))
+}
+
+async fn harness_spawn<T: Send + 'static>(
+    f: impl Future<Output = anyhow::Result<T>> + Send + 'static,
+) -> anyhow::Result<T> {
+    tokio::spawn(f).await?
+}
+
+async fn run(opts: Options, mb: Handle) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for &kind in &opts.registries {
+        for &n in &opts.sizes {
+            eprintln!("bench: {} with {n} services × {}", kind.name(), opts.per);
+            let row = measure(kind, n, &opts, &mb).await.unwrap_or_else(|e| {
+                let mut row = Row::new(kind, n, opts.per);
+                row.notes.push(format!("failed: {e:#}"));
+                row
+            });
+            // Each row as soon as it is measured: a long run stopped
+            // halfway still leaves its figures.
+            eprint!("{}", report::render(std::slice::from_ref(&row)));
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+/// meshbridge's cache: (services, endpoints) over every registry.
+fn cache_counts(app: &App) -> (usize, usize) {
+    app.cache.statuses().iter().fold((0, 0), |(s, e), (_, _, ns, ne)| (s + ns, e + ne))
+}
+
+/// When the real Envoy (node id `e2e-…`) last ACKed EDS, if after `since`.
+fn envoy_ack_after(app: &App, since: SystemTime) -> Option<SystemTime> {
+    app.clients
+        .snapshot()
+        .into_iter()
+        .filter(|c| c.node_id.starts_with("e2e-"))
+        .filter_map(|c| c.types.get(ENDPOINT_TYPE)?.last_ack_time)
+        .max()
+        .filter(|t| *t > since)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+async fn measure(kind: Kind, n: usize, opts: &Options, mb: &Handle) -> anyhow::Result<Row> {
+    let per = opts.per;
+    let mut row = Row::new(kind, n, per);
+    let reg = Registry::start(kind).await?;
+    let t = Instant::now();
+    reg.fill(n, per).await?;
+    row.fill_s = t.elapsed().as_secs_f64();
+    if let Some(c) = reg.consul() {
+        peer::register(c).await?;
+    }
+    // Whatever the harness itself still holds open (none, normally).
+    let baseline = procfs::connections_to(&reg.ports());
+
+    let dir = tempfile::tempdir()?;
+    let bridge = format!(
+        "apiVersion: networking.higress.io/v1\nkind: McpBridge\nmetadata: {{ name: default, namespace: higress-system }}\nspec:\n  registries:\n{}",
+        reg.bridge_entry()
+    );
+    std::fs::write(dir.path().join("mcpbridge.yaml"), bridge)?;
+    let cpu0 = procfs::meshbridge_cpu();
+    let t = Instant::now();
+    let cmd = RunCommand {
+        args: RunArgs::loopback(dir.path()),
+        admin: AdminArgs::default(),
+        gateway: GatewayArgs::default(),
+        lifecycle: Default::default(),
+        xds: Default::default(),
+        kube: Default::default(),
+    };
+    // Launched from a blocking thread of meshbridge's own runtime (its tasks
+    // land there): the launch future is not Send (Kubernetes mode's
+    // reflectors), so it cannot be spawned.
+    let handle = mb.clone();
+    let app = mb.spawn_blocking(move || handle.block_on(App::launch(cmd))).await??;
+    let result = drive(&app, &reg, &mut row, opts, (cpu0, t), baseline).await;
+    mb.spawn(app.stop()).await?;
+    if let Err(e) = result {
+        row.notes.push(format!("stopped: {e:#}"));
+    }
+    Ok(row)
+}
+
+async fn drive(
+    app: &App,
+    reg: &Registry,
+    row: &mut Row,
+    opts: &Options,
+    (cpu0, started): (f64, Instant),
+    baseline: usize,
+) -> anyhow::Result<()> {
+    let (n, per) = (row.services, opts.per);
+    let synced = poll_until(opts.sync_timeout, Duration::from_millis(10), || {
+        let (s, e) = cache_counts(app);
+        s >= n && e >= n * per
+    })
+    .await;
+    row.seen = cache_counts(app);
+    row.sync_s = synced.then(|| started.elapsed().as_secs_f64());
+    row.cpu_sync_s = procfs::meshbridge_cpu() - cpu0;
+    row.rss_sync_mib = procfs::rss_mib();
+    row.connections = reg.connections(0);
+    row.connections_before = baseline;
+    if !synced {
+        row.notes.push(format!(
+            "not synced after {:?}: {} services, {} endpoints",
+            opts.sync_timeout, row.seen.0, row.seen.1
+        ));
+    }
+
+    // Route to no cluster: Envoy takes every cluster over CDS anyway.
+    let t = Instant::now();
+    let envoy = Envoy::start(app.xds_addr, AdsMode::Delta, "none").await?;
+    let clusters = row.seen.0;
+    let warm = envoy_warm(&envoy, clusters, opts.sync_timeout).await;
+    row.envoy_sync_s = warm.then(|| t.elapsed().as_secs_f64());
+
+    let sotw = Follower::start(FollowKind::Sotw, app.xds_addr).await?;
+    let delta = Follower::start(FollowKind::Delta, app.xds_addr).await?;
+    let mcp = Follower::start(FollowKind::Mcp, app.xds_addr).await?;
+    let mut fanout = Vec::with_capacity(opts.fanout);
+    for _ in 0..opts.fanout {
+        fanout.push(Follower::start(FollowKind::Delta, app.xds_addr).await?);
+    }
+    let all: Vec<&Follower> = [&sotw, &delta, &mcp].into_iter().chain(fanout.iter()).collect();
+    settle(&all, opts.sync_timeout).await;
+    row.rss_clients_mib = procfs::rss_mib();
+
+    changes(app, reg, row, opts, &all).await?;
+    if let (Some(c), true) = (reg.consul(), opts.peer_rounds > 0) {
+        row.peer = Some(peer_rounds(app, c, opts.peer_rounds).await?);
+    }
+    drop(envoy);
+    Ok(())
+}
+
+/// Wait until Envoy has `clusters` active clusters and none warming.
+async fn envoy_warm(envoy: &Envoy, clusters: usize, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        let stats =
+            envoy.admin("/stats?filter=cluster_manager%5C.(active|warming)_clusters$").await.unwrap_or_default();
+        let stat = |name: &str| {
+            stats.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(": ")?.trim().parse::<usize>().ok())
+        };
+        if stat("cluster_manager.active_clusters").is_some_and(|a| a >= clusters)
+            && stat("cluster_manager.warming_clusters") == Some(0)
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// Wait until every follower has had an update and nothing more has
+/// arrived for a second.
+pub async fn settle(all: &[&Follower], limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let mut last = 0;
+    let mut quiet_since = Instant::now();
+    while Instant::now() < deadline {
+        let tallies: Vec<Tally> = all.iter().map(|f| f.tally()).collect();
+        let bytes = tallies.iter().map(|t| t.bytes).sum();
+        if bytes != last {
+            (last, quiet_since) = (bytes, Instant::now());
+        } else if tallies.iter().all(|t| t.updates > 0) && quiet_since.elapsed() > Duration::from_secs(1) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn changes(app: &App, reg: &Registry, row: &mut Row, opts: &Options, all: &[&Follower]) -> anyhow::Result<()> {
+    let (n, per) = (row.services, opts.per);
+    let total = opts.changes.min(n * per);
+    // Followers that missed a change are not waited for again (noted).
+    let mut waited: Vec<bool> = vec![true; all.len()];
+    let before_all: Vec<Tally> = all.iter().map(|f| f.tally()).collect();
+    let cpu_a = procfs::meshbridge_cpu();
+    let mut misses = 0;
+    for k in 0..total {
+        let bare = reg.watch(k % n, CHANGE_LIMIT).await;
+        let before: Vec<Tally> = all.iter().map(|f| f.tally()).collect();
+        let (ts, ti) = (SystemTime::now(), Instant::now());
+        if let Err(e) = reg.change(k, n, per).await {
+            // Refused by the registry (e.g. Consul's per-client limit taken
+            // by meshbridge): the harness is "another client" locked out.
+            bare.abort();
+            row.change_errors += 1;
+            if row.change_errors == 1 {
+                row.notes.push(format!("change {k} refused: {e:#}"));
+            }
+            misses += 1;
+            if misses >= MAX_MISSES {
+                row.notes.push(format!("gave up after {MAX_MISSES} changes in a row failed"));
+                break;
+            }
+            continue;
+        }
+        let updated = |i: usize| all[i].tally().updates > before[i].updates;
+        let done = poll_until(CHANGE_LIMIT, Duration::from_millis(1), || {
+            envoy_ack_after(app, ts).is_some() && bare.is_finished() && (0..all.len()).all(|i| !waited[i] || updated(i))
+        })
+        .await;
+        let Some(ack) = envoy_ack_after(app, ts) else {
+            bare.abort();
+            misses += 1;
+            if misses >= MAX_MISSES {
+                row.notes.push(format!("gave up after {MAX_MISSES} changes in a row did not reach Envoy"));
+                break;
+            }
+            continue;
+        };
+        misses = 0;
+        if !done {
+            let missed: Vec<usize> = (0..all.len()).filter(|&i| waited[i] && !updated(i)).collect();
+            for &i in &missed {
+                waited[i] = false;
+            }
+            if !missed.is_empty() {
+                row.notes.push(format!(
+                    "{} in-process clients (of {}) had not received change {k} within {CHANGE_LIMIT:?}; not waited for since",
+                    missed.len(),
+                    all.len()
+                ));
+            }
+        }
+        row.done += 1;
+        let envoy_ms = ms(ack.duration_since(ts).unwrap_or_default());
+        row.envoy_ms.push(envoy_ms);
+        let bare_at = if bare.is_finished() { bare.await.ok().flatten() } else { None };
+        if let Some(at) = bare_at {
+            let bare_ms = ms(at - ti);
+            row.bare_ms.push(bare_ms);
+            row.diff_ms.push(envoy_ms - bare_ms);
+        }
+        // The last of the fan-out clients and Envoy to have the change.
+        let last = all[3..]
+            .iter()
+            .filter_map(|f| f.tally().last)
+            .filter(|t| *t > ti)
+            .map(|t| ms(t - ti))
+            .fold(envoy_ms, f64::max);
+        row.fanout_ms.push(last);
+        if (k + 1) % 50 == 0 {
+            eprintln!("bench: {} {n}: {} changes done", reg.kind.name(), k + 1);
+        }
+    }
+    row.changes = total;
+    let done = row.done.max(1) as f64;
+    row.cpu_per_change_ms = (procfs::meshbridge_cpu() - cpu_a) * 1e3 / done;
+    let bytes = |i: usize| (all[i].tally().bytes - before_all[i].bytes) as f64 / done;
+    row.bytes_per_change = [bytes(0), bytes(1), bytes(2)];
+    Ok(())
+}
+
+async fn peer_rounds(app: &App, consul: &consul::ConsulDev, rounds: usize) -> anyhow::Result<Peer> {
+    let envoy = peer::PeerEnvoy::start(consul.dns_port).await?;
+    let both = |m: &std::collections::BTreeSet<String>| m.contains(peer::KEPT) && m.contains(peer::FAILED);
+    let limit = Duration::from_secs(30);
+    let mut out = Peer::default();
+    if envoy.until(limit, both).await.is_none() {
+        out.note = Some("peer Envoy never resolved both instances".into());
+        return Ok(out);
+    }
+    let check = peer::check_id(peer::FAILED);
+    for _ in 0..rounds {
+        let (ts, ti) = (SystemTime::now(), Instant::now());
+        consul.put(&format!("/v1/agent/check/fail/{check}"), None).await?;
+        let dns = envoy.until(limit, |m| m.contains(peer::KEPT) && !m.contains(peer::FAILED));
+        let ours = poll_until(limit, Duration::from_millis(1), || envoy_ack_after(app, ts).is_some());
+        let (dns, ours) = tokio::join!(dns, ours);
+        if let (Some(dns), true, Some(ack)) = (dns, ours, envoy_ack_after(app, ts)) {
+            out.dns_ms.push(ms(dns - ti));
+            out.meshbridge_ms.push(ms(ack.duration_since(ts).unwrap_or_default()));
+        }
+        consul.put(&format!("/v1/agent/check/pass/{check}"), None).await?;
+        envoy.until(limit, both).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(out)
+}

@@ -1,0 +1,48 @@
+//! `bench`: the benchmark harness (see `meshbridge_e2e::bench` and
+//! BENCHMARKS.md). Needs `source e2e/env.sh consul envoy rnacos zookeeper`.
+//!
+//! ```sh
+//! cargo run --release -p meshbridge-e2e --bin bench -- --sizes 1000,10000
+//! ```
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use meshbridge_e2e::bench::{Options, registry::Kind, run_blocking};
+
+const USAGE: &str = "usage: bench [--sizes 1000,10000] [--instances 10] [--changes 200] [--fanout 100] \
+[--registries consul,nacos,zookeeper] [--peer-rounds 5] [--sync-timeout-secs 300]";
+
+fn list<T>(v: &str, parse: impl Fn(&str) -> Option<T>) -> anyhow::Result<Vec<T>> {
+    v.split(',').map(|s| parse(s.trim()).with_context(|| format!("bad list item {s:?}"))).collect()
+}
+
+fn parse(args: &[String]) -> anyhow::Result<Options> {
+    let mut o = Options::default();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it.next().with_context(|| format!("{flag} needs a value\n{USAGE}"))?;
+        let num = || value.parse::<usize>().with_context(|| format!("{flag}: not a number: {value}"));
+        match flag.as_str() {
+            "--sizes" => o.sizes = list(value, |s| s.parse().ok())?,
+            "--instances" => o.per = num()?,
+            "--changes" => o.changes = num()?,
+            "--fanout" => o.fanout = num()?,
+            "--registries" => o.registries = list(value, Kind::parse)?,
+            "--peer-rounds" => o.peer_rounds = num()?,
+            "--sync-timeout-secs" => o.sync_timeout = Duration::from_secs(num()? as u64),
+            _ => bail!("unknown flag {flag}\n{USAGE}"),
+        }
+    }
+    Ok(o)
+}
+
+fn main() -> anyhow::Result<()> {
+    // ring only, as the meshbridge binary does.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = parse(&args)?;
+    eprintln!("bench: {opts:?}");
+    print!("{}", run_blocking(opts)?);
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! `bench_profile`: the per-change path alone, for callgrind. A cache with
+//! `--services` services × 10 endpoints feeds meshbridge's publisher and
+//! ADS server in-process (`meshbridge::testing::XdsFixture`), with
+//! `--streams` in-process delta ADS clients following every cluster; then
+//! `--changes` one-endpoint changes go in through the registry sink, one at
+//! a time, each waited for (every stream updated, or with no streams the
+//! new config set published).
+//!
+//! With `--callgrind`, instrumentation is switched on (`callgrind_control
+//! -i on`) only around the changes, so the instruction counts are those of
+//! the changes alone:
+//!
+//! ```sh
+//! valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=cg.out \
+//!   target/release/bench_profile --services 10000 --changes 20 --streams 100 --callgrind
+//! callgrind_annotate cg.out | head -40
+//! ```
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use meshbridge::testing::XdsFixture;
+use meshbridge_e2e::bench::follow::{Follower, Kind};
+use meshbridge_e2e::bench::procfs;
+use meshbridge_registries::{Endpoint, Protocol, Service, ServicePort, Update};
+
+const PER: usize = 10;
+
+fn service(i: usize, without: Option<usize>) -> Service {
+    let endpoints = (0..PER)
+        .filter(|j| Some(*j) != without)
+        .map(|j| Endpoint { address: format!("10.1.0.{}", j + 1), port: 8080, weight: 1, labels: Default::default() })
+        .collect();
+    let port = ServicePort { number: 8080, protocol: Protocol::Http, name: "http-8080".into() };
+    Service::new(format!("svc-{i}.bench.consul"), vec![port], endpoints)
+}
+
+fn callgrind(on: bool) -> anyhow::Result<()> {
+    let status = std::process::Command::new("callgrind_control")
+        .args(["-i", if on { "on" } else { "off" }, &std::process::id().to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .context("run callgrind_control (is this under valgrind --tool=callgrind?)")?;
+    if !status.success() {
+        bail!("callgrind_control failed: {status}");
+    }
+    Ok(())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (mut services, mut changes, mut streams, mut use_callgrind) = (10_000, 200, 100, false);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut num = || -> anyhow::Result<usize> { Ok(args.next().context("missing value")?.parse()?) };
+        match flag.as_str() {
+            "--services" => services = num()?,
+            "--changes" => changes = num()?,
+            "--streams" => streams = num()?,
+            "--callgrind" => use_callgrind = true,
+            _ => bail!("usage: bench_profile [--services N] [--changes N] [--streams N] [--callgrind]"),
+        }
+    }
+    let t = Instant::now();
+    let fixture = XdsFixture::start((0..services).map(|i| service(i, None)).collect()).await;
+    let mut config = fixture.config.clone();
+    let mut followers = Vec::new();
+    for _ in 0..streams {
+        followers.push(Follower::start(Kind::Delta, fixture.addr).await?);
+    }
+    let refs: Vec<&Follower> = followers.iter().collect();
+    meshbridge_e2e::bench::settle(&refs, Duration::from_secs(3600)).await;
+    eprintln!("bench_profile: {services} services, {streams} streams synced in {:.1}s", t.elapsed().as_secs_f64());
+
+    if use_callgrind {
+        callgrind(true)?;
+    }
+    let (cpu, t) = (procfs::process_cpu(), Instant::now());
+    for k in 0..changes {
+        let before: Vec<u64> = followers.iter().map(|f| f.tally().updates).collect();
+        config.borrow_and_update();
+        fixture.sink.update(Update::Upsert(service(k % services, Some((k / services) % PER))));
+        if followers.is_empty() {
+            config.changed().await?;
+        } else {
+            while followers.iter().zip(&before).any(|(f, b)| f.tally().updates <= *b) {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+        }
+    }
+    let (cpu, wall) = (procfs::process_cpu() - cpu, t.elapsed());
+    if use_callgrind {
+        callgrind(false)?;
+    }
+    println!(
+        "bench_profile services={services} streams={streams} changes={changes} wall_ms_per_change={:.3} cpu_ms_per_change={:.3}",
+        wall.as_secs_f64() * 1e3 / changes as f64,
+        cpu * 1e3 / changes as f64
+    );
+    Ok(())
+}
