@@ -9,8 +9,8 @@ use meshbridge_registries::{RegistryKind, RegistrySpec};
 use tracing::warn;
 
 use super::model::{Document, McpBridgeDoc, SecretDoc};
+use super::types::{Desired, ProxySpec, TlsSecret};
 use super::validate::{self, CheckedRegistry, FieldError, MIN_REFRESH_INTERVAL};
-use super::{Desired, ProxySpec};
 
 /// (McpBridge `namespace/name`, entry name): what "the same registry" (or
 /// proxy) means from one build to the next.
@@ -83,7 +83,7 @@ impl Builder {
                 Document::McpBridge(b) => bridges.push(b),
                 Document::Secret(s) => {
                     if let (Some(crt), Some(key)) = (s.data.get("tls.crt"), s.data.get("tls.key")) {
-                        run.desired.tls_secrets.push(super::TlsSecret {
+                        run.desired.tls_secrets.push(TlsSecret {
                             namespace: s.namespace.clone(),
                             name: s.name.clone(),
                             cert_chain_pem: crt.expose().to_string(),

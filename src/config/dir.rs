@@ -11,8 +11,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span, warn};
 
+use super::build::Builder;
 use super::state::ConfigState;
-use super::{Builder, ConfigError, Desired};
+use super::types::{ConfigError, Desired};
 
 /// Wait this long after a change for the rest of a burst (editors write,
 /// rename and chmod in quick succession).

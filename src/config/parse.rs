@@ -10,8 +10,8 @@ use serde_json::{Map, Value};
 use serde_saphyr::MessageFormatter;
 use tracing::{debug, warn};
 
-use super::ConfigError;
 use super::model::{Document, IngressDoc, McpBridgeDoc, RawEntry, SecretDoc};
+use super::types::ConfigError;
 
 pub(crate) const MCPBRIDGE_API_VERSION: &str = "networking.higress.io/v1";
 const SECRET_API_VERSION: &str = "v1";

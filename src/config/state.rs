@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use super::build::Builder;
 use super::model::Document;
-use super::{ConfigError, Desired, FileStatus, parse_documents};
+use super::parse::parse_documents;
+use super::types::{ConfigError, Desired, FileStatus};
 
 /// Files by name (built in name order), each with its last good documents,
 /// plus the [`Builder`] that remembers last good registries.

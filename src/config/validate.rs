@@ -14,8 +14,8 @@ use meshbridge_registries::{RegistryKind, RegistrySpec, clip};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use super::ProxySpec;
 use super::model::{PROXY_FIELDS, ProxyConfig, REGISTRY_FIELDS, REGISTRY_IGNORED_FIELDS, RegistryConfig};
+use super::types::ProxySpec;
 
 /// Refresh intervals below this are raised to it: Higress's floor
 /// (`DefaultRefreshIntervalLimit`, 10 s, for Nacos and Consul). Its console

@@ -1,0 +1,120 @@
+//! What the config sources produce ([`Desired`] and its parts) and how
+//! they fail ([`ConfigError`]): the leaf every part of `config` uses.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshbridge_registries::{RegistrySpec, Secret};
+
+use super::model::IngressDoc;
+
+/// Everything the config sources say we should be doing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Desired {
+    /// Validated, secrets resolved, sorted by (kind, name).
+    pub registries: Vec<RegistrySpec>,
+    /// Validated, sorted by name. Names are unique across all McpBridges.
+    pub proxies: Vec<ProxySpec>,
+    /// As written, sorted by (namespace, name).
+    pub ingresses: Vec<IngressDoc>,
+    /// Secrets holding `tls.crt` and `tls.key`, sorted by (namespace, name):
+    /// certificates for the standalone gateway's HTTPS listener.
+    pub tls_secrets: Vec<TlsSecret>,
+    /// Every current problem, human-readable, for logs and `/debug`.
+    pub errors: Vec<String>,
+    /// Each file of a file-based source and whether it is in force
+    /// (`/v1/config`); empty for other sources.
+    pub files: Vec<FileStatus>,
+}
+
+/// One config file as `/v1/config` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileStatus {
+    pub name: String,
+    /// `loaded`, `lastGoodKept` (the current text is broken; the last good
+    /// version stays in force) or `ignored` (broken, nothing good before).
+    pub state: &'static str,
+    /// Why the current version is not in force.
+    pub error: Option<String>,
+}
+
+/// A certificate from a `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`),
+/// named by Gateway servers' `credentialName`. Its `Debug` never shows the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TlsSecret {
+    pub namespace: String,
+    pub name: String,
+    pub cert_chain_pem: String,
+    pub private_key_pem: Secret,
+}
+
+impl fmt::Debug for TlsSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsSecret")
+            .field("namespace", &self.namespace)
+            .field("name", &self.name)
+            .field("cert_chain_pem", &format_args!("<{} bytes>", self.cert_chain_pem.len()))
+            .field("private_key_pem", &self.private_key_pem)
+            .finish()
+    }
+}
+
+/// A validated `McpBridge.spec.proxies[]` entry: an HTTP CONNECT proxy that
+/// registries with a matching `proxyName` are reached through.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxySpec {
+    pub name: String,
+    pub server_address: String,
+    pub server_port: u16,
+    /// `None` when the entry leaves it 0: translation then picks one from
+    /// 50001–50999 ([`crate::translate::proxy::listener_ports`]). Two proxies
+    /// with the same port are an error here.
+    pub listener_port: Option<u16>,
+    /// `None` when unset; Higress then uses [`DEFAULT_PROXY_CONNECT_TIMEOUT`].
+    pub connect_timeout: Option<Duration>,
+}
+
+/// Higress's connect timeout for a proxy without `connectTimeout`.
+pub const DEFAULT_PROXY_CONNECT_TIMEOUT: Duration = Duration::from_millis(1200);
+
+/// Errors of config sources. Problems inside a document that parsed (a bad
+/// registry, a missing Secret) are not errors of this type: they are listed
+/// in [`Desired::errors`].
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ConfigError {
+    /// The file is not valid YAML. `document` (1-based) and `line` are given
+    /// when the parser knows where it stopped.
+    #[error("{file}{}: {reason}", location(*document, *line))]
+    Yaml { file: String, document: Option<usize>, line: Option<u64>, reason: String },
+    /// A YAML document is not an object we can use: not a mapping, no `kind`
+    /// or `metadata.name`, a `spec` of the wrong shape, or Secret data that
+    /// does not decode. The reason names the field, never a Secret value.
+    #[error("{file}{}: {reason}", location(Some(*document), *line))]
+    Document {
+        file: String,
+        /// 1-based index among the file's non-empty documents.
+        document: usize,
+        /// First line of the document, when known.
+        line: Option<u64>,
+        reason: String,
+    },
+    /// A file or directory could not be read.
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: Arc<std::io::Error> },
+    /// A config file is bigger than the cap (`MAX_FILE_BYTES`); it is
+    /// not read.
+    #[error("{}: {size} bytes, more than the limit of {max} bytes per config file", path.display())]
+    TooLarge { path: PathBuf, size: u64, max: u64 },
+}
+
+fn location(document: Option<usize>, line: Option<u64>) -> String {
+    match (document, line) {
+        (Some(d), Some(l)) => format!(": document {d}, line {l}"),
+        (Some(d), None) => format!(": document {d}"),
+        (None, Some(l)) => format!(": line {l}"),
+        (None, None) => String::new(),
+    }
+}
