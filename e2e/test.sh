@@ -39,7 +39,7 @@ echo "== cargo deny (licenses, bans, sources; advisories need a database we cann
 echo "== cargo test"
 log="$MESHBRIDGE_CACHE/last-test.log"
 set +e
-cargo test --workspace --locked --lib --bins --tests -- --nocapture 2>&1 | tee "$log"
+cargo test --workspace --locked --no-fail-fast --lib --bins --tests -- --nocapture 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 echo "== figures"
