@@ -48,21 +48,7 @@ impl Default for LifecycleArgs {
     }
 }
 
-/// `250ms`, `30s`, `5m`, `1h`, or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("{s:?}: expected a duration such as 500ms, 30s, 5m or 1h"))?;
-    let secs = match unit.trim() {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        u => return Err(format!("{s:?}: unknown unit {u:?}; use ms, s, m or h")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
-}
+pub use crate::time::parse_duration;
 
 #[cfg(test)]
 mod tests {

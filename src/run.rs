@@ -22,6 +22,7 @@ use crate::kube::{KubeArgs, KubeSource, SourceOptions};
 use crate::lifecycle::LifecycleArgs;
 use crate::metrics::Metrics;
 use crate::publish::PublishOptions;
+use crate::time::parse_duration;
 use crate::translate::ConfigSet;
 use crate::translate::gateway::GatewayOptions;
 use crate::translate::ingress::IngressOptions;
@@ -153,20 +154,6 @@ impl RunArgs {
     }
 }
 
-/// `250ms`, `10s` or `2m`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().map_err(|_| format!("{s:?}: expected a number with a unit (ms, s, m)"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("{s:?}: unit must be ms, s or m")),
-    }
-}
-
 /// Admin API options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AdminArgs {
@@ -181,7 +168,7 @@ pub struct AdminArgs {
     #[arg(long, env = "MESHBRIDGE_ADMIN_TOKEN_FILE", conflicts_with = "admin_token")]
     pub admin_token_file: Option<PathBuf>,
     /// Time a client has to send a complete request head.
-    #[arg(long, env = "MESHBRIDGE_ADMIN_HEADER_TIMEOUT", default_value = "10s", value_parser = crate::xds::limits::parse_duration)]
+    #[arg(long, env = "MESHBRIDGE_ADMIN_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub admin_header_timeout: std::time::Duration,
     /// Admin connections open at once; more are closed on accept.
     #[arg(long, env = "MESHBRIDGE_ADMIN_MAX_CONNECTIONS", default_value_t = 128)]

@@ -1,6 +1,6 @@
 //! RFC 3339 timestamps (UTC, milliseconds) for the admin API's JSON.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serializer;
 
@@ -39,6 +39,22 @@ pub fn opt_rfc3339<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok,
         Some(t) => s.serialize_str(&rfc3339(*t)),
         None => s.serialize_none(),
     }
+}
+
+/// `250ms`, `30s`, `5m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("{s:?}: expected a duration such as 500ms, 30s, 5m or 1h"))?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        u => return Err(format!("{s:?}: unknown unit {u:?}; use ms, s, m or h")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
 }
 
 #[cfg(test)]

@@ -34,18 +34,7 @@ pub const MAX_RESOURCE_NAME_BYTES: usize = 1024;
 /// Distinct type URLs one stream may ask for.
 pub const MAX_TYPES_PER_STREAM: usize = 64;
 
-/// `30s`, `5m`, `250ms`, `1h`, or seconds without a unit.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.trim().split_at(s.trim().find(|c: char| !c.is_ascii_digit()).unwrap_or(s.trim().len()));
-    let n: u64 = num.parse().map_err(|_| format!("{s:?}: expected a number and a unit (ms, s, m, h)"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" | "" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "h" => Ok(Duration::from_secs(n * 3600)),
-        _ => Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
-    }
-}
+pub use crate::time::parse_duration;
 
 /// xDS server limits (`meshbridge run` flags). Durations take `ms`, `s`,
 /// `m` or `h`; `0` turns a timeout off.
