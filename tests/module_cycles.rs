@@ -1,4 +1,5 @@
-//! No import cycle between the files of `src/` and `registries/src/`.
+//! No import cycle between the files of `src/` and `registries/src/`, and
+//! no stringly-typed error in translation.
 //!
 //! The check reads every non-test source file, collects the paths it uses
 //! (`crate::…`, `super::…`, `self::…`, and paths through its own child
@@ -363,4 +364,62 @@ fn the_checker_sees_use_trees_reexports_and_cycles() {
     assert_eq!(krate.resolve(&m("a/b"), "super::Other", 0), Some(m("a")));
     let edges = [(m("a"), [m("c")].into()), (m("c"), [m("a")].into()), (m("a/b"), BTreeSet::new())].into();
     assert_eq!(cycles(&edges), vec![vec![m("a"), m("c")]]);
+}
+
+/// The last type argument of each `Result<…>` in `code`, as written.
+fn result_errors(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices("Result<") {
+        let args = &code[at + "Result<".len()..];
+        let (mut depth, mut last_comma, mut end) = (0usize, None, None);
+        for (i, c) in args.char_indices() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' | ')' | ']' if depth == 0 => {
+                    end = Some(i);
+                    break;
+                }
+                '>' | ')' | ']' => depth -= 1,
+                ',' if depth == 0 => last_comma = Some(i),
+                _ => {}
+            }
+        }
+        if let (Some(comma), Some(end)) = (last_comma, end) {
+            out.push(args[comma + 1..end].split_whitespace().collect::<Vec<_>>().join(" "));
+        }
+    }
+    out
+}
+
+/// Translation reports why with typed errors (thiserror enums), not strings:
+/// callers match on them, and their text is written in one place.
+#[test]
+fn translation_errors_are_typed() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let krate = load(&workspace.join("src"));
+    let mut stringly = Vec::new();
+    for (module, code) in &krate.code {
+        if module.first().map(String::as_str) != Some("translate") {
+            continue;
+        }
+        for err in result_errors(code) {
+            if matches!(err.as_str(), "String" | "&str" | "&'static str" | "Box<dyn std::error::Error>") {
+                stringly.push(format!("{}: Result<_, {err}>", krate.files[module].display()));
+            }
+        }
+    }
+    assert!(
+        krate.code.keys().filter(|m| m.first().map(String::as_str) == Some("translate")).count() > 10,
+        "translate files not read"
+    );
+    assert!(stringly.is_empty(), "untyped errors in translate:\n{}", stringly.join("\n"));
+}
+
+#[test]
+fn the_error_scan_finds_the_error_type() {
+    assert_eq!(
+        result_errors("fn f() -> Result<BTreeMap<String, String>, String> {} fn g(x: Result<(A, B), E<C, D>>)"),
+        ["String", "E<C, D>"]
+    );
+    assert_eq!(result_errors("fn f() -> io::Result<u8>"), Vec::<String>::new());
 }

@@ -23,7 +23,7 @@ use tracing::{debug, info, warn};
 use super::FIELD_MANAGER;
 use super::watch::{Observed, ObservedBridge, mcpbridge_resource};
 use crate::config::ProxySpec;
-use crate::translate::proxy::listener_ports;
+use crate::translate::proxy::{PortError, listener_ports};
 
 /// Retry failed patches this often even when nothing changes.
 const RETRY: Duration = Duration::from_secs(10);
@@ -105,7 +105,7 @@ pub(crate) fn pins(observed: &Observed, reserved: &BTreeSet<u16>) -> Vec<(Observ
         return Vec::new();
     }
     // Assigned among all proxies, exactly as translation assigns them.
-    let assigned: BTreeMap<String, Result<u16, String>> = listener_ports(&observed.desired.proxies, reserved);
+    let assigned: BTreeMap<String, Result<u16, PortError>> = listener_ports(&observed.desired.proxies, reserved);
     let mut declared: HashMap<&str, usize> = HashMap::new();
     for bridge in &observed.bridges {
         for entry in &bridge.proxies {

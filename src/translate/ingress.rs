@@ -64,6 +64,34 @@ pub const DEFAULT_INGRESS_CLASS: &str = "higress";
 const HTTP_PORT: u32 = 80;
 const HTTPS_PORT: u32 = 443;
 
+/// Why an Ingress backend cannot be routed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// `service.name` is not a DNS-1123 label (shown clipped).
+    #[error("backend service name {0:?} is not a valid Service name")]
+    ServiceName(String),
+    /// `service.port.number` outside 1–65535.
+    #[error("backend service port {0} is not from 1 to 65535")]
+    PortRange(i64),
+    /// Neither `service.port.number` nor `service.port.name`.
+    #[error("backend service {0} has no port")]
+    NoPort(String),
+    /// Neither `service` nor `resource`.
+    #[error("backend has neither service nor resource")]
+    Empty,
+    /// A `resource` backend other than the McpBridge named `default`.
+    #[error(
+        "backend resource {group}/{kind} {name:?} is not supported (only networking.higress.io/McpBridge \"default\")"
+    )]
+    Resource { group: String, kind: String, name: String },
+    /// An McpBridge backend without `higress.io/destination`.
+    #[error("an McpBridge backend needs annotation {DESTINATION}")]
+    NoDestination,
+    /// `higress.io/destination` does not parse.
+    #[error("annotation {DESTINATION}: {0}")]
+    Destination(DestinationError),
+}
+
 /// What the translation needs besides the Ingresses.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct IngressOptions {
@@ -351,11 +379,11 @@ impl Translator<'_> {
         };
         let route = match self.destinations(ing, &p.backend) {
             Ok(route) => route,
-            Err(why) => return self.warnings.push(left_out(why)),
+            Err(why) => return self.warnings.push(left_out(why.to_string())),
         };
         let rewrite = match &ing.ann.rewrite {
             Ok(r) => r.as_ref(),
-            Err(why) => return self.warnings.push(left_out(why.clone())),
+            Err(why) => return self.warnings.push(left_out(why.to_string())),
         };
         let key = (kind, origin.to_owned());
         let routes = self.hosts.entry(host.to_owned()).or_default();
@@ -431,14 +459,14 @@ impl Translator<'_> {
     }
 
     /// Where a backend sends traffic, or why it cannot be routed.
-    fn destinations(&mut self, ing: &Parsed, backend: &Backend) -> Result<Vec<RouteDestination>, String> {
+    fn destinations(&mut self, ing: &Parsed, backend: &Backend) -> Result<Vec<RouteDestination>, BackendError> {
         if let Some(svc) = &backend.service {
             if !annotations::valid_dns_label(&svc.name) {
-                return Err(format!("backend service name {:?} is not a valid Service name", clip(&svc.name)));
+                return Err(BackendError::ServiceName(clip(&svc.name).to_string()));
             }
             let port = match (svc.port.number, svc.port.name.as_deref().filter(|n| !n.is_empty())) {
                 (Some(n @ 1..=65535), _) => Some(PortSelector { number: n as u32 }),
-                (Some(n), _) => return Err(format!("backend service port {n} is not from 1 to 65535")),
+                (Some(n), _) => return Err(BackendError::PortRange(n)),
                 (None, Some(name)) => {
                     self.warnings.push(Warning::new(
                         format!("Ingress {}", ing.id),
@@ -451,25 +479,24 @@ impl Translator<'_> {
                     ));
                     None
                 }
-                (None, None) => return Err(format!("backend service {} has no port", svc.name)),
+                (None, None) => return Err(BackendError::NoPort(svc.name.clone())),
             };
             let host = format!("{}.{}.svc.cluster.local", svc.name, ing.namespace);
             return Ok(vec![RouteDestination { destination: Destination { host, subset: None, port }, weight: None }]);
         }
         let Some(resource) = &backend.resource else {
-            return Err("backend has neither service nor resource".into());
+            return Err(BackendError::Empty);
         };
         if !resource.is_mcp_bridge() {
-            return Err(format!(
-                "backend resource {}/{} {:?} is not supported (only networking.higress.io/McpBridge \"default\")",
-                resource.api_group.as_deref().unwrap_or(""),
-                resource.kind,
-                resource.name
-            ));
+            return Err(BackendError::Resource {
+                group: resource.api_group.clone().unwrap_or_default(),
+                kind: resource.kind.clone(),
+                name: resource.name.clone(),
+            });
         }
         let list = match &ing.ann.destination {
-            None => return Err(format!("an McpBridge backend needs annotation {DESTINATION}")),
-            Some(Err(e)) => return Err(format!("annotation {DESTINATION}: {e}")),
+            None => return Err(BackendError::NoDestination),
+            Some(Err(e)) => return Err(BackendError::Destination(e.clone())),
             Some(Ok(list)) => list,
         };
         let single = list.len() == 1;

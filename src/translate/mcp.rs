@@ -74,7 +74,7 @@ pub fn resource(obj: &IstioObject, created: i64) -> Result<Resource, Warning> {
             format!("{reason}; left out of MCP"),
         )
     };
-    validate_meta(obj).map_err(reject)?;
+    validate_meta(obj).map_err(|e| reject(e.to_string()))?;
     let message = format!("{}.{}", meshbridge_proto::NETWORKING_PACKAGE, obj.kind());
     let spec = meshbridge_proto::encode_json(&message, &obj.spec.to_json()).map_err(|e| reject(e.to_string()))?;
     // The version covers everything Pilot sees except the version itself and
@@ -108,23 +108,36 @@ pub fn resource(obj: &IstioObject, created: i64) -> Result<Resource, Warning> {
 
 /// Kubernetes rules Pilot relies on but never reports: a DNS-1123 name and
 /// namespace, and valid label keys and values.
-fn validate_meta(obj: &IstioObject) -> Result<(), String> {
+fn validate_meta(obj: &IstioObject) -> Result<(), InvalidMeta> {
     let m = &obj.metadata;
     if !is_dns1123_subdomain(&m.name) {
-        return Err(format!("metadata.name {:?} is not a valid Kubernetes name", m.name));
+        return Err(InvalidMeta::Name(m.name.clone()));
     }
     if !is_dns1123_label(&m.namespace) {
-        return Err(format!("metadata.namespace {:?} is not a valid Kubernetes namespace", m.namespace));
+        return Err(InvalidMeta::Namespace(m.namespace.clone()));
     }
     for (k, v) in &m.labels {
         if !is_label_key(k) {
-            return Err(format!("metadata.labels: key {k:?} is not a valid label key"));
+            return Err(InvalidMeta::LabelKey(k.clone()));
         }
         if !is_label_value(v) {
-            return Err(format!("metadata.labels[{k}]: value {v:?} is not a valid label value"));
+            return Err(InvalidMeta::LabelValue { key: k.clone(), value: v.clone() });
         }
     }
     Ok(())
+}
+
+/// Object metadata Pilot would take but Kubernetes rules forbid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum InvalidMeta {
+    #[error("metadata.name {0:?} is not a valid Kubernetes name")]
+    Name(String),
+    #[error("metadata.namespace {0:?} is not a valid Kubernetes namespace")]
+    Namespace(String),
+    #[error("metadata.labels: key {0:?} is not a valid label key")]
+    LabelKey(String),
+    #[error("metadata.labels[{key}]: value {value:?} is not a valid label value")]
+    LabelValue { key: String, value: String },
 }
 
 #[cfg(test)]

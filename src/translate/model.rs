@@ -79,17 +79,28 @@ impl Spec {
     }
 
     /// Read a spec of `kind` from its JSON form (tests and fixtures).
-    pub fn from_json(kind: &str, spec: serde_json::Value) -> Result<Spec, String> {
-        let e = |e: serde_json::Error| format!("{kind}: {e}");
+    pub fn from_json(kind: &str, spec: serde_json::Value) -> Result<Spec, SpecError> {
+        let e = |source: serde_json::Error| SpecError::Invalid { kind: kind.to_string(), source };
         Ok(match kind {
             "ServiceEntry" => Spec::ServiceEntry(serde_json::from_value(spec).map_err(e)?),
             "DestinationRule" => Spec::DestinationRule(serde_json::from_value(spec).map_err(e)?),
             "Gateway" => Spec::Gateway(serde_json::from_value(spec).map_err(e)?),
             "VirtualService" => Spec::VirtualService(serde_json::from_value(spec).map_err(e)?),
             "EnvoyFilter" => Spec::EnvoyFilter(serde_json::from_value(spec).map_err(e)?),
-            other => return Err(format!("unknown kind {other:?}")),
+            other => return Err(SpecError::UnknownKind(other.to_string())),
         })
     }
+}
+
+/// Why [`Spec::from_json`] could not read a spec.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// Not one of the five kinds the model has.
+    #[error("unknown kind {0:?}")]
+    UnknownKind(String),
+    /// The JSON does not have the shape of that kind's spec.
+    #[error("{kind}: {source}")]
+    Invalid { kind: String, source: serde_json::Error },
 }
 
 impl IstioObject {

@@ -129,20 +129,35 @@ fn usable(specs: &[ProxySpec], reserved: &BTreeSet<u16>, warnings: &mut Vec<Warn
     out
 }
 
+/// A proxy `serverAddress` that is neither an IP address nor a DNS name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an IP address or DNS name")]
+pub struct BadAddress(String);
+
+/// Why a proxy gets no listener port.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    /// Its `listenerPort` is one the gateway listens on itself.
+    #[error("{0} is a gateway listener port")]
+    Reserved(u16),
+    /// Its `listenerPort` is taken by a proxy earlier by name.
+    #[error("{port} already used by proxy {owner:?}")]
+    Taken { port: u16, owner: String },
+    /// No `listenerPort`, and the whole automatic range is taken.
+    #[error("unset, and no port in {first}..={last} is free")]
+    RangeFull { first: u16, last: u16 },
+}
+
 /// Config validation checks this too; translation must not trust that a
 /// spec came through it.
-fn check_address(address: &str) -> Result<(), String> {
+fn check_address(address: &str) -> Result<(), BadAddress> {
     let is_name = !address.is_empty()
         && address.len() <= 253
         && address
             .split('.')
             .all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
         && !address.split('.').all(|l| l.bytes().all(|b| b.is_ascii_digit()));
-    if address.parse::<IpAddr>().is_ok() || is_name {
-        Ok(())
-    } else {
-        Err(format!("{address:?} is not an IP address or DNS name"))
-    }
+    if address.parse::<IpAddr>().is_ok() || is_name { Ok(()) } else { Err(BadAddress(address.to_string())) }
 }
 
 /// Each proxy's listener port, by proxy name: its own `listenerPort`, else
@@ -155,7 +170,7 @@ fn check_address(address: &str) -> Result<(), String> {
 /// instead writes the first free port back into the McpBridge; we cannot
 /// write to the config source, and a hash keeps one proxy's port from moving
 /// when another proxy is added or removed (unless they collide).
-pub fn listener_ports(specs: &[ProxySpec], reserved: &BTreeSet<u16>) -> BTreeMap<String, Result<u16, String>> {
+pub fn listener_ports(specs: &[ProxySpec], reserved: &BTreeSet<u16>) -> BTreeMap<String, Result<u16, PortError>> {
     let mut sorted: Vec<&ProxySpec> = specs.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     let mut out = BTreeMap::new();
@@ -163,9 +178,9 @@ pub fn listener_ports(specs: &[ProxySpec], reserved: &BTreeSet<u16>) -> BTreeMap
     for spec in sorted.iter().filter(|s| s.listener_port.is_some()) {
         let Some(port) = spec.listener_port else { continue };
         let result = if reserved.contains(&port) {
-            Err(format!("{port} is a gateway listener port"))
+            Err(PortError::Reserved(port))
         } else if let Some(owner) = taken.get(&port) {
-            Err(format!("{port} already used by proxy {owner:?}"))
+            Err(PortError::Taken { port, owner: owner.to_string() })
         } else {
             taken.insert(port, &spec.name);
             Ok(port)
@@ -184,7 +199,7 @@ pub fn listener_ports(specs: &[ProxySpec], reserved: &BTreeSet<u16>) -> BTreeMap
                 taken.insert(port, &spec.name);
                 Ok(port)
             }
-            None => Err(format!("unset, and no port in {first}..={last} is free")),
+            None => Err(PortError::RangeFull { first, last }),
         };
         out.insert(spec.name.clone(), result);
     }

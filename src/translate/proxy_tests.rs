@@ -27,7 +27,7 @@ fn spec(name: &str, address: &str, listener_port: Option<u16>) -> ProxySpec {
     }
 }
 
-fn ports(specs: &[ProxySpec], reserved: &[u16]) -> BTreeMap<String, Result<u16, String>> {
+fn ports(specs: &[ProxySpec], reserved: &[u16]) -> BTreeMap<String, Result<u16, PortError>> {
     listener_ports(specs, &reserved.iter().copied().collect())
 }
 
@@ -66,14 +66,20 @@ fn listener_port_errors_name_the_port_and_the_owner() {
         [spec("a", "10.0.0.1", Some(50001)), spec("b", "10.0.0.2", Some(50001)), spec("gw", "10.0.0.3", Some(80))];
     let got = ports(&specs, &[80]);
     assert_eq!(got["a"], Ok(50001));
-    assert_eq!(got["b"], Err("50001 already used by proxy \"a\"".into()));
-    assert_eq!(got["gw"], Err("80 is a gateway listener port".into()));
+    assert_eq!(got["b"], Err(PortError::Taken { port: 50001, owner: "a".into() }));
+    assert_eq!(got["b"].clone().unwrap_err().to_string(), "50001 already used by proxy \"a\"");
+    assert_eq!(got["gw"], Err(PortError::Reserved(80)));
+    assert_eq!(got["gw"].clone().unwrap_err().to_string(), "80 is a gateway listener port");
 
     // Every port of the range taken: the unpinned proxy gets none.
     let reserved: Vec<u16> = LISTENER_PORTS.collect();
     assert_eq!(
         ports(&[spec("late", "10.0.0.1", None)], &reserved)["late"],
-        Err("unset, and no port in 50001..=50999 is free".into())
+        Err(PortError::RangeFull { first: 50001, last: 50999 })
+    );
+    assert_eq!(
+        PortError::RangeFull { first: 50001, last: 50999 }.to_string(),
+        "unset, and no port in 50001..=50999 is free"
     );
 }
 

@@ -22,6 +22,30 @@ use crate::translate::model::{Destination, DestinationRuleSpec};
 /// Host → registry service: how the gateway sees the registries.
 pub type ServiceLookup<'a> = dyn Fn(&str) -> Option<Arc<Service>> + 'a;
 
+/// Why a route destination has no cluster the standalone Envoy will have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoCluster {
+    /// The host is not a service of any registry.
+    #[error("host {host} has no cluster in the standalone gateway (not a registry service)")]
+    NotRegistryService { host: String },
+    /// The destination names a port the service does not have.
+    #[error("host {host} has no port {port}")]
+    NoSuchPort { host: String, port: u32 },
+    /// No port given, and the service has several (or none) to choose from.
+    #[error("host {host}: no port given and the service has {ports} ports")]
+    AmbiguousPort { host: String, ports: usize },
+    /// DestinationRules exist for the host, but none defines the subset.
+    #[error("subset {subset:?} of host {host} is not defined by its DestinationRules")]
+    UndefinedSubset { host: String, subset: String },
+    /// The destination names a subset, and no DestinationRule is for the host.
+    #[error("subset {subset:?}: no DestinationRule for host {host}")]
+    NoDestinationRule { host: String, subset: String },
+    /// The service's own cluster could not be read back to derive a subset
+    /// cluster from it (a bug, not bad input).
+    #[error("cluster {base} could not be decoded to derive {name}")]
+    Undecodable { base: String, name: String },
+}
+
 pub struct Clusters<'a> {
     services: &'a ServiceLookup<'a>,
     rules: &'a [Named<'a, DestinationRuleSpec>],
@@ -37,20 +61,20 @@ impl<'a> Clusters<'a> {
     }
 
     /// The cluster a destination goes to, or why there is none.
-    pub fn resolve(&mut self, dest: &Destination) -> Result<String, String> {
+    pub fn resolve(&mut self, dest: &Destination) -> Result<String, NoCluster> {
         let host = dest.host.as_str();
         self.referenced.insert(host.to_string());
         let Some(svc) = (self.services)(host) else {
-            return Err(format!("host {host} has no cluster in the standalone gateway (not a registry service)"));
+            return Err(NoCluster::NotRegistryService { host: host.to_string() });
         };
         let port = match (&dest.port, svc.ports.as_slice()) {
             (Some(p), _) if p.number != 0 => u16::try_from(p.number)
                 .ok()
                 .filter(|n| svc.ports.iter().any(|sp| sp.number == *n))
-                .ok_or_else(|| format!("host {host} has no port {}", p.number))?,
+                .ok_or_else(|| NoCluster::NoSuchPort { host: host.to_string(), port: p.number })?,
             (_, [only]) => only.number,
             (_, ports) => {
-                return Err(format!("host {host}: no port given and the service has {} ports", ports.len()));
+                return Err(NoCluster::AmbiguousPort { host: host.to_string(), ports: ports.len() });
             }
         };
         let Some(subset) = dest.subset.as_deref().filter(|s| !s.is_empty()) else {
@@ -68,7 +92,7 @@ impl<'a> Clusters<'a> {
     /// The labels of `subset` for `host`: the first DestinationRule (by
     /// `namespace/name`) for the host that defines it. The standalone Envoy
     /// is one proxy, so the choice cannot depend on who refers to it.
-    fn subset_labels(&self, host: &str, subset: &str) -> Result<&'a BTreeMap<String, String>, String> {
+    fn subset_labels(&self, host: &str, subset: &str) -> Result<&'a BTreeMap<String, String>, NoCluster> {
         let mut any_rule = false;
         for rule in self.rules.iter().filter(|r| r.spec.host == host) {
             any_rule = true;
@@ -76,10 +100,11 @@ impl<'a> Clusters<'a> {
                 return Ok(&s.labels);
             }
         }
+        let (host, subset) = (host.to_string(), subset.to_string());
         Err(if any_rule {
-            format!("subset {subset:?} of host {host} is not defined by its DestinationRules")
+            NoCluster::UndefinedSubset { host, subset }
         } else {
-            format!("subset {subset:?}: no DestinationRule for host {host}")
+            NoCluster::NoDestinationRule { host, subset }
         })
     }
 
@@ -99,9 +124,9 @@ fn subset_cluster(
     port: u16,
     name: &str,
     labels: &BTreeMap<String, String>,
-) -> Result<(Resource, Resource), String> {
+) -> Result<(Resource, Resource), NoCluster> {
     let base = envoy::cluster_name(port, "", &svc.host);
-    let broken = || format!("cluster {base} could not be decoded to derive {name}");
+    let broken = || NoCluster::Undecodable { base: base.clone(), name: name.to_string() };
     let mut cluster = envoy::clusters(svc)
         .into_iter()
         .find(|r| *r.name == *base)

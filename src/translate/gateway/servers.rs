@@ -143,7 +143,8 @@ fn classify<'a>(
             if t.credential_name.is_empty() {
                 return Err(unservable("tls.credentialName is empty (certificate files are not supported)".into()));
             }
-            let secret = find_tls(&t.credential_name, gw.namespace, tls).map_err(|e| (Reason::MissingSecret, e))?;
+            let secret =
+                find_tls(&t.credential_name, gw.namespace, tls).map_err(|e| (Reason::MissingSecret, e.to_string()))?;
             if !is_pem(&secret.cert_chain_pem) || !is_pem(secret.private_key_pem.expose()) {
                 return Err((
                     Reason::MissingSecret,
@@ -165,6 +166,17 @@ fn is_pem(s: &str) -> bool {
     s.contains("-----BEGIN ")
 }
 
+/// Why a Gateway server's `tls.credentialName` names no usable Secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialError {
+    /// No `kubernetes.io/tls` Secret has that name (in that namespace).
+    #[error("credentialName {credential:?}: no such kubernetes.io/tls secret")]
+    NotFound { credential: String },
+    /// Not in the Gateway's namespace, and several other namespaces have it.
+    #[error("credentialName {credential:?}: not in namespace {namespace:?} and ambiguous elsewhere")]
+    Ambiguous { credential: String, namespace: String },
+}
+
 /// Resolve a `credentialName`: `namespace/name`, or `name` in the Gateway's
 /// namespace, else the only Secret of that name anywhere. Higress's
 /// `kubernetes-ingress://{cluster}/{namespace}/{name}` and Istio's
@@ -173,8 +185,8 @@ pub fn find_tls<'a>(
     credential: &str,
     gateway_namespace: &str,
     tls: &'a [GatewayTls],
-) -> Result<&'a GatewayTls, String> {
-    let not_found = || format!("credentialName {credential:?}: no such kubernetes.io/tls secret");
+) -> Result<&'a GatewayTls, CredentialError> {
+    let not_found = || CredentialError::NotFound { credential: credential.to_string() };
     let reference = if let Some(rest) = credential.strip_prefix("kubernetes-ingress://") {
         // {cluster}/{namespace}/{name}
         rest.split_once('/').map(|(_, ns_name)| ns_name).ok_or_else(not_found)?
@@ -193,9 +205,10 @@ pub fn find_tls<'a>(
     match (anywhere.next(), anywhere.next()) {
         (Some(t), None) => Ok(t),
         (None, _) => Err(not_found()),
-        (Some(_), Some(_)) => Err(format!(
-            "credentialName {credential:?}: not in namespace {gateway_namespace:?} and ambiguous elsewhere"
-        )),
+        (Some(_), Some(_)) => Err(CredentialError::Ambiguous {
+            credential: credential.to_string(),
+            namespace: gateway_namespace.to_string(),
+        }),
     }
 }
 

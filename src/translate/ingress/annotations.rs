@@ -24,7 +24,7 @@ pub struct IngressAnnotations {
     pub destination: Option<Result<Vec<McpDestination>, DestinationError>>,
     /// The rewrite for this Ingress's paths; `Err` names an annotation we
     /// cannot honour, so its paths are left out rather than routed unrewritten.
-    pub rewrite: Result<Option<RewriteRule>, String>,
+    pub rewrite: Result<Option<RewriteRule>, RewriteError>,
     pub ignore_path_case: bool,
     /// `higress.io/*` and `nginx.ingress.kubernetes.io/*` keys not understood.
     pub ignored: u64,
@@ -50,6 +50,15 @@ pub struct McpDestination {
     pub host: String,
     pub port: Option<u16>,
     pub subset: Option<String>,
+}
+
+/// A rewrite annotation that cannot be honoured.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RewriteError {
+    /// `rewrite-target` with `$n` or `\n` references: they need regex path
+    /// matching (`use-regex`), which is not supported. `target` is clipped.
+    #[error("annotation {key}: capture groups ({target:?}) need regex path matching, which is not supported")]
+    CaptureGroups { key: String, target: String },
 }
 
 /// Why a `higress.io/destination` value was rejected. `line` is 1-based and
@@ -109,10 +118,9 @@ impl IngressAnnotations {
         // Higress prefers rewrite-path when both are set.
         out.rewrite = match (rewrite_path, rewrite_target) {
             (Some((_, path)), _) => Ok(Some(RewriteRule::Path(path))),
-            (None, Some((key, target))) if target.contains(['$', '\\']) => Err(format!(
-                "annotation {key}: capture groups ({:?}) need regex path matching, which is not supported",
-                clip(&target)
-            )),
+            (None, Some((key, target))) if target.contains(['$', '\\']) => {
+                Err(RewriteError::CaptureGroups { key, target: clip(&target).to_string() })
+            }
             (None, Some((_, target))) => Ok(Some(RewriteRule::Target(target))),
             (None, None) => Ok(None),
         };

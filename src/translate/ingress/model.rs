@@ -124,12 +124,24 @@ impl ResourceBackend {
     }
 }
 
+/// An Ingress object that does not have the shape of one.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{source}", field_prefix(.path))]
+pub struct InvalidIngress {
+    /// The field that does not fit (`.` for the object itself).
+    pub path: String,
+    source: serde_json::Error,
+}
+
+fn field_prefix(path: &str) -> String {
+    if path == "." { String::new() } else { format!("{path}: ") }
+}
+
 /// Read an Ingress object; the error names the field that does not fit.
-pub fn parse(object: &Value) -> Result<Ingress, String> {
+pub fn parse(object: &Value) -> Result<Ingress, InvalidIngress> {
     serde_path_to_error::deserialize(object).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path == "." { inner.to_string() } else { format!("{path}: {inner}") }
+        InvalidIngress { path, source: e.into_inner() }
     })
 }
 
