@@ -64,6 +64,7 @@ use self::tree::{Naming, ServiceKey, Touch, Tree};
 use crate::health::Health;
 use crate::model::Service;
 use crate::retry::Backoff;
+use crate::select::{Selection, Selector};
 use crate::spec::RegistrySpec;
 use crate::watcher::{RegistryError, Sink, Update, Watcher};
 
@@ -81,6 +82,7 @@ pub struct ZookeeperWatcher {
     connect: String,
     resync: Duration,
     stats: Arc<ZookeeperStats>,
+    selector: Selector,
 }
 
 /// Counters a running watcher keeps; get them with
@@ -109,7 +111,25 @@ impl ZookeeperWatcher {
     pub fn new(spec: RegistrySpec) -> Result<ZookeeperWatcher, RegistryError> {
         let tree = Tree::new(&spec.name, &spec.zk_services_path)?;
         let connect = connect_string(&spec)?;
-        Ok(ZookeeperWatcher { spec, tree, connect, resync: DEFAULT_RESYNC, stats: Arc::default() })
+        Ok(ZookeeperWatcher {
+            spec,
+            tree,
+            connect,
+            resync: DEFAULT_RESYNC,
+            stats: Arc::default(),
+            selector: Selector::all(),
+        })
+    }
+
+    /// Read only the services `selector` selects. The one recursive watch
+    /// per root stays; events for services not selected are dropped before
+    /// any read. A Dubbo interface's hosts name its providers' versions and
+    /// groups, so an interface is read when some referenced host is one of
+    /// its (or an `include` pattern is set), and only selected hosts of it
+    /// are served.
+    pub fn with_selector(mut self, selector: Selector) -> ZookeeperWatcher {
+        self.selector = selector;
+        self
     }
 
     /// Run a full sync this often (at least 100 ms); tests use a short one.
@@ -160,10 +180,12 @@ struct Ctx {
 }
 
 impl ZookeeperWatcher {
-    async fn run_inner(self, sink: Arc<dyn Sink>) {
+    async fn run_inner(mut self, sink: Arc<dyn Sink>) {
         let roots: Vec<&str> = self.tree.roots().iter().map(|r| r.path.as_str()).collect();
-        info!(endpoint = %self.connect, ?roots, resync = ?self.resync, "starting");
+        let selective = !self.selector.is_all();
+        info!(endpoint = %self.connect, ?roots, resync = ?self.resync, selective, "starting");
         let mut view = View {
+            selection: self.selector.current(),
             sink: sink.clone(),
             naming: Naming::new(&self.spec),
             stats: self.stats,
@@ -187,7 +209,7 @@ impl ZookeeperWatcher {
                 }
             };
             info!(session = %client.session_id(), timeout = ?client.session_timeout(), "session established");
-            let (end, synced) = run_session(&ctx, &mut view, &client).await;
+            let (end, synced) = run_session(&ctx, &mut view, &client, &mut self.selector).await;
             let reason = format!("session ended ({end:?}), starting a new one");
             ctx.health.fail(&RegistryError::Unreachable { registry: ctx.registry.clone(), reason });
             if synced {
@@ -211,7 +233,12 @@ async fn connect(addr: &str, registry: &str) -> Result<zk::Client, RegistryError
 
 /// Serve one session until it ends (expired, closed, auth failed). Returns
 /// the final state and whether any full sync succeeded.
-async fn run_session(ctx: &Ctx, view: &mut View, client: &zk::Client) -> (zk::SessionState, bool) {
+async fn run_session(
+    ctx: &Ctx,
+    view: &mut View,
+    client: &zk::Client,
+    selector: &mut Selector,
+) -> (zk::SessionState, bool) {
     let reader = Reader { client, tree: &ctx.tree, registry: &ctx.registry };
     let mut states = client.state_watcher();
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -239,7 +266,7 @@ async fn run_session(ctx: &Ctx, view: &mut View, client: &zk::Client) -> (zk::Se
                     forwarders.spawn(forward(i, watcher, tx.clone()).in_current_span());
                     watching[i] = true;
                 }
-                reader.read_all().await
+                reader.read_all(|key| may_select(&ctx.tree, &view.selection, key)).await
             }
             .await;
             match result {
@@ -295,6 +322,14 @@ async fn run_session(ctx: &Ctx, view: &mut View, client: &zk::Client) -> (zk::Se
                 while let Ok((root, event)) = rx.try_recv() {
                     dirty.note(&ctx.tree, root, &event);
                 }
+            }
+            () = selector.changed() => {
+                // Re-list and read the selected services: the snapshot drops
+                // the ones no longer selected.
+                view.selection = selector.current();
+                info!("selection changed, resyncing");
+                need_sync = true;
+                retry_at = tokio::time::Instant::now();
             }
             _ = ticker.tick(), if !need_sync => {
                 need_sync = true;
@@ -358,6 +393,7 @@ async fn refresh(reader: &Reader<'_>, view: &mut View, tree: &Tree, dirty: Dirty
         keys.extend(reader.list_root(root).await?);
         keys.extend(view.sent.keys().filter(|k| k.root == root).cloned());
     }
+    keys.retain(|key| may_select(tree, &view.selection, key));
     let mut first_error = None;
     for (key, read) in reader.read_many(keys).await {
         match read {
@@ -370,8 +406,22 @@ async fn refresh(reader: &Reader<'_>, view: &mut View, tree: &Tree, dirty: Dirty
     first_error.map_or(Ok(()), Err)
 }
 
+/// Whether `key` may hold a selected host, known before reading it: a
+/// Spring service has one host, a Dubbo interface one per version and group.
+fn may_select(tree: &Tree, selection: &Selection, key: &ServiceKey) -> bool {
+    if selection.is_all() {
+        return true;
+    }
+    match tree.kind(key) {
+        tree::Kind::Spring => selection.wants(&tree.spring_host(key)),
+        tree::Kind::Dubbo => selection.may_want_prefix(&format!("providers:{}:", key.name)),
+    }
+}
+
 /// What was sent to the sink, per ZooKeeper service and host.
 struct View {
+    /// Which services are read and served.
+    selection: Selection,
     sink: Arc<dyn Sink>,
     naming: Naming,
     stats: Arc<ZookeeperStats>,
@@ -389,7 +439,7 @@ impl View {
             // Listed, then deleted before its read: not there.
             let Read::Present { members, malformed, dropped_labels } = read else { continue };
             self.count(malformed, dropped_labels, &mut seen);
-            sent.insert(key.clone(), self.naming.render(tree, &key, members, self.sent.get(&key)));
+            sent.insert(key.clone(), self.render(tree, &key, members, self.sent.get(&key)));
         }
         self.malformed_seen = seen;
         self.sent = sent;
@@ -412,7 +462,7 @@ impl View {
                 self.count(malformed, dropped_labels, &mut seen);
                 self.malformed_seen = seen;
                 let old = self.sent.get(&key);
-                let new = self.naming.render(tree, &key, members, old);
+                let new = self.render(tree, &key, members, old);
                 for (host, service) in &new {
                     if old.and_then(|o| o.get(host)) != Some(service) {
                         debug!(%host, endpoints = service.endpoints.len(), "service changed");
@@ -422,6 +472,21 @@ impl View {
                 self.sent.insert(key, new);
             }
         }
+    }
+
+    /// The selected hosts of one service.
+    fn render(
+        &self,
+        tree: &Tree,
+        key: &ServiceKey,
+        members: Vec<tree::Member>,
+        last: Option<&BTreeMap<String, Service>>,
+    ) -> BTreeMap<String, Service> {
+        let mut hosts = self.naming.render(tree, key, members, last);
+        if !self.selection.is_all() {
+            hosts.retain(|host, _| self.selection.wants(host));
+        }
+        hosts
     }
 
     fn count(&self, malformed: Vec<(String, String)>, dropped_labels: usize, seen: &mut HashSet<String>) {

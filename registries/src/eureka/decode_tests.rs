@@ -137,7 +137,7 @@ fn hashcode_counts_status_not_overrides_in_treemap_order() {
 }
 
 fn naming(spec: &RegistrySpec, reg: &Registry) -> BTreeMap<String, Service> {
-    Naming::new(spec).services(reg, &BTreeMap::new())
+    Naming::new(spec).services(reg, &BTreeMap::new(), &Selection::all())
 }
 
 fn eps(s: &Service) -> Vec<String> {
@@ -168,7 +168,7 @@ fn only_up_instances_count_and_overrides_win() {
     let pay = &services["pay-api.eureka"];
     assert!(pay.endpoints.is_empty() && pay.ports.is_empty());
     let last = BTreeMap::from([("pay-api.eureka".to_string(), orders.clone())]);
-    let again = Naming::new(&spec()).services(&reg, &last);
+    let again = Naming::new(&spec()).services(&reg, &last, &Selection::all());
     assert_eq!(again["pay-api.eureka"].ports[0].number, 8081, "an empty app keeps its last port");
 }
 

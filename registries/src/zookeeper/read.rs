@@ -52,12 +52,14 @@ impl Reader<'_> {
         watcher.ok_or_else(|| bad(self.registry, "watch", path, "no node"))
     }
 
-    /// Every service under every root, read. Any failure fails the whole.
-    pub async fn read_all(&self) -> Result<Vec<(ServiceKey, Read)>, RegistryError> {
+    /// Every service under every root that `keep` keeps, read. Any failure
+    /// fails the whole.
+    pub async fn read_all(&self, keep: impl Fn(&ServiceKey) -> bool) -> Result<Vec<(ServiceKey, Read)>, RegistryError> {
         let mut keys = Vec::new();
         for root in 0..self.tree.roots().len() {
             keys.extend(self.list_root(root).await?);
         }
+        keys.retain(|key| keep(key));
         self.read_many(keys).await.into_iter().map(|(key, read)| read.map(|r| (key, r))).collect()
     }
 
