@@ -349,6 +349,15 @@ async fn selective_watch_reads_only_referenced_services() {
 
     // Reference another (a Dubbo host of an interface not read before): it
     // appears; no longer referenced Greeter goes.
-    tx.send(hosts(&["s1.services.zookeeper", ORDERS_V2])).unwrap();
+    tx.send(hosts(&["s1.services.zookeeper", ORDERS_V2, "s25.services.zookeeper"])).unwrap();
     rec.until("orders selected", |r| r.hosts() == [ORDERS_V2, "s1.services.zookeeper"]).await;
+    // The newly selected interface is watched from now on.
+    c.add_dubbo_provider("com.example.Orders", "dubbo://127.0.0.5:20883/com.example.Orders?version=2.0.0")
+        .await
+        .unwrap();
+    rec.until("orders provider added", |r| r.endpoints(ORDERS_V2).is_some_and(|e| e.len() == 2)).await;
+    // A referenced service that does not exist yet appears when created
+    // (the root's own watch reports new children).
+    c.put("/services/s25/i-1", &instance("s25", "127.0.0.11", 9025, json!({}))).await.unwrap();
+    rec.until("s25 created", |r| r.endpoints("s25.services.zookeeper").is_some_and(|e| e.len() == 1)).await;
 }

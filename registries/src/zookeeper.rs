@@ -4,7 +4,10 @@
 //!
 //! # Watches: one persistent recursive watch per root
 //!
-//! Each root gets one `addWatch(root, PERSISTENT_RECURSIVE)` (ZooKeeper 3.6+).
+//! Each root gets one `addWatch(root, PERSISTENT_RECURSIVE)` (ZooKeeper 3.6+);
+//! with a selective watch (`meshbridgeWatch`), a root gets a `PERSISTENT`
+//! watch of its own children instead and each selected service a recursive
+//! one (`watches.rs`).
 //! The alternative, a oneshot child watch per root and per service re-armed
 //! after every event (what Higress and Dubbo itself do), was rejected:
 //! - it costs one watch per service and a task to re-arm each; ours costs one
@@ -45,6 +48,7 @@ pub(crate) mod dubbo;
 mod read;
 pub(crate) mod spring;
 mod tree;
+mod watches;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
@@ -55,12 +59,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, info_span, warn};
 use zookeeper_client as zk;
 
 use self::read::{Read, Reader};
 use self::tree::{Naming, ServiceKey, Touch, Tree};
+use self::watches::Watches;
 use crate::health::Health;
 use crate::model::Service;
 use crate::retry::Backoff;
@@ -121,9 +125,9 @@ impl ZookeeperWatcher {
         })
     }
 
-    /// Read only the services `selector` selects. The one recursive watch
-    /// per root stays; events for services not selected are dropped before
-    /// any read. A Dubbo interface's hosts name its providers' versions and
+    /// Read and watch only the services `selector` selects: each root gets a
+    /// watch of its own children, each selected service a recursive watch
+    /// (see `watches.rs`). A Dubbo interface's hosts name its providers' versions and
     /// groups, so an interface is read when some referenced host is one of
     /// its (or an `include` pattern is set), and only selected hosts of it
     /// are served.
@@ -243,8 +247,7 @@ async fn run_session(
     let mut states = client.state_watcher();
     let (tx, mut rx) = mpsc::unbounded_channel();
     // Dropped on return, which stops the forwarders.
-    let mut forwarders = JoinSet::new();
-    let mut watching = vec![false; ctx.tree.roots().len()];
+    let mut watches = Watches::new(ctx.tree.roots().len(), !view.selection.is_all(), tx);
     let mut backoff = Backoff::default();
     let mut synced = false;
     let mut need_sync = true;
@@ -257,16 +260,11 @@ async fn run_session(
             let started = Instant::now();
             let result = async {
                 // Watches first, so that nothing changing during the listing
-                // goes unseen; a root's watch stays for the whole session.
-                for (i, root) in ctx.tree.roots().iter().enumerate() {
-                    if watching[i] {
-                        continue;
-                    }
-                    let watcher = reader.watch(&root.path).await?;
-                    forwarders.spawn(forward(i, watcher, tx.clone()).in_current_span());
-                    watching[i] = true;
-                }
-                reader.read_all(|key| may_select(&ctx.tree, &view.selection, key)).await
+                // (or after a service's read) goes unseen.
+                watches.roots(&reader).await?;
+                let keys = reader.list_all(|key| may_select(&ctx.tree, &view.selection, key)).await?;
+                watches.services(&reader, &keys, true).await?;
+                reader.read_many(keys).await.into_iter().map(|(key, read)| read.map(|r| (key, r))).collect()
             }
             .await;
             match result {
@@ -285,7 +283,7 @@ async fn run_session(
                 }
             }
         } else if !need_sync && !dirty.is_empty() {
-            match refresh(&reader, view, &ctx.tree, std::mem::take(&mut dirty)).await {
+            match refresh(&reader, view, &mut watches, std::mem::take(&mut dirty)).await {
                 Ok(()) => {
                     ctx.health.ok();
                 }
@@ -331,27 +329,17 @@ async fn run_session(
                 need_sync = true;
                 retry_at = tokio::time::Instant::now();
             }
+            Some(Err(e)) = watches.join_next() => {
+                if e.is_panic() {
+                    warn!(error = %e, "watch forwarder panicked; resyncing");
+                    need_sync = true;
+                }
+            }
             _ = ticker.tick(), if !need_sync => {
                 need_sync = true;
                 retry_at = tokio::time::Instant::now();
             }
             () = tokio::time::sleep_until(retry_at), if need_sync => {}
-        }
-    }
-}
-
-/// Pass one root's watch events to the session loop.
-async fn forward(
-    root: usize,
-    mut watcher: zk::PersistentWatcher,
-    tx: mpsc::UnboundedSender<(usize, zk::WatchedEvent)>,
-) {
-    loop {
-        let event = watcher.changed().await;
-        // Polling again after a terminal session event would panic.
-        let terminal = event.event_type == zk::EventType::Session && event.session_state.is_terminated();
-        if tx.send((root, event)).is_err() || terminal {
-            return;
         }
     }
 }
@@ -387,17 +375,30 @@ impl Dirty {
 
 /// Re-read what changed and send what differs. Answers are applied even if
 /// another read failed: each is authoritative for its own service.
-async fn refresh(reader: &Reader<'_>, view: &mut View, tree: &Tree, dirty: Dirty) -> Result<(), RegistryError> {
+async fn refresh(
+    reader: &Reader<'_>,
+    view: &mut View,
+    watches: &mut Watches,
+    dirty: Dirty,
+) -> Result<(), RegistryError> {
+    let tree = reader.tree;
     let mut keys = dirty.services;
     for root in dirty.roots {
         keys.extend(reader.list_root(root).await?);
         keys.extend(view.sent.keys().filter(|k| k.root == root).cloned());
     }
     keys.retain(|key| may_select(tree, &view.selection, key));
+    let keys: Vec<ServiceKey> = keys.into_iter().collect();
+    watches.services(reader, &keys, false).await?;
     let mut first_error = None;
     for (key, read) in reader.read_many(keys).await {
         match read {
-            Ok(read) => view.apply(tree, key, read),
+            Ok(read) => {
+                if matches!(read, Read::Gone) {
+                    watches.forget(&key);
+                }
+                view.apply(tree, key, read)
+            }
             Err(e) => {
                 first_error.get_or_insert(e);
             }
