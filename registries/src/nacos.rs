@@ -13,9 +13,9 @@
 //!   answers again after a failure, so a change is seen even when no push
 //!   comes (a subscription may stay silent when the last instance leaves);
 //! - with a [`Selector`] (`meshbridgeWatch`), only the selected services of
-//!   the listing are read and subscribed to; a new selection runs a full
-//!   sync at once (a listing, then reads of the selected services), which
-//!   removes and unsubscribes from the services no longer selected;
+//!   the listing are read and subscribed to; a new selection lists again at
+//!   once and reads only the newly selected services, removing and
+//!   unsubscribing from those no longer selected;
 //! - with gRPC, a subscription per service whose pushes queue that service
 //!   for one of [`CONCURRENCY`] workers, which asks the server again (see
 //!   `grpc::PushListener` and [`pushed`]): no task per service;
@@ -312,7 +312,9 @@ impl Ctx {
     /// List every group, then read every service. Unreachable and credential
     /// failures fail the whole sync; any other refusal of one service keeps
     /// that service as it was, so one odd service cannot stop the rest.
-    async fn full_sync<A: Api>(&self, api: &A) -> Result<Vec<Answer>, RegistryError> {
+    /// With `only_new`, services already tracked are not read again (their
+    /// answer is `None`: kept as they are).
+    async fn full_sync<A: Api>(&self, api: &A, only_new: bool) -> Result<Vec<Answer>, RegistryError> {
         // The probe fails fast while the server is down, where nacos-sdk's
         // calls would wait out their deadline and hold up the loop.
         api.probe(&self.groups[0]).await?;
@@ -322,6 +324,17 @@ impl Ctx {
             let names = api.list_services(group).await?;
             let listed = names.into_iter().filter(|n| is_watched(n)).map(|n| ServiceKey::new(group.clone(), n));
             keys.extend(listed.filter(|key| selection.is_all() || selection.wants(&self.naming.host(key))));
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        if only_new {
+            let st = self.state();
+            keys.retain(|key| {
+                let tracked = st.services.contains_key(key);
+                if tracked {
+                    out.push((key.clone(), 0, None));
+                }
+                !tracked
+            });
         }
         let answers: Vec<(ServiceKey, u64, Result<Endpoints, RegistryError>)> = stream::iter(keys)
             .map(|key| async move {
@@ -335,7 +348,6 @@ impl Ctx {
             .buffer_unordered(CONCURRENCY)
             .collect()
             .await;
-        let mut out = Vec::with_capacity(answers.len());
         for (key, seq, answer) in answers {
             match answer {
                 Ok(decoded) => out.push((key, seq, Some(decoded))),
@@ -356,9 +368,17 @@ impl Ctx {
     /// [`Update::Remove`] for each service that left the registry.
     async fn sync<A: Api>(&self, api: &A) -> Result<(), RegistryError> {
         let started = Instant::now();
-        let answers = self.full_sync(api).await?;
+        let answers = self.full_sync(api, false).await?;
         self.apply_sync(answers);
         self.sink.synced(started.elapsed());
+        Ok(())
+    }
+
+    /// A new selection: list again, read only the newly selected services,
+    /// remove the ones no longer selected; the others are kept unread.
+    async fn reselect<A: Api>(&self, api: &A) -> Result<(), RegistryError> {
+        let answers = self.full_sync(api, true).await?;
+        self.apply_sync(answers);
         Ok(())
     }
 
@@ -497,13 +517,19 @@ impl<A: Api> Session<A> {
                     }
                 }
                 () = selector.changed() => {
-                    // Lists the services again and reads the selected ones:
-                    // new ones appear, unselected ones are removed and
+                    // List the services again and read only the newly
+                    // selected ones; unselected ones are removed and
                     // unsubscribed from, the others stay as they are.
                     *ctx.selection.lock().unwrap_or_else(PoisonError::into_inner) = selector.current();
-                    info!("selection changed, resyncing");
-                    if let Some(end) = self.resync().await {
-                        return end;
+                    info!("selection changed");
+                    match ctx.reselect(&*self.api).await {
+                        Ok(()) => self.reconcile().await,
+                        Err(e) => {
+                            ctx.health.fail(&e);
+                            if let Some(end) = self.resync().await {
+                                return end;
+                            }
+                        }
                     }
                 }
                 Some(done) = self.workers.join_next() => on_worker_exit("nacos", done),
