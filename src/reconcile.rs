@@ -8,13 +8,14 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use meshbridge_registries::{RegistrySpec, watcher_for};
+use meshbridge_registries::{Referenced, RegistrySpec, Selector, watcher_for};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::cache::{Cache, RegistryKey};
-use crate::config::Desired;
+use crate::config::{Desired, IngressDoc};
+use crate::translate::ingress::parse_destination;
 
 /// What the reconciler does for one registry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +51,29 @@ struct Running {
     spec: RegistrySpec,
     /// `None` when the spec could not be turned into a watcher.
     task: Option<JoinHandle<()>>,
+    /// The watcher's referenced hosts (selective watch): a new set is sent
+    /// here, and the watcher applies it without a restart.
+    referenced: watch::Sender<Referenced>,
 }
+
+/// Hosts the routes reference, ASCII-lowercased: every host named by a
+/// `higress.io/destination` annotation of any Ingress given, whatever its
+/// class (over-selecting costs only a read; an Ingress of another class
+/// routes nothing). An annotation that does not parse references nothing
+/// (its routes are rejected too).
+pub fn referenced_hosts(ingresses: &[IngressDoc]) -> Referenced {
+    let mut hosts = std::collections::BTreeSet::new();
+    for doc in ingresses {
+        let value = doc.object.pointer("/metadata/annotations").and_then(|a| a.get(DESTINATION_ANNOTATION));
+        let Some(value) = value.and_then(|v| v.as_str()) else { continue };
+        if let Ok(list) = parse_destination(value) {
+            hosts.extend(list.into_iter().map(|d| d.host.to_ascii_lowercase()));
+        }
+    }
+    Arc::new(hosts)
+}
+
+const DESTINATION_ANNOTATION: &str = "higress.io/destination";
 
 /// Start the reconciler task: apply the current `Desired` now (so watchers
 /// start before anything is served), then every new one, calling `observe`
@@ -64,12 +87,14 @@ pub fn spawn(
     let mut reconciler = Reconciler::new(cache.clone());
     let first = desired.borrow_and_update().clone();
     observe(&first);
+    reconciler.set_referenced(referenced_hosts(&first.ingresses));
     reconciler.apply(&first.registries);
     tasks.push(tokio::spawn(async move {
         // The reconciler (and so every watcher) lives as long as this task.
         while desired.changed().await.is_ok() {
             let d = desired.borrow_and_update().clone();
             observe(&d);
+            reconciler.set_referenced(referenced_hosts(&d.ingresses));
             reconciler.apply(&d.registries);
         }
     }));
@@ -79,11 +104,25 @@ pub fn spawn(
 pub struct Reconciler {
     cache: Arc<Cache>,
     running: BTreeMap<RegistryKey, Running>,
+    referenced: Referenced,
 }
 
 impl Reconciler {
     pub fn new(cache: Arc<Cache>) -> Self {
-        Reconciler { cache, running: BTreeMap::new() }
+        Reconciler { cache, running: BTreeMap::new(), referenced: Referenced::default() }
+    }
+
+    /// The hosts routes reference now. Running watchers get the new set
+    /// (only if it changed); watchers started later start with it.
+    pub fn set_referenced(&mut self, hosts: Referenced) {
+        if hosts == self.referenced {
+            return;
+        }
+        info!(hosts = hosts.len(), "referenced hosts changed");
+        self.referenced = hosts;
+        for r in self.running.values() {
+            r.referenced.send_replace(self.referenced.clone());
+        }
     }
 
     /// Bring the watchers in line with `desired`; returns what was done.
@@ -109,17 +148,25 @@ impl Reconciler {
                     } else {
                         info!(registry = %key, endpoint = spec.endpoint(), "starting watcher");
                     }
-                    let task = self.spawn(key, &spec);
-                    self.running.insert(key.clone(), Running { spec, task });
+                    let (referenced, rx) = watch::channel(self.referenced.clone());
+                    let task = self.spawn(key, &spec, rx);
+                    self.running.insert(key.clone(), Running { spec, task, referenced });
                 }
             }
         }
         actions
     }
 
-    fn spawn(&self, key: &RegistryKey, spec: &RegistrySpec) -> Option<JoinHandle<()>> {
+    fn spawn(
+        &self,
+        key: &RegistryKey,
+        spec: &RegistrySpec,
+        referenced: watch::Receiver<Referenced>,
+    ) -> Option<JoinHandle<()>> {
         self.cache.describe(key, spec);
-        match watcher_for(spec) {
+        let watcher =
+            Selector::new(&spec.name, spec.watch.as_ref(), referenced).and_then(|selector| watcher_for(spec, selector));
+        match watcher {
             Ok(watcher) => {
                 let sink = self.cache.attach(key);
                 let span = info_span!("watcher", registry = %key);
@@ -211,5 +258,44 @@ mod tests {
         assert_eq!(r.running().count(), 2);
         r.apply(&[]);
         assert!(cache.statuses().is_empty());
+    }
+
+    #[test]
+    fn referenced_hosts_come_from_destination_annotations() {
+        let ing = |name: &str, dest: Option<&str>| {
+            let mut annotations = serde_json::Map::new();
+            if let Some(d) = dest {
+                annotations.insert(DESTINATION_ANNOTATION.into(), d.into());
+            }
+            IngressDoc {
+                namespace: "default".into(),
+                name: name.into(),
+                object: serde_json::json!({"metadata": {"name": name, "annotations": annotations}}),
+            }
+        };
+        let got = referenced_hosts(&[
+            ing("a", Some("web.DEFAULT-GROUP.public.nacos:8080")),
+            ing("b", Some("60% api.dc1.consul v1\n40% Pay.dc1.consul:80")),
+            ing("c", None),
+            ing("d", Some("150% broken.dc1.consul")),
+        ]);
+        let want: Vec<&str> = vec!["api.dc1.consul", "pay.dc1.consul", "web.default-group.public.nacos"];
+        assert_eq!(got.iter().map(String::as_str).collect::<Vec<_>>(), want);
+    }
+
+    #[tokio::test]
+    async fn a_new_referenced_set_reaches_running_watchers_without_a_restart() {
+        let cache = Cache::new();
+        let mut r = Reconciler::new(cache.clone());
+        let mut s = spec(RegistryKind::Consul, "a", 1);
+        s.watch = Some(meshbridge_registries::WatchSpec::default());
+        r.apply(std::slice::from_ref(&s));
+        let mut rx = r.running[&RegistryKey::new(RegistryKind::Consul, "a")].referenced.subscribe();
+        r.set_referenced(Arc::new(["api.dc1.consul".to_string()].into()));
+        assert!(rx.has_changed().unwrap());
+        assert!(rx.borrow_and_update().contains("api.dc1.consul"));
+        assert!(r.apply(std::slice::from_ref(&s)).is_empty(), "no restart");
+        r.set_referenced(Arc::new(["api.dc1.consul".to_string()].into()));
+        assert!(!rx.has_changed().unwrap(), "an unchanged set is not sent again");
     }
 }

@@ -19,6 +19,7 @@ pub mod load;
 pub mod nacos;
 pub mod process;
 pub mod recorder;
+pub mod request_log;
 pub mod tinyproxy;
 pub mod tls_backend;
 pub mod traffic;

@@ -34,7 +34,7 @@ const HTTP: RegistryKind = RegistryKind::Nacos;
 
 /// Run the watcher for `spec`, recording its sink calls.
 fn watch(spec: RegistrySpec) -> Recorder {
-    Recorder::start(watcher_for(&spec).expect("valid spec"), DEADLINE)
+    Recorder::start(watcher_for(&spec, meshbridge_registries::Selector::all()).expect("valid spec"), DEADLINE)
 }
 
 fn spec(kind: RegistryKind, rnacos: &Rnacos) -> RegistrySpec {

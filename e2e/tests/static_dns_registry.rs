@@ -30,7 +30,7 @@ fn strings(v: &[&str]) -> Vec<String> {
 async fn static_registry_sends_one_snapshot_with_ipv6() {
     let mut spec = RegistrySpec::new(RegistryKind::Static, "local-echo", "127.0.0.1:10081, [::1]:10082", 80);
     spec.protocol = Some("http".into());
-    let mut rec = watch(watcher_for(&spec).expect("static is supported"));
+    let mut rec = watch(watcher_for(&spec, meshbridge_registries::Selector::all()).expect("static is supported"));
     rec.until("snapshot and health", |r| r.events.len() >= 2).await;
     assert!(matches!(rec.events[..], [Event::Update(Update::Snapshot(_)), Event::Healthy]), "{:#?}", rec.events);
     let svc = rec.view.clone().unwrap();

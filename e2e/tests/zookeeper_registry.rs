@@ -308,3 +308,56 @@ async fn a_server_older_than_3_6_gets_a_clear_error() {
     );
     assert!(rec.updates_since(0).is_empty(), "{}", rec.dump());
 }
+
+#[tokio::test]
+async fn selective_watch_reads_only_referenced_services() {
+    use meshbridge_registries::{Referenced, Selector, WatchMode, WatchSpec};
+    let (zk, c) = zookeeper().await;
+    for i in 0..20 {
+        let name = format!("s{i}");
+        c.put(&format!("/services/{name}/i-1"), &instance(&name, "127.0.0.9", 8000 + i, json!({}))).await.unwrap();
+    }
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.2:20880/com.example.Greeter?application=demo").await.unwrap();
+    c.add_dubbo_provider("com.example.Orders", "dubbo://127.0.0.4:20882/com.example.Orders?version=2.0.0")
+        .await
+        .unwrap();
+
+    let hosts = |list: &[&str]| -> Referenced { Arc::new(list.iter().map(|h| h.to_ascii_lowercase()).collect()) };
+    let (tx, rx) = tokio::sync::watch::channel(hosts(&["s1.services.zookeeper", GREETER_HOST]));
+    let select = WatchSpec { mode: WatchMode::Referenced, include: vec![] };
+    let selector = Selector::new("zk-e2e", Some(&select), rx).unwrap();
+    let watcher = ZookeeperWatcher::new(spec(zk.port)).unwrap().with_resync(WATCH_ONLY).with_selector(selector);
+    let mut rec = Recorder::start(Box::new(watcher), DEADLINE);
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+    assert_eq!(rec.hosts(), [GREETER_HOST, "s1.services.zookeeper"], "only the referenced services");
+
+    // A change to a service nobody references is not read.
+    let mark = rec.mark();
+    c.put("/services/s5/i-2", &instance("s5", "127.0.0.10", 9005, json!({}))).await.unwrap();
+    c.put("/services/s1/i-2", &instance("s1", "127.0.0.10", 9001, json!({}))).await.unwrap();
+    rec.until("s1 change", |r| r.endpoints("s1.services.zookeeper").is_some_and(|e| e.len() == 2)).await;
+    rec.idle(Duration::from_millis(300)).await;
+    let touched: Vec<String> = rec
+        .updates_since(mark)
+        .iter()
+        .map(|u| match u {
+            Update::Upsert(s) => s.host.clone(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(touched, ["s1.services.zookeeper"]);
+
+    // Reference another (a Dubbo host of an interface not read before): it
+    // appears; no longer referenced Greeter goes.
+    tx.send(hosts(&["s1.services.zookeeper", ORDERS_V2, "s25.services.zookeeper"])).unwrap();
+    rec.until("orders selected", |r| r.hosts() == [ORDERS_V2, "s1.services.zookeeper"]).await;
+    // The newly selected interface is watched from now on.
+    c.add_dubbo_provider("com.example.Orders", "dubbo://127.0.0.5:20883/com.example.Orders?version=2.0.0")
+        .await
+        .unwrap();
+    rec.until("orders provider added", |r| r.endpoints(ORDERS_V2).is_some_and(|e| e.len() == 2)).await;
+    // A referenced service that does not exist yet appears when created
+    // (the root's own watch reports new children).
+    c.put("/services/s25/i-1", &instance("s25", "127.0.0.11", 9025, json!({}))).await.unwrap();
+    rec.until("s25 created", |r| r.endpoints("s25.services.zookeeper").is_some_and(|e| e.len() == 1)).await;
+}

@@ -20,6 +20,10 @@
 //!   write that lands between two catalog answers together with a later
 //!   write to another service is left to the next periodic sweep. The sweep
 //!   also runs every refresh interval, followed by a snapshot;
+//! - with a [`Selector`] (`meshbridgeWatch`), only the selected services are
+//!   tracked, read and swept; the detectors still see every name, so a
+//!   service that becomes selected (a new route) is read at once, and one
+//!   that stops being selected is removed, without a restart;
 //! - a **full sync** (catalog, checks and every service) at startup, sent as
 //!   an [`Update::Snapshot`] (the ready signal), and again when Consul
 //!   answers after a failure, paced by the jittered backoff.
@@ -58,6 +62,7 @@ use self::decode::{CheckPrints, Naming};
 use self::supervisor::{Event, Supervisor};
 use crate::health::Health;
 use crate::retry::Backoff;
+use crate::select::Selector;
 use crate::spec::RegistrySpec;
 use crate::watcher::{RegistryError, Sink, Watcher};
 
@@ -92,6 +97,7 @@ pub struct ConsulWatcher {
     wait: Duration,
     refresh: Duration,
     max_conns: usize,
+    selector: Selector,
 }
 
 impl ConsulWatcher {
@@ -103,13 +109,20 @@ impl ConsulWatcher {
         .max(MIN_MAX_CONNS);
         let client = Client::new(&spec, max_conns)?;
         let refresh = spec.consul_refresh_interval.unwrap_or(DEFAULT_REFRESH).max(MIN_REFRESH);
-        Ok(ConsulWatcher { spec, client, wait: DEFAULT_WAIT, refresh, max_conns })
+        Ok(ConsulWatcher { spec, client, wait: DEFAULT_WAIT, refresh, max_conns, selector: Selector::all() })
     }
 
     /// Use another blocking-query `wait` (at least 100 ms); tests use a short
     /// one. The HTTP timeout follows it.
     pub fn with_wait(mut self, wait: Duration) -> ConsulWatcher {
         self.wait = wait.max(MIN_WAIT);
+        self
+    }
+
+    /// Read only the services `selector` selects (the detectors still see
+    /// every name).
+    pub fn with_selector(mut self, selector: Selector) -> ConsulWatcher {
+        self.selector = selector;
         self
     }
 
@@ -158,6 +171,7 @@ impl ConsulWatcher {
             wait = ?self.wait,
             refresh = ?self.refresh,
             max_conns = self.max_conns,
+            selective = !self.selector.is_all(),
             "starting"
         );
         let health = Health::new(sink.clone(), "consul");
@@ -187,9 +201,11 @@ impl ConsulWatcher {
         let mut background = JoinSet::new();
         background.spawn(probe_leader(ctx.clone()).in_current_span());
 
+        let mut selector = self.selector;
+        let selection = selector.current();
         let mut backoff = Backoff::default();
         let first = loop {
-            match ctx.full_sync().await {
+            match ctx.full_sync(&selection).await {
                 Ok(sync) => break sync,
                 Err(e) => {
                     ctx.health.fail(&e);
@@ -200,7 +216,7 @@ impl ConsulWatcher {
         let (tx, rx) = mpsc::channel(64);
         background.spawn(watch_catalog(ctx.clone(), first.catalog.index, tx.clone()).in_current_span());
         background.spawn(watch_checks(ctx.clone(), first.checks.index, tx.clone()).in_current_span());
-        let mut sup = Supervisor::new(ctx.clone(), tx);
+        let mut sup = Supervisor::new(ctx.clone(), tx, selector, selection);
         sup.apply_sync(first);
         // Failures before the first snapshot need no recovery resync.
         let _ = futures::FutureExt::now_or_never(ctx.health.recovered.notified());

@@ -45,6 +45,7 @@ use self::client::{APPS, Client, DELTA};
 use self::decode::{Naming, Registry};
 use crate::model::Service;
 use crate::retry;
+use crate::select::{Selection, Selector};
 use crate::spec::RegistrySpec;
 use crate::watcher::{RegistryError, Sink, Update, Watcher};
 
@@ -58,13 +59,31 @@ pub struct EurekaWatcher {
     client: Client,
     naming: Naming,
     interval: Duration,
+    selector: Selector,
+    selection: Selection,
 }
 
 impl EurekaWatcher {
     pub fn new(spec: RegistrySpec) -> Result<EurekaWatcher, RegistryError> {
         let client = Client::new(&spec)?;
         let naming = Naming::new(&spec);
-        Ok(EurekaWatcher { spec, client, naming, interval: DEFAULT_INTERVAL })
+        Ok(EurekaWatcher {
+            spec,
+            client,
+            naming,
+            interval: DEFAULT_INTERVAL,
+            selector: Selector::all(),
+            selection: Selection::all(),
+        })
+    }
+
+    /// Serve only the apps `selector` selects. Eureka answers with every
+    /// app in one body, so all are still fetched and kept (the delta's
+    /// hashcode covers the whole registry); only selected apps become
+    /// records. A new selection is applied from the copy at once.
+    pub fn with_selector(mut self, selector: Selector) -> EurekaWatcher {
+        self.selector = selector;
+        self
     }
 
     /// Poll every `interval` (at least 100 ms) instead of 10 s; tests use a
@@ -93,7 +112,13 @@ struct State {
 
 impl EurekaWatcher {
     async fn run_inner(mut self, sink: Arc<dyn Sink>) {
-        info!(servers = ?self.client.servers(), interval = ?self.interval, "starting");
+        info!(
+            servers = ?self.client.servers(),
+            interval = ?self.interval,
+            selective = !self.selector.is_all(),
+            "starting"
+        );
+        self.selection = self.selector.current();
         let mut st = State { registry: Registry::default(), sent: BTreeMap::new(), server: None };
         let mut failures: u32 = 0;
         loop {
@@ -116,7 +141,16 @@ impl EurekaWatcher {
                     retry_wait(self.interval, failures)
                 }
             };
-            tokio::time::sleep(wait).await;
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.selector.changed() => {
+                    self.selection = self.selector.current();
+                    info!("selection changed");
+                    if st.server.is_some() {
+                        self.publish(&mut st, &*sink);
+                    }
+                }
+            }
         }
     }
 
@@ -125,7 +159,7 @@ impl EurekaWatcher {
         let started = Instant::now();
         let (server, apps) = self.client.fetch(APPS).await?;
         st.registry = Registry::from_full(apps.instances);
-        st.sent = self.naming.services(&st.registry, &st.sent);
+        st.sent = self.naming.services(&st.registry, &st.sent, &self.selection);
         st.server = Some(server);
         let all: Vec<Service> = st.sent.values().cloned().collect();
         info!(
@@ -160,7 +194,13 @@ impl EurekaWatcher {
             return self.full(st, sink).await;
         }
         st.registry = next;
-        let services = self.naming.services(&st.registry, &st.sent);
+        self.publish(st, sink);
+        Ok(())
+    }
+
+    /// Send what changed between the services last sent and the copy's.
+    fn publish(&self, st: &mut State, sink: &dyn Sink) {
+        let services = self.naming.services(&st.registry, &st.sent, &self.selection);
         for (host, service) in &services {
             if st.sent.get(host) != Some(service) {
                 debug!(%host, endpoints = service.endpoints.len(), "app changed");
@@ -172,7 +212,6 @@ impl EurekaWatcher {
             sink.update(Update::Remove(host.clone()));
         }
         st.sent = services;
-        Ok(())
     }
 }
 

@@ -266,7 +266,7 @@ fn check_eureka(full: &[u8], delta: &[u8]) -> Result<(), TestCaseError> {
     let mut reg = eureka::decode::Registry::from_full(full.instances);
     let _ = reg.reconcile_hash_code();
     let naming = eureka::decode::Naming::new(&RegistrySpec::new(RegistryKind::Eureka, "e", "127.0.0.1", 8761));
-    let first = naming.services(&reg, &BTreeMap::new());
+    let first = naming.services(&reg, &BTreeMap::new(), &crate::Selection::all());
     for svc in first.values() {
         check_service(svc)?;
     }
@@ -274,7 +274,7 @@ fn check_eureka(full: &[u8], delta: &[u8]) -> Result<(), TestCaseError> {
         reg.apply_delta(delta.instances);
         let hash = reg.reconcile_hash_code();
         prop_assert!(hash.is_empty() || hash.ends_with('_'), "odd hashcode {hash:?}");
-        for svc in naming.services(&reg, &first).values() {
+        for svc in naming.services(&reg, &first, &crate::Selection::all()).values() {
             check_service(svc)?;
         }
     }

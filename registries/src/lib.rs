@@ -23,6 +23,7 @@ pub mod nacos;
 pub mod names;
 mod resolve;
 mod retry;
+mod select;
 mod spec;
 mod watcher;
 mod worker;
@@ -35,20 +36,25 @@ pub use body::MAX_BODY_BYTES;
 pub use clip::{LOG_MESSAGE_MAX, LOG_VALUE_MAX, clip, clip_owned, clip_to};
 pub use model::{Endpoint, Protocol, Service, ServicePort, Tls};
 pub use names::host_part;
+pub use select::{Referenced, Selection, Selector, WatchMode, WatchSpec, compile_include};
 pub use spec::{RegistryKind, RegistrySpec, Secret};
 pub use watcher::{RegistryError, Sink, Update, Watcher};
 
-/// Build the watcher for a spec. A spec the watcher cannot use is a config
-/// error for that registry alone.
-pub fn watcher_for(spec: &RegistrySpec) -> Result<Box<dyn Watcher>, RegistryError> {
+/// Build the watcher for a spec, reading only what `selector` selects
+/// (static and DNS registries list their services in the spec itself and
+/// ignore it). A spec the watcher cannot use is a config error for that
+/// registry alone.
+pub fn watcher_for(spec: &RegistrySpec, selector: Selector) -> Result<Box<dyn Watcher>, RegistryError> {
     match spec.kind {
-        RegistryKind::Consul => Ok(Box::new(consul::ConsulWatcher::new(spec.clone())?)),
-        RegistryKind::Eureka => Ok(Box::new(eureka::EurekaWatcher::new(spec.clone())?)),
+        RegistryKind::Consul => Ok(Box::new(consul::ConsulWatcher::new(spec.clone())?.with_selector(selector))),
+        RegistryKind::Eureka => Ok(Box::new(eureka::EurekaWatcher::new(spec.clone())?.with_selector(selector))),
         RegistryKind::Static => Ok(Box::new(fixed::StaticWatcher::new(spec.clone())?)),
         RegistryKind::Dns => Ok(Box::new(dns::DnsWatcher::new(spec.clone())?)),
-        RegistryKind::Zookeeper => Ok(Box::new(zookeeper::ZookeeperWatcher::new(spec.clone())?)),
+        RegistryKind::Zookeeper => {
+            Ok(Box::new(zookeeper::ZookeeperWatcher::new(spec.clone())?.with_selector(selector)))
+        }
         RegistryKind::Nacos | RegistryKind::Nacos2 | RegistryKind::Nacos3 => {
-            Ok(Box::new(nacos::NacosWatcher::new(spec.clone())?))
+            Ok(Box::new(nacos::NacosWatcher::new(spec.clone())?.with_selector(selector)))
         }
     }
 }

@@ -12,6 +12,10 @@
 //!   `nacosRefreshInterval` (default 30 s, at least 1 s) and when Nacos
 //!   answers again after a failure, so a change is seen even when no push
 //!   comes (a subscription may stay silent when the last instance leaves);
+//! - with a [`Selector`] (`meshbridgeWatch`), only the selected services of
+//!   the listing are read and subscribed to; a new selection lists again at
+//!   once and reads only the newly selected services, removing and
+//!   unsubscribing from those no longer selected;
 //! - with gRPC, a subscription per service whose pushes queue that service
 //!   for one of [`CONCURRENCY`] workers, which asks the server again (see
 //!   `grpc::PushListener` and [`pushed`]): no task per service;
@@ -58,6 +62,7 @@ use self::pushed::Pushed;
 use self::servers::Servers;
 use crate::model::Service;
 use crate::retry::Backoff;
+use crate::select::{Selection, Selector};
 use crate::spec::{RegistryKind, RegistrySpec};
 use crate::watcher::{RegistryError, Sink, Update, Watcher};
 use crate::worker::{last_port, on_worker_exit};
@@ -92,6 +97,7 @@ pub struct NacosWatcher {
     http: reqwest::Client,
     servers: Servers,
     auth: Auth,
+    selector: Selector,
 }
 
 impl NacosWatcher {
@@ -137,7 +143,15 @@ impl NacosWatcher {
             namespace_id,
             http,
             spec,
+            selector: Selector::all(),
         })
+    }
+
+    /// Read and subscribe to only the services `selector` selects (the
+    /// service lists are still read whole: they are names only).
+    pub fn with_selector(mut self, selector: Selector) -> NacosWatcher {
+        self.selector = selector;
+        self
     }
 }
 
@@ -157,7 +171,7 @@ enum End {
 }
 
 impl NacosWatcher {
-    async fn run_inner(self, sink: Arc<dyn Sink>) {
+    async fn run_inner(mut self, sink: Arc<dyn Sink>) {
         info!(
             servers = %self.spec.nacos_address_server.as_deref().map_or_else(|| self.spec.endpoint(), String::from),
             namespace = %self.namespace_id,
@@ -165,6 +179,7 @@ impl NacosWatcher {
             login = self.auth.has_login(),
             access_key = self.auth.has_signer(),
             refresh = ?self.refresh,
+            selective = !self.selector.is_all(),
             "starting"
         );
         let ctx = Arc::new(Ctx {
@@ -175,6 +190,7 @@ impl NacosWatcher {
             sink,
             state: Mutex::default(),
             seq: AtomicU64::new(0),
+            selection: Mutex::new(self.selector.current()),
         });
         let auth = Arc::new(self.auth);
         let registry = self.spec.name.clone();
@@ -202,7 +218,7 @@ impl NacosWatcher {
                         auth.clone(),
                     )
                     .with_timeout(self.spec.nacos_timeout);
-                    Session::new(api, ctx.clone()).run(&self.servers, &list).await
+                    Session::new(api, ctx.clone()).run(&self.servers, &list, &mut self.selector).await
                 }
                 Protocol::Grpc => {
                     let api = match connect(&registry, &list, &self.namespace_id, &auth).await {
@@ -216,7 +232,9 @@ impl NacosWatcher {
                     info!(servers = ?list, "connected");
                     let started = Instant::now();
                     let api = Arc::new(api);
-                    let end = Session::new_shared(api.clone(), ctx.clone()).run(&self.servers, &list).await;
+                    let end = Session::new_shared(api.clone(), ctx.clone())
+                        .run(&self.servers, &list, &mut self.selector)
+                        .await;
                     api.close().await;
                     if started.elapsed() > SESSION_RESETS_BACKOFF {
                         backoff.reset();
@@ -262,6 +280,8 @@ struct Ctx {
     state: Mutex<State>,
     /// Numbers answers in the order they were asked for.
     seq: AtomicU64,
+    /// Which services are read and subscribed to.
+    selection: Mutex<Selection>,
 }
 
 #[derive(Default)]
@@ -292,14 +312,29 @@ impl Ctx {
     /// List every group, then read every service. Unreachable and credential
     /// failures fail the whole sync; any other refusal of one service keeps
     /// that service as it was, so one odd service cannot stop the rest.
-    async fn full_sync<A: Api>(&self, api: &A) -> Result<Vec<Answer>, RegistryError> {
+    /// With `only_new`, services already tracked are not read again (their
+    /// answer is `None`: kept as they are).
+    async fn full_sync<A: Api>(&self, api: &A, only_new: bool) -> Result<Vec<Answer>, RegistryError> {
         // The probe fails fast while the server is down, where nacos-sdk's
         // calls would wait out their deadline and hold up the loop.
         api.probe(&self.groups[0]).await?;
         let mut keys = BTreeSet::new();
+        let selection = self.selection.lock().unwrap_or_else(PoisonError::into_inner).clone();
         for group in &self.groups {
             let names = api.list_services(group).await?;
-            keys.extend(names.into_iter().filter(|n| is_watched(n)).map(|n| ServiceKey::new(group.clone(), n)));
+            let listed = names.into_iter().filter(|n| is_watched(n)).map(|n| ServiceKey::new(group.clone(), n));
+            keys.extend(listed.filter(|key| selection.is_all() || selection.wants(&self.naming.host(key))));
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        if only_new {
+            let st = self.state();
+            keys.retain(|key| {
+                let tracked = st.services.contains_key(key);
+                if tracked {
+                    out.push((key.clone(), 0, None));
+                }
+                !tracked
+            });
         }
         let answers: Vec<(ServiceKey, u64, Result<Endpoints, RegistryError>)> = stream::iter(keys)
             .map(|key| async move {
@@ -313,7 +348,6 @@ impl Ctx {
             .buffer_unordered(CONCURRENCY)
             .collect()
             .await;
-        let mut out = Vec::with_capacity(answers.len());
         for (key, seq, answer) in answers {
             match answer {
                 Ok(decoded) => out.push((key, seq, Some(decoded))),
@@ -334,9 +368,17 @@ impl Ctx {
     /// [`Update::Remove`] for each service that left the registry.
     async fn sync<A: Api>(&self, api: &A) -> Result<(), RegistryError> {
         let started = Instant::now();
-        let answers = self.full_sync(api).await?;
+        let answers = self.full_sync(api, false).await?;
         self.apply_sync(answers);
         self.sink.synced(started.elapsed());
+        Ok(())
+    }
+
+    /// A new selection: list again, read only the newly selected services,
+    /// remove the ones no longer selected; the others are kept unread.
+    async fn reselect<A: Api>(&self, api: &A) -> Result<(), RegistryError> {
+        let answers = self.full_sync(api, true).await?;
+        self.apply_sync(answers);
         Ok(())
     }
 
@@ -415,7 +457,7 @@ impl<A: Api> Session<A> {
         Session { api, ctx, workers: JoinSet::new(), pushed: Arc::default(), subscribed: HashMap::new() }
     }
 
-    async fn run(mut self, servers: &Servers, current: &[String]) -> End {
+    async fn run(mut self, servers: &Servers, current: &[String], selector: &mut Selector) -> End {
         let ctx = self.ctx.clone();
         let mut backoff = Backoff::default();
         loop {
@@ -472,6 +514,22 @@ impl<A: Api> Session<A> {
                 _ = address.tick(), if servers.is_dynamic() => {
                     if let Some(end) = check_servers(servers, current, &ctx.health).await {
                         return end;
+                    }
+                }
+                () = selector.changed() => {
+                    // List the services again and read only the newly
+                    // selected ones; unselected ones are removed and
+                    // unsubscribed from, the others stay as they are.
+                    *ctx.selection.lock().unwrap_or_else(PoisonError::into_inner) = selector.current();
+                    info!("selection changed");
+                    match ctx.reselect(&*self.api).await {
+                        Ok(()) => self.reconcile().await,
+                        Err(e) => {
+                            ctx.health.fail(&e);
+                            if let Some(end) = self.resync().await {
+                                return end;
+                            }
+                        }
                     }
                 }
                 Some(done) = self.workers.join_next() => on_worker_exit("nacos", done),

@@ -119,6 +119,10 @@ pub struct RegistrySpec {
 
     pub zk_services_path: Vec<String>,
 
+    /// meshbridge only, not in Higress's McpBridge (`meshbridgeWatch`):
+    /// read only some services (see [`crate::Selector`]); `None` reads all.
+    pub watch: Option<crate::select::WatchSpec>,
+
     /// Data of the Secret named by `authSecretName`, resolved by the binary.
     /// Keys as in Higress: `consulToken`, `nacosUsername`, `nacosPassword`.
     pub auth: BTreeMap<String, Secret>,
@@ -152,6 +156,7 @@ impl RegistrySpec {
             consul_refresh_interval: None,
             consul_max_conns: None,
             zk_services_path: Vec::new(),
+            watch: None,
             auth: BTreeMap::new(),
         }
     }

@@ -4,7 +4,10 @@
 //!
 //! # Watches: one persistent recursive watch per root
 //!
-//! Each root gets one `addWatch(root, PERSISTENT_RECURSIVE)` (ZooKeeper 3.6+).
+//! Each root gets one `addWatch(root, PERSISTENT_RECURSIVE)` (ZooKeeper 3.6+);
+//! with a selective watch (`meshbridgeWatch`), a root gets a `PERSISTENT`
+//! watch of its own children instead and each selected service a recursive
+//! one (`watches.rs`).
 //! The alternative, a oneshot child watch per root and per service re-armed
 //! after every event (what Higress and Dubbo itself do), was rejected:
 //! - it costs one watch per service and a task to re-arm each; ours costs one
@@ -45,6 +48,7 @@ pub(crate) mod dubbo;
 mod read;
 pub(crate) mod spring;
 mod tree;
+mod watches;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
@@ -55,15 +59,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, info_span, warn};
 use zookeeper_client as zk;
 
 use self::read::{Read, Reader};
 use self::tree::{Naming, ServiceKey, Touch, Tree};
+use self::watches::Watches;
 use crate::health::Health;
 use crate::model::Service;
 use crate::retry::Backoff;
+use crate::select::{Selection, Selector};
 use crate::spec::RegistrySpec;
 use crate::watcher::{RegistryError, Sink, Update, Watcher};
 
@@ -81,6 +86,7 @@ pub struct ZookeeperWatcher {
     connect: String,
     resync: Duration,
     stats: Arc<ZookeeperStats>,
+    selector: Selector,
 }
 
 /// Counters a running watcher keeps; get them with
@@ -109,7 +115,25 @@ impl ZookeeperWatcher {
     pub fn new(spec: RegistrySpec) -> Result<ZookeeperWatcher, RegistryError> {
         let tree = Tree::new(&spec.name, &spec.zk_services_path)?;
         let connect = connect_string(&spec)?;
-        Ok(ZookeeperWatcher { spec, tree, connect, resync: DEFAULT_RESYNC, stats: Arc::default() })
+        Ok(ZookeeperWatcher {
+            spec,
+            tree,
+            connect,
+            resync: DEFAULT_RESYNC,
+            stats: Arc::default(),
+            selector: Selector::all(),
+        })
+    }
+
+    /// Read and watch only the services `selector` selects: each root gets a
+    /// watch of its own children, each selected service a recursive watch
+    /// (see `watches.rs`). A Dubbo interface's hosts name its providers' versions and
+    /// groups, so an interface is read when some referenced host is one of
+    /// its (or an `include` pattern is set), and only selected hosts of it
+    /// are served.
+    pub fn with_selector(mut self, selector: Selector) -> ZookeeperWatcher {
+        self.selector = selector;
+        self
     }
 
     /// Run a full sync this often (at least 100 ms); tests use a short one.
@@ -160,10 +184,12 @@ struct Ctx {
 }
 
 impl ZookeeperWatcher {
-    async fn run_inner(self, sink: Arc<dyn Sink>) {
+    async fn run_inner(mut self, sink: Arc<dyn Sink>) {
         let roots: Vec<&str> = self.tree.roots().iter().map(|r| r.path.as_str()).collect();
-        info!(endpoint = %self.connect, ?roots, resync = ?self.resync, "starting");
+        let selective = !self.selector.is_all();
+        info!(endpoint = %self.connect, ?roots, resync = ?self.resync, selective, "starting");
         let mut view = View {
+            selection: self.selector.current(),
             sink: sink.clone(),
             naming: Naming::new(&self.spec),
             stats: self.stats,
@@ -187,7 +213,7 @@ impl ZookeeperWatcher {
                 }
             };
             info!(session = %client.session_id(), timeout = ?client.session_timeout(), "session established");
-            let (end, synced) = run_session(&ctx, &mut view, &client).await;
+            let (end, synced) = run_session(&ctx, &mut view, &client, &mut self.selector).await;
             let reason = format!("session ended ({end:?}), starting a new one");
             ctx.health.fail(&RegistryError::Unreachable { registry: ctx.registry.clone(), reason });
             if synced {
@@ -211,13 +237,17 @@ async fn connect(addr: &str, registry: &str) -> Result<zk::Client, RegistryError
 
 /// Serve one session until it ends (expired, closed, auth failed). Returns
 /// the final state and whether any full sync succeeded.
-async fn run_session(ctx: &Ctx, view: &mut View, client: &zk::Client) -> (zk::SessionState, bool) {
+async fn run_session(
+    ctx: &Ctx,
+    view: &mut View,
+    client: &zk::Client,
+    selector: &mut Selector,
+) -> (zk::SessionState, bool) {
     let reader = Reader { client, tree: &ctx.tree, registry: &ctx.registry };
     let mut states = client.state_watcher();
     let (tx, mut rx) = mpsc::unbounded_channel();
     // Dropped on return, which stops the forwarders.
-    let mut forwarders = JoinSet::new();
-    let mut watching = vec![false; ctx.tree.roots().len()];
+    let mut watches = Watches::new(ctx.tree.roots().len(), !view.selection.is_all(), tx);
     let mut backoff = Backoff::default();
     let mut synced = false;
     let mut need_sync = true;
@@ -230,16 +260,11 @@ async fn run_session(ctx: &Ctx, view: &mut View, client: &zk::Client) -> (zk::Se
             let started = Instant::now();
             let result = async {
                 // Watches first, so that nothing changing during the listing
-                // goes unseen; a root's watch stays for the whole session.
-                for (i, root) in ctx.tree.roots().iter().enumerate() {
-                    if watching[i] {
-                        continue;
-                    }
-                    let watcher = reader.watch(&root.path).await?;
-                    forwarders.spawn(forward(i, watcher, tx.clone()).in_current_span());
-                    watching[i] = true;
-                }
-                reader.read_all().await
+                // (or after a service's read) goes unseen.
+                watches.roots(&reader).await?;
+                let keys = reader.list_all(|key| may_select(&ctx.tree, &view.selection, key)).await?;
+                watches.services(&reader, &keys, true).await?;
+                reader.read_many(keys).await.into_iter().map(|(key, read)| read.map(|r| (key, r))).collect()
             }
             .await;
             match result {
@@ -258,7 +283,7 @@ async fn run_session(ctx: &Ctx, view: &mut View, client: &zk::Client) -> (zk::Se
                 }
             }
         } else if !need_sync && !dirty.is_empty() {
-            match refresh(&reader, view, &ctx.tree, std::mem::take(&mut dirty)).await {
+            match refresh(&reader, view, &mut watches, std::mem::take(&mut dirty)).await {
                 Ok(()) => {
                     ctx.health.ok();
                 }
@@ -296,27 +321,25 @@ async fn run_session(ctx: &Ctx, view: &mut View, client: &zk::Client) -> (zk::Se
                     dirty.note(&ctx.tree, root, &event);
                 }
             }
+            () = selector.changed() => {
+                // Re-list and read the selected services: the snapshot drops
+                // the ones no longer selected.
+                view.selection = selector.current();
+                info!("selection changed, resyncing");
+                need_sync = true;
+                retry_at = tokio::time::Instant::now();
+            }
+            Some(Err(e)) = watches.join_next() => {
+                if e.is_panic() {
+                    warn!(error = %e, "watch forwarder panicked; resyncing");
+                    need_sync = true;
+                }
+            }
             _ = ticker.tick(), if !need_sync => {
                 need_sync = true;
                 retry_at = tokio::time::Instant::now();
             }
             () = tokio::time::sleep_until(retry_at), if need_sync => {}
-        }
-    }
-}
-
-/// Pass one root's watch events to the session loop.
-async fn forward(
-    root: usize,
-    mut watcher: zk::PersistentWatcher,
-    tx: mpsc::UnboundedSender<(usize, zk::WatchedEvent)>,
-) {
-    loop {
-        let event = watcher.changed().await;
-        // Polling again after a terminal session event would panic.
-        let terminal = event.event_type == zk::EventType::Session && event.session_state.is_terminated();
-        if tx.send((root, event)).is_err() || terminal {
-            return;
         }
     }
 }
@@ -352,16 +375,30 @@ impl Dirty {
 
 /// Re-read what changed and send what differs. Answers are applied even if
 /// another read failed: each is authoritative for its own service.
-async fn refresh(reader: &Reader<'_>, view: &mut View, tree: &Tree, dirty: Dirty) -> Result<(), RegistryError> {
+async fn refresh(
+    reader: &Reader<'_>,
+    view: &mut View,
+    watches: &mut Watches,
+    dirty: Dirty,
+) -> Result<(), RegistryError> {
+    let tree = reader.tree;
     let mut keys = dirty.services;
     for root in dirty.roots {
         keys.extend(reader.list_root(root).await?);
         keys.extend(view.sent.keys().filter(|k| k.root == root).cloned());
     }
+    keys.retain(|key| may_select(tree, &view.selection, key));
+    let keys: Vec<ServiceKey> = keys.into_iter().collect();
+    watches.services(reader, &keys, false).await?;
     let mut first_error = None;
     for (key, read) in reader.read_many(keys).await {
         match read {
-            Ok(read) => view.apply(tree, key, read),
+            Ok(read) => {
+                if matches!(read, Read::Gone) {
+                    watches.forget(&key);
+                }
+                view.apply(tree, key, read)
+            }
             Err(e) => {
                 first_error.get_or_insert(e);
             }
@@ -370,8 +407,22 @@ async fn refresh(reader: &Reader<'_>, view: &mut View, tree: &Tree, dirty: Dirty
     first_error.map_or(Ok(()), Err)
 }
 
+/// Whether `key` may hold a selected host, known before reading it: a
+/// Spring service has one host, a Dubbo interface one per version and group.
+fn may_select(tree: &Tree, selection: &Selection, key: &ServiceKey) -> bool {
+    if selection.is_all() {
+        return true;
+    }
+    match tree.kind(key) {
+        tree::Kind::Spring => selection.wants(&tree.spring_host(key)),
+        tree::Kind::Dubbo => selection.may_want_prefix(&format!("providers:{}:", key.name)),
+    }
+}
+
 /// What was sent to the sink, per ZooKeeper service and host.
 struct View {
+    /// Which services are read and served.
+    selection: Selection,
     sink: Arc<dyn Sink>,
     naming: Naming,
     stats: Arc<ZookeeperStats>,
@@ -389,7 +440,7 @@ impl View {
             // Listed, then deleted before its read: not there.
             let Read::Present { members, malformed, dropped_labels } = read else { continue };
             self.count(malformed, dropped_labels, &mut seen);
-            sent.insert(key.clone(), self.naming.render(tree, &key, members, self.sent.get(&key)));
+            sent.insert(key.clone(), self.render(tree, &key, members, self.sent.get(&key)));
         }
         self.malformed_seen = seen;
         self.sent = sent;
@@ -412,7 +463,7 @@ impl View {
                 self.count(malformed, dropped_labels, &mut seen);
                 self.malformed_seen = seen;
                 let old = self.sent.get(&key);
-                let new = self.naming.render(tree, &key, members, old);
+                let new = self.render(tree, &key, members, old);
                 for (host, service) in &new {
                     if old.and_then(|o| o.get(host)) != Some(service) {
                         debug!(%host, endpoints = service.endpoints.len(), "service changed");
@@ -422,6 +473,21 @@ impl View {
                 self.sent.insert(key, new);
             }
         }
+    }
+
+    /// The selected hosts of one service.
+    fn render(
+        &self,
+        tree: &Tree,
+        key: &ServiceKey,
+        members: Vec<tree::Member>,
+        last: Option<&BTreeMap<String, Service>>,
+    ) -> BTreeMap<String, Service> {
+        let mut hosts = self.naming.render(tree, key, members, last);
+        if !self.selection.is_all() {
+            hosts.retain(|host, _| self.selection.wants(host));
+        }
+        hosts
     }
 
     fn count(&self, malformed: Vec<(String, String)>, dropped_labels: usize, seen: &mut HashSet<String>) {

@@ -772,3 +772,47 @@ fn a_bad_domain_keeps_the_running_registry() {
         )]
     );
 }
+
+#[test]
+fn meshbridge_watch_is_optional_and_validated_with_field_paths() {
+    use meshbridge_registries::{WatchMode, WatchSpec};
+    let text = bridge(
+        "    - {type: consul, name: a, domain: h, port: 1}\n\
+         \x20   - {type: consul, name: b, domain: h, port: 1, meshbridgeWatch: {mode: referenced}}\n\
+         \x20   - {type: consul, name: c, domain: h, port: 1, meshbridgeWatch: {include: ['pay-.*', 'web\\.dc1\\.consul']}}\n\
+         \x20   - {type: consul, name: d, domain: h, port: 1, meshbridgeWatch: {mode: some}}\n\
+         \x20   - {type: consul, name: e, domain: h, port: 1, meshbridgeWatch: {include: ['ok', '(']}}\n\
+         \x20   - {type: consul, name: f, domain: h, port: 1, meshbridgeWatch: {include: 'x'}}\n\
+         \x20   - {type: consul, name: g, domain: h, port: 1, meshbridgeWatch: referenced}\n\
+         \x20   - {type: consul, name: h, domain: h, port: 1, meshbridgeWatch: {mode: all, include: [3], extra: 1}}\n",
+        "",
+    );
+    let built = build_text(&text);
+    let d = &built.desired;
+    let spec = |name: &str| d.registries.iter().find(|r| r.name == name).unwrap().watch.clone();
+    assert_eq!(spec("a"), None, "unset: every service, as in Higress");
+    assert_eq!(spec("b"), Some(WatchSpec { mode: WatchMode::Referenced, include: vec![] }));
+    assert_eq!(
+        spec("c"),
+        Some(WatchSpec { mode: WatchMode::All, include: vec!["pay-.*".into(), "web\\.dc1\\.consul".into()] })
+    );
+    assert_eq!(names(d), ["consul/a", "consul/b", "consul/c"]);
+    let errors: Vec<&str> = d.errors.iter().map(|e| e.split_once(": ").unwrap().1).collect();
+    assert_eq!(
+        errors,
+        [
+            "spec.registries[3].meshbridgeWatch.mode: unknown mode \"some\" (expected all or referenced)",
+            "spec.registries[4].meshbridgeWatch.include[1]: unclosed group",
+            "spec.registries[5].meshbridgeWatch.include: must be a list of regular expressions",
+            "spec.registries[6].meshbridgeWatch: must be an object with mode and include",
+            "spec.registries[7].meshbridgeWatch.include[0]: must be a string (a regular expression)",
+        ],
+        "{:?}",
+        d.errors
+    );
+    assert!(
+        built.warnings.iter().any(|w| w.ends_with("spec.registries[7].meshbridgeWatch.extra: unknown field, ignored")),
+        "{:?}",
+        built.warnings
+    );
+}

@@ -116,6 +116,10 @@ pub(crate) struct RegistryConfig {
     pub nacos_timeout: i64,
     /// Newer Higress `mcp_bridge.proto`, field 29: `repeated string`.
     pub ecdh_curves: Vec<String>,
+    /// meshbridge only (not in Higress's `mcp_bridge.proto`, which has no
+    /// field of this name): selective watch, `{mode, include}`. Checked
+    /// field by field in `validate`.
+    pub meshbridge_watch: Option<serde_json::Value>,
 }
 
 /// Every `RegistryConfig` field we read.
@@ -143,6 +147,7 @@ pub(crate) const REGISTRY_FIELDS: &[&str] = &[
     "vport",
     "nacosTimeout",
     "ecdhCurves",
+    "meshbridgeWatch",
 ];
 
 /// `RegistryConfig` fields for Higress's MCP server feature, which meshbridge

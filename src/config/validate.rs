@@ -10,7 +10,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use meshbridge_registries::{RegistryKind, RegistrySpec, clip};
+use meshbridge_registries::{RegistryKind, RegistrySpec, WatchMode, WatchSpec, clip, compile_include};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -132,6 +132,8 @@ pub(crate) fn registry(
         }
     }
 
+    let watch = cfg.meshbridge_watch.as_ref().and_then(|raw| watch_spec(raw, kind, &mut errors, warnings));
+
     let (Some(kind), Some(port), true) = (kind, port, errors.is_empty()) else {
         return Err(errors);
     };
@@ -155,8 +157,76 @@ pub(crate) fn registry(
     spec.consul_service_tag = non_empty(cfg.consul_service_tag);
     spec.consul_refresh_interval = consul_refresh_interval;
     spec.zk_services_path = cfg.zk_services_path.into_iter().filter(|p| !p.is_empty()).collect();
+    spec.watch = watch;
     Ok(CheckedRegistry { spec, auth_secret_name: non_empty(cfg.auth_secret_name) })
 }
+
+/// `meshbridgeWatch: {mode: all|referenced, include: [regex…]}`. `null` is
+/// unset; `{}` is `mode: all` with no filter, the same as unset.
+fn watch_spec(
+    raw: &Value,
+    kind: Option<RegistryKind>,
+    errors: &mut Vec<FieldError>,
+    warnings: &mut Vec<FieldError>,
+) -> Option<WatchSpec> {
+    const FIELD: &str = "meshbridgeWatch";
+    let obj = match raw {
+        Value::Null => return None,
+        Value::Object(obj) => obj,
+        _ => {
+            errors.push(FieldError::new(FIELD, "must be an object with mode and include"));
+            return None;
+        }
+    };
+    for key in obj.keys().filter(|k| !["mode", "include"].contains(&k.as_str())) {
+        warnings.push(FieldError::new(format!("{FIELD}.{}", clip(key)), "unknown field, ignored"));
+    }
+    let mode = match obj.get("mode") {
+        None | Some(Value::Null) => Some(WatchMode::All),
+        Some(Value::String(m)) => WatchMode::parse(m).or_else(|| {
+            errors.push(FieldError::new(
+                format!("{FIELD}.mode"),
+                format!("unknown mode {:?} (expected all or referenced)", clip(m)),
+            ));
+            None
+        }),
+        Some(_) => {
+            errors.push(FieldError::new(format!("{FIELD}.mode"), "must be a string: all or referenced"));
+            None
+        }
+    };
+    let mut include = Vec::new();
+    match obj.get("include") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                let field = format!("{FIELD}.include[{i}]");
+                match item.as_str() {
+                    Some("") => errors.push(FieldError::new(field, "must not be empty")),
+                    Some(p) if p.len() > MAX_PATTERN => {
+                        errors.push(FieldError::new(field, format!("longer than {MAX_PATTERN} bytes")));
+                    }
+                    Some(p) => include.push(p.to_string()),
+                    None => errors.push(FieldError::new(field, "must be a string (a regular expression)")),
+                }
+            }
+        }
+        Some(_) => errors.push(FieldError::new(format!("{FIELD}.include"), "must be a list of regular expressions")),
+    }
+    if let Err((i, reason)) = compile_include(&include) {
+        // The compiler's message spans lines and ends with the cause.
+        let cause = reason.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("invalid regular expression");
+        let cause = cause.strip_prefix("error: ").unwrap_or(cause);
+        errors.push(FieldError::new(format!("{FIELD}.include[{i}]"), clip(cause).into_owned()));
+    }
+    if matches!(kind, Some(RegistryKind::Static | RegistryKind::Dns)) {
+        warnings.push(FieldError::new(FIELD, "ignored: static and dns registries list their services themselves"));
+    }
+    Some(WatchSpec { mode: mode?, include })
+}
+
+/// The longest `meshbridgeWatch.include` pattern accepted.
+const MAX_PATTERN: usize = 1024;
 
 /// Check `domain` and `port` the way each registry type uses them; returns
 /// the port to use. Higress's `static` registry reads endpoint `ip:port`s

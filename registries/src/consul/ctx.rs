@@ -10,6 +10,7 @@ use super::client::{Client, Indexed};
 use super::decode::{CheckPrints, Instances, Naming, select_services};
 use crate::health::Health;
 use crate::resolve;
+use crate::select::Selection;
 use crate::watcher::{RegistryError, Sink};
 
 /// What every loop shares.
@@ -34,8 +35,8 @@ pub(crate) struct Read {
     pub(super) result: Result<Indexed<Instances>, RegistryError>,
 }
 
-/// The result of a full, non-blocking read of the catalog, the checks and
-/// every service.
+/// The result of a full, non-blocking read of the catalog (every service
+/// the tag filter keeps), the checks and every selected service.
 pub(crate) struct FullSync {
     pub(super) catalog: Indexed<BTreeMap<String, Vec<String>>>,
     pub(super) checks: Indexed<CheckPrints>,
@@ -67,16 +68,27 @@ impl Ctx {
         Read { name, seq, result }
     }
 
-    /// Catalog, checks, then every service, `read_slots` at a time. A
+    /// The catalog services `selection` selects, by the host each gets.
+    pub(super) fn selected<'a>(
+        &'a self,
+        catalog: &'a BTreeMap<String, Vec<String>>,
+        selection: &'a Selection,
+    ) -> impl Iterator<Item = (&'a String, &'a Vec<String>)> + 'a {
+        let naming = &self.naming;
+        let all = selection.is_all();
+        catalog.iter().filter(move |(name, _)| all || selection.wants(&naming.host(name)))
+    }
+
+    /// Catalog, checks, then every selected service, `read_slots` at a time. A
     /// service whose answer is bad is kept in the result (skipped later); a
     /// failure to reach Consul fails the whole sync.
-    pub(super) async fn full_sync(&self) -> Result<FullSync, RegistryError> {
+    pub(super) async fn full_sync(&self, selection: &Selection) -> Result<FullSync, RegistryError> {
         use futures::StreamExt;
         let started = std::time::Instant::now();
         let catalog = self.client.catalog_services(0, self.wait).await?;
         let checks = self.client.health_state(0, self.wait).await?;
         let catalog = Indexed { value: self.watched(catalog.value), index: catalog.index };
-        let names: Vec<String> = catalog.value.keys().cloned().collect();
+        let names: Vec<String> = self.selected(&catalog.value, selection).map(|(n, _)| n.clone()).collect();
         let reads: Vec<Read> =
             futures::stream::iter(names).map(|name| self.read(name)).buffer_unordered(self.read_slots).collect().await;
         if let Some(e) = reads.iter().find_map(|r| r.result.as_ref().err().filter(|e| is_outage(e))) {

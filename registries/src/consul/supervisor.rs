@@ -18,6 +18,7 @@ use super::ctx::{Ctx, FullSync, Read, is_outage};
 use super::decode::{CheckPrints, dirty_services};
 use crate::model::Service;
 use crate::retry::Backoff;
+use crate::select::{Selection, Selector};
 use crate::watcher::{RegistryError, Update};
 use crate::worker::{last_port, on_worker_exit};
 
@@ -62,7 +63,13 @@ const INDEX_RESET_RESYNC: Duration = Duration::from_millis(200);
 
 pub(crate) struct Supervisor {
     ctx: Arc<Ctx>,
+    /// The selected services of the catalog.
     services: BTreeMap<String, Tracked>,
+    /// The last catalog answer (tag filter applied), selected or not, so a
+    /// new selection is applied without asking Consul.
+    catalog: BTreeMap<String, Vec<String>>,
+    selector: Selector,
+    selection: Selection,
     catalog_index: u64,
     /// The catalog index of the last full sync until a detector answer
     /// reaches it: a detector answer older than the sync was asked before
@@ -99,10 +106,13 @@ pub(crate) struct Supervisor {
 }
 
 impl Supervisor {
-    pub fn new(ctx: Arc<Ctx>, tx: mpsc::Sender<Event>) -> Supervisor {
+    pub fn new(ctx: Arc<Ctx>, tx: mpsc::Sender<Event>, selector: Selector, selection: Selection) -> Supervisor {
         Supervisor {
             ctx,
             services: BTreeMap::new(),
+            catalog: BTreeMap::new(),
+            selector,
+            selection,
             catalog_index: 0,
             sync_floor: 0,
             prints: CheckPrints::default(),
@@ -133,6 +143,7 @@ impl Supervisor {
             let timer = self.next_timer();
             tokio::select! {
                 Some(event) = rx.recv() => self.on_event(event),
+                () = self.selector.changed() => self.on_selection(),
                 _ = ticker.tick() => self.start_sweep(true),
                 () = self.ctx.health.recovered.notified() => {
                     info!("consul answers again, resyncing");
@@ -195,7 +206,7 @@ impl Supervisor {
     /// The recovery resync: a full sync, paced by the backoff so that a
     /// flapping Consul costs at most one full sync per backoff step.
     async fn resync(&mut self) {
-        match self.ctx.full_sync().await {
+        match self.ctx.full_sync(&self.selection).await {
             Ok(sync) => {
                 self.resync_backoff.reset();
                 self.resync_at = None;
@@ -214,11 +225,12 @@ impl Supervisor {
     pub fn apply_sync(&mut self, sync: FullSync) {
         let FullSync { catalog, checks, reads } = sync;
         let mut old = std::mem::take(&mut self.services);
-        for (name, tags) in catalog.value {
-            let mut tracked = old.remove(&name).unwrap_or_default();
-            tracked.tags = tags;
-            self.services.insert(name, tracked);
+        for (name, tags) in self.ctx.selected(&catalog.value, &self.selection) {
+            let mut tracked = old.remove(name).unwrap_or_default();
+            tracked.tags = tags.clone();
+            self.services.insert(name.clone(), tracked);
         }
+        self.catalog = catalog.value;
         for read in reads {
             self.apply_read(read, false);
         }
@@ -283,36 +295,56 @@ impl Supervisor {
             return;
         }
         self.sync_floor = 0;
-        let mut named = false;
-        let gone: Vec<String> = self.services.keys().filter(|n| !answer.value.contains_key(*n)).cloned().collect();
-        for name in gone {
-            named = true;
-            if let Some(Tracked { sent: Some(service), .. }) = self.services.remove(&name) {
-                info!(service = %name, host = %service.host, "service left the catalog");
-                self.ctx.sink.update(Update::Remove(service.host));
-            }
-        }
-        for (name, tags) in answer.value {
-            match self.services.get_mut(&name) {
-                Some(tracked) if tracked.tags == tags => {}
-                Some(tracked) => {
-                    named = true;
-                    tracked.tags = tags;
-                    self.want_read(name);
-                }
-                None => {
-                    named = true;
-                    self.services.insert(name.clone(), Tracked { tags, ..Tracked::default() });
-                    self.want_read(name);
-                }
-            }
-        }
+        self.catalog = answer.value;
+        let named = self.set_members("service left the catalog");
         if !named && answer.index != self.catalog_index && self.read_max_index < answer.index {
             let at = Instant::now() + EXPLAIN_GRACE;
             self.unexplained = Some((answer.index, at));
         }
         self.catalog_index = answer.index;
         self.read_max_index = 0;
+        self.update_degraded();
+    }
+
+    /// Track exactly the selected services of the last catalog: remove the
+    /// others (sending a removal for what was sent, saying `why`), read the
+    /// new and retagged ones. Returns whether any service was named.
+    fn set_members(&mut self, why: &str) -> bool {
+        let selected: BTreeMap<&String, &Vec<String>> = self.ctx.selected(&self.catalog, &self.selection).collect();
+        let gone: Vec<String> = self.services.keys().filter(|n| !selected.contains_key(n)).cloned().collect();
+        let mut named = !gone.is_empty();
+        for name in gone {
+            if let Some(Tracked { sent: Some(service), .. }) = self.services.remove(&name) {
+                info!(service = %name, host = %service.host, "{why}");
+                self.ctx.sink.update(Update::Remove(service.host));
+            }
+        }
+        let mut read = Vec::new();
+        for (name, tags) in selected {
+            match self.services.get_mut(name) {
+                Some(tracked) if tracked.tags == *tags => {}
+                Some(tracked) => {
+                    tracked.tags = tags.clone();
+                    read.push(name.clone());
+                }
+                None => {
+                    self.services.insert(name.clone(), Tracked { tags: tags.clone(), ..Tracked::default() });
+                    read.push(name.clone());
+                }
+            }
+        }
+        named |= !read.is_empty();
+        read.into_iter().for_each(|name| self.want_read(name));
+        named
+    }
+
+    /// The referenced set changed: read the newly selected services now,
+    /// drop the ones no longer selected; the others are left alone.
+    fn on_selection(&mut self) {
+        self.selection = self.selector.current();
+        let before = self.services.len();
+        self.set_members("service no longer selected");
+        info!(before, after = self.services.len(), "selection changed");
         self.update_degraded();
     }
 

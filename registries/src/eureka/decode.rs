@@ -30,6 +30,7 @@ use crate::fixed::wants_tls;
 use crate::labels;
 use crate::model::{Endpoint, Protocol, Service, ServicePort, Tls};
 use crate::names::host_part;
+use crate::select::Selection;
 use crate::spec::RegistrySpec;
 
 /// `InstanceInfo.InstanceStatus`. `toEnum` maps anything else to UNKNOWN.
@@ -267,16 +268,25 @@ impl Naming {
         Naming { protocol, tls: wants_tls(spec), spec: spec.clone() }
     }
 
-    /// Every app as a service, keyed by host. `last` holds what was sent
-    /// before, so that an app whose instances are all down keeps its port.
-    pub fn services(&self, reg: &Registry, last: &BTreeMap<String, Service>) -> BTreeMap<String, Service> {
+    /// Every selected app as a service, keyed by host. `last` holds what
+    /// was sent before, so that an app whose instances are all down keeps
+    /// its port.
+    pub fn services(
+        &self,
+        reg: &Registry,
+        last: &BTreeMap<String, Service>,
+        selection: &Selection,
+    ) -> BTreeMap<String, Service> {
         reg.apps
             .iter()
-            .map(|(app, instances)| {
+            .filter_map(|(app, instances)| {
                 let host = host_name(app);
+                if !selection.wants(&host) {
+                    return None;
+                }
                 let last_port = last.get(&host).and_then(|s| s.ports.first()).map(|p| p.number);
                 let service = self.service(app, host.clone(), instances.values(), last_port);
-                (host, service)
+                Some((host, service))
             })
             .collect()
     }

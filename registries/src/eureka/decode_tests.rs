@@ -137,7 +137,7 @@ fn hashcode_counts_status_not_overrides_in_treemap_order() {
 }
 
 fn naming(spec: &RegistrySpec, reg: &Registry) -> BTreeMap<String, Service> {
-    Naming::new(spec).services(reg, &BTreeMap::new())
+    Naming::new(spec).services(reg, &BTreeMap::new(), &Selection::all())
 }
 
 fn eps(s: &Service) -> Vec<String> {
@@ -168,7 +168,7 @@ fn only_up_instances_count_and_overrides_win() {
     let pay = &services["pay-api.eureka"];
     assert!(pay.endpoints.is_empty() && pay.ports.is_empty());
     let last = BTreeMap::from([("pay-api.eureka".to_string(), orders.clone())]);
-    let again = Naming::new(&spec()).services(&reg, &last);
+    let again = Naming::new(&spec()).services(&reg, &last, &Selection::all());
     assert_eq!(again["pay-api.eureka"].ports[0].number, 8081, "an empty app keeps its last port");
 }
 
@@ -205,4 +205,20 @@ fn secure_ports_vports_and_protocols() {
     assert_eq!(services["s.eureka"].ports[0].name, "grpc-443", "vport names match hosts ignoring case");
     assert_eq!(services["m.eureka"].ports[0].name, "grpc-80");
     assert!(services["m.eureka"].tls.is_some(), "grpcs asks for TLS whatever the ports say");
+}
+
+#[test]
+fn only_selected_apps_become_services() {
+    let reg = Registry::from_full(instances(vec![
+        inst("ORDERS", "o1", "10.0.0.1", 8081, "UP"),
+        inst("PAY", "p1", "10.0.0.2", 8080, "UP"),
+        inst("CART", "c1", "10.0.0.3", 8080, "UP"),
+    ]));
+    let (_tx, rx) = tokio::sync::watch::channel(std::sync::Arc::new(["orders.eureka".to_string()].into()));
+    let spec_all = crate::WatchSpec { mode: crate::WatchMode::Referenced, include: vec!["c.*".into()] };
+    let selection = crate::Selector::new("e", Some(&spec_all), rx).unwrap().current();
+    let services = Naming::new(&spec()).services(&reg, &BTreeMap::new(), &selection);
+    let hosts: Vec<&str> = services.keys().map(String::as_str).collect();
+    assert_eq!(hosts, ["cart.eureka", "orders.eureka"]);
+    assert_eq!(reg.reconcile_hash_code(), "UP_3_", "the copy keeps every app for the delta hashcode");
 }

@@ -101,6 +101,7 @@ fn ctx(groups: &[&str]) -> (Arc<Ctx>, mpsc::UnboundedReceiver<Event>) {
         sink,
         state: Mutex::default(),
         seq: AtomicU64::new(0),
+        selection: Mutex::new(crate::select::Selection::all()),
     };
     (Arc::new(ctx), rx)
 }
@@ -210,7 +211,7 @@ async fn session_keeps_endpoints_through_an_outage_and_resyncs_after() {
     let servers = Servers::Fixed(vec!["127.0.0.1:8848".into()]);
     let session = Session::new_shared(api.clone(), ctx.clone());
     let task = tokio::spawn(async move {
-        session.run(&servers, &["127.0.0.1:8848".to_string()]).await;
+        session.run(&servers, &["127.0.0.1:8848".to_string()], &mut crate::Selector::all()).await;
     });
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(hosts(updates(&drain(&mut rx))[0]), vec![(WEB.to_string(), 1)]);
@@ -259,7 +260,7 @@ async fn refused_tokens_rebuild_a_client_that_worked_only() {
     let (ctx1, _rx) = ctx(&["DEFAULT_GROUP"]);
     let session = Session::new(PushFake(fake.clone()), ctx1);
     let (s, c) = (Servers::Fixed(current.clone()), current.clone());
-    let run = tokio::spawn(async move { session.run(&s, &c).await });
+    let run = tokio::spawn(async move { session.run(&s, &c, &mut crate::Selector::all()).await });
     tokio::time::sleep(Duration::from_millis(10)).await;
     *fake.refuse_all.lock().unwrap() = Some(403);
     let end = tokio::time::timeout(Duration::from_secs(10), run).await.expect("session ends").unwrap();
@@ -268,7 +269,7 @@ async fn refused_tokens_rebuild_a_client_that_worked_only() {
     // Never worked: keeps trying with the same client, errors only.
     let (ctx2, mut rx) = ctx(&["DEFAULT_GROUP"]);
     let session = Session::new(PushFake(fake.clone()), ctx2);
-    let run = tokio::spawn(async move { session.run(&servers, &current).await });
+    let run = tokio::spawn(async move { session.run(&servers, &current, &mut crate::Selector::all()).await });
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert!(!run.is_finished());
     run.abort();

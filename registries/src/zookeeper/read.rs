@@ -44,21 +44,25 @@ pub(crate) struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    /// One persistent recursive watch on `path` (which need not exist).
-    pub async fn watch(&self, path: &str) -> Result<zk::PersistentWatcher, RegistryError> {
-        let watch = self.client.watch(path, zk::AddWatchMode::PersistentRecursive);
+    /// One persistent watch on `path` (which need not exist): recursive,
+    /// or on the node and its children only.
+    pub async fn watch(&self, path: &str, recursive: bool) -> Result<zk::PersistentWatcher, RegistryError> {
+        let mode = if recursive { zk::AddWatchMode::PersistentRecursive } else { zk::AddWatchMode::Persistent };
+        let watch = self.client.watch(path, mode);
         let watcher = self.call("watch", path, watch).await?;
         // `watch` never answers NoNode; treat it as the server being odd.
         watcher.ok_or_else(|| bad(self.registry, "watch", path, "no node"))
     }
 
-    /// Every service under every root, read. Any failure fails the whole.
-    pub async fn read_all(&self) -> Result<Vec<(ServiceKey, Read)>, RegistryError> {
+    /// Every service under every root that `keep` keeps. Any failure fails
+    /// the whole.
+    pub async fn list_all(&self, keep: impl Fn(&ServiceKey) -> bool) -> Result<Vec<ServiceKey>, RegistryError> {
         let mut keys = Vec::new();
         for root in 0..self.tree.roots().len() {
             keys.extend(self.list_root(root).await?);
         }
-        self.read_many(keys).await.into_iter().map(|(key, read)| read.map(|r| (key, r))).collect()
+        keys.retain(|key| keep(key));
+        Ok(keys)
     }
 
     /// The services of root `root`; none when the root does not exist.
