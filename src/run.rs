@@ -455,12 +455,8 @@ impl App {
 /// in force. Specs redact their secrets in Debug.
 /// Say who will get private keys (see `xds::auth`).
 fn log_xds_transport(addr: SocketAddr, tls: Option<&XdsTls>) {
-    let mode = match tls {
-        Some(t) if t.mtls() => "mtls",
-        Some(_) => "tls",
-        None => "plaintext",
-    };
-    if mode == "mtls" || crate::xds::auth::is_loopback(addr.ip()) {
+    let mode = tls.map_or("plaintext", XdsTls::mode);
+    if mode.starts_with("mtls") || crate::xds::auth::is_loopback(addr.ip()) {
         info!(%addr, mode, "xds transport");
     } else {
         warn!(

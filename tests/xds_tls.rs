@@ -389,3 +389,48 @@ async fn rotated_files_are_picked_up_and_a_bad_rotation_keeps_the_last_good() {
     drop(sotw);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn optional_client_certificates_admit_istiod_without_keys() {
+    let ip = pki::non_loopback_ip().expect("this test needs a non-loopback interface address");
+    let f = fixture(&[ip]);
+    let args = XdsTlsArgs { xds_client_cert_optional: true, ..f.tls_args(true) };
+    let app = launch(f.dir.path(), ip, args).await.unwrap();
+    ready(&app).await;
+    let marker = f.key_marker();
+
+    // Like istiod's `xds://` config source (TLS, no client certificate): MCP
+    // and listeners, no Secret.
+    let config = f.pki.client_config(None).unwrap();
+    let channel = pki::tls_channel(app.xds_addr, "meshbridge.test", config).await.unwrap();
+    let mut pilot = SotwClient::on(channel).await.unwrap();
+    let (all, sds) = fetch_all_sotw(&mut pilot).await;
+    assert!(sds.resources.is_empty());
+    assert!(!all[2].resources.is_empty(), "no Gateway over MCP");
+    assert!(all.iter().all(|r| !contains(&r.encode_to_vec(), &marker)));
+
+    // An Envoy with its certificate gets the key on the same server.
+    let config = f.pki.client_config(Some(&f.client)).unwrap();
+    let channel = pki::tls_channel(app.xds_addr, "meshbridge.test", config).await.unwrap();
+    let mut envoy = SotwClient::on(channel).await.unwrap();
+    let (_, sds) = fetch_all_sotw(&mut envoy).await;
+    assert_eq!(sds.resources.len(), 1);
+    let mut auth: Vec<_> = app.clients.snapshot().iter().map(|c| (c.auth, c.secrets_withheld)).collect();
+    auth.sort();
+    assert_eq!(auth, [("mtls", false), ("tls", true)]);
+
+    // A certificate that does not verify is still refused.
+    let other = TestPki::new("other-ca").unwrap();
+    let stranger = other.issue("stranger", &["DNS:stranger".into()]).unwrap();
+    let mut config = f.pki.client_config(None).unwrap();
+    config.client_auth_cert_resolver = other.client_config(Some(&stranger)).unwrap().client_auth_cert_resolver.clone();
+    let refused = match pki::tls_channel(app.xds_addr, "meshbridge.test", config).await {
+        Err(_) => true,
+        Ok(channel) => SotwClient::on(channel).await.is_err(),
+    };
+    assert!(refused, "a certificate from another CA opened a stream");
+    let only = XdsTlsArgs { xds_client_cert_optional: true, ..f.tls_args(false) };
+    assert!(XdsTls::load(&only).unwrap_err().to_string().contains("--xds-client-cert-optional needs"));
+    drop((pilot, envoy));
+    app.stop().await;
+}

@@ -112,6 +112,11 @@ pub struct XdsTlsArgs {
     /// (mTLS). Such clients are authenticated and get Secrets.
     #[arg(long = "xds-client-ca", env = "MESHBRIDGE_XDS_CLIENT_CA", requires = "xds_tls_cert")]
     pub xds_client_ca: Option<PathBuf>,
+    /// With --xds-client-ca: also accept clients without a certificate
+    /// (istiod's `xds://` config source speaks TLS without one). They get
+    /// everything but Secrets; a certificate, when presented, must verify.
+    #[arg(long = "xds-client-cert-optional", env = "MESHBRIDGE_XDS_CLIENT_CERT_OPTIONAL", requires = "xds_client_ca")]
+    pub xds_client_cert_optional: bool,
     /// How often the three files are checked for change; `0`: never.
     #[arg(long = "xds-tls-reload-interval", env = "MESHBRIDGE_XDS_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub xds_tls_reload_interval: Duration,
@@ -123,6 +128,7 @@ impl Default for XdsTlsArgs {
             xds_tls_cert: None,
             xds_tls_key: None,
             xds_client_ca: None,
+            xds_client_cert_optional: false,
             xds_tls_reload_interval: Duration::from_secs(10),
         }
     }

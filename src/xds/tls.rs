@@ -81,6 +81,9 @@ fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
 impl XdsTls {
     /// `None` without `--xds-tls-cert`; an error for a bad file or flag set.
     pub fn load(args: &XdsTlsArgs) -> Result<Option<Arc<XdsTls>>, TlsError> {
+        if args.xds_client_cert_optional && args.xds_client_ca.is_none() {
+            return Err(TlsError::Flags("--xds-client-cert-optional needs --xds-client-ca"));
+        }
         let (Some(_), Some(_)) = (&args.xds_tls_cert, &args.xds_tls_key) else {
             return match (&args.xds_tls_cert, &args.xds_tls_key, &args.xds_client_ca) {
                 (None, None, None) => Ok(None),
@@ -93,9 +96,14 @@ impl XdsTls {
         Ok(Some(Arc::new(XdsTls { args: args.clone(), current: RwLock::new(loaded) })))
     }
 
-    /// Clients must present a certificate.
-    pub fn mtls(&self) -> bool {
-        self.args.xds_client_ca.is_some()
+    /// `mtls` (a verified client certificate required), `mtls-optional`
+    /// (verified when presented) or `tls` (no client certificates).
+    pub fn mode(&self) -> &'static str {
+        match (&self.args.xds_client_ca, self.args.xds_client_cert_optional) {
+            (Some(_), false) => "mtls",
+            (Some(_), true) => "mtls-optional",
+            (None, _) => "tls",
+        }
     }
 
     fn acceptor(&self) -> TlsAcceptor {
@@ -194,9 +202,15 @@ fn build(args: &XdsTlsArgs) -> Result<Loaded, TlsError> {
             if roots.is_empty() {
                 return Err(pem_err(CA_FLAG, ca_path, "no CERTIFICATE block".into()));
             }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| TlsError::Rejected { flag: CA_FLAG, path: ca_path.clone(), message: e.to_string() })?;
+            let mut verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            if args.xds_client_cert_optional {
+                verifier = verifier.allow_unauthenticated();
+            }
+            let verifier = verifier.build().map_err(|e| TlsError::Rejected {
+                flag: CA_FLAG,
+                path: ca_path.clone(),
+                message: e.to_string(),
+            })?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
