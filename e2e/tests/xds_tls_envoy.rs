@@ -110,11 +110,11 @@ async fn envoy_over_mtls(s: &Setup, xds: SocketAddr, client: &Issued) -> Envoy {
     let admin_port = free_port();
     let text = replace(
         &text,
-        "socket_address: { address: meshbridge.meshbridge.svc, port_value: 15051 }",
+        "socket_address: { address: meshbridge.meshbridge-system.svc, port_value: 15051 }",
         &format!("socket_address: {{ address: {}, port_value: {} }}", xds.ip(), xds.port()),
     );
     let text = replace(&text, "port_value: 9901", &format!("port_value: {admin_port}"));
-    let text = replace(&text, "meshbridge.meshbridge.svc", XDS_NAME);
+    let text = replace(&text, "meshbridge.meshbridge-system.svc", XDS_NAME);
     let text = replace(&text, "/etc/envoy/xds/tls.crt", &client.cert.display().to_string());
     let text = replace(&text, "/etc/envoy/xds/tls.key", &client.key.display().to_string());
     let text = replace(&text, "/etc/envoy/xds/ca.crt", &s.pki.ca.cert.display().to_string());
