@@ -21,11 +21,13 @@ use prost::Message;
 const HOST: &str = "shop.example.com";
 
 /// What a Gateway/VirtualService/ServiceEntry look like to Pilot over MCP.
-const MCP_TYPES: [&str; 4] = [
+/// (A Secret collection, which meshbridge does not serve, included.)
+const MCP_TYPES: [&str; 5] = [
     "networking.istio.io/v1alpha3/Gateway",
     "networking.istio.io/v1alpha3/VirtualService",
     "networking.istio.io/v1alpha3/ServiceEntry",
     "networking.istio.io/v1alpha3/DestinationRule",
+    "core/v1/Secret",
 ];
 
 struct Fixture {
@@ -432,5 +434,43 @@ async fn optional_client_certificates_admit_istiod_without_keys() {
     let only = XdsTlsArgs { xds_client_cert_optional: true, ..f.tls_args(false) };
     assert!(XdsTls::load(&only).unwrap_err().to_string().contains("--xds-client-cert-optional needs"));
     drop((pilot, envoy));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn stalled_tls_handshakes_are_closed_and_hold_no_one_else() {
+    use tokio::io::AsyncReadExt;
+    let ip = pki::non_loopback_ip().expect("this test needs a non-loopback interface address");
+    let f = fixture(&[ip]);
+    let mut args = RunArgs::loopback(f.dir.path());
+    args.xds_addr = SocketAddr::new(ip, 0);
+    let app = App::launch(RunCommand {
+        args,
+        admin: AdminArgs::default(),
+        gateway: GatewayArgs::default(),
+        lifecycle: Default::default(),
+        xds: XdsLimits { tls: f.tls_args(true), handshake_timeout: Duration::from_millis(300), ..Default::default() },
+        kube: Default::default(),
+    })
+    .await
+    .unwrap();
+    // More silent connections than handshakes may run at once.
+    let mut silent = Vec::new();
+    for _ in 0..300 {
+        silent.push(tokio::net::TcpStream::connect(app.xds_addr).await.unwrap());
+    }
+    // A real client is served meanwhile...
+    let config = f.pki.client_config(Some(&f.client)).unwrap();
+    let channel = pki::tls_channel(app.xds_addr, "meshbridge.test", config).await.unwrap();
+    let mut sotw = SotwClient::on(channel).await.unwrap();
+    sotw.send(SotwClient::request(CLUSTER_TYPE, &[], "", "")).await;
+    assert_eq!(sotw.recv().await.type_url, CLUSTER_TYPE);
+    // ...and the silent ones are closed once the handshake timeout passes.
+    for mut s in silent {
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "a stalled handshake stayed open: {read:?}");
+    }
+    drop(sotw);
     app.stop().await;
 }
