@@ -301,6 +301,8 @@ impl App {
 
     pub async fn launch(cmd: RunCommand) -> anyhow::Result<App> {
         let RunCommand { args, admin, gateway, lifecycle, xds, kube } = cmd;
+        // Before anything starts: a bad file is a startup error.
+        let xds_tls = XdsTls::load(&xds.tls).context("xds TLS")?;
         let cache = Cache::new();
         let (source, kube, desired) = match &args.config_dir {
             Some(dir) if !kube.kube => {
@@ -354,7 +356,6 @@ impl App {
             tasks.push(crate::staleness::spawn(cache.clone(), max_stale));
         }
 
-        let xds_tls = XdsTls::load(&xds.tls).context("xds TLS")?;
         let xds_listener =
             TcpListener::bind(args.xds_addr).await.with_context(|| format!("bind xds {}", args.xds_addr))?;
         let xds_addr = xds_listener.local_addr()?;

@@ -42,8 +42,8 @@ pub enum TlsError {
     #[error("{0}")]
     Flags(&'static str),
     /// A file could not be read.
-    #[error("{flag} {}: {source}", path.display())]
-    Read { flag: &'static str, path: PathBuf, source: io::Error },
+    #[error("{flag} {}: {error}", path.display())]
+    Read { flag: &'static str, path: PathBuf, error: io::Error },
     /// A file holds no usable PEM of the kind its flag needs.
     #[error("{flag} {}: {what}", path.display())]
     Pem { flag: &'static str, path: PathBuf, what: String },
@@ -75,7 +75,7 @@ impl std::fmt::Debug for XdsTls {
 }
 
 fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read { flag, path: path.to_owned(), source })
+    std::fs::read(path).map_err(|error| TlsError::Read { flag, path: path.to_owned(), error })
 }
 
 impl XdsTls {
@@ -136,7 +136,9 @@ impl XdsTls {
             loop {
                 tokio::time::sleep(every).await;
                 let Some(tls) = weak.upgrade() else { return };
-                match tls.reload() {
+                // File reads and PEM parsing: off the async workers.
+                let Ok(result) = tokio::task::spawn_blocking(move || tls.reload()).await else { return };
+                match result {
                     Ok(changed) => {
                         if changed {
                             info!("xds TLS files changed: new certificate in use");
