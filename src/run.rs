@@ -26,7 +26,7 @@ use crate::time::parse_duration;
 use crate::translate::ConfigSet;
 use crate::translate::gateway::GatewayOptions;
 use crate::translate::ingress::IngressOptions;
-use crate::xds::{AdsServer, Clients, XdsLimits};
+use crate::xds::{AdsServer, Clients, XdsLimits, XdsTls};
 
 #[derive(Debug, Parser)]
 #[command(name = "meshbridge", version, about = "Service registries to Istio MCP and Envoy ADS")]
@@ -301,6 +301,8 @@ impl App {
 
     pub async fn launch(cmd: RunCommand) -> anyhow::Result<App> {
         let RunCommand { args, admin, gateway, lifecycle, xds, kube } = cmd;
+        // Before anything starts: a bad file is a startup error.
+        let xds_tls = XdsTls::load(&xds.tls).context("xds TLS")?;
         let cache = Cache::new();
         let (source, kube, desired) = match &args.config_dir {
             Some(dir) if !kube.kube => {
@@ -358,7 +360,9 @@ impl App {
             TcpListener::bind(args.xds_addr).await.with_context(|| format!("bind xds {}", args.xds_addr))?;
         let xds_addr = xds_listener.local_addr()?;
         info!(limits = ?xds, "xds limits");
-        let ads = AdsServer::with_limits(config.clone(), clients.clone(), xds);
+        log_xds_transport(xds_addr, xds_tls.as_deref());
+        tasks.extend(xds_tls.as_ref().and_then(|t| t.spawn_reloader()));
+        let ads = AdsServer::with_limits(config.clone(), clients.clone(), xds).with_tls(xds_tls);
         let stop = wait_true(shutdown_rx.clone());
         tasks.push(tokio::spawn(async move {
             if let Err(e) = ads.serve(xds_listener, stop).await {
@@ -450,6 +454,21 @@ impl App {
 
 /// The config source already warned about each problem; this logs what is
 /// in force. Specs redact their secrets in Debug.
+/// Say who will get private keys (see `xds::auth`).
+fn log_xds_transport(addr: SocketAddr, tls: Option<&XdsTls>) {
+    let mode = tls.map_or("plaintext", XdsTls::mode);
+    if mode.starts_with("mtls") || crate::xds::auth::is_loopback(addr.ip()) {
+        info!(%addr, mode, "xds transport");
+    } else {
+        warn!(
+            %addr,
+            mode,
+            "xds transport: clients are not authenticated (no --xds-client-ca), so only loopback \
+             clients get Secrets (TLS private keys); other clients' HTTPS listeners will not serve"
+        );
+    }
+}
+
 fn log_desired(d: &crate::config::Desired) {
     info!(registries = ?d.registries, problems = d.errors.len(), "effective config");
 }

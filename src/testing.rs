@@ -26,10 +26,17 @@ fn node(id: &str) -> Option<Node> {
     Some(Node { id: id.to_string(), cluster: "test".into(), ..Default::default() })
 }
 
+#[path = "testing_pki.rs"]
+pub mod pki;
+
 async fn channel(
     addr: std::net::SocketAddr,
 ) -> anyhow::Result<AggregatedDiscoveryServiceClient<tonic::transport::Channel>> {
     Ok(AggregatedDiscoveryServiceClient::connect(format!("http://{addr}")).await?)
+}
+
+fn client(channel: tonic::transport::Channel) -> AggregatedDiscoveryServiceClient<tonic::transport::Channel> {
+    AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(256 << 20)
 }
 
 impl<Req, Resp> AdsClient<Req, Resp> {
@@ -70,6 +77,13 @@ impl SotwClient {
     pub async fn connect(addr: std::net::SocketAddr) -> anyhow::Result<SotwClient> {
         let (tx, rx) = mpsc::channel(16);
         let resp = channel(addr).await?.stream_aggregated_resources(ReceiverStream::new(rx)).await?;
+        Ok(AdsClient { tx, rx: resp.into_inner() })
+    }
+
+    /// A stream on a channel of the caller's (e.g. [`pki::tls_channel`]).
+    pub async fn on(channel: tonic::transport::Channel) -> anyhow::Result<SotwClient> {
+        let (tx, rx) = mpsc::channel(16);
+        let resp = client(channel).stream_aggregated_resources(ReceiverStream::new(rx)).await?;
         Ok(AdsClient { tx, rx: resp.into_inner() })
     }
 
@@ -114,6 +128,13 @@ impl DeltaClient {
     pub async fn connect(addr: std::net::SocketAddr) -> anyhow::Result<DeltaClient> {
         let (tx, rx) = mpsc::channel(16);
         let resp = channel(addr).await?.delta_aggregated_resources(ReceiverStream::new(rx)).await?;
+        Ok(AdsClient { tx, rx: resp.into_inner() })
+    }
+
+    /// A stream on a channel of the caller's (e.g. [`pki::tls_channel`]).
+    pub async fn on(channel: tonic::transport::Channel) -> anyhow::Result<DeltaClient> {
+        let (tx, rx) = mpsc::channel(16);
+        let resp = client(channel).delta_aggregated_resources(ReceiverStream::new(rx)).await?;
         Ok(AdsClient { tx, rx: resp.into_inner() })
     }
 

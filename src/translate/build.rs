@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use meshbridge_registries::{Service, ServicePort, Tls};
 
-use super::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
+use super::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE, SECRET_TYPE};
 use super::gateway::{self, GatewayOutput};
 use super::ingress;
 use super::inputs::Inputs;
@@ -400,6 +400,7 @@ impl Translator {
             (ENDPOINT_TYPE, gw.load_assignments),
             (LISTENER_TYPE, gw.listeners),
             (ROUTE_TYPE, gw.routes),
+            (SECRET_TYPE, gw.secrets),
             (CLUSTER_TYPE, proxied.clusters),
             (ENDPOINT_TYPE, proxied.load_assignments),
             (LISTENER_TYPE, proxied.listeners),
@@ -463,7 +464,7 @@ impl Translator {
         }
         // Envoy types the stage owns always exist, so an emptied one is
         // still answered.
-        for type_url in [CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE] {
+        for type_url in [CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE, SECRET_TYPE] {
             self.set.envoy.entry(type_url).or_default();
         }
         changed |= self.set_warnings(DERIVED.into(), dedup(warnings));

@@ -32,6 +32,9 @@ pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Clus
 pub const ENDPOINT_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 pub const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+/// SDS: certificates and private keys, served only to authenticated
+/// clients (see `xds::auth`).
+pub const SECRET_TYPE: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 
 const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";

@@ -5,7 +5,8 @@
 //! - Listeners: `http.{port}` for each HTTP port, and `https.{port}` when at
 //!   least one Gateway server has `tls.mode: SIMPLE` with a known
 //!   certificate. Each takes its routes by RDS over ADS from the
-//!   RouteConfiguration of the same name.
+//!   RouteConfiguration of the same name, and its certificates by SDS over
+//!   ADS from Secrets named `namespace/name`.
 //! - Routes: a virtual host per VirtualService host bound to a Gateway
 //!   server; `http[]` entries in order.
 //! - Clusters: only the subset clusters (`outbound|{port}|{subset}|{host}`)
@@ -54,8 +55,8 @@ impl Default for GatewayOptions {
 pub use crate::config::TlsSecret as GatewayTls;
 
 /// Envoy resources for the standalone gateway, each list sorted by name.
-/// Listener bodies carry private keys inline: show names and versions, not
-/// bodies.
+/// Only the Secrets carry private keys: show their names and versions,
+/// never their bodies.
 #[derive(Debug, Clone, Default)]
 pub struct GatewayOutput {
     pub listeners: Vec<Resource>,
@@ -64,6 +65,8 @@ pub struct GatewayOutput {
     pub clusters: Vec<Resource>,
     /// The subset clusters' endpoints.
     pub load_assignments: Vec<Resource>,
+    /// SDS Secrets (certificate and key) the HTTPS chains name.
+    pub secrets: Vec<Resource>,
     /// Objects, servers, routes and destinations left out, and why.
     pub warnings: Vec<Warning>,
     /// Every host a route destination names, found or not: the services
@@ -109,7 +112,8 @@ pub fn envoy_gateway<'a>(
     }
 
     let name = format!("https.{}", opts.https_port);
-    let chains = listeners::https_chains(&servers, &name, &mut warnings);
+    let mut secrets = std::collections::BTreeMap::new();
+    let chains = listeners::https_chains(&servers, &name, &mut secrets, &mut warnings);
     if !chains.is_empty() {
         if http_ports.contains(&opts.https_port) {
             warnings.push(Warning::new(
@@ -122,6 +126,7 @@ pub fn envoy_gateway<'a>(
             out.routes.push(Resource::new(name.clone(), pack_any(rc)));
             let listener = listeners::https_listener(&name, opts.https_port, chains);
             out.listeners.push(Resource::new(name, pack_any(listener)));
+            out.secrets = secrets.into_values().collect();
         }
     }
 

@@ -419,10 +419,17 @@ fn https_listener_with_a_known_secret() {
     let hosts: Vec<&str> = https.virtual_hosts.iter().map(|v| v.name.as_str()).collect();
     assert_eq!(hosts, ["a.shop.example.com", "web.example.com"]);
     insta::assert_debug_snapshot!(view_listener(&out.listeners[1]));
-    // The key is in the listener, and nowhere it could be logged.
+    // The listener names the Secret of the Gateway's namespace; only that
+    // Secret (served over SDS to authenticated clients) carries the key,
+    // and nothing that could be logged does.
     assert!(!format!("{secrets:?}").contains("TESTKEY"));
-    let body = &out.listeners[1].body.value;
-    assert!(body.windows(KEY.len()).any(|w| w == KEY.as_bytes()), "the key is inline in the listener");
+    let has_key = |r: &Resource| r.body.value.windows(KEY.len()).any(|w| w == KEY.as_bytes());
+    assert!(!out.listeners.iter().any(has_key), "a key in a listener");
+    let names: Vec<&str> = out.secrets.iter().map(|r| &*r.name).collect();
+    assert_eq!(names, [format!("{GW_NS}/web-cert")]);
+    assert!(has_key(&out.secrets[0]), "the key is in the SDS Secret");
+    let secret: envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret = decode(&out.secrets[0]);
+    assert_eq!(secret.name, format!("{GW_NS}/web-cert"));
     assert!(!texts(&out.warnings).join("\n").contains("TESTKEY"));
 }
 

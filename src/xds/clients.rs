@@ -12,16 +12,23 @@
 //! client is not counted as latency.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime};
 
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse};
 use serde::Serialize;
 
-use super::Subscription;
+use tracing::warn;
+
+use super::auth::PeerAuth;
+use super::limits::LogLimit;
 use super::metrics::{XdsLabels, XdsMetrics};
+use super::subscription::{Subscription, no_resources, type_resources};
+use crate::resources::TypeResources;
 use crate::time;
+use crate::translate::ConfigSet;
+use crate::translate::envoy::SECRET_TYPE;
 
 /// The type URLs that get their own metric series; any other is `other`,
 /// so a client cannot grow `/metrics` by inventing type URLs.
@@ -31,7 +38,7 @@ pub fn metric_type_url(type_url: &str) -> &str {
         crate::translate::envoy::ENDPOINT_TYPE,
         crate::translate::envoy::LISTENER_TYPE,
         crate::translate::envoy::ROUTE_TYPE,
-        "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
+        crate::translate::envoy::SECRET_TYPE,
     ];
     const MCP_VERSIONS: [&str; 4] = ["v1", "v1alpha1", "v1alpha3", "v1beta1"];
     const MCP_KINDS: [&str; 13] = [
@@ -54,6 +61,11 @@ pub fn metric_type_url(type_url: &str) -> &str {
             && crate::translate::mcp::collection(type_url).is_some_and(|c| MCP_KINDS.contains(&c.as_str()));
     if known { type_url } else { "other" }
 }
+
+/// Secrets withheld: one WARN per stream, and at most one per 10 s over
+/// all of them, so a crowd of unauthenticated clients cannot flood the log.
+static REFUSAL_LOG: std::sync::LazyLock<LogLimit> =
+    std::sync::LazyLock::new(|| LogLimit::new(std::time::Duration::from_secs(10)));
 
 /// How often a stream logs a NACK at most.
 const NACK_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
@@ -96,6 +108,13 @@ pub struct ClientStatus {
     pub id: u64,
     pub node_id: String,
     pub peer: String,
+    /// How the connection was authenticated: `loopback`, `mtls`, `tls` or
+    /// `plaintext`; only `loopback` and `mtls` clients get Secrets.
+    pub auth: &'static str,
+    /// The verified client certificate's URI (SPIFFE) or DNS name.
+    pub identity: Option<String>,
+    /// The client asked for Secrets and was refused: it is not authenticated.
+    pub secrets_withheld: bool,
     pub mode: &'static str,
     #[serde(serialize_with = "time::rfc3339_ser")]
     pub connected_at: SystemTime,
@@ -135,12 +154,21 @@ impl Clients {
         &self.metrics
     }
 
+    /// A stream from an unauthenticated peer (see [`Clients::connect_as`]).
     pub fn connect(self: &Arc<Self>, peer: &str, mode: &'static str) -> ClientHandle {
+        self.connect_as(peer, mode, PeerAuth::Plaintext)
+    }
+
+    /// A stream from `peer`, authenticated as `auth`.
+    pub fn connect_as(self: &Arc<Self>, peer: &str, mode: &'static str, auth: PeerAuth) -> ClientHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let status = ClientStatus {
             id,
             node_id: String::new(),
             peer: peer.to_string(),
+            auth: auth.label(),
+            identity: auth.identity().map(str::to_string),
+            secrets_withheld: false,
             mode,
             connected_at: SystemTime::now(),
             subscribed_types: BTreeSet::new(),
@@ -153,7 +181,9 @@ impl Clients {
             mode,
             connected: Instant::now(),
             latency: Mutex::default(),
-            nack_log: Mutex::default(),
+            nack_log: LogLimit::new(NACK_LOG_EVERY),
+            auth,
+            secrets_withheld: AtomicBool::new(false),
         }
     }
 
@@ -234,12 +264,40 @@ pub struct ClientHandle {
     /// Only this stream's task uses it; the lock is never contended.
     latency: Mutex<BTreeMap<String, Latency>>,
     /// When a NACK was last logged, and how many were not since.
-    nack_log: Mutex<(Option<Instant>, u64)>,
+    nack_log: LogLimit,
+    auth: PeerAuth,
+    /// Secrets were withheld from this stream (logged once).
+    secrets_withheld: AtomicBool,
 }
 
 impl ClientHandle {
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    pub fn auth(&self) -> &PeerAuth {
+        &self.auth
+    }
+
+    /// The resources of `type_url` this client may be sent: all of them,
+    /// but Secrets only for an authenticated client (see [`super::auth`]).
+    pub fn visible<'a>(&self, set: &'a ConfigSet, type_url: &str) -> &'a TypeResources {
+        if type_url != SECRET_TYPE || self.auth.trusted() {
+            return type_resources(set, type_url);
+        }
+        if !self.secrets_withheld.swap(true, Ordering::Relaxed) {
+            self.with(|c| c.secrets_withheld = true);
+            if let Some(unlogged) = REFUSAL_LOG.check() {
+                warn!(
+                    auth = self.auth.label(),
+                    unlogged,
+                    "xDS client is not authenticated (no verified client certificate, not loopback): \
+                     Secrets with TLS private keys are withheld from it, so its TLS listeners cannot serve; \
+                     give meshbridge --xds-tls-cert/--xds-tls-key/--xds-client-ca and the client a certificate"
+                );
+            }
+        }
+        no_resources()
     }
 
     fn with(&self, f: impl FnOnce(&mut ClientStatus)) {
@@ -260,14 +318,7 @@ impl ClientHandle {
     /// per stream (a client NACKing in a loop must not flood the log);
     /// returns how many were left unlogged before this one.
     pub fn nack_log(&self) -> Option<u64> {
-        let mut last = self.nack_log.lock().unwrap_or_else(PoisonError::into_inner);
-        let (at, skipped) = &mut *last;
-        if at.is_some_and(|t| t.elapsed() < NACK_LOG_EVERY) {
-            *skipped += 1;
-            return None;
-        }
-        *at = Some(Instant::now());
-        Some(std::mem::take(skipped))
+        self.nack_log.check()
     }
 
     fn latency(&self) -> MutexGuard<'_, BTreeMap<String, Latency>> {

@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 use super::clients::NACK_DETAIL_BYTES;
 use super::limits::{short, truncate};
 use super::tracker::Tracker;
-use super::{ClientHandle, Subscription, push_order, type_resources};
+use super::{ClientHandle, Subscription, push_order};
 use crate::translate::ConfigSet;
 use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE};
 
@@ -62,7 +62,7 @@ impl DeltaStream {
         let type_url = req.type_url.clone();
         let st = self.types.entry(type_url.clone()).or_default();
         let first = !st.started;
-        let known = type_resources(set, &type_url);
+        let known = self.client.visible(set, &type_url);
         if first {
             st.started = true;
             let sub = Subscription::from_names(&type_url, &req.resource_names_subscribe, known);
@@ -134,7 +134,7 @@ impl DeltaStream {
         force: &HashSet<Arc<str>>,
     ) -> Option<(DeltaDiscoveryResponse, Vec<Arc<str>>)> {
         let st = self.types.get_mut(type_url)?;
-        let now = type_resources(set, type_url);
+        let now = self.client.visible(set, type_url);
         let changes = st.tracker.changes(now, set.revision, force);
         self.examined += changes.examined as u64;
         st.tracker.commit(now, set.revision, Vec::new());

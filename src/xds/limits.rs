@@ -12,10 +12,12 @@
 //! | handshake | 10 s to send the HTTP/2 preface | [`Conn`] |
 //! | idle | 5 min without an open stream | [`Conn`] |
 //! | type URL / resource name | 256 / 1024 bytes; 64 types per stream | the stream task: `INVALID_ARGUMENT` |
+//! | TLS handshakes in progress | 256, each within the handshake timeout | [`super::tls::incoming`] |
 
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -25,7 +27,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
+
+use super::auth::PeerAuth;
 
 /// Longest type URL accepted (Envoy's and Istio's are under 100 bytes).
 pub const MAX_TYPE_URL_BYTES: usize = 256;
@@ -71,6 +75,9 @@ pub struct XdsLimits {
     /// A connection without an open stream for this long is closed.
     #[arg(long = "xds-idle-timeout", env = "MESHBRIDGE_XDS_IDLE_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     pub idle_timeout: Duration,
+    /// TLS and mTLS (not a limit, but the same server's flags).
+    #[command(flatten)]
+    pub tls: XdsTlsArgs,
 }
 
 impl Default for XdsLimits {
@@ -85,6 +92,44 @@ impl Default for XdsLimits {
             max_connection_age_grace: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(5 * 60),
+            tls: Default::default(),
+        }
+    }
+}
+
+/// TLS for the xDS server. Without `--xds-tls-cert` the server speaks
+/// plaintext, and only loopback clients get Secrets.
+#[derive(Debug, Clone, clap::Args)]
+pub struct XdsTlsArgs {
+    /// PEM certificate chain the xDS server presents; with --xds-tls-key
+    /// the server speaks TLS only.
+    #[arg(long = "xds-tls-cert", env = "MESHBRIDGE_XDS_TLS_CERT", requires = "xds_tls_key")]
+    pub xds_tls_cert: Option<PathBuf>,
+    /// PEM private key of --xds-tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long = "xds-tls-key", env = "MESHBRIDGE_XDS_TLS_KEY", requires = "xds_tls_cert")]
+    pub xds_tls_key: Option<PathBuf>,
+    /// PEM CA bundle: every client must present a certificate it signed
+    /// (mTLS). Such clients are authenticated and get Secrets.
+    #[arg(long = "xds-client-ca", env = "MESHBRIDGE_XDS_CLIENT_CA", requires = "xds_tls_cert")]
+    pub xds_client_ca: Option<PathBuf>,
+    /// With --xds-client-ca: also accept clients without a certificate
+    /// (istiod's `xds://` config source speaks TLS without one). They get
+    /// everything but Secrets; a certificate, when presented, must verify.
+    #[arg(long = "xds-client-cert-optional", env = "MESHBRIDGE_XDS_CLIENT_CERT_OPTIONAL", requires = "xds_client_ca")]
+    pub xds_client_cert_optional: bool,
+    /// How often the three files are checked for change; `0`: never.
+    #[arg(long = "xds-tls-reload-interval", env = "MESHBRIDGE_XDS_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub xds_tls_reload_interval: Duration,
+}
+
+impl Default for XdsTlsArgs {
+    fn default() -> Self {
+        XdsTlsArgs {
+            xds_tls_cert: None,
+            xds_tls_key: None,
+            xds_client_ca: None,
+            xds_client_cert_optional: false,
+            xds_tls_reload_interval: Duration::from_secs(10),
         }
     }
 }
@@ -138,10 +183,17 @@ impl Connections {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// Wrap an accepted connection.
-    pub fn accept(self: &Arc<Self>, io: TcpStream, limits: &XdsLimits) -> Conn {
+    /// Wrap a plaintext connection.
+    pub fn accept_plain(self: &Arc<Self>, io: TcpStream, limits: &XdsLimits) -> Conn {
+        let auth = PeerAuth::unverified(io.peer_addr().ok(), false);
+        self.accept(Io::Plain(io), auth, limits)
+    }
+
+    /// Wrap an accepted connection whose peer authenticated as `auth`.
+    pub fn accept(self: &Arc<Self>, io: Io, auth: PeerAuth, limits: &XdsLimits) -> Conn {
         let state = Arc::new(ConnState { streams: AtomicUsize::new(0), last_busy_ms: AtomicU64::new(self.now_ms()) });
-        if let Ok(peer) = io.peer_addr() {
+        let remote = io.tcp().peer_addr().ok();
+        if let Some(peer) = remote {
             let mut map = self.by_peer.lock().unwrap_or_else(PoisonError::into_inner);
             // Closed connections are swept as the map doubles: amortised O(1).
             if map.len() >= 64 && map.len().is_power_of_two() {
@@ -150,6 +202,7 @@ impl Connections {
             map.insert(peer, Arc::downgrade(&state));
         }
         Conn {
+            info: ConnInfo { remote, auth },
             io,
             handshake: nonzero(limits.handshake_timeout).map(|d| Box::pin(tokio::time::sleep(d))),
             preface_left: PREFACE_LEN,
@@ -176,7 +229,8 @@ const PREFACE_LEN: usize = 24;
 /// too long). Both end the connection with a read error, which hyper turns
 /// into closing it.
 pub struct Conn {
-    io: TcpStream,
+    info: ConnInfo,
+    io: Io,
     handshake: Option<Pin<Box<Sleep>>>,
     preface_left: usize,
     idle: Option<Duration>,
@@ -253,10 +307,98 @@ impl AsyncWrite for Conn {
     }
 }
 
+/// What a request knows of its connection (a request extension).
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub remote: Option<SocketAddr>,
+    pub auth: PeerAuth,
+}
+
 impl Connected for Conn {
-    type ConnectInfo = TcpConnectInfo;
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.io.connect_info()
+    type ConnectInfo = ConnInfo;
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+/// A connection's transport: plain TCP, or TLS over it.
+pub enum Io {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl Io {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Io::Plain(io) => io,
+            Io::Tls(io) => io.get_ref().0,
+        }
+    }
+}
+
+/// Forward one `AsyncRead`/`AsyncWrite` call to whichever transport it is.
+macro_rules! each_io {
+    ($self:expr, $io:ident => $e:expr) => {
+        match $self.get_mut() {
+            Io::Plain($io) => $e,
+            Io::Tls($io) => $e,
+        }
+    };
+}
+
+impl AsyncRead for Io {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        each_io!(self, io => Pin::new(io).poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        each_io!(self, io => Pin::new(io).poll_write(cx, buf))
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each_io!(self, io => Pin::new(io).poll_flush(cx))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each_io!(self, io => Pin::new(io).poll_shutdown(cx))
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        each_io!(self, io => Pin::new(io).poll_write_vectored(cx, bufs))
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(io) => io.is_write_vectored(),
+            Io::Tls(io) => io.is_write_vectored(),
+        }
+    }
+}
+
+/// At most one log line per period: `check` says whether to log now, and
+/// how many were left unlogged since the last one.
+#[derive(Debug)]
+pub struct LogLimit {
+    every: Duration,
+    last: Mutex<(Option<Instant>, u64)>,
+}
+
+impl LogLimit {
+    pub fn new(every: Duration) -> LogLimit {
+        LogLimit { every, last: Mutex::default() }
+    }
+
+    pub fn check(&self) -> Option<u64> {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let (at, skipped) = &mut *last;
+        if at.is_some_and(|t| t.elapsed() < self.every) {
+            *skipped += 1;
+            return None;
+        }
+        *at = Some(Instant::now());
+        Some(std::mem::take(skipped))
     }
 }
 

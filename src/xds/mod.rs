@@ -4,13 +4,18 @@
 //! ([`sotw::SotwStream`] or [`delta::DeltaStream`]). The translated config
 //! arrives on a `watch` channel: a burst of changes coalesces into one push
 //! of the newest state, and a slow client can never lag behind a queue.
+//!
+//! The server speaks plaintext, TLS or mTLS ([`tls`]); how a stream's peer
+//! authenticated decides whether it may have Secrets ([`auth`]).
 
+pub mod auth;
 pub mod clients;
 pub mod delta;
 pub mod limits;
 pub mod metrics;
 pub mod sotw;
 pub mod subscription;
+pub mod tls;
 pub mod tracker;
 
 use std::collections::VecDeque;
@@ -29,10 +34,12 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use auth::PeerAuth;
 pub use clients::{ClientHandle, Clients};
-use limits::Connections;
-pub use limits::XdsLimits;
+use limits::{ConnInfo, Connections};
+pub use limits::{XdsLimits, XdsTlsArgs};
 pub use subscription::{Subscription, is_full_state, push_order, type_resources};
+pub use tls::{TlsError, XdsTls};
 
 use crate::translate::ConfigSet;
 
@@ -45,9 +52,12 @@ pub struct AdsServer {
     /// One permit per open stream, all clients together.
     streams: Arc<Semaphore>,
     connections: Arc<Connections>,
+    /// `None`: plaintext.
+    tls: Option<Arc<XdsTls>>,
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+type BoxIncoming = Pin<Box<dyn Stream<Item = std::io::Result<limits::Conn>> + Send>>;
 
 impl AdsServer {
     /// A server with the default [`XdsLimits`].
@@ -57,7 +67,13 @@ impl AdsServer {
 
     pub fn with_limits(config: watch::Receiver<Arc<ConfigSet>>, clients: Arc<Clients>, limits: XdsLimits) -> Self {
         let streams = Arc::new(Semaphore::new(limits.max_streams));
-        AdsServer { config, clients, limits: Arc::new(limits), streams, connections: Arc::default() }
+        AdsServer { config, clients, limits: Arc::new(limits), streams, connections: Arc::default(), tls: None }
+    }
+
+    /// Serve TLS (mTLS when it has a client CA) instead of plaintext.
+    pub fn with_tls(mut self, tls: Option<Arc<XdsTls>>) -> Self {
+        self.tls = tls;
+        self
     }
 
     pub fn into_service(self) -> AggregatedDiscoveryServiceServer<AdsServer> {
@@ -74,8 +90,13 @@ impl AdsServer {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), tonic::transport::Error> {
         let (connections, limits) = (self.connections.clone(), self.limits.clone());
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener)
-            .map(move |io| io.map(|io| connections.accept(io, &limits)));
+        let incoming: BoxIncoming = match self.tls.clone() {
+            Some(tls) => Box::pin(tls::incoming(listener, tls, connections, limits)),
+            None => Box::pin(
+                tokio_stream::wrappers::TcpListenerStream::new(listener)
+                    .map(move |io| io.map(|io| connections.accept_plain(io, &limits))),
+            ),
+        };
         let limits = &self.limits;
         let (keepalive_interval, keepalive_timeout) = limits.keepalive();
         let mut builder = tonic::transport::Server::builder()
@@ -226,6 +247,19 @@ fn peer(addr: Option<SocketAddr>) -> String {
     addr.map(|a| a.to_string()).unwrap_or_else(|| "unknown".into())
 }
 
+/// Where a request comes from and how its peer authenticated. A server
+/// run from [`AdsServer::into_service`] on a plain tonic listener (tests,
+/// benchmarks) has only the address: loopback is trusted, nothing else.
+fn conn_info<T>(request: &Request<T>) -> ConnInfo {
+    match request.extensions().get::<ConnInfo>() {
+        Some(info) => info.clone(),
+        None => {
+            let remote = request.remote_addr();
+            ConnInfo { remote, auth: PeerAuth::unverified(remote, false) }
+        }
+    }
+}
+
 impl AdsServer {
     /// Shutting down: a new stream gets UNAVAILABLE, so the client
     /// reconnects (to another replica, behind a Service) at once.
@@ -240,7 +274,7 @@ impl AdsServer {
     fn open<S: StreamState>(
         &self,
         mode: &'static str,
-        remote: Option<SocketAddr>,
+        ConnInfo { remote, auth }: ConnInfo,
         inbound: Streaming<S::Req>,
         state: impl FnOnce(ClientHandle) -> S,
     ) -> Result<BoxStream<S::Resp>, Status> {
@@ -253,8 +287,8 @@ impl AdsServer {
         })?;
         let conn = self.connections.stream_opened(remote);
         let peer = peer(remote);
-        let client = self.clients.connect(&peer, mode);
-        let span = info_span!("ads", mode, stream = client.id(), %peer);
+        let client = self.clients.connect_as(&peer, mode, auth);
+        let span = info_span!("ads", mode, stream = client.id(), %peer, auth = client.auth().label());
         let (tx, rx) = mpsc::channel(1);
         let state = state(client);
         let config = self.config.clone();
@@ -290,8 +324,8 @@ impl AggregatedDiscoveryService for AdsServer {
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
         self.refuse_if_draining()?;
-        let remote = request.remote_addr();
-        Ok(Response::new(self.open("sotw", remote, request.into_inner(), sotw::SotwStream::new)?))
+        let info = conn_info(&request);
+        Ok(Response::new(self.open("sotw", info, request.into_inner(), sotw::SotwStream::new)?))
     }
 
     async fn delta_aggregated_resources(
@@ -299,8 +333,8 @@ impl AggregatedDiscoveryService for AdsServer {
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
         self.refuse_if_draining()?;
-        let remote = request.remote_addr();
-        Ok(Response::new(self.open("delta", remote, request.into_inner(), delta::DeltaStream::new)?))
+        let info = conn_info(&request);
+        Ok(Response::new(self.open("delta", info, request.into_inner(), delta::DeltaStream::new)?))
     }
 }
 

@@ -20,7 +20,7 @@ use tracing::{debug, warn};
 use super::clients::NACK_DETAIL_BYTES;
 use super::limits::{short, truncate};
 use super::tracker::Tracker;
-use super::{ClientHandle, Subscription, is_full_state, push_order, type_resources};
+use super::{ClientHandle, Subscription, is_full_state, push_order};
 use crate::translate::ConfigSet;
 use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE};
 
@@ -73,7 +73,7 @@ impl SotwStream {
             debug!(type_url, nonce = %short(&req.response_nonce), latest = st.nonce, "ignoring stale nonce");
             return Vec::new();
         }
-        let sub = Subscription::from_names(&type_url, &req.resource_names, type_resources(set, &type_url));
+        let sub = Subscription::from_names(&type_url, &req.resource_names, self.client.visible(set, &type_url));
         self.client.subscribed(&type_url, &sub);
         // Names no longer wanted are forgotten, so a later re-subscribe sends them.
         let changed = st.tracker.set_sub(sub);
@@ -138,7 +138,7 @@ impl SotwStream {
         always: bool,
     ) -> Option<(DiscoveryResponse, Vec<Arc<str>>)> {
         let st = self.types.get_mut(type_url)?;
-        let now = type_resources(set, type_url);
+        let now = self.client.visible(set, type_url);
         let changes = st.tracker.changes(now, set.revision, force);
         self.examined += changes.examined as u64;
         let send = always || !changes.upserts.is_empty() || full && !changes.removed.is_empty();

@@ -202,3 +202,48 @@ fn delta_unsubscribe_sends_no_removal_and_resubscribe_resends() {
     let out = d.on_request(&sub(&["b"], &[]), &set);
     assert_eq!(out[0].resources.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["b"]);
 }
+
+#[test]
+fn secrets_go_only_to_authenticated_streams_on_request_and_on_change() {
+    use crate::translate::envoy::SECRET_TYPE;
+    let clients = Clients::new();
+    let mut set = ConfigSet { revision: 1, ..Default::default() };
+    set.envoy.entry(SECRET_TYPE).or_default().insert(1, res("ns/cert", "key-1"));
+    let changed = next_secret(&set, "key-2");
+    let sotw_req =
+        DiscoveryRequest { type_url: SECRET_TYPE.into(), resource_names: vec!["ns/cert".into()], ..Default::default() };
+    let delta_req = DeltaDiscoveryRequest {
+        type_url: SECRET_TYPE.into(),
+        resource_names_subscribe: vec!["ns/cert".into(), "*".into()],
+        ..Default::default()
+    };
+    for (auth, trusted) in [
+        (PeerAuth::Plaintext, false),
+        (PeerAuth::Tls, false),
+        (PeerAuth::Loopback, true),
+        (PeerAuth::Mtls { identity: None }, true),
+    ] {
+        let mut sotw = SotwStream::new(clients.connect_as("p", "sotw", auth.clone()));
+        let first = sotw.on_request(&sotw_req, &set);
+        assert_eq!(first.len(), 1, "the request is answered either way");
+        assert_eq!(first[0].resources.len(), usize::from(trusted), "{auth:?}");
+        let pushed: usize = sotw.on_change(&changed).iter().map(|r| r.resources.len()).sum();
+        assert_eq!(pushed, usize::from(trusted), "{auth:?} on change");
+
+        let mut delta = DeltaStream::new(clients.connect_as("p", "delta", auth.clone()));
+        let first = delta.on_request(&delta_req, &set);
+        assert_eq!(first[0].resources.len(), usize::from(trusted), "{auth:?}");
+        let pushed: usize = delta.on_change(&changed).iter().map(|r| r.resources.len()).sum();
+        assert_eq!(pushed, usize::from(trusted), "{auth:?} on change");
+        let snap = clients.snapshot();
+        assert!(snap.iter().all(|c| c.secrets_withheld != trusted && c.auth == auth.label()), "{snap:?}");
+    }
+}
+
+fn next_secret(prev: &ConfigSet, body: &str) -> ConfigSet {
+    let mut set = ConfigSet { revision: prev.revision + 1, envoy: prev.envoy.clone(), ..Default::default() };
+    if let Some(t) = set.envoy.get_mut(crate::translate::envoy::SECRET_TYPE) {
+        t.insert(set.revision, res("ns/cert", body));
+    }
+    set
+}

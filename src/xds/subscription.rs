@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::resources::TypeResources;
 use crate::translate::ConfigSet;
-use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
+use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE, SECRET_TYPE};
 
 /// What a client asked for, for one type. Names are shared `Arc<str>`,
 /// the published resource's own name where there is one, so a stream's
@@ -22,11 +22,12 @@ impl Subscription {
     /// From a SotW `resource_names` list or the first delta subscribe list.
     /// An empty list is the legacy wildcard, but only for types where the
     /// client may not know names up front (all but EDS and RDS, which are
-    /// always named: an empty EDS list means "nothing"). Names the type
+    /// always named: an empty EDS list means "nothing"; SDS, whose
+    /// Secrets are named by the listeners). Names the type
     /// holds share its resources' names.
     pub fn from_names(type_url: &str, names: &[String], known: &TypeResources) -> Subscription {
         let mut sub = Subscription::default();
-        let named_only = type_url == ENDPOINT_TYPE || type_url == ROUTE_TYPE;
+        let named_only = !is_full_state(type_url);
         sub.wildcard = names.is_empty() && !named_only;
         for n in names {
             sub.add(n, known);
@@ -62,15 +63,20 @@ impl Subscription {
 
 /// The resources a type URL names in `set`, empty when it has none.
 pub fn type_resources<'a>(set: &'a ConfigSet, type_url: &str) -> &'a TypeResources {
+    set.resources(type_url).unwrap_or_else(|| no_resources())
+}
+
+/// An empty resource set.
+pub fn no_resources() -> &'static TypeResources {
     static EMPTY: std::sync::LazyLock<TypeResources> = std::sync::LazyLock::new(TypeResources::default);
-    set.resources(type_url).unwrap_or(&EMPTY)
+    &EMPTY
 }
 
 /// Types whose every response must list all resources (xDS: Listener and
 /// Cluster are "full state" in SotW), and any type we do not know, which
-/// Pilot's MCP client treats the same way.
+/// Pilot's MCP client treats the same way. EDS, RDS and SDS are not.
 pub fn is_full_state(type_url: &str) -> bool {
-    type_url != ENDPOINT_TYPE && type_url != ROUTE_TYPE
+    type_url != ENDPOINT_TYPE && type_url != ROUTE_TYPE && type_url != SECRET_TYPE
 }
 
 /// go-control-plane's order: CDS, EDS, LDS, RDS, then anything else.

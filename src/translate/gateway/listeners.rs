@@ -2,8 +2,12 @@
 //! port, and HTTPS with one SNI filter chain per served Gateway server. Every
 //! listener takes its routes by RDS over ADS, from a RouteConfiguration of
 //! the listener's own name.
+//!
+//! A chain names its certificate and takes it by SDS over ADS: a listener
+//! carries no key material, and the xDS server hands the Secret (which does)
+//! only to authenticated clients (see `xds::auth`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use envoy_types::pb::envoy::config::core::v3::{
     Address, AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, SocketAddress, TransportSocket,
@@ -20,12 +24,14 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
     http_connection_manager::RouteSpecifier, http_filter,
 };
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    CommonTlsContext, DownstreamTlsContext, TlsCertificate,
+    CommonTlsContext, DownstreamTlsContext, SdsSecretConfig, Secret, TlsCertificate, secret,
 };
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
 use super::servers::{BoundServer, Side};
+use crate::config::TlsSecret as GatewayTls;
+use crate::resources::Resource;
 use crate::translate::warning::{Reason, Warning};
 
 pub const HCM_FILTER: &str = "envoy.filters.network.http_connection_manager";
@@ -83,10 +89,35 @@ pub fn http_listener(name: &str, port: u16) -> Listener {
     }
 }
 
+/// The SDS name of a certificate: its Secret's `namespace/name`.
+pub fn secret_name(tls: &GatewayTls) -> String {
+    format!("{}/{}", tls.namespace, tls.name)
+}
+
+/// The SDS Secret a chain names: the only resource that carries a key.
+pub fn tls_secret(tls: &GatewayTls) -> Resource {
+    let name = secret_name(tls);
+    let body = Secret {
+        name: name.clone(),
+        r#type: Some(secret::Type::TlsCertificate(TlsCertificate {
+            certificate_chain: Some(inline(&tls.cert_chain_pem)),
+            private_key: Some(inline(tls.private_key_pem.expose())),
+            ..Default::default()
+        })),
+    };
+    Resource::new(name, pack_any(body))
+}
+
 /// The HTTPS filter chains, one per HTTPS server, in Gateway order. An SNI
 /// name already taken by an earlier server is left out of later ones, since
-/// Envoy rejects the whole listener when two chains match alike.
-pub fn https_chains(servers: &[BoundServer<'_>], route_config: &str, warnings: &mut Vec<Warning>) -> Vec<FilterChain> {
+/// Envoy rejects the whole listener when two chains match alike. The
+/// Secrets the chains name are added to `secrets`, by name.
+pub fn https_chains(
+    servers: &[BoundServer<'_>],
+    route_config: &str,
+    secrets: &mut BTreeMap<String, Resource>,
+    warnings: &mut Vec<Warning>,
+) -> Vec<FilterChain> {
     let mut taken: BTreeSet<String> = BTreeSet::new();
     let mut catch_all_taken = false;
     let mut chains = Vec::new();
@@ -126,13 +157,11 @@ pub fn https_chains(servers: &[BoundServer<'_>], route_config: &str, warnings: &
             }
             names
         };
+        let name = secret_name(secret);
+        secrets.entry(name.clone()).or_insert_with(|| tls_secret(secret));
         let tls = DownstreamTlsContext {
             common_tls_context: Some(CommonTlsContext {
-                tls_certificates: vec![TlsCertificate {
-                    certificate_chain: Some(inline(&secret.cert_chain_pem)),
-                    private_key: Some(inline(secret.private_key_pem.expose())),
-                    ..Default::default()
-                }],
+                tls_certificate_sds_secret_configs: vec![SdsSecretConfig { name, sds_config: Some(ads()) }],
                 alpn_protocols: vec!["h2".into(), "http/1.1".into()],
                 ..Default::default()
             }),
