@@ -24,6 +24,7 @@ pub mod names;
 mod resolve;
 mod retry;
 mod spec;
+pub mod tls;
 mod watcher;
 mod worker;
 pub mod zookeeper;
@@ -36,6 +37,7 @@ pub use clip::{LOG_MESSAGE_MAX, LOG_VALUE_MAX, clip, clip_owned, clip_to};
 pub use model::{Endpoint, Protocol, Service, ServicePort, Tls};
 pub use names::host_part;
 pub use spec::{RegistryKind, RegistrySpec, Secret};
+pub use tls::RegistryTls;
 pub use watcher::{RegistryError, Sink, Update, Watcher};
 
 /// Build the watcher for a spec. A spec the watcher cannot use is a config

@@ -37,7 +37,10 @@ impl Servers {
             return Ok(Servers::Fixed(servers));
         };
         // Higress accepts `host:port` as well as a URL.
-        let base = if address.contains("://") { address.to_string() } else { format!("http://{address}") };
+        // With `registryTls` a bare address is https too; an explicit
+        // scheme is kept as written.
+        let scheme = if spec.tls.is_some() { "https" } else { "http" };
+        let base = if address.contains("://") { address.to_string() } else { format!("{scheme}://{address}") };
         let mut url = Url::parse(&base)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
