@@ -71,7 +71,11 @@ pub fn parse_ca_bundle(pem: &str) -> Result<Vec<CertificateDer<'static>>, String
 
 /// A `serverName` that can be verified: a DNS name or an IP address.
 pub fn check_server_name(name: &str) -> Result<(), String> {
-    ServerName::try_from(name.to_string()).map(drop).map_err(|_| "not a DNS name or IP address".into())
+    let plain = name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b':'));
+    match ServerName::try_from(name.to_string()) {
+        Ok(_) if plain => Ok(()),
+        _ => Err("not a DNS name or IP address".into()),
+    }
 }
 
 /// The rustls client config for `tls`, with ring (the one crypto provider
