@@ -193,12 +193,17 @@ fn default_roots() -> &'static RootCertStore {
 pub fn tls_failure(e: &(dyn StdError + 'static)) -> Option<String> {
     let mut next: Option<&(dyn StdError + 'static)> = Some(e);
     while let Some(err) = next {
-        let rustls_err = err.downcast_ref::<rustls::Error>().or_else(|| {
-            // io::Error hides its inner error from `source()`.
-            err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).and_then(|i| i.downcast_ref())
-        });
-        if let Some(r) = rustls_err {
+        if let Some(r) = err.downcast_ref::<rustls::Error>() {
             return Some(describe(r));
+        }
+        // io::Error hides its inner error from `source()`, and hyper-rustls
+        // wraps tokio-rustls's io::Error in another one.
+        let mut io = err.downcast_ref::<std::io::Error>();
+        while let Some(inner) = io.and_then(std::io::Error::get_ref) {
+            if let Some(r) = inner.downcast_ref::<rustls::Error>() {
+                return Some(describe(r));
+            }
+            io = inner.downcast_ref::<std::io::Error>();
         }
         next = err.source();
     }
@@ -249,6 +254,10 @@ mod tests {
         let io = std::io::Error::new(std::io::ErrorKind::InvalidData, bad);
         let msg = tls_failure(&io).unwrap();
         assert!(msg.starts_with("TLS handshake failed: certificate verification failed"), "{msg}");
+        // As hyper-rustls reports it: an io::Error around tokio-rustls's.
+        let bad = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let twice = std::io::Error::other(std::io::Error::new(std::io::ErrorKind::InvalidData, bad));
+        assert!(tls_failure(&twice).is_some_and(|m| m.contains("certificate verification failed")));
         let plain = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
         assert_eq!(tls_failure(&plain), None);
     }
