@@ -175,4 +175,18 @@ mod tests {
         assert_eq!(url("http://as.example/custom", Some("dev")), "http://as.example/custom?namespace=dev 8848");
         assert!(url("ftp://x", None).contains("nacosAddressServer"));
     }
+
+    #[test]
+    fn address_server_is_https_with_registry_tls() {
+        let mut spec = RegistrySpec::new(RegistryKind::Nacos2, "n", "", 0);
+        spec.tls = Some(crate::tls::RegistryTls::default());
+        for (given, want) in [
+            ("10.0.0.9:8080", "https://10.0.0.9:8080/nacos/serverlist"),
+            ("https://as.example/list", "https://as.example/list"),
+        ] {
+            spec.nacos_address_server = Some(given.into());
+            let Ok(Servers::AddressServer { url, .. }) = Servers::new(&spec, reqwest::Client::new()) else { panic!() };
+            assert_eq!(url.as_str(), want);
+        }
+    }
 }
