@@ -108,13 +108,14 @@ impl NacosWatcher {
                 });
             }
         };
-        let http = crate::tls::http_client(&spec)?.connect_timeout(CONNECT_TIMEOUT).build().map_err(|e| {
-            RegistryError::Config {
+        let http = crate::tls::http_client(&spec.name, spec.tls.as_ref())?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()
+            .map_err(|e| RegistryError::Config {
                 registry: spec.name.clone(),
                 field: "type".into(),
                 reason: format!("HTTP client: {e}"),
-            }
-        })?;
+            })?;
         let mut groups: Vec<String> = Vec::new();
         for g in spec.nacos_groups.iter().map(|g| g.trim()).filter(|g| !g.is_empty()) {
             if !groups.iter().any(|have| have == g) {

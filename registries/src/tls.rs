@@ -108,13 +108,16 @@ pub(crate) fn client_config(tls: &RegistryTls, alpn: &[&[u8]]) -> Result<Arc<Cli
     Ok(Arc::new(config))
 }
 
-/// A reqwest builder for `spec`'s registry: with `spec.tls`, its roots and
+/// A reqwest builder for `registry`: with `tls`, its roots and
 /// `serverName` (see [`client_config`]), and https only; plain otherwise.
-pub(crate) fn http_client(spec: &crate::RegistrySpec) -> Result<reqwest::ClientBuilder, crate::RegistryError> {
+pub(crate) fn http_client(
+    registry: &str,
+    tls: Option<&RegistryTls>,
+) -> Result<reqwest::ClientBuilder, crate::RegistryError> {
     let builder = reqwest::Client::builder();
-    let Some(tls) = &spec.tls else { return Ok(builder) };
+    let Some(tls) = tls else { return Ok(builder) };
     let config = |reason: String| crate::RegistryError::Config {
-        registry: spec.name.clone(),
+        registry: registry.to_string(),
         field: "registryTls".into(),
         reason,
     };

@@ -50,7 +50,7 @@ impl Client {
         let mut headers = HeaderMap::new();
         // Eureka answers XML unless asked otherwise.
         headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
-        let http = crate::tls::http_client(spec)?
+        let http = crate::tls::http_client(&spec.name, spec.tls.as_ref())?
             .default_headers(headers)
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)

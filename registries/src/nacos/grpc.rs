@@ -37,6 +37,7 @@ use tracing::{debug, warn};
 use super::api::{Api, is_auth_error};
 use super::auth::{Auth, SdkAuth};
 use super::decode::{Instance, PUBLIC_NAMESPACE, ServiceKey};
+use super::servers::grpc_addr;
 use super::tls_origin::TlsOrigin;
 use crate::tls::RegistryTls;
 use crate::watcher::RegistryError;
@@ -49,8 +50,6 @@ const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
 const PAGE_SIZE: i32 = 500;
 const MAX_PAGES: i32 = 1000;
-/// nacos-sdk's gRPC port is the HTTP port plus this (its own rule).
-pub(crate) const GRPC_PORT_OFFSET: u16 = 1000;
 
 pub(crate) struct GrpcApi {
     naming: NamingService,
@@ -334,13 +333,6 @@ pub(crate) async fn grpc_reachable(registry: &str, servers: &[String], timeout: 
         registry: registry.to_string(),
         reason: format!("gRPC connect: {}", reasons.join("; ")),
     })
-}
-
-/// `host:port` of a server's gRPC port (its HTTP port + 1000).
-pub(crate) fn grpc_addr(server: &str) -> Option<String> {
-    let (host, port) = server.rsplit_once(':')?;
-    let port = port.parse::<u16>().ok()?.checked_add(GRPC_PORT_OFFSET)?;
-    Some(format!("{host}:{port}"))
 }
 
 #[cfg(test)]

@@ -138,6 +138,16 @@ pub(crate) fn parse_server_list(body: &str, port: u16) -> Result<Vec<String>, St
     Ok(out)
 }
 
+/// nacos-sdk's gRPC port is the HTTP port plus this (its own rule).
+pub(crate) const GRPC_PORT_OFFSET: u16 = 1000;
+
+/// `host:port` of a server's gRPC port (its HTTP port + 1000).
+pub(crate) fn grpc_addr(server: &str) -> Option<String> {
+    let (host, port) = server.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok()?.checked_add(GRPC_PORT_OFFSET)?;
+    Some(format!("{host}:{port}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 use tracing::{debug, warn};
 
-use super::grpc::{GRPC_PORT_OFFSET, grpc_addr};
+use super::servers::{GRPC_PORT_OFFSET, grpc_addr};
 use crate::tls::{RegistryTls, client_config, server_name, tls_failure};
 use crate::watcher::RegistryError;
 
