@@ -140,7 +140,8 @@ async fn consul_over_https_verifies_the_certificate() {
         + &secret("consul-wrong-ca", &pki.wrong_ca_pem, &token);
     let app = launch(dir.path(), &yaml).await;
 
-    serves(&app, "good", 1).await;
+    let r = serves(&app, "good", 1).await;
+    assert_eq!(r["endpoint"], format!("https://127.0.0.1:{https_port}"), "TLS shows on /v1/registries");
     serves(&app, "named", 1).await;
     let err = fails_with(&app, "wrong-ca", "TLS handshake failed: certificate verification failed").await;
     assert!(err.contains("UnknownIssuer"), "{err}");

@@ -210,9 +210,12 @@ impl RegistrySpec {
         out
     }
 
-    /// `domain:port` without credentials, for logs and the admin API.
+    /// `domain:port` without credentials, for logs and the admin API;
+    /// `https://domain:port` with `registryTls`, so the admin API shows
+    /// whether TLS is in force.
     pub fn endpoint(&self) -> String {
-        format!("{}:{}", self.domain, self.port)
+        let scheme = if self.tls.is_some() { "https://" } else { "" };
+        format!("{scheme}{}:{}", self.domain, self.port)
     }
 }
 
