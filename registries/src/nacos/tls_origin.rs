@@ -12,7 +12,8 @@
 //! inside the TLS connection to Nacos.
 //!
 //! Bounded: one listener per server, at most [`MAX_CONNS`] relayed
-//! connections each (nacos-sdk holds one), all closed with the client.
+//! connections each (nacos-sdk holds one), all closed with the client
+//! (the listeners and every relayed connection).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -20,7 +21,7 @@ use std::time::Duration;
 use rustls::pki_types::ServerName;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsConnector;
 use tracing::{debug, warn};
 
@@ -137,13 +138,17 @@ impl Relay {
     async fn serve(self, listener: TcpListener) {
         let slots = Arc::new(Semaphore::new(MAX_CONNS));
         let relay = Arc::new(self);
+        // Owned here, so stopping the relay (aborting this task) closes
+        // every relayed connection too.
+        let mut conns = JoinSet::new();
         while let Ok((local, peer)) = listener.accept().await {
+            while conns.try_join_next().is_some() {}
             let Ok(slot) = slots.clone().try_acquire_owned() else {
                 warn!(%peer, max = MAX_CONNS, "nacos TLS relay: connection limit reached, closing");
                 continue;
             };
             let relay = relay.clone();
-            tokio::spawn(async move {
+            conns.spawn(async move {
                 relay.pipe(local).await;
                 drop(slot);
             });
