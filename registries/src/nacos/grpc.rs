@@ -11,6 +11,10 @@
 //! - `naming_push_empty_protection(false)`: an empty instance list is an
 //!   answer, not noise. Outage protection is ours: errors never emit updates.
 //! - Its own login plugin is replaced by ours (see `auth.rs`).
+//! - With `registryTls`, it dials loopback relays that carry its gRPC to the
+//!   servers over verified TLS (see `tls_origin.rs`: its own TLS cannot be
+//!   configured per client), and our login plugin logs in to the real
+//!   servers over https.
 //! - Every call has a deadline: nacos-sdk retries internally and may
 //!   otherwise wait on a dead connection.
 //!
