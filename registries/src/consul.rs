@@ -34,6 +34,9 @@
 //! reads share the rest. Consul's default `limits.http_max_conns_per_client`
 //! is 200, shared by every client on this host.
 //!
+//! With `registryTls` the pool's connections are TLS (tokio-rustls, ALPN
+//! `http/1.1`), verified as `crate::tls` says; nothing else changes.
+//!
 //! Errors only ever reach [`Sink::error`]: the cache keeps the last known
 //! endpoints while Consul is down. A service whose answer cannot be read is
 //! skipped and reported, and retried with backoff; while one is, the

@@ -31,6 +31,13 @@ fn request_kind(e: &reqwest::Error) -> &'static str {
 }
 
 fn unreachable(registry: &str, method: &str, path: &str, kind: &str, e: &reqwest::Error) -> RegistryError {
+    // A refused certificate says so first, not as the tail of "connect failed".
+    if let Some(tls) = crate::tls::tls_failure(e) {
+        return RegistryError::Unreachable {
+            registry: registry.to_string(),
+            reason: format!("{method} {path}: {tls}"),
+        };
+    }
     let mut reason = String::from(kind);
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {

@@ -25,6 +25,7 @@ mod resolve;
 mod retry;
 mod select;
 mod spec;
+pub mod tls;
 mod watcher;
 mod worker;
 pub mod zookeeper;
@@ -38,6 +39,7 @@ pub use model::{Endpoint, Protocol, Service, ServicePort, Tls};
 pub use names::host_part;
 pub use select::{Referenced, Selection, Selector, WatchMode, WatchSpec, compile_include};
 pub use spec::{RegistryKind, RegistrySpec, Secret};
+pub use tls::RegistryTls;
 pub use watcher::{RegistryError, Sink, Update, Watcher};
 
 /// Build the watcher for a spec, reading only what `selector` selects

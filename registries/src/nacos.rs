@@ -39,6 +39,7 @@ mod health;
 mod http;
 mod pushed;
 mod servers;
+mod tls_origin;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -113,8 +114,10 @@ impl NacosWatcher {
                 });
             }
         };
-        let http =
-            reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).build().map_err(|e| RegistryError::Config {
+        let http = crate::tls::http_client(&spec.name, spec.tls.as_ref())?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()
+            .map_err(|e| RegistryError::Config {
                 registry: spec.name.clone(),
                 field: "type".into(),
                 reason: format!("HTTP client: {e}"),
@@ -217,11 +220,13 @@ impl NacosWatcher {
                         registry.clone(),
                         auth.clone(),
                     )
-                    .with_timeout(self.spec.nacos_timeout);
+                    .with_timeout(self.spec.nacos_timeout)
+                    .with_tls(self.spec.tls.is_some());
                     Session::new(api, ctx.clone()).run(&self.servers, &list, &mut self.selector).await
                 }
                 Protocol::Grpc => {
-                    let api = match connect(&registry, &list, &self.namespace_id, &auth).await {
+                    let tls = self.spec.tls.as_ref();
+                    let api = match connect(&registry, &list, &self.namespace_id, &auth, tls).await {
                         Ok(api) => api.with_call_timeout(self.spec.nacos_timeout),
                         Err(e) => {
                             ctx.health.fail(&e);
@@ -265,9 +270,10 @@ async fn connect(
     servers: &[String],
     namespace_id: &str,
     auth: &Arc<Auth>,
+    tls: Option<&crate::tls::RegistryTls>,
 ) -> Result<GrpcApi, RegistryError> {
     grpc_reachable(registry, servers, CONNECT_TIMEOUT).await?;
-    GrpcApi::connect(registry, servers.to_vec(), namespace_id, auth.clone()).await
+    GrpcApi::connect(registry, servers.to_vec(), namespace_id, auth.clone(), tls).await
 }
 
 /// What every loop of a watcher shares, across clients.

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use crate::tls::RegistryTls;
+
 /// Registry types, spelled as in Higress's `McpBridge.spec.registries[].type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RegistryKind {
@@ -126,6 +128,10 @@ pub struct RegistrySpec {
     /// Data of the Secret named by `authSecretName`, resolved by the binary.
     /// Keys as in Higress: `consulToken`, `nacosUsername`, `nacosPassword`.
     pub auth: BTreeMap<String, Secret>,
+
+    /// meshbridge only, not in Higress's McpBridge (`registryTls`): https to
+    /// the registry. `None`: plain HTTP, as Higress always does.
+    pub tls: Option<RegistryTls>,
 }
 
 impl RegistrySpec {
@@ -158,6 +164,7 @@ impl RegistrySpec {
             zk_services_path: Vec::new(),
             watch: None,
             auth: BTreeMap::new(),
+            tls: None,
         }
     }
 
@@ -185,9 +192,35 @@ impl RegistrySpec {
         auth.chain(keys.into_iter().flatten()).filter(|s| !s.expose().is_empty()).collect()
     }
 
-    /// `domain:port` without credentials, for logs and the admin API.
+    /// The credentials the watcher sends to the registry, by name (never
+    /// the value): the non-empty `consulToken`, `nacosUsername`/`nacosPassword`
+    /// and `nacosAccessKey`/`nacosSecretKey` that this registry type uses.
+    pub fn credential_names(&self) -> Vec<&'static str> {
+        let set = |key: &str| self.auth.get(key).is_some_and(|s| !s.expose().is_empty());
+        let mut out = Vec::new();
+        match self.kind {
+            RegistryKind::Consul if set("consulToken") => out.push("consulToken"),
+            RegistryKind::Nacos | RegistryKind::Nacos2 | RegistryKind::Nacos3 => {
+                if set("nacosPassword") {
+                    out.push("nacosPassword");
+                }
+                if self.nacos_secret_key.as_ref().is_some_and(|s| !s.expose().is_empty()) {
+                    // Only a signature made with it travels, but that
+                    // signature can be replayed as long as it is fresh.
+                    out.push("nacosSecretKey");
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+
+    /// `domain:port` without credentials, for logs and the admin API;
+    /// `https://domain:port` with `registryTls`, so the admin API shows
+    /// whether TLS is in force.
     pub fn endpoint(&self) -> String {
-        format!("{}:{}", self.domain, self.port)
+        let scheme = if self.tls.is_some() { "https://" } else { "" };
+        format!("{scheme}{}:{}", self.domain, self.port)
     }
 }
 

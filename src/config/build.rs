@@ -165,7 +165,10 @@ impl Builder {
                 let key_name = checked.as_ref().map(|s| s.name.clone()).ok().or_else(|| entry_name(&raw.0));
                 let key = key_name.map(|n| (id.clone(), n));
                 let spec = match checked {
-                    Ok(spec) => spec,
+                    Ok(spec) => {
+                        run.warn(&object, &at, plain_credentials(&spec).into_iter().collect());
+                        spec
+                    }
                     Err(errors) => {
                         let kept = key.as_ref().and_then(|k| self.last_good_registry(k, &raw.0));
                         run.reject(&object, &at, errors, kept.is_some());
@@ -268,14 +271,70 @@ fn resolve(
     bridge: &McpBridgeDoc,
     secrets: &HashMap<&str, Vec<&SecretDoc>>,
 ) -> Result<RegistrySpec, Vec<FieldError>> {
-    let CheckedRegistry { mut spec, auth_secret_name } = checked;
+    let CheckedRegistry { mut spec, auth_secret_name, tls_ca_key } = checked;
     if let Some(name) = auth_secret_name {
         match find_secret(&name, &bridge.namespace, secrets) {
             Ok(secret) => spec.auth = secret.data.clone(),
             Err(reason) => return Err(vec![FieldError { field: "authSecretName".into(), reason }]),
         }
+        if let (Some(key), Some(tls)) = (tls_ca_key, spec.tls.as_mut()) {
+            let error = |reason: String| vec![FieldError { field: "registryTls.caKey".into(), reason }];
+            let Some(pem) = spec.auth.get(&key) else {
+                return Err(error(format!("key {key:?} not found in secret {name:?}")));
+            };
+            if let Err(reason) = meshbridge_registries::tls::parse_ca_bundle(pem.expose()) {
+                return Err(error(format!("secret {name:?} key {key:?}: {reason}")));
+            }
+            tls.ca_pem = Some(pem.expose().to_string());
+        }
     }
     Ok(spec)
+}
+
+/// Credentials that would cross plain HTTP to a host other than loopback:
+/// a warning naming the registry and the credentials (never their values).
+fn plain_credentials(spec: &RegistrySpec) -> Option<FieldError> {
+    if spec.tls.is_some() {
+        return None;
+    }
+    let names = spec.credential_names();
+    if names.is_empty() {
+        return None;
+    }
+    let mut hosts: Vec<String> = spec.domain.split(',').map(str::trim).filter(|h| !h.is_empty()).map(host_of).collect();
+    hosts.extend(spec.nacos_address_server.as_deref().map(address_server_host));
+    if hosts.iter().all(|h| is_loopback(h)) {
+        return None;
+    }
+    Some(FieldError {
+        field: String::new(),
+        reason: format!(
+            "registry {:?} sends {} over plain HTTP to a non-loopback address; set registryTls.enabled: true for https",
+            spec.name,
+            names.join(" and ")
+        ),
+    })
+}
+
+/// The host of a `domain` item: `host`, `host:port`, `[v6]:port` or a bare IPv6.
+fn host_of(item: &str) -> String {
+    if item.parse::<std::net::IpAddr>().is_ok() {
+        return item.to_string();
+    }
+    if let Some(rest) = item.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or_default().to_string();
+    }
+    item.rsplit_once(':').map_or(item, |(h, _)| h).to_string()
+}
+
+/// The host of a `nacosAddressServer` (a URL or `host:port`).
+fn address_server_host(address: &str) -> String {
+    let rest = address.split_once("://").map_or(address, |(_, r)| r);
+    host_of(rest.split(['/', '?']).next().unwrap_or_default())
+}
+
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A `proxyName` that names no usable proxy of the same McpBridge is an

@@ -96,6 +96,11 @@ fn full_higress_yaml() {
         vec![
             format!("{BRIDGE}: spec.registries[0].enableMCPServer: MCP server fields are not supported, ignored"),
             format!("{BRIDGE}: spec.registries[0].mcpServerBaseUrl: MCP server fields are not supported, ignored"),
+            // Higress YAML keeps its meaning (plain HTTP), and says what that costs.
+            format!(
+                "{BRIDGE}: spec.registries[0]: registry \"my-nacos\" sends nacosPassword and nacosSecretKey over \
+                 plain HTTP to a non-loopback address; set registryTls.enabled: true for https"
+            ),
         ]
     );
 }

@@ -26,6 +26,8 @@ mod validate;
 
 #[cfg(test)]
 mod config_tests;
+#[cfg(test)]
+mod registry_tls_tests;
 
 pub use build::Builder;
 pub use dir::{DirSource, MAX_FILE_BYTES};

@@ -120,6 +120,25 @@ pub(crate) struct RegistryConfig {
     /// field of this name): selective watch, `{mode, include}`. Checked
     /// field by field in `validate`.
     pub meshbridge_watch: Option<serde_json::Value>,
+    /// meshbridge only, not in Higress's `mcp_bridge.proto`: https to the
+    /// registry itself (Higress's `protocol` and `sni` are about the
+    /// registry's services). Absent: plain HTTP, as Higress.
+    pub registry_tls: Option<RegistryTlsConfig>,
+}
+
+/// `registryTls`: TLS to the registry (meshbridge only).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub(crate) struct RegistryTlsConfig {
+    /// Opt in: https (Consul, Nacos HTTP, login and address server, Eureka)
+    /// and TLS gRPC (nacos2/nacos3).
+    pub enabled: bool,
+    /// Key of the `authSecretName` Secret holding a PEM CA bundle to trust
+    /// instead of the default roots (e.g. `ca.crt`).
+    pub ca_key: String,
+    /// Name to verify the registry's certificate against, when `domain`
+    /// (an IP, an alias) is not in it.
+    pub server_name: String,
 }
 
 /// Every `RegistryConfig` field we read.
@@ -148,6 +167,7 @@ pub(crate) const REGISTRY_FIELDS: &[&str] = &[
     "nacosTimeout",
     "ecdhCurves",
     "meshbridgeWatch",
+    "registryTls",
 ];
 
 /// `RegistryConfig` fields for Higress's MCP server feature, which meshbridge

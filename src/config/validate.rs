@@ -10,7 +10,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use meshbridge_registries::{RegistryKind, RegistrySpec, WatchMode, WatchSpec, clip, compile_include};
+use meshbridge_registries::{RegistryKind, RegistrySpec, RegistryTls, WatchMode, WatchSpec, clip, compile_include};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -52,6 +52,9 @@ pub(crate) struct CheckedRegistry {
     /// Everything but `auth`, which `build` fills from the Secret.
     pub spec: RegistrySpec,
     pub auth_secret_name: Option<String>,
+    /// `registryTls.caKey`: the Secret key whose CA bundle `build` puts in
+    /// `spec.tls`.
+    pub tls_ca_key: Option<String>,
 }
 
 /// Validate one registry entry. Warnings (unknown or ignored fields, clamped
@@ -133,6 +136,7 @@ pub(crate) fn registry(
     }
 
     let watch = cfg.meshbridge_watch.as_ref().and_then(|raw| watch_spec(raw, kind, &mut errors, warnings));
+    let (tls, tls_ca_key) = kind.map(|k| check_tls(k, &cfg, &mut errors, warnings)).unwrap_or_default();
 
     let (Some(kind), Some(port), true) = (kind, port, errors.is_empty()) else {
         return Err(errors);
@@ -158,7 +162,54 @@ pub(crate) fn registry(
     spec.consul_refresh_interval = consul_refresh_interval;
     spec.zk_services_path = cfg.zk_services_path.into_iter().filter(|p| !p.is_empty()).collect();
     spec.watch = watch;
-    Ok(CheckedRegistry { spec, auth_secret_name: non_empty(cfg.auth_secret_name) })
+    spec.tls = tls;
+    Ok(CheckedRegistry { spec, auth_secret_name: non_empty(cfg.auth_secret_name), tls_ca_key })
+}
+
+/// `registryTls` (meshbridge only): `None` unless `enabled: true`, so an
+/// entry written for Higress keeps meaning plain HTTP. The CA bundle itself
+/// is read from the Secret by `build`; its key is returned.
+fn check_tls(
+    kind: RegistryKind,
+    cfg: &RegistryConfig,
+    errors: &mut Vec<FieldError>,
+    warnings: &mut Vec<FieldError>,
+) -> (Option<RegistryTls>, Option<String>) {
+    let Some(tls) = &cfg.registry_tls else { return (None, None) };
+    let (ca_key, server_name) = (tls.ca_key.trim(), tls.server_name.trim());
+    if !tls.enabled {
+        if !ca_key.is_empty() || !server_name.is_empty() {
+            warnings.push(FieldError::new("registryTls", "enabled is false: caKey and serverName are ignored"));
+        }
+        return (None, None);
+    }
+    let before = errors.len();
+    if !matches!(
+        kind,
+        RegistryKind::Consul | RegistryKind::Nacos | RegistryKind::Nacos2 | RegistryKind::Nacos3 | RegistryKind::Eureka
+    ) {
+        errors.push(FieldError::new("registryTls.enabled", format!("TLS is not supported for {kind} registries")));
+    }
+    if !ca_key.is_empty() && cfg.auth_secret_name.trim().is_empty() {
+        errors
+            .push(FieldError::new("registryTls.caKey", "needs authSecretName: the CA bundle is read from that Secret"));
+    }
+    if !server_name.is_empty()
+        && let Err(reason) = meshbridge_registries::tls::check_server_name(server_name)
+    {
+        errors.push(FieldError::new("registryTls.serverName", format!("{:?}: {reason}", clip(server_name))));
+    }
+    if cfg.nacos_address_server.trim().to_ascii_lowercase().starts_with("http://") {
+        errors.push(FieldError::new(
+            "nacosAddressServer",
+            "an http:// URL while registryTls is enabled; use https:// or host:port",
+        ));
+    }
+    if errors.len() > before {
+        return (None, None);
+    }
+    let tls = RegistryTls { ca_pem: None, server_name: non_empty(server_name.to_string()) };
+    (Some(tls), non_empty(ca_key.to_string()))
 }
 
 /// `meshbridgeWatch: {mode: all|referenced, include: [regex…]}`. `null` is

@@ -233,3 +233,29 @@ fn assembler_rebuild_cost_follows_the_change() {
     assert_eq!(second.desired.ingresses.len(), N);
     println!("FIGURE kube_assembler_rebuild ingresses={N} first_build={full:?} after_one_edit={one:?} (debug build)");
 }
+
+/// Kubernetes mode reads `registryTls.caKey` from the `authSecretName`
+/// Secret's (base64) `data`, as the directory mode reads it from YAML.
+#[test]
+fn assembler_reads_the_registry_ca_from_a_secret() {
+    use super::watch::Assembler;
+    use base64::Engine;
+    use k8s_openapi::api::core::v1::Secret;
+    let ca = include_str!("../config/testdata/test-ca.pem");
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let secret: Arc<Secret> = Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "consul-auth", "namespace": "ns", "uid": "u-s", "resourceVersion": "1"},
+            "data": {"consulToken": b64("tok-k8s-31"), "ca.crt": b64(ca)},
+        }))
+        .unwrap(),
+    );
+    let registries = json!([{"type": "consul", "name": "c", "domain": "consul.example", "port": 8501,
+        "authSecretName": "consul-auth", "registryTls": {"enabled": true, "caKey": "ca.crt"}}]);
+    let mut a = Assembler::new("higress".into());
+    let built = a.build(vec![bridge_object("1", registries)], vec![], &[], vec![secret]);
+    assert_eq!(built.desired.errors, Vec::<String>::new());
+    let tls = built.desired.registries[0].tls.as_ref().expect("registryTls on");
+    assert_eq!(tls.ca_pem.as_deref(), Some(ca));
+}

@@ -21,7 +21,7 @@ use tokio::io::AsyncReadExt;
 use tracing::debug;
 
 use super::decode::{CheckPrints, Instances, decode_catalog, decode_checks, decode_health};
-use super::pool::Pool;
+use super::pool::{Pool, PoolTls};
 use crate::body::{Capped, MAX_BODY_BYTES, collect_capped, too_large};
 use crate::spec::RegistrySpec;
 use crate::watcher::RegistryError;
@@ -88,7 +88,8 @@ impl Client {
         } else {
             spec.domain.clone()
         };
-        let base = Url::parse(&format!("http://{host}:{}/", spec.port))
+        let scheme = if spec.tls.is_some() { "https" } else { "http" };
+        let base = Url::parse(&format!("{scheme}://{host}:{}/", spec.port))
             .map_err(|e| config("domain", format!("not a usable address: {e}")))?;
         if base.cannot_be_a_base() {
             return Err(config("domain", "not a usable address".into()));
@@ -104,8 +105,16 @@ impl Client {
         let (Some(host), Some(port)) = (base.host_str(), base.port_or_known_default()) else {
             return Err(config("domain", "not a usable address".into()));
         };
+        let tls = match &spec.tls {
+            Some(tls) => {
+                let client = crate::tls::client_config(tls, &[b"http/1.1"]).map_err(|e| config("registryTls", e))?;
+                let server_name = crate::tls::server_name(tls, host).map_err(|e| config("registryTls", e))?;
+                Some(PoolTls { connector: tokio_rustls::TlsConnector::from(client), server_name })
+            }
+            None => None,
+        };
         Ok(Client {
-            pool: Pool::new(host, port, max_conns, CONNECT_TIMEOUT),
+            pool: Pool::new(host, port, max_conns, CONNECT_TIMEOUT, tls),
             authority: format!("{host}:{port}"),
             base,
             token,

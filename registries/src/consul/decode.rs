@@ -177,11 +177,18 @@ pub(crate) fn dirty_services<'a>(
 fn endpoint_of(entry: HealthEntry) -> Option<Endpoint> {
     let service = entry.service?;
     // Consul's own rule: an empty Service.Address means "the node's address".
-    let address = service
-        .address
-        .filter(|a| !a.is_empty())
-        .or_else(|| entry.node.and_then(|n| n.address))
-        .filter(|a| !a.is_empty())?;
+    // A blank one (" ") is no address either; surrounding blanks are dropped.
+    let usable = |a: String| {
+        let trimmed = a.trim();
+        if trimmed.is_empty() {
+            None
+        } else if trimmed.len() == a.len() {
+            Some(a)
+        } else {
+            Some(trimmed.to_string())
+        }
+    };
+    let address = service.address.and_then(usable).or_else(|| entry.node.and_then(|n| n.address).and_then(usable))?;
     let port = u16::try_from(service.port?).ok().filter(|p| *p != 0)?;
     let weight = match service.weights.and_then(|w| w.passing) {
         Some(w) if w > 0 => u32::try_from(w).unwrap_or(u32::MAX),
@@ -269,6 +276,9 @@ mod tests {
       {"Node": {"Address": "10.0.0.3"}, "Service": {"Port": 0}},
       {"Node": {"Address": "10.0.0.4"}, "Service": {"Port": 70000}},
       {"Node": {"Address": ""}, "Service": {"Address": "", "Port": 80}},
+      {"Node": {"Node": "n5", "Address": "10.0.0.5"}, "Service": {"Address": " \t", "Port": 81}},
+      {"Node": {"Node": "n6", "Address": "  "}, "Service": {"Address": " ", "Port": 82}},
+      {"Node": {"Node": "n7", "Address": "10.0.0.7"}, "Service": {"Address": " 10.1.0.7 ", "Port": 83}},
       {"Node": null, "Service": null}
     ]"#;
 
@@ -279,9 +289,14 @@ mod tests {
     #[test]
     fn health_answer_decodes_to_endpoints() {
         let decoded = decode_health(HEALTH.as_bytes()).unwrap();
-        assert_eq!(decoded.nodes, BTreeSet::from(["n1".to_string(), "n2".to_string()]));
+        let nodes = ["n1", "n2", "n5", "n6", "n7"].map(String::from);
+        assert_eq!(decoded.nodes, BTreeSet::from(nodes));
         let eps = decoded.endpoints;
-        assert_eq!(eps.len(), 2, "{eps:?}");
+        assert_eq!(eps.len(), 4, "{eps:?}");
+        // A blank Service.Address is no address: the node's is used; a
+        // blank node address too and the instance is dropped (n6).
+        assert_eq!((eps[2].address.as_str(), eps[2].port), ("10.0.0.5", 81));
+        assert_eq!((eps[3].address.as_str(), eps[3].port), ("10.1.0.7", 83), "blanks around it are dropped");
         // Empty Service.Address falls back to the node's.
         assert_eq!(eps[0].address, "10.0.0.1");
         assert_eq!(eps[0].port, 8081);

@@ -40,7 +40,17 @@ const RETRY_FULL_CAP: Duration = Duration::from_secs(60);
 pub(crate) enum PoolError {
     Connect(io::Error),
     ConnectTimeout,
+    /// The TLS handshake failed (already described by `tls::tls_failure`
+    /// when rustls said why).
+    Tls(String),
     Handshake(hyper::Error),
+}
+
+/// TLS to Consul: the connector and the name to verify.
+#[derive(Clone)]
+pub(crate) struct PoolTls {
+    pub connector: tokio_rustls::TlsConnector,
+    pub server_name: rustls::pki_types::ServerName<'static>,
 }
 
 impl std::fmt::Display for PoolError {
@@ -48,6 +58,7 @@ impl std::fmt::Display for PoolError {
         match self {
             PoolError::Connect(e) => write!(f, "connect failed: {e}"),
             PoolError::ConnectTimeout => f.write_str("connect failed: timed out"),
+            PoolError::Tls(reason) => write!(f, "connect failed: {reason}"),
             PoolError::Handshake(e) => write!(f, "connect failed: {e}"),
         }
     }
@@ -60,6 +71,8 @@ pub(crate) struct Pool {
     /// The configured cap.
     cap: usize,
     connect_timeout: Duration,
+    /// `None`: plain HTTP.
+    tls: Option<PoolTls>,
     state: Mutex<State>,
     /// A connection went idle or away.
     changed: Notify,
@@ -76,11 +89,11 @@ struct State {
 }
 
 impl Pool {
-    pub fn new(host: &str, port: u16, cap: usize, connect_timeout: Duration) -> Pool {
+    pub fn new(host: &str, port: u16, cap: usize, connect_timeout: Duration, tls: Option<PoolTls>) -> Pool {
         let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
         let cap = cap.max(1);
         let state = State { idle: Vec::new(), live: 0, cap, shrunk_at: None };
-        Pool { host, port, cap, connect_timeout, state: Mutex::new(state), changed: Notify::new() }
+        Pool { host, port, cap, connect_timeout, tls, state: Mutex::new(state), changed: Notify::new() }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -144,16 +157,20 @@ impl Pool {
             Err(_) => return Err(PoolError::ConnectTimeout),
         };
         let _ = stream.set_nodelay(true);
-        let (sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(PoolError::Handshake)?;
-        // The connection's own task ends when its sender is dropped or the
-        // peer closes.
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                debug!(error = %e, "consul connection ended");
+        let Some(tls) = &self.tls else {
+            return handshake(stream).await;
+        };
+        // The handshake counts against the connect timeout too.
+        let connect = tls.connector.connect(tls.server_name.clone(), stream);
+        let stream = match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                let reason = crate::tls::tls_failure(&e).unwrap_or_else(|| format!("TLS handshake failed: {e}"));
+                return Err(PoolError::Tls(reason));
             }
-        });
-        Ok(sender)
+            Err(_) => return Err(PoolError::Tls("TLS handshake timed out".into())),
+        };
+        handshake(stream).await
     }
 
     /// Consul refused a connection for its per-client limit, while the
@@ -174,6 +191,22 @@ impl Pool {
     pub fn live(&self) -> usize {
         self.state().live
     }
+}
+
+/// HTTP/1.1 on a connected stream (plain or TLS). The connection's own task
+/// ends when its sender is dropped or the peer closes.
+async fn handshake<S>(stream: S) -> Result<Sender, PoolError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(PoolError::Handshake)?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            debug!(error = %e, "consul connection ended");
+        }
+    });
+    Ok(sender)
 }
 
 /// One connection, lent for one request. Dropped: back to the pool if the
@@ -304,7 +337,7 @@ mod tests {
     #[tokio::test]
     async fn never_more_connections_than_the_cap() {
         let (port, accepted) = server(Duration::from_millis(5)).await;
-        let pool = Arc::new(Pool::new("127.0.0.1", port, 3, Duration::from_secs(1)));
+        let pool = Arc::new(Pool::new("127.0.0.1", port, 3, Duration::from_secs(1), None));
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..40 {
             let pool = pool.clone();
@@ -324,7 +357,7 @@ mod tests {
     #[tokio::test]
     async fn a_reached_limit_shrinks_the_pool_to_what_it_holds() {
         let (port, accepted) = server(Duration::from_millis(5)).await;
-        let pool = Arc::new(Pool::new("127.0.0.1", port, 4, Duration::from_secs(1)));
+        let pool = Arc::new(Pool::new("127.0.0.1", port, 4, Duration::from_secs(1), None));
         // Two connections work, a third is refused by the limit.
         let (mut a, mut b) = (pool.checkout().await.unwrap(), pool.checkout().await.unwrap());
         request(&mut a).await;
@@ -351,7 +384,7 @@ mod tests {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         };
-        let pool = Pool::new("127.0.0.1", port, 1, Duration::from_secs(1));
+        let pool = Pool::new("127.0.0.1", port, 1, Duration::from_secs(1), None);
         for _ in 0..3 {
             assert!(matches!(pool.checkout().await, Err(PoolError::Connect(_))));
         }

@@ -28,7 +28,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(crate) struct Client {
     http: reqwest::Client,
-    /// `http://host:port`, no trailing slash.
+    /// `http://host:port` (`https` with TLS), no trailing slash.
     servers: Vec<String>,
     /// Index of the server that answered last; calls start there.
     current: usize,
@@ -37,15 +37,20 @@ pub(crate) struct Client {
 
 impl Client {
     pub fn new(spec: &RegistrySpec) -> Result<Client, RegistryError> {
-        let servers = parse_servers(&spec.domain, spec.port).map_err(|reason| RegistryError::Config {
+        let mut servers = parse_servers(&spec.domain, spec.port).map_err(|reason| RegistryError::Config {
             registry: spec.name.clone(),
             field: "domain".into(),
             reason,
         })?;
+        if spec.tls.is_some() {
+            for server in &mut servers {
+                server.replace_range(.."http".len(), "https");
+            }
+        }
         let mut headers = HeaderMap::new();
         // Eureka answers XML unless asked otherwise.
         headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
-        let http = reqwest::Client::builder()
+        let http = crate::tls::http_client(&spec.name, spec.tls.as_ref())?
             .default_headers(headers)
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)

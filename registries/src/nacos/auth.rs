@@ -51,7 +51,8 @@ impl Auth {
         };
         let login = match (get("nacosUsername"), get("nacosPassword")) {
             (Some(username), Some(password)) => {
-                Some(Login { username, password, http, registry: spec.name.clone(), state: Mutex::default() })
+                let scheme = if spec.tls.is_some() { "https" } else { "http" };
+                Some(Login { username, password, http, scheme, registry: spec.name.clone(), state: Mutex::default() })
             }
             (None, None) => None,
             _ => return Err(config("authSecretName", "needs both nacosUsername and nacosPassword")),
@@ -114,6 +115,8 @@ struct Login {
     username: Secret,
     password: Secret,
     http: reqwest::Client,
+    /// `http`, or `https` with `registryTls`.
+    scheme: &'static str,
     registry: String,
     state: Mutex<TokenState>,
 }
@@ -170,7 +173,7 @@ impl Login {
     }
 
     async fn login(&self, server: &str) -> Result<(), RegistryError> {
-        let url = format!("http://{server}{LOGIN_PATH}");
+        let url = format!("{}://{server}{LOGIN_PATH}", self.scheme);
         // A form body, not the query string that nacos-sdk uses: URLs end up
         // in access logs.
         let form = [("username", self.username.expose()), ("password", self.password.expose())];
@@ -234,13 +237,16 @@ impl Signer {
 /// every request it sends (its `login` runs at connect and every 30 s).
 pub(crate) struct SdkAuth {
     pub auth: Arc<Auth>,
+    /// The real servers: nacos-sdk's list may be our TLS relays, which
+    /// carry gRPC only.
+    pub servers: Vec<String>,
 }
 
 #[async_trait::async_trait]
 impl AuthPlugin for SdkAuth {
-    async fn login(&self, server_list: Arc<Vec<String>>, _: Arc<AuthContext>) {
+    async fn login(&self, _: Arc<Vec<String>>, _: Arc<AuthContext>) {
         // Failures surface on the watcher's own next call, which logs in too.
-        if let Err(e) = self.auth.ensure(&server_list).await {
+        if let Err(e) = self.auth.ensure(&self.servers).await {
             debug!(error = %e, "nacos login from the sdk's timer failed");
         }
     }

@@ -11,6 +11,10 @@
 //! - `naming_push_empty_protection(false)`: an empty instance list is an
 //!   answer, not noise. Outage protection is ours: errors never emit updates.
 //! - Its own login plugin is replaced by ours (see `auth.rs`).
+//! - With `registryTls`, it dials loopback relays that carry its gRPC to the
+//!   servers over verified TLS (see `tls_origin.rs`: its own TLS cannot be
+//!   configured per client), and our login plugin logs in to the real
+//!   servers over https.
 //! - Every call has a deadline: nacos-sdk retries internally and may
 //!   otherwise wait on a dead connection.
 //!
@@ -37,6 +41,9 @@ use tracing::{debug, warn};
 use super::api::{Api, is_auth_error};
 use super::auth::{Auth, SdkAuth};
 use super::decode::{Instance, PUBLIC_NAMESPACE, ServiceKey};
+use super::servers::grpc_addr;
+use super::tls_origin::TlsOrigin;
+use crate::tls::RegistryTls;
 use crate::watcher::RegistryError;
 
 /// nacos-sdk's connect sends a health check and logs in.
@@ -47,8 +54,6 @@ const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
 const PAGE_SIZE: i32 = 500;
 const MAX_PAGES: i32 = 1000;
-/// nacos-sdk's gRPC port is the HTTP port plus this (its own rule).
-pub(crate) const GRPC_PORT_OFFSET: u16 = 1000;
 
 pub(crate) struct GrpcApi {
     naming: NamingService,
@@ -61,6 +66,8 @@ pub(crate) struct GrpcApi {
     subscribed: Mutex<HashMap<ServiceKey, Arc<dyn NamingEventListener>>>,
     /// Held for its `Drop`, which removes the directory.
     _cache_dir: CacheDir,
+    /// The TLS relays nacos-sdk connects through, stopped when dropped.
+    _origin: Option<TlsOrigin>,
 }
 
 impl GrpcApi {
@@ -69,7 +76,18 @@ impl GrpcApi {
         servers: Vec<String>,
         namespace_id: &str,
         auth: Arc<Auth>,
+        tls: Option<&RegistryTls>,
     ) -> Result<GrpcApi, RegistryError> {
+        // With TLS, nacos-sdk talks to our loopback relays (see tls_origin.rs).
+        let origin = match tls {
+            Some(tls) => {
+                let origin = TlsOrigin::start(registry, &servers, tls).await?;
+                origin.check().await?;
+                Some(origin)
+            }
+            None => None,
+        };
+        let sdk_servers = origin.as_ref().map_or(servers.as_slice(), |o| o.local_servers()).join(",");
         let cache_dir = CacheDir::new(registry);
         let unreachable = |reason: String| RegistryError::Unreachable {
             registry: registry.to_string(),
@@ -79,20 +97,28 @@ impl GrpcApi {
         let namespace = if namespace_id == PUBLIC_NAMESPACE { "" } else { namespace_id };
         let props = ClientProps::new()
             .env_first(false)
-            .server_addr(servers.join(","))
+            .server_addr(sdk_servers)
             .namespace(namespace)
             .app_name("meshbridge")
             .naming_push_empty_protection(false)
             .naming_load_cache_at_start(false)
             .cache_dir(cache_dir.path.clone());
-        let builder = NamingServiceBuilder::new(props).with_auth_plugin(Arc::new(SdkAuth { auth: auth.clone() }));
+        let builder = NamingServiceBuilder::new(props)
+            .with_auth_plugin(Arc::new(SdkAuth { auth: auth.clone(), servers: servers.clone() }));
         // Log in first so that a refused login is reported as such rather
         // than as requests refused later.
         auth.ensure(&servers).await?;
+        // A relay failure (a certificate that changed since `check`) says
+        // more than nacos-sdk's own error.
+        let relay_error = || origin.as_ref().and_then(TlsOrigin::last_error).map(unreachable);
         let naming = match tokio::time::timeout(CONNECT_TIMEOUT, builder.build()).await {
             Ok(Ok(naming)) => naming,
-            Ok(Err(e)) => return Err(classify(registry, "connect", &e)),
-            Err(_) => return Err(unreachable(format!("timed out after {CONNECT_TIMEOUT:?}"))),
+            Ok(Err(e)) => return Err(relay_error().unwrap_or_else(|| classify(registry, "connect", &e))),
+            Err(_) => {
+                return Err(
+                    relay_error().unwrap_or_else(|| unreachable(format!("timed out after {CONNECT_TIMEOUT:?}")))
+                );
+            }
         };
         Ok(GrpcApi {
             naming,
@@ -102,6 +128,7 @@ impl GrpcApi {
             call_timeout: CALL_TIMEOUT,
             subscribed: Mutex::default(),
             _cache_dir: cache_dir,
+            _origin: origin,
         })
     }
 
@@ -310,13 +337,6 @@ pub(crate) async fn grpc_reachable(registry: &str, servers: &[String], timeout: 
         registry: registry.to_string(),
         reason: format!("gRPC connect: {}", reasons.join("; ")),
     })
-}
-
-/// `host:port` of a server's gRPC port (its HTTP port + 1000).
-pub(crate) fn grpc_addr(server: &str) -> Option<String> {
-    let (host, port) = server.rsplit_once(':')?;
-    let port = port.parse::<u16>().ok()?.checked_add(GRPC_PORT_OFFSET)?;
-    Some(format!("{host}:{port}"))
 }
 
 #[cfg(test)]

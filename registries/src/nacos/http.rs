@@ -37,6 +37,8 @@ pub(crate) struct HttpApi {
     auth: Arc<Auth>,
     /// Deadline of each request (`nacosTimeout`, else [`TIMEOUT`]).
     timeout: Duration,
+    /// `http`, or `https` with `registryTls`.
+    scheme: &'static str,
 }
 
 impl HttpApi {
@@ -47,12 +49,26 @@ impl HttpApi {
         registry: String,
         auth: Arc<Auth>,
     ) -> HttpApi {
-        HttpApi { http, servers, current: AtomicUsize::new(0), namespace_id, registry, auth, timeout: TIMEOUT }
+        HttpApi {
+            http,
+            servers,
+            current: AtomicUsize::new(0),
+            namespace_id,
+            registry,
+            auth,
+            timeout: TIMEOUT,
+            scheme: "http",
+        }
     }
 
     /// Each request's deadline, `nacosTimeout` when set.
     pub fn with_timeout(self, timeout: Option<Duration>) -> HttpApi {
         HttpApi { timeout: timeout.unwrap_or(TIMEOUT), ..self }
+    }
+
+    /// https instead of http (`registryTls`).
+    pub fn with_tls(self, tls: bool) -> HttpApi {
+        HttpApi { scheme: if tls { "https" } else { "http" }, ..self }
     }
 
     /// One page of `group`'s services and the total count.
@@ -95,7 +111,7 @@ impl HttpApi {
         resource: Option<&ServiceKey>,
     ) -> Result<Vec<u8>, RegistryError> {
         self.auth.ensure(std::slice::from_ref(&server.to_string())).await?;
-        let mut req = self.http.get(format!("http://{server}{path}")).query(query).timeout(self.timeout);
+        let mut req = self.http.get(format!("{}://{server}{path}", self.scheme)).query(query).timeout(self.timeout);
         if let Some(token) = self.auth.token() {
             // Nacos's `resolveToken` reads `Authorization: Bearer` before the
             // `accessToken` parameter; rnacos also an `accessToken` header.

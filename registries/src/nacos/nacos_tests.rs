@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use tokio::sync::mpsc;
 
 use super::decode::Instance;
-use super::grpc::grpc_addr;
+use super::servers::grpc_addr;
 use super::*;
 use crate::model::Endpoint;
 

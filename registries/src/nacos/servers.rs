@@ -37,7 +37,10 @@ impl Servers {
             return Ok(Servers::Fixed(servers));
         };
         // Higress accepts `host:port` as well as a URL.
-        let base = if address.contains("://") { address.to_string() } else { format!("http://{address}") };
+        // With `registryTls` a bare address is https too; an explicit
+        // scheme is kept as written.
+        let scheme = if spec.tls.is_some() { "https" } else { "http" };
+        let base = if address.contains("://") { address.to_string() } else { format!("{scheme}://{address}") };
         let mut url = Url::parse(&base)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
@@ -135,6 +138,16 @@ pub(crate) fn parse_server_list(body: &str, port: u16) -> Result<Vec<String>, St
     Ok(out)
 }
 
+/// nacos-sdk's gRPC port is the HTTP port plus this (its own rule).
+pub(crate) const GRPC_PORT_OFFSET: u16 = 1000;
+
+/// `host:port` of a server's gRPC port (its HTTP port + 1000).
+pub(crate) fn grpc_addr(server: &str) -> Option<String> {
+    let (host, port) = server.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok()?.checked_add(GRPC_PORT_OFFSET)?;
+    Some(format!("{host}:{port}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,5 +184,19 @@ mod tests {
         assert_eq!(url("10.0.0.9:8080", None), "http://10.0.0.9:8080/nacos/serverlist 8848");
         assert_eq!(url("http://as.example/custom", Some("dev")), "http://as.example/custom?namespace=dev 8848");
         assert!(url("ftp://x", None).contains("nacosAddressServer"));
+    }
+
+    #[test]
+    fn address_server_is_https_with_registry_tls() {
+        let mut spec = RegistrySpec::new(RegistryKind::Nacos2, "n", "", 0);
+        spec.tls = Some(crate::tls::RegistryTls::default());
+        for (given, want) in [
+            ("10.0.0.9:8080", "https://10.0.0.9:8080/nacos/serverlist"),
+            ("https://as.example/list", "https://as.example/list"),
+        ] {
+            spec.nacos_address_server = Some(given.into());
+            let Ok(Servers::AddressServer { url, .. }) = Servers::new(&spec, reqwest::Client::new()) else { panic!() };
+            assert_eq!(url.as_str(), want);
+        }
     }
 }
