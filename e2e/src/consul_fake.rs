@@ -81,7 +81,7 @@ impl ConsulFake {
             .route("/v1/agent/self", get(agent_self))
             .route("/v1/status/leader", get(|| async { axum::Json("127.0.0.1:8300") }))
             .route("/v1/catalog/services", get(catalog))
-            .route("/v1/health/state/any", get(checks))
+            .route("/v1/health/state/{state}", get(checks))
             .route("/v1/health/service/{name}", get(health))
             .layer(middleware::from_fn_with_state(shared.clone(), log_request))
             .with_state(shared.clone());
@@ -173,12 +173,20 @@ async fn catalog(State(shared): State<Shared>, Query(query): Query<HashMap<Strin
     answer(inner.index, serde_json::to_string(&body).unwrap_or_default())
 }
 
-async fn checks(State(shared): State<Shared>, Query(query): Query<HashMap<String, String>>) -> Response {
+/// `/v1/health/state/:state`: every instance's one check passes, so only
+/// `any` and `passing` list them.
+async fn checks(
+    State(shared): State<Shared>,
+    Path(state): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
     block(&shared, &query).await;
     let inner = shared.lock();
+    let passing = matches!(state.as_str(), "any" | "passing");
     let checks: Vec<Value> = inner
         .services
         .keys()
+        .filter(|_| passing)
         .map(|s| {
             json!({"Node": "fake", "CheckID": format!("{s}-1"), "ServiceName": s, "ServiceID": format!("{s}-1"),
                    "Status": "passing", "ModifyIndex": inner.index})
@@ -194,7 +202,8 @@ async fn health(
 ) -> Response {
     block(&shared, &query).await;
     let inner = shared.lock();
-    if query.contains_key("filter") {
+    if query.contains_key("filter") || query.contains_key("tag") {
+        // Its instances carry no tag, and no filter is evaluated here.
         return answer(inner.index, "[]".into());
     }
     if let Some(raw) = inner.raw.get(&name) {

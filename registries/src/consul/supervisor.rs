@@ -453,7 +453,7 @@ impl Supervisor {
                 async move {
                     match ctx.client.service_index(&name).await {
                         Ok(now) if now == index => Ok(None),
-                        // Moved, or no index filter on this Consul: read it.
+                        // Moved, or the probe was refused: read it.
                         Ok(_) | Err(RegistryError::Status { status: 400, .. }) => Ok(Some(ctx.read(name).await)),
                         Err(e) if is_outage(&e) => Err(e),
                         Err(_) => Ok(Some(ctx.read(name).await)),
