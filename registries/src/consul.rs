@@ -23,10 +23,12 @@
 //!   narrower: its `filter` has no `ModifyIndex`, `/v1/catalog/services`
 //!   ignores `filter`, and no endpoint gives several services' indexes at
 //!   once. A catalog change counts as named when a read since the previous
-//!   catalog answer returned an index at least as new; so a service-only
-//!   write that lands between two catalog answers together with a later
-//!   write to another service is left to the next periodic sweep. The sweep
-//!   also runs every refresh interval, followed by a snapshot;
+//!   catalog answer returned an index at least as new, and the sweep for an
+//!   unnamed change stops at the first service it finds that new (about
+//!   half the probes on average); so a service-only write that lands
+//!   between two catalog answers together with a later write to another
+//!   service is left to the next periodic sweep, which probes every service
+//!   every refresh interval and ends with a snapshot;
 //! - a **full sync** (catalog, checks and every service) at startup, sent as
 //!   an [`Update::Snapshot`] (the ready signal), and again when Consul
 //!   answers after a failure, paced by the jittered backoff.

@@ -103,7 +103,8 @@ impl Harness {
             let node = json!({"Node": format!("node-{j}"), "Address": format!("10.1.0.{}", j + 1)});
             self.put("/v1/catalog/register", node).await?;
         }
-        let ops: Vec<Value> = (0..n).flat_map(|i| (0..PER).flat_map(move |j| instance_ops(i, j, checks, "passing"))).collect();
+        let ops: Vec<Value> =
+            (0..n).flat_map(|i| (0..PER).flat_map(move |j| instance_ops(i, j, checks, "passing"))).collect();
         // Eight calls at a time: far under Consul's 200 connections per client.
         let batches: Vec<Value> = ops.chunks(TXN_OPS).map(|c| Value::from(c.to_vec())).collect();
         for group in batches.chunks(8) {
@@ -161,7 +162,10 @@ async fn run(n: usize, rounds: usize, checks: bool, mb: tokio::runtime::Handle) 
     let h = Harness { http: reqwest::Client::new(), url: consul.url() };
     let t = Instant::now();
     h.fill(n, checks).await?;
-    eprintln!("consul_change_cost: {n} services × {PER} (checks: {checks}) registered in {:.1}s", t.elapsed().as_secs_f64());
+    eprintln!(
+        "consul_change_cost: {n} services × {PER} (checks: {checks}) registered in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
 
     let mut spec = RegistrySpec::new(RegistryKind::Consul, "bench", "127.0.0.1", consul.http_port);
     spec.consul_datacenter = Some("dc1".into());
@@ -192,7 +196,10 @@ async fn run(n: usize, rounds: usize, checks: bool, mb: tokio::runtime::Handle) 
             match k {
                 0 => h.put("/v1/txn", json!([check_op(i, 0, "critical")])).await?,
                 1 => h.put("/v1/txn", json!([check_op(i, 0, "passing")])).await?,
-                2 => h.put("/v1/catalog/deregister", json!({"Node": "node-0", "ServiceID": format!("svc-{i}-0")})).await?,
+                2 => {
+                    h.put("/v1/catalog/deregister", json!({"Node": "node-0", "ServiceID": format!("svc-{i}-0")}))
+                        .await?
+                }
                 _ => h.put("/v1/txn", Value::from(instance_ops(i, 0, checks, "passing"))).await?,
             }
             rec.until(kind, |r| count(r, i) == want).await;
