@@ -61,6 +61,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+pub use self::client::answers_read;
 use self::client::{Client, Indexed, next_index};
 use self::ctx::Ctx;
 use self::decode::{CheckPrints, Naming};

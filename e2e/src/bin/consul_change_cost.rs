@@ -12,8 +12,9 @@
 //!
 //! - **CPU**: on-CPU time of every thread but the harness's, from
 //!   `/proc/self/task/*/schedstat` (nanoseconds, not 10 ms ticks);
-//! - **bytes**: what those threads read (`rchar` in `/proc/self/task/*/io`):
-//!   Consul's answers, headers included.
+//! - **answers** and **bytes**: Consul answers the watcher read and their
+//!   body bytes ([`answers_read`]; each answer also carries ~250 bytes of
+//!   headers).
 //!
 //! ```sh
 //! cargo run --release -p meshbridge-e2e --bin consul_change_cost -- --services 10000 --rounds 10
@@ -26,7 +27,7 @@ use anyhow::{Context, bail, ensure};
 use meshbridge_e2e::bench::consul::ConsulDev;
 use meshbridge_e2e::bench::procfs::HARNESS_THREAD;
 use meshbridge_e2e::recorder::Recorder;
-use meshbridge_registries::consul::ConsulWatcher;
+use meshbridge_registries::consul::{ConsulWatcher, answers_read};
 use meshbridge_registries::{RegistryKind, RegistrySpec};
 use serde_json::{Value, json};
 
@@ -56,20 +57,20 @@ fn check_op(i: usize, j: usize, status: &str) -> Value {
         "Name": "bench", "Status": status, "ServiceID": format!("svc-{i}-{j}"), "ServiceName": format!("svc-{i}")}}})
 }
 
-/// What the watcher's threads used so far: (CPU, bytes read).
-fn watcher_usage() -> (Duration, u64) {
-    let (mut ns, mut bytes) = (0u64, 0u64);
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return (Duration::ZERO, 0) };
+/// What the watcher used so far: (CPU of every thread but the harness's,
+/// Consul answers, their body bytes).
+fn watcher_usage() -> (Duration, u64, u64) {
+    let mut ns = 0u64;
+    let (answers, bytes) = answers_read();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return (Duration::ZERO, answers, bytes) };
     for task in tasks.flatten() {
         if std::fs::read_to_string(task.path().join("comm")).unwrap_or_default().trim() == HARNESS_THREAD {
             continue;
         }
         let sched = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
         ns += sched.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        let io = std::fs::read_to_string(task.path().join("io")).unwrap_or_default();
-        bytes += io.lines().find_map(|l| l.strip_prefix("rchar: ")).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     }
-    (Duration::from_nanos(ns), bytes)
+    (Duration::from_nanos(ns), answers, bytes)
 }
 
 async fn idle() {
@@ -125,6 +126,7 @@ impl Harness {
 struct Tally {
     latency: Vec<Duration>,
     cpu: Duration,
+    answers: u64,
     bytes: u64,
 }
 
@@ -191,7 +193,7 @@ async fn run(n: usize, rounds: usize, checks: bool, mb: tokio::runtime::Handle) 
                 continue;
             }
             let want = if k % 2 == 0 { PER - 1 } else { PER };
-            let (cpu0, bytes0) = watcher_usage();
+            let (cpu0, answers0, bytes0) = watcher_usage();
             let started = Instant::now();
             match k {
                 0 => h.put("/v1/txn", json!([check_op(i, 0, "critical")])).await?,
@@ -205,26 +207,30 @@ async fn run(n: usize, rounds: usize, checks: bool, mb: tokio::runtime::Handle) 
             rec.until(kind, |r| count(r, i) == want).await;
             let latency = started.elapsed();
             idle().await;
-            let (cpu1, bytes1) = watcher_usage();
+            let (cpu1, answers1, bytes1) = watcher_usage();
             let tally = tallies.entry(k).or_default();
             tally.latency.push(latency);
             tally.cpu += cpu1.saturating_sub(cpu0);
             tally.bytes += bytes1.saturating_sub(bytes0);
+            tally.answers += answers1.saturating_sub(answers0);
         }
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("\nconsul_change_cost: {n} services × {PER}, checks: {checks}, {rounds} rounds, loadavg {}", load.trim());
-    println!("| change | services | latency p50 / max (ms) | watcher CPU per change (ms) | bytes read per change |");
-    println!("| --- | --- | --- | --- | --- |");
+    println!(
+        "| change | services | latency p50 / max (ms) | watcher CPU per change (ms) | answers per change | body bytes per change |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
     for (k, t) in &mut tallies {
         t.latency.sort();
         let c = t.latency.len().max(1) as u32;
         println!(
-            "| {} | {n} | {:.1} / {:.1} | {:.2} | {} |",
+            "| {} | {n} | {:.1} / {:.1} | {:.2} | {:.1} | {} |",
             kinds[*k],
             t.latency[t.latency.len() / 2].as_secs_f64() * 1e3,
             t.latency.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
             (t.cpu / c).as_secs_f64() * 1e3,
+            t.answers as f64 / f64::from(c),
             t.bytes / u64::from(c),
         );
     }

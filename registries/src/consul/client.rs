@@ -9,6 +9,7 @@
 //! address). The URL is still built with reqwest's `Url` (percent-encoding).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -44,6 +45,17 @@ const PROBE_TAG: &str = "meshbridge-index-probe-no-such-tag";
 const LIMIT_CHECK: Duration = Duration::from_millis(300);
 /// The pause between the connection-limit check's two tries.
 const LIMIT_RECHECK: Duration = Duration::from_millis(100);
+
+/// Answers read from Consul by every watcher in this process, and their
+/// body bytes: what `consul_change_cost` reports per change.
+static ANSWERS: AtomicU64 = AtomicU64::new(0);
+static BODY_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// (answers, body bytes) read from Consul so far by every watcher in this
+/// process. For benchmarks; one relaxed add per answer.
+pub fn answers_read() -> (u64, u64) {
+    (ANSWERS.load(Ordering::Relaxed), BODY_BYTES.load(Ordering::Relaxed))
+}
 
 pub(crate) struct Client {
     pool: Pool,
@@ -292,6 +304,8 @@ impl Client {
                 Err(Capped::Read(e)) => return Err(self.unreachable(what, format!("reading the answer failed: {e}"))),
             };
             lease.done();
+            ANSWERS.fetch_add(1, Ordering::Relaxed);
+            BODY_BYTES.fetch_add(body.len() as u64, Ordering::Relaxed);
             Ok((status, index, body))
         };
         let (status, index, body) = match tokio::time::timeout(timeout, call).await {
