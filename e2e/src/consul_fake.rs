@@ -7,14 +7,17 @@
 //! - `GET /v1/agent/self`: `{"Config": {"Datacenter": "dc1", "Version": ..}}`;
 //! - `GET /v1/status/leader`: a leader address;
 //! - `GET /v1/catalog/services`: every service, no tags;
-//! - `GET /v1/health/state/any`: one passing check per service;
+//! - `GET /v1/health/state/:state`: one passing check per service (so
+//!   `critical` and `warning` are empty);
 //! - `GET /v1/health/service/:name`: one passing instance, or the raw body
 //!   set with [`ConsulFake::set_raw_health`].
 //!
-//! Every answer carries `X-Consul-Index` (one index for everything, bumped
-//! by each change). A blocking query (`index` equal to the current one)
-//! waits up to its `wait`, at most 1 s, or until a change. The `filter`
-//! parameter is honoured only as "match nothing" (what the watcher sends).
+//! Every answer carries `X-Consul-Index`: one index bumped by each change,
+//! except that `/v1/health/service/:name` answers with the index of that
+//! service's last change, as Consul keeps one per service. A blocking query
+//! (`index` equal to the current one) waits up to its `wait`, at most 1 s,
+//! or until a change. `filter` and `tag` are honoured only as "match
+//! nothing" (what the watcher's index probes send).
 //! Every request line is logged ([`ConsulFake::requests`]).
 
 use std::collections::{BTreeMap, HashMap};
@@ -38,6 +41,8 @@ struct Inner {
     version: String,
     /// Service -> instance port.
     services: BTreeMap<String, u16>,
+    /// Service -> the index of its last change.
+    service_index: HashMap<String, u64>,
     /// Service -> raw health answer replacing the good one.
     raw: HashMap<String, String>,
     requests: Vec<String>,
@@ -81,7 +86,7 @@ impl ConsulFake {
             .route("/v1/agent/self", get(agent_self))
             .route("/v1/status/leader", get(|| async { axum::Json("127.0.0.1:8300") }))
             .route("/v1/catalog/services", get(catalog))
-            .route("/v1/health/state/any", get(checks))
+            .route("/v1/health/state/{state}", get(checks))
             .route("/v1/health/service/{name}", get(health))
             .layer(middleware::from_fn_with_state(shared.clone(), log_request))
             .with_state(shared.clone());
@@ -95,14 +100,14 @@ impl ConsulFake {
 
     /// Add (or re-port) a service with one passing instance on 127.0.0.1.
     pub fn add_service(&self, name: &str, port: u16) {
-        self.change(|inner| {
+        self.change(name, |inner| {
             inner.services.insert(name.to_string(), port);
         });
     }
 
     /// Answer `name`'s health with `body` from now on (`None`: the good answer).
     pub fn set_raw_health(&self, name: &str, body: Option<&str>) {
-        self.change(|inner| match body {
+        self.change(name, |inner| match body {
             Some(body) => {
                 inner.raw.insert(name.to_string(), body.to_string());
             }
@@ -117,11 +122,18 @@ impl ConsulFake {
         self.shared.lock().requests.clone()
     }
 
-    fn change(&self, f: impl FnOnce(&mut Inner)) {
+    /// Requests whose line contains `needle`, from the `since`-th on.
+    pub fn requests_containing(&self, since: usize, needle: &str) -> usize {
+        self.shared.lock().requests.iter().skip(since).filter(|r| r.contains(needle)).count()
+    }
+
+    fn change(&self, service: &str, f: impl FnOnce(&mut Inner)) {
         {
             let mut inner = self.shared.lock();
             f(&mut inner);
             inner.index += 1;
+            let index = inner.index;
+            inner.service_index.insert(service.to_string(), index);
         }
         self.shared.changed.notify_waiters();
     }
@@ -173,12 +185,20 @@ async fn catalog(State(shared): State<Shared>, Query(query): Query<HashMap<Strin
     answer(inner.index, serde_json::to_string(&body).unwrap_or_default())
 }
 
-async fn checks(State(shared): State<Shared>, Query(query): Query<HashMap<String, String>>) -> Response {
+/// `/v1/health/state/:state`: every instance's one check passes, so only
+/// `any` and `passing` list them.
+async fn checks(
+    State(shared): State<Shared>,
+    Path(state): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
     block(&shared, &query).await;
     let inner = shared.lock();
+    let passing = matches!(state.as_str(), "any" | "passing");
     let checks: Vec<Value> = inner
         .services
         .keys()
+        .filter(|_| passing)
         .map(|s| {
             json!({"Node": "fake", "CheckID": format!("{s}-1"), "ServiceName": s, "ServiceID": format!("{s}-1"),
                    "Status": "passing", "ModifyIndex": inner.index})
@@ -194,11 +214,13 @@ async fn health(
 ) -> Response {
     block(&shared, &query).await;
     let inner = shared.lock();
-    if query.contains_key("filter") {
-        return answer(inner.index, "[]".into());
+    let index = inner.service_index.get(&name).copied().unwrap_or(inner.index);
+    if query.contains_key("filter") || query.contains_key("tag") {
+        // Its instances carry no tag, and no filter is evaluated here.
+        return answer(index, "[]".into());
     }
     if let Some(raw) = inner.raw.get(&name) {
-        return answer(inner.index, raw.clone());
+        return answer(index, raw.clone());
     }
     let body = match inner.services.get(&name) {
         Some(port) => json!([{
@@ -208,5 +230,5 @@ async fn health(
         }]),
         None => json!([]),
     };
-    answer(inner.index, body.to_string())
+    answer(index, body.to_string())
 }

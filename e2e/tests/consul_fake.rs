@@ -74,3 +74,34 @@ async fn consul_namespace_is_sent_to_enterprise_only() {
         assert!(requests[0].starts_with("GET /v1/agent/self"), "the edition is asked first: {requests:?}");
     }
 }
+
+/// An instance re-registered on another port moves only the catalog index
+/// and that service's own index: no detector names it, so a sweep of index
+/// probes finds it, and stops at it instead of probing every service.
+#[tokio::test]
+async fn an_unnamed_change_is_found_by_a_sweep_that_stops_at_it() {
+    const SERVICES: usize = 40;
+    let fake = ConsulFake::start("1.8.7").await.unwrap();
+    for i in 0..SERVICES {
+        fake.add_service(&format!("s{i}"), 8000);
+    }
+    let mut spec = RegistrySpec::new(RegistryKind::Consul, "consul-fake", "127.0.0.1", fake.port);
+    // No periodic sweep within the test.
+    spec.consul_refresh_interval = Some(Duration::from_secs(600));
+    let watcher = ConsulWatcher::new(spec).expect("valid spec").with_wait(Duration::from_millis(500));
+    let mut rec: Recorder = Recorder::start(Box::new(watcher), DEADLINE);
+    rec.until("startup snapshot", |r| r.view.len() == SERVICES).await;
+    rec.idle(Duration::from_millis(300)).await;
+
+    let seen = fake.requests().len();
+    fake.add_service("s30", 9030);
+    rec.until("s30 re-ported", |r| r.view["s30.dc1.consul"].endpoints[0].port == 9030).await;
+    rec.idle(Duration::from_millis(500)).await;
+    // In name order s30 is the 25th service; the probes in flight when it
+    // is found (at most the read slots) may still be counted.
+    let probes = fake.requests_containing(seen, "tag=");
+    assert!((25..SERVICES).contains(&probes), "{probes} index probes for one change of {SERVICES} services");
+    let reads = fake.requests_containing(seen, "/v1/health/service/") - probes;
+    assert_eq!(reads, 1, "only s30 is read:\n{:#?}", &fake.requests()[seen..]);
+    assert!(rec.updates_since(0).len() == 2, "the snapshot and s30's upsert:\n{}", rec.dump());
+}

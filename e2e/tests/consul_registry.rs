@@ -183,7 +183,7 @@ async fn outage_keeps_endpoints_then_restart_resyncs() {
         let said = |path: &str| errors.iter().any(|e| e.to_string().contains(path));
         errors.len() >= 6
             && said("/v1/catalog/services")
-            && said("/v1/health/state/any")
+            && said("/v1/health/state/critical")
             && last.duration_since(stopped) > REFRESH + Duration::from_millis(500)
     })
     .await;

@@ -6,20 +6,29 @@
 //! over blocking-query `index`/`wait`) drives:
 //!
 //! - two **change detectors**, blocking queries on `/v1/catalog/services`
-//!   (which services exist, with their tags) and `/v1/health/state/any`
-//!   (every check, folded into one fingerprint per service and per node);
+//!   (which services exist, with their tags) and `/v1/health/state/critical`
+//!   (followed by `/v1/health/state/warning`): only the checks that fail,
+//!   folded into one fingerprint per service and per node, so a check
+//!   change costs bytes in proportion to the failing checks, not to every
+//!   check in the datacenter;
 //! - **targeted reads** of `/v1/health/service/:name` for only the services
 //!   a detector named: new or retagged services, services whose checks
-//!   changed, and the services on a node whose node checks changed;
-//! - a **sweep** for catalog changes no detector can name (an instance
-//!   without checks added or removed, an instance re-registered on another
-//!   port): Consul keeps one index per service, so the sweep asks each
-//!   service for its index alone (an empty answer) and reads only those that
-//!   moved. A catalog change counts as named when a read since the previous
-//!   catalog answer returned an index at least as new; so a service-only
-//!   write that lands between two catalog answers together with a later
-//!   write to another service is left to the next periodic sweep. The sweep
-//!   also runs every refresh interval, followed by a snapshot;
+//!   started or stopped failing, and the services on a node whose node
+//!   checks did;
+//! - a **sweep** for catalog changes no detector can name (an instance added
+//!   or removed in a service that stays, with or without checks; an
+//!   instance re-registered on another port): Consul keeps one index per
+//!   service, so the sweep asks each service for its index alone (an empty
+//!   answer) and reads only those that moved. Consul 1.8 offers nothing
+//!   narrower: its `filter` has no `ModifyIndex`, `/v1/catalog/services`
+//!   ignores `filter`, and no endpoint gives several services' indexes at
+//!   once. A catalog change counts as named when a read since the previous
+//!   catalog answer returned an index at least as new, and the sweep for an
+//!   unnamed change stops at the first service it finds that new (about
+//!   half the probes on average); so a service-only write that lands
+//!   between two catalog answers together with a later write to another
+//!   service is left to the next periodic sweep, which probes every service
+//!   every refresh interval and ends with a snapshot;
 //! - with a [`Selector`] (`meshbridgeWatch`), only the selected services are
 //!   tracked, read and swept; the detectors still see every name, so a
 //!   service that becomes selected (a new route) is read at once, and one
@@ -59,6 +68,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+pub use self::client::answers_read;
 use self::client::{Client, Indexed, next_index};
 use self::ctx::Ctx;
 use self::decode::{CheckPrints, Naming};
@@ -306,7 +316,7 @@ async fn watch_catalog(ctx: Arc<Ctx>, index: u64, tx: mpsc::Sender<Event>) {
 
 async fn watch_checks(ctx: Arc<Ctx>, index: u64, tx: mpsc::Sender<Event>) {
     let query = |ctx: Arc<Ctx>, index: u64| -> Answer<CheckPrints> {
-        Box::pin(async move { ctx.client.health_state(index, ctx.wait).await })
+        Box::pin(async move { ctx.client.failing_checks(index, ctx.wait).await })
     };
     detect(ctx, "checks", index, tx, query, Event::Checks).await;
 }

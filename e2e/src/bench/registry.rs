@@ -17,8 +17,14 @@ use super::consul::ConsulDev;
 use crate::nacos::Rnacos;
 use crate::zookeeper::{ZooKeeper, dubbo_node_name};
 
-/// Concurrent registrations while filling a registry.
+/// Concurrent registrations while filling a registry. Every harness call
+/// to Consul opens a connection and closes it after the answer (no idle
+/// pool), so the harness holds at most this many connections, plus one
+/// bare-client watch and one peer call, from the address meshbridge uses:
+/// with meshbridge's cap of 8, at most 42 of Consul's default 200 per client.
 const FILL_CONCURRENCY: usize = 32;
+/// Operations per Consul `/v1/txn` call: Consul's limit.
+const CONSUL_TXN_OPS: usize = 64;
 /// Per-call limit for the harness's own registry calls.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the bare Nacos client polls the instance list.
@@ -171,14 +177,22 @@ impl Registry {
         match &self.server {
             Server::Consul(c) => {
                 let (http, url) = (self.http.clone(), c.url());
-                bounded(n * per, FILL_CONCURRENCY, move |k| {
-                    let (i, j) = (k / per, k % per);
-                    let body = serde_json::json!({
-                        "Node": format!("node-{j}"),
-                        "Address": address(j),
-                        "Service": { "ID": format!("svc-{i}-{j}"), "Service": service(i), "Port": 8080 },
-                    });
-                    send(http.put(format!("{url}/v1/catalog/register")).json(&body))
+                for j in 0..per {
+                    let node = serde_json::json!({ "Node": format!("node-{j}"), "Address": address(j) });
+                    send(http.put(format!("{url}/v1/catalog/register")).json(&node)).await?;
+                }
+                // Instances in `/v1/txn` batches of Consul's maximum, 64
+                // operations: one raft write per batch instead of per instance.
+                let batches = (n * per).div_ceil(CONSUL_TXN_OPS);
+                bounded(batches, FILL_CONCURRENCY, move |b| {
+                    let ops: Vec<serde_json::Value> = (b * CONSUL_TXN_OPS..((b + 1) * CONSUL_TXN_OPS).min(n * per))
+                        .map(|k| {
+                            let (i, j) = (k / per, k % per);
+                            serde_json::json!({ "Service": { "Verb": "set", "Node": format!("node-{j}"),
+                                "Service": { "ID": format!("svc-{i}-{j}"), "Service": service(i), "Port": 8080 } } })
+                        })
+                        .collect();
+                    send(http.put(format!("{url}/v1/txn")).json(&ops))
                 })
                 .await
             }

@@ -86,7 +86,7 @@ impl Ctx {
         use futures::StreamExt;
         let started = std::time::Instant::now();
         let catalog = self.client.catalog_services(0, self.wait).await?;
-        let checks = self.client.health_state(0, self.wait).await?;
+        let checks = self.client.failing_checks(0, self.wait).await?;
         let catalog = Indexed { value: self.watched(catalog.value), index: catalog.index };
         let names: Vec<String> = self.selected(&catalog.value, selection).map(|(n, _)| n.clone()).collect();
         let reads: Vec<Read> =

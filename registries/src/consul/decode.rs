@@ -45,7 +45,7 @@ struct StatusJson {
     status: Option<String>,
 }
 
-/// One element of `GET /v1/health/state/any`: only what tells a change.
+/// One element of `GET /v1/health/state/:state`: only what tells a change.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 struct CheckJson<'a> {
@@ -61,10 +61,13 @@ struct CheckJson<'a> {
     modify_index: u64,
 }
 
-/// What a `/v1/health/state/any` answer says, folded to one fingerprint per
-/// service (its checks) and per node (the node's own checks, which gate
-/// every instance on it). Comparing two of these names the services whose
-/// health may have changed, without keeping the checks themselves.
+/// What the failing checks (`/v1/health/state/critical` and `…/warning`)
+/// say, folded to one fingerprint per service (its failing checks) and per
+/// node (the node's own failing checks, which gate every instance on it).
+/// Comparing two of these names the services whose health may have changed
+/// (a check that starts or stops failing, or fails otherwise), without
+/// keeping the checks themselves. Passing checks are not in it: an instance
+/// added or removed with passing checks is a catalog change.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct CheckPrints {
     pub services: HashMap<String, u64>,
@@ -127,13 +130,20 @@ pub(crate) fn decode_health(body: &[u8]) -> Result<Instances, serde_json::Error>
     Ok(out)
 }
 
-/// Decode `GET /v1/health/state/any` into fingerprints. Strings are borrowed
-/// from the body where they can be: this answer grows with the catalog. A
-/// fingerprint is the wrapping sum of its checks' hashes, so it does not
-/// depend on Consul's order and needs no sort.
+/// Decode a `GET /v1/health/state/:state` answer into fingerprints.
+#[cfg(test)]
 pub(crate) fn decode_checks(body: &[u8]) -> Result<CheckPrints, serde_json::Error> {
-    let checks: Vec<CheckJson<'_>> = serde_json::from_slice(body)?;
     let mut prints = CheckPrints::default();
+    decode_checks_into(&mut prints, body)?;
+    Ok(prints)
+}
+
+/// Fold a `GET /v1/health/state/:state` answer into `prints`. Strings are
+/// borrowed from the body where they can be. A fingerprint is the wrapping
+/// sum of its checks' hashes, so it does not depend on Consul's order (or on
+/// which of the answers folded in carried a check) and needs no sort.
+pub(crate) fn decode_checks_into(prints: &mut CheckPrints, body: &[u8]) -> Result<(), serde_json::Error> {
+    let checks: Vec<CheckJson<'_>> = serde_json::from_slice(body)?;
     for c in &checks {
         let mut h = DefaultHasher::new();
         (&*c.node, &*c.check_id, &*c.status, c.modify_index).hash(&mut h);
@@ -149,7 +159,7 @@ pub(crate) fn decode_checks(body: &[u8]) -> Result<CheckPrints, serde_json::Erro
             }
         }
     }
-    Ok(prints)
+    Ok(())
 }
 
 /// The services whose health may have changed between two check answers:

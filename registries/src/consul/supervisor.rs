@@ -96,6 +96,10 @@ pub(crate) struct Supervisor {
     sweep_not_before: Instant,
     /// A sweep for an unnamed change is due at this instant.
     sweep_due: Option<Instant>,
+    /// The newest catalog index an unnamed-change sweep looks for: it stops
+    /// once a probe finds a service at least this new (the rule that names
+    /// a change for targeted reads too). `None`: sweep everything.
+    sweep_target: Option<u64>,
     /// When failing services are read again.
     retry_at: Option<Instant>,
     retry_backoff: Backoff,
@@ -127,6 +131,7 @@ impl Supervisor {
             sweep_started: Instant::now(),
             sweep_not_before: Instant::now(),
             sweep_due: None,
+            sweep_target: None,
             retry_at: None,
             retry_backoff: Backoff::default(),
             resync_at: None,
@@ -184,6 +189,7 @@ impl Supervisor {
             } else {
                 debug!(index, "catalog changed with no service named: sweeping");
                 self.unexplained = None;
+                self.sweep_target = Some(self.sweep_target.map_or(index, |t| t.max(index)));
                 self.want_sweep();
             }
         }
@@ -474,6 +480,9 @@ impl Supervisor {
             self.sweep_again = true;
             return;
         }
+        // A periodic sweep probes every service, whatever it finds.
+        let target = if periodic { None } else { self.sweep_target };
+        self.sweep_target = None;
         self.sweeping = true;
         self.sweep_started = Instant::now();
         let known: Vec<(String, u64)> = self.services.iter().map(|(n, t)| (n.clone(), t.index)).collect();
@@ -485,10 +494,11 @@ impl Supervisor {
                 async move {
                     match ctx.client.service_index(&name).await {
                         Ok(now) if now == index => Ok(None),
-                        // Moved, or no index filter on this Consul: read it.
-                        Ok(_) | Err(RegistryError::Status { status: 400, .. }) => Ok(Some(ctx.read(name).await)),
+                        // Moved: read it.
+                        Ok(now) => Ok(Some((ctx.read(name).await, target.is_some_and(|t| now >= t)))),
                         Err(e) if is_outage(&e) => Err(e),
-                        Err(_) => Ok(Some(ctx.read(name).await)),
+                        // This service's probe was refused: read it.
+                        Err(_) => Ok(Some((ctx.read(name).await, false))),
                     }
                 }
             });
@@ -497,10 +507,16 @@ impl Supervisor {
             let mut reads = 0usize;
             while let Some(result) = probes.next().await {
                 match result {
-                    Ok(Some(read)) => {
+                    Ok(Some((read, found))) => {
                         reads += 1;
                         if tx.send(Event::Read { read, targeted: false }).await.is_err() {
                             return;
+                        }
+                        if found {
+                            // The change this sweep looks for is read; the
+                            // probes still in flight are dropped.
+                            debug!(target, "sweep found the change");
+                            break;
                         }
                     }
                     Ok(None) => {}

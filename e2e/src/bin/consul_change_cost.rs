@@ -1,0 +1,238 @@
+//! `consul_change_cost`: what one change costs the Consul watcher alone,
+//! by kind of change, against a real Consul 1.8 (`source e2e/env.sh
+//! consul`) with `--services` services × 10 instances, each instance with a
+//! passing catalog check (`--no-checks`: none).
+//!
+//! Per round, on a service not touched before: its first instance's check
+//! fails, then passes again, then the instance is deregistered, then
+//! registered again. Each change is timed from just before the write to the
+//! watcher's update reaching its sink, then the watcher is left until it is
+//! idle, so the figures hold all the work the change caused (a sweep
+//! included):
+//!
+//! - **CPU**: on-CPU time of every thread but the harness's, from
+//!   `/proc/self/task/*/schedstat` (nanoseconds, not 10 ms ticks);
+//! - **answers** and **bytes**: Consul answers the watcher read and their
+//!   body bytes ([`answers_read`]; each answer also carries ~250 bytes of
+//!   headers).
+//!
+//! ```sh
+//! cargo run --release -p meshbridge-e2e --bin consul_change_cost -- --services 10000 --rounds 10
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use meshbridge_e2e::bench::consul::ConsulDev;
+use meshbridge_e2e::bench::procfs::HARNESS_THREAD;
+use meshbridge_e2e::recorder::Recorder;
+use meshbridge_registries::consul::{ConsulWatcher, answers_read};
+use meshbridge_registries::{RegistryKind, RegistrySpec};
+use serde_json::{Value, json};
+
+const PER: usize = 10;
+/// Operations per `/v1/txn` call (Consul's limit is 64).
+const TXN_OPS: usize = 64;
+/// The watcher counts as idle once its threads used less than this in
+/// [`IDLE_STEP`].
+const IDLE_CPU: Duration = Duration::from_micros(500);
+const IDLE_STEP: Duration = Duration::from_millis(150);
+
+fn host(i: usize) -> String {
+    format!("svc-{i}.dc1.consul")
+}
+
+fn instance_ops(i: usize, j: usize, checks: bool, status: &str) -> Vec<Value> {
+    let mut ops = vec![json!({"Service": {"Verb": "set", "Node": format!("node-{j}"),
+        "Service": {"ID": format!("svc-{i}-{j}"), "Service": format!("svc-{i}"), "Port": 8080}}})];
+    if checks {
+        ops.push(check_op(i, j, status));
+    }
+    ops
+}
+
+fn check_op(i: usize, j: usize, status: &str) -> Value {
+    json!({"Check": {"Verb": "set", "Check": {"Node": format!("node-{j}"), "CheckID": format!("chk-{i}-{j}"),
+        "Name": "bench", "Status": status, "ServiceID": format!("svc-{i}-{j}"), "ServiceName": format!("svc-{i}")}}})
+}
+
+/// What the watcher used so far: (CPU of every thread but the harness's,
+/// Consul answers, their body bytes).
+fn watcher_usage() -> (Duration, u64, u64) {
+    let mut ns = 0u64;
+    let (answers, bytes) = answers_read();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return (Duration::ZERO, answers, bytes) };
+    for task in tasks.flatten() {
+        if std::fs::read_to_string(task.path().join("comm")).unwrap_or_default().trim() == HARNESS_THREAD {
+            continue;
+        }
+        let sched = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+        ns += sched.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    }
+    (Duration::from_nanos(ns), answers, bytes)
+}
+
+async fn idle() {
+    let mut last = watcher_usage().0;
+    loop {
+        tokio::time::sleep(IDLE_STEP).await;
+        let now = watcher_usage().0;
+        if now.saturating_sub(last) < IDLE_CPU {
+            return;
+        }
+        last = now;
+    }
+}
+
+struct Harness {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl Harness {
+    async fn put(&self, path: &str, body: Value) -> anyhow::Result<()> {
+        let resp = self.http.put(format!("{}{path}", self.url)).json(&body).send().await?;
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        ensure!(status.is_success(), "PUT {path}: {status}: {text}");
+        Ok(())
+    }
+
+    async fn fill(&self, n: usize, checks: bool) -> anyhow::Result<()> {
+        for j in 0..PER {
+            let node = json!({"Node": format!("node-{j}"), "Address": format!("10.1.0.{}", j + 1)});
+            self.put("/v1/catalog/register", node).await?;
+        }
+        let ops: Vec<Value> =
+            (0..n).flat_map(|i| (0..PER).flat_map(move |j| instance_ops(i, j, checks, "passing"))).collect();
+        // Eight calls at a time: far under Consul's 200 connections per client.
+        let batches: Vec<Value> = ops.chunks(TXN_OPS).map(|c| Value::from(c.to_vec())).collect();
+        for group in batches.chunks(8) {
+            let mut set = tokio::task::JoinSet::new();
+            for body in group.iter().cloned() {
+                let (http, url) = (self.http.clone(), self.url.clone());
+                set.spawn(async move { Harness { http, url }.put("/v1/txn", body).await });
+            }
+            while let Some(done) = set.join_next().await {
+                done??;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    latency: Vec<Duration>,
+    cpu: Duration,
+    answers: u64,
+    bytes: u64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (mut n, mut rounds, mut checks) = (1000usize, 10usize, true);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut num = || -> anyhow::Result<usize> { Ok(args.next().context("missing value")?.parse()?) };
+        match flag.as_str() {
+            "--services" => n = num()?,
+            "--rounds" => rounds = num()?,
+            "--no-checks" => checks = false,
+            _ => bail!("usage: consul_change_cost [--services N] [--rounds N] [--no-checks]"),
+        }
+    }
+    let harness = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(HARNESS_THREAD)
+        .thread_keep_alive(Duration::from_secs(86_400))
+        .enable_all()
+        .build()?;
+    let watcher_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("watcher")
+        .thread_keep_alive(Duration::from_secs(86_400))
+        .enable_all()
+        .build()?;
+    let mb = watcher_rt.handle().clone();
+    harness.block_on(async move { tokio::spawn(run(n, rounds, checks, mb)).await? })
+}
+
+async fn run(n: usize, rounds: usize, checks: bool, mb: tokio::runtime::Handle) -> anyhow::Result<()> {
+    let consul = ConsulDev::start().await?;
+    let h = Harness { http: reqwest::Client::new(), url: consul.url() };
+    let t = Instant::now();
+    h.fill(n, checks).await?;
+    eprintln!(
+        "consul_change_cost: {n} services × {PER} (checks: {checks}) registered in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+
+    let mut spec = RegistrySpec::new(RegistryKind::Consul, "bench", "127.0.0.1", consul.http_port);
+    spec.consul_datacenter = Some("dc1".into());
+    let watcher = ConsulWatcher::new(spec)?;
+    let t = Instant::now();
+    let mut rec: Recorder = {
+        let _enter = mb.enter();
+        Recorder::start(Box::new(watcher), Duration::from_secs(600))
+    };
+    let count = |r: &Recorder, i: usize| r.endpoints(&host(i)).map_or(0, |e| e.len());
+    rec.until("full sync", |r| r.hosts().len() >= n && (0..n).all(|i| count(r, i) == PER)).await;
+    eprintln!("consul_change_cost: watcher synced in {:.1}s", t.elapsed().as_secs_f64());
+    idle().await;
+
+    let kinds = ["check fails", "check passes", "instance deregistered", "instance registered"];
+    let mut tallies: BTreeMap<usize, Tally> = BTreeMap::new();
+    let rounds = rounds.min(n);
+    for round in 0..rounds {
+        // Spread over the catalog: the sweep's order is the services' order.
+        let i = round * n / rounds + n / (2 * rounds);
+        for (k, kind) in kinds.iter().enumerate() {
+            if !checks && k < 2 {
+                continue;
+            }
+            let want = if k % 2 == 0 { PER - 1 } else { PER };
+            let (cpu0, answers0, bytes0) = watcher_usage();
+            let started = Instant::now();
+            match k {
+                0 => h.put("/v1/txn", json!([check_op(i, 0, "critical")])).await?,
+                1 => h.put("/v1/txn", json!([check_op(i, 0, "passing")])).await?,
+                2 => {
+                    h.put("/v1/catalog/deregister", json!({"Node": "node-0", "ServiceID": format!("svc-{i}-0")}))
+                        .await?
+                }
+                _ => h.put("/v1/txn", Value::from(instance_ops(i, 0, checks, "passing"))).await?,
+            }
+            rec.until(kind, |r| count(r, i) == want).await;
+            let latency = started.elapsed();
+            idle().await;
+            let (cpu1, answers1, bytes1) = watcher_usage();
+            let tally = tallies.entry(k).or_default();
+            tally.latency.push(latency);
+            tally.cpu += cpu1.saturating_sub(cpu0);
+            tally.bytes += bytes1.saturating_sub(bytes0);
+            tally.answers += answers1.saturating_sub(answers0);
+        }
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("\nconsul_change_cost: {n} services × {PER}, checks: {checks}, {rounds} rounds, loadavg {}", load.trim());
+    println!(
+        "| change | services | latency p50 / max (ms) | watcher CPU per change (ms) | answers per change | body bytes per change |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for (k, t) in &mut tallies {
+        t.latency.sort();
+        let c = t.latency.len().max(1) as u32;
+        println!(
+            "| {} | {n} | {:.1} / {:.1} | {:.2} | {:.1} | {} |",
+            kinds[*k],
+            t.latency[t.latency.len() / 2].as_secs_f64() * 1e3,
+            t.latency.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+            (t.cpu / c).as_secs_f64() * 1e3,
+            t.answers as f64 / f64::from(c),
+            t.bytes / u64::from(c),
+        );
+    }
+    Ok(())
+}
