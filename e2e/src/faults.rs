@@ -30,7 +30,13 @@ pub const RESYNC_BOUND: Duration = Duration::from_secs(10);
 pub const DETECT_BOUND: Duration = Duration::from_secs(15);
 
 /// meshbridge in-process on `config`, dumping to `state`, xDS on `xds`.
+/// With `RUST_LOG` set (e.g. `meshbridge_registries=info,nacos_sdk=info`),
+/// logs go to stderr with timestamps: when each watcher and client gave up
+/// and came back.
 pub async fn launch(config: &Path, state: &Path, xds: std::net::SocketAddr) -> App {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
+    }
     App::launch(RunCommand {
         args: RunArgs { xds_addr: xds, ..RunArgs::loopback(config) },
         admin: AdminArgs::default(),

@@ -28,11 +28,6 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// meshbridge and Envoy in front of `reg` (and any `extra` registries),
 /// serving both backends.
 async fn serve(reg: &Registry, extra: &[String]) -> (tempfile::TempDir, tempfile::TempDir, App, Envoy) {
-    // `RUST_LOG=meshbridge_registries=debug,nacos_sdk=info` shows when each
-    // watcher and client gave up and came back.
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
-    }
     let (config, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let mut entries = vec![reg.bridge_entry()];
     entries.extend_from_slice(extra);
