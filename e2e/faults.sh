@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Fault scenarios under load (e2e/tests/faults.rs) with full-length faults:
+# Fault scenarios under load (e2e/tests/faults.rs: killed, hung Consul,
+# restart, NACK, rolling restart; e2e/tests/registry_faults.rs: partitioned
+# in a network namespace, hung ZooKeeper and rnacos) with full-length faults:
 # each fault lasts $1 seconds (default 60; CI runs them with 10 as part of
 # e2e/test.sh). Prints one FIGURES line per scenario; exits non-zero if any
 # scenario failed. RELIABILITY.md records the figures.
@@ -12,7 +14,7 @@ source e2e/env.sh consul envoy zookeeper rnacos
 export MESHBRIDGE_FAULT_SECS="${1:-60}"
 log="$(mktemp)"
 set +e
-cargo test -p meshbridge-e2e --test faults -- --nocapture --test-threads=1 2>&1 | tee "$log"
+cargo test -p meshbridge-e2e --test faults --test registry_faults -- --nocapture --test-threads=1 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 echo "== figures (faults of ${MESHBRIDGE_FAULT_SECS}s)"

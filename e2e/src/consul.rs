@@ -7,12 +7,12 @@
 //! use [`Consul::set_ttl_check`] to make an instance pass again.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use tempfile::TempDir;
 
+use crate::netns::Host;
 use crate::process::{ChildGuard, binary_from_env, free_port};
 
 const BIN_VAR: &str = "MESHBRIDGE_CONSUL_BIN";
@@ -43,6 +43,9 @@ pub struct Consul {
     pub http_port: u16,
     /// The ACL master token when started with [`Consul::start_with_acl`].
     pub token: Option<String>,
+    /// Where the agent runs and is reached (loopback unless started in a
+    /// network namespace).
+    pub host: Host,
     args: Vec<String>,
     http: reqwest::Client,
     guard: ChildGuard,
@@ -52,35 +55,45 @@ pub struct Consul {
 impl Consul {
     /// Start a dev agent and wait until it has a leader.
     pub async fn start() -> anyhow::Result<Consul> {
-        Consul::start_inner(None, None, false).await
+        Consul::start_inner(None, None, false, Host::loopback()).await
     }
 
     /// Start a dev agent with extra HCL configuration, e.g.
     /// `limits { http_max_conns_per_client = 10 }`.
     pub async fn start_with_hcl(hcl: &str) -> anyhow::Result<Consul> {
-        Consul::start_inner(None, Some(hcl.to_string()), false).await
+        Consul::start_inner(None, Some(hcl.to_string()), false, Host::loopback()).await
     }
 
     /// Start a single-server agent (not `-dev`) that keeps its catalog and
     /// Raft indexes in its data dir, so [`Consul::restart`] comes back with
     /// the same state, as a real cluster does.
     pub async fn start_persistent() -> anyhow::Result<Consul> {
-        Consul::start_inner(None, None, true).await
+        Consul::start_inner(None, None, true, Host::loopback()).await
+    }
+
+    /// [`Consul::start_persistent`] at `host` (e.g. in a network namespace).
+    pub async fn start_persistent_at(host: Host) -> anyhow::Result<Consul> {
+        Consul::start_inner(None, None, true, host).await
     }
 
     /// Start a dev agent with ACLs on, default policy `deny`, and `master` as
     /// the master token. The harness's own calls use that token.
     pub async fn start_with_acl(master: &str) -> anyhow::Result<Consul> {
-        Consul::start_inner(Some(master.to_string()), None, false).await
+        Consul::start_inner(Some(master.to_string()), None, false, Host::loopback()).await
     }
 
-    async fn start_inner(token: Option<String>, hcl: Option<String>, persistent: bool) -> anyhow::Result<Consul> {
+    async fn start_inner(
+        token: Option<String>,
+        hcl: Option<String>,
+        persistent: bool,
+        host: Host,
+    ) -> anyhow::Result<Consul> {
         let bin = binary_from_env(BIN_VAR)?;
         let mut last_err = None;
         for _ in 0..START_ATTEMPTS {
             let dir = tempfile::Builder::new().prefix("meshbridge-consul-").tempdir()?;
             let http_port = free_port();
-            let mut args = agent_args(http_port, &dir, token.as_deref());
+            let mut args = agent_args(http_port, &dir, token.as_deref(), &host);
             if let Some(hcl) = &hcl {
                 args.extend(["-hcl".to_string(), hcl.clone()]);
             }
@@ -93,11 +106,11 @@ impl Consul {
                     "performance { raft_multiplier = 1 }".into(),
                 ]);
             }
-            let guard = spawn(&bin, &args, &dir)?;
+            let guard = spawn(&host, &bin, &args, &dir)?;
             // No idle connections kept: tests count the watcher's connections
             // to the agent, and the harness must not add to them.
             let http = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
-            let mut consul = Consul { http_port, token: token.clone(), args, http, guard, dir };
+            let mut consul = Consul { http_port, token: token.clone(), host: host.clone(), args, http, guard, dir };
             match consul.wait_ready().await {
                 Ok(()) => return Ok(consul),
                 Err(e) => last_err = Some(e.context(format!("consul log:\n{}", consul.log()))),
@@ -106,9 +119,9 @@ impl Consul {
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("consul did not start")))
     }
 
-    /// `http://127.0.0.1:{http_port}`.
+    /// `http://{host}:{http_port}`.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.http_port)
+        format!("http://{}:{}", self.host.ip, self.http_port)
     }
 
     /// The agent's output so far.
@@ -130,7 +143,7 @@ impl Consul {
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.guard.kill();
         let bin = binary_from_env(BIN_VAR)?;
-        self.guard = spawn(&bin, &self.args, &self.dir)?;
+        self.guard = spawn(&self.host, &bin, &self.args, &self.dir)?;
         self.wait_ready().await.with_context(|| format!("consul log:\n{}", self.log()))
     }
 
@@ -237,28 +250,18 @@ pub fn established_to(port: u16) -> usize {
         .sum()
 }
 
-fn agent_args(http_port: u16, dir: &TempDir, token: Option<&str>) -> Vec<String> {
+fn agent_args(http_port: u16, dir: &TempDir, token: Option<&str>, host: &Host) -> Vec<String> {
     let port = |p: u16| p.to_string();
     let node = format!("mb-{}-{http_port}", std::process::id());
-    let mut args: Vec<String> = [
-        "agent",
-        "-dev",
-        "-bind",
-        "127.0.0.1",
-        "-client",
-        "127.0.0.1",
-        "-log-level",
-        "debug",
-        "-dns-port",
-        "-1",
-        "-grpc-port",
-        "-1",
-        "-serf-wan-port",
-        "-1",
-    ]
-    .map(String::from)
-    .into();
+    let mut args: Vec<String> =
+        ["agent", "-dev", "-log-level", "debug", "-dns-port", "-1", "-grpc-port", "-1", "-serf-wan-port", "-1"]
+            .map(String::from)
+            .into();
     args.extend([
+        "-bind".into(),
+        host.ip.to_string(),
+        "-client".into(),
+        host.ip.to_string(),
         "-http-port".into(),
         port(http_port),
         "-serf-lan-port".into(),
@@ -277,8 +280,8 @@ fn agent_args(http_port: u16, dir: &TempDir, token: Option<&str>) -> Vec<String>
     args
 }
 
-fn spawn(bin: &PathBuf, args: &[String], dir: &TempDir) -> anyhow::Result<ChildGuard> {
-    let mut cmd = Command::new(bin);
+fn spawn(host: &Host, bin: &PathBuf, args: &[String], dir: &TempDir) -> anyhow::Result<ChildGuard> {
+    let mut cmd = host.command(bin);
     cmd.args(args);
     ChildGuard::spawn("consul", cmd, dir.path().join("consul.log"))
 }

@@ -14,12 +14,12 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use tempfile::TempDir;
 
+use crate::netns::Host;
 use crate::process::{ChildGuard, binary_from_env, free_port};
 
 const BIN_VAR: &str = "MESHBRIDGE_RNACOS_BIN";
@@ -40,6 +40,8 @@ pub struct Options {
     /// An ephemeral instance without heartbeats turns unhealthy after this
     /// (rnacos adds 3 s); it is removed only after 10 minutes.
     pub heartbeat_timeout: Option<Duration>,
+    /// Where the server runs and is reached (loopback by default).
+    pub host: Host,
 }
 
 /// An instance as the 1.x open API takes it.
@@ -107,6 +109,7 @@ impl Instance {
 
 pub struct Rnacos {
     pub http_port: u16,
+    pub host: Host,
     env: Vec<(String, String)>,
     auth: Option<(String, String)>,
     http: reqwest::Client,
@@ -127,9 +130,10 @@ impl Rnacos {
             let dir = tempfile::Builder::new().prefix("meshbridge-rnacos-").tempdir()?;
             let env = environment(http_port, &dir, &opts);
             std::fs::write(dir.path().join("rnacos.env"), "")?;
-            let guard = spawn(&bin, &env, &dir)?;
-            let mut rnacos =
-                Rnacos { http_port, env, auth: opts.auth.clone(), http: reqwest::Client::new(), guard, dir };
+            let host = opts.host.clone();
+            let guard = spawn(&host, &bin, &env, &dir)?;
+            let http = reqwest::Client::new();
+            let mut rnacos = Rnacos { http_port, host, env, auth: opts.auth.clone(), http, guard, dir };
             match rnacos.wait_ready().await {
                 Ok(()) => return Ok(rnacos),
                 Err(e) => last_err = Some(e.context(format!("rnacos log:\n{}", rnacos.log()))),
@@ -138,9 +142,14 @@ impl Rnacos {
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("no free port pair for rnacos")))
     }
 
-    /// `http://127.0.0.1:{http_port}`.
+    /// `http://{host}:{http_port}`.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.http_port)
+        format!("http://{}:{}", self.host.ip, self.http_port)
+    }
+
+    /// The server's process id (to SIGSTOP / SIGCONT it).
+    pub fn pid(&self) -> Option<u32> {
+        self.guard.id()
     }
 
     pub fn grpc_port(&self) -> u16 {
@@ -168,7 +177,7 @@ impl Rnacos {
             // A fresh log each time, so that a panic in an earlier run does
             // not fail this one.
             std::fs::write(self.dir.path().join("rnacos.log"), "")?;
-            self.guard = spawn(&bin, &self.env, &self.dir)?;
+            self.guard = spawn(&self.host, &bin, &self.env, &self.dir)?;
             match self.wait_ready().await {
                 Ok(()) => return Ok(()),
                 Err(e) => last_err = Some(e.context(format!("rnacos log:\n{}", self.log()))),
@@ -298,7 +307,7 @@ impl Rnacos {
             if !self.guard.is_running() {
                 bail!("rnacos exited during startup");
             }
-            let grpc = tokio::net::TcpStream::connect(("127.0.0.1", self.grpc_port())).await.is_ok();
+            let grpc = tokio::net::TcpStream::connect((self.host.ip, self.grpc_port())).await.is_ok();
             let params = [("pageNo", "1"), ("pageSize", "1")].map(|(k, v)| (k, v.to_string()));
             let listed = self.call_once(reqwest::Method::GET, "/nacos/v1/ns/service/list", &params).await;
             if grpc && listed.is_ok_and(|(status, _)| status.is_success()) {
@@ -332,14 +341,15 @@ fn port_pair() -> Option<u16> {
 fn environment(http_port: u16, dir: &TempDir, opts: &Options) -> Vec<(String, String)> {
     let data = dir.path().join("data").display().to_string();
     let grpc = http_port + GRPC_OFFSET;
+    let ip = opts.host.ip;
     let mut env: Vec<(&str, String)> = vec![
         ("RNACOS_HTTP_PORT", http_port.to_string()),
         ("RNACOS_GRPC_PORT", grpc.to_string()),
         // 0 turns the separate console off; its default is HTTP + 2000.
         ("RNACOS_HTTP_CONSOLE_PORT", "0".into()),
-        ("RNACOS_SDK_HOST", "127.0.0.1".into()),
-        ("RNACOS_CONSOLE_HOST", "127.0.0.1".into()),
-        ("RNACOS_RAFT_NODE_ADDR", format!("127.0.0.1:{grpc}")),
+        ("RNACOS_SDK_HOST", ip.to_string()),
+        ("RNACOS_CONSOLE_HOST", ip.to_string()),
+        ("RNACOS_RAFT_NODE_ADDR", format!("{ip}:{grpc}")),
         ("RNACOS_DATA_DIR", data.clone()),
         ("RNACOS_CONFIG_DB_DIR", data),
         // rnacos probes persistent instances over TCP (as Nacos does);
@@ -363,8 +373,8 @@ fn environment(http_port: u16, dir: &TempDir, opts: &Options) -> Vec<(String, St
     env.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
-fn spawn(bin: &PathBuf, env: &[(String, String)], dir: &TempDir) -> anyhow::Result<ChildGuard> {
-    let mut cmd = Command::new(bin);
+fn spawn(host: &Host, bin: &PathBuf, env: &[(String, String)], dir: &TempDir) -> anyhow::Result<ChildGuard> {
+    let mut cmd = host.command(bin);
     // An empty env file and the temp dir as working dir: no `.env` from the
     // repo leaks into the server.
     cmd.arg("-e").arg(dir.path().join("rnacos.env")).current_dir(dir.path());

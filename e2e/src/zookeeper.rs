@@ -8,13 +8,13 @@
 //! data dir, so persistent nodes survive it.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use tempfile::TempDir;
 use zookeeper_client as zk;
 
+use crate::netns::Host;
 use crate::process::{ChildGuard, binary_from_env, free_port};
 
 const JAR_VAR: &str = "MESHBRIDGE_ZK_JAR";
@@ -29,6 +29,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct ZooKeeper {
     pub port: u16,
+    /// Where the server runs and is reached (loopback unless started in a
+    /// network namespace).
+    pub host: Host,
     jar: PathBuf,
     guard: ChildGuard,
     dir: TempDir,
@@ -37,14 +40,19 @@ pub struct ZooKeeper {
 impl ZooKeeper {
     /// Start a standalone server and wait until it serves a session.
     pub async fn start() -> anyhow::Result<ZooKeeper> {
+        ZooKeeper::start_at(Host::loopback()).await
+    }
+
+    /// [`ZooKeeper::start`] at `host` (e.g. in a network namespace).
+    pub async fn start_at(host: Host) -> anyhow::Result<ZooKeeper> {
         let jar = binary_from_env(JAR_VAR)?;
         let mut last_err = None;
         for _ in 0..START_ATTEMPTS {
             let dir = tempfile::Builder::new().prefix("meshbridge-zk-").tempdir()?;
             let port = free_port();
-            std::fs::write(dir.path().join("zoo.cfg"), config(port, dir.path()))?;
-            let guard = spawn(&jar, dir.path())?;
-            let mut zk = ZooKeeper { port, jar: jar.clone(), guard, dir };
+            std::fs::write(dir.path().join("zoo.cfg"), config(&host, port, dir.path()))?;
+            let guard = spawn(&host, &jar, dir.path())?;
+            let mut zk = ZooKeeper { port, host: host.clone(), jar: jar.clone(), guard, dir };
             match zk.wait_ready().await {
                 Ok(()) => return Ok(zk),
                 Err(e) => last_err = Some(e.context(format!("zookeeper log:\n{}", zk.log()))),
@@ -53,9 +61,14 @@ impl ZooKeeper {
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("zookeeper did not start")))
     }
 
-    /// `127.0.0.1:{port}`.
+    /// `{host}:{port}`.
     pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.host.ip, self.port)
+    }
+
+    /// The server's process id (to SIGSTOP / SIGCONT it).
+    pub fn pid(&self) -> Option<u32> {
+        self.guard.id()
     }
 
     /// The server's output so far (its tail is what matters).
@@ -73,7 +86,7 @@ impl ZooKeeper {
     /// Start the server again on the same port and data dir.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.guard.kill();
-        self.guard = spawn(&self.jar, self.dir.path())?;
+        self.guard = spawn(&self.host, &self.jar, self.dir.path())?;
         self.wait_ready().await.with_context(|| format!("zookeeper log:\n{}", self.log()))
     }
 
@@ -99,16 +112,17 @@ impl ZooKeeper {
     }
 }
 
-fn config(port: u16, dir: &Path) -> String {
+fn config(host: &Host, port: u16, dir: &Path) -> String {
     format!(
-        "dataDir={data}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+        "dataDir={data}\nclientPort={port}\nclientPortAddress={ip}\nadmin.enableServer=false\n\
          tickTime=500\nmaxSessionTimeout={max}\n4lw.commands.whitelist=*\n",
         data = dir.join("data").display(),
         max = MAX_SESSION.as_millis(),
+        ip = host.ip,
     )
 }
 
-fn spawn(jar: &Path, dir: &Path) -> anyhow::Result<ChildGuard> {
+fn spawn(host: &Host, jar: &Path, dir: &Path) -> anyhow::Result<ChildGuard> {
     // Debian's zookeeper.jar names its dependencies in its manifest; a
     // logging backend is all it lacks.
     let mut classpath = jar.display().to_string();
@@ -116,7 +130,7 @@ fn spawn(jar: &Path, dir: &Path) -> anyhow::Result<ChildGuard> {
         classpath = format!("{classpath}:{}", simple.display());
     }
     let java = std::env::var_os("JAVA_HOME").map(|h| PathBuf::from(h).join("bin/java")).filter(|j| j.exists());
-    let mut cmd = Command::new(java.unwrap_or_else(|| "java".into()));
+    let mut cmd = host.command(java.unwrap_or_else(|| "java".into()));
     cmd.args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Dzookeeper.admin.enableServer=false"])
         .arg("-cp")
         .arg(classpath)

@@ -79,6 +79,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const AUTH_FAILURES_BEFORE_RECONNECT: u32 = 2;
 /// A client that lasted this long resets the backoff between clients.
 const SESSION_RESETS_BACKOFF: Duration = Duration::from_secs(60);
+/// A replaced client that could not unsubscribe (it was not connected) is
+/// asked again this often, this many times: nacos-sdk reconnects it within
+/// 64 s, and until it unsubscribes it would keep its connection for ever.
+const RETIRE_EVERY: Duration = Duration::from_secs(15);
+const RETIRE_ATTEMPTS: u32 = 12;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Protocol {
@@ -171,6 +176,10 @@ enum End {
     Servers(Vec<String>),
     /// The client is beyond repair (tokens refused right after login).
     Reconnect,
+    /// The server answers again after an outage, but the client has not
+    /// reconnected (nacos-sdk's own schedule, up to 64 s): a new client
+    /// connects at once.
+    Stale,
 }
 
 impl NacosWatcher {
@@ -240,7 +249,11 @@ impl NacosWatcher {
                     let end = Session::new_shared(api.clone(), ctx.clone())
                         .run(&self.servers, &list, &mut self.selector)
                         .await;
-                    api.close().await;
+                    // A stale client cannot unsubscribe yet: that must not
+                    // hold up its successor.
+                    if matches!(end, End::Stale) || !api.close().await {
+                        tokio::spawn(retire(api).in_current_span());
+                    }
                     if started.elapsed() > SESSION_RESETS_BACKOFF {
                         backoff.reset();
                     }
@@ -257,9 +270,25 @@ impl NacosWatcher {
                     warn!("credentials refused right after login: new client");
                     tokio::time::sleep(backoff.next()).await;
                 }
+                End::Stale => {
+                    info!("nacos accepts connections again but the client has not reconnected: new client");
+                }
             }
         }
     }
+}
+
+/// Unsubscribe a replaced client's services once it reconnects, so that it
+/// can go; bounded.
+async fn retire(api: Arc<GrpcApi>) {
+    for _ in 0..RETIRE_ATTEMPTS {
+        if api.close().await {
+            debug!("replaced client closed");
+            return;
+        }
+        tokio::time::sleep(RETIRE_EVERY).await;
+    }
+    warn!("a replaced client could not unsubscribe its services; giving up");
 }
 
 /// Connect over gRPC, but only once some server accepts TCP on its gRPC port:
@@ -500,15 +529,17 @@ impl<A: Api> Session<A> {
                     }
                 }
                 _ = probe.tick() => {
-                    match self.api.probe(&ctx.groups[0]).await {
-                        Ok(()) => ctx.health.ok(),
-                        Err(e) => {
-                            ctx.health.fail(&e);
-                            if self.beyond_repair() {
-                                return End::Reconnect;
-                            }
-                        }
+                    if let Some(end) = self.probe().await {
+                        return end;
                     }
+                }
+                // Down at the last probe and accepting connections again:
+                // probe now rather than at the next tick.
+                () = self.api.reachable_again() => {
+                    if let Some(end) = self.probe().await {
+                        return end;
+                    }
+                    probe.reset();
                 }
                 () = ctx.health.recovered().notified() => {
                     info!("nacos answers again, resyncing");
@@ -543,6 +574,19 @@ impl<A: Api> Session<A> {
         }
     }
 
+    async fn probe(&mut self) -> Option<End> {
+        match self.api.probe(&self.ctx.groups[0]).await {
+            Ok(()) => {
+                self.ctx.health.ok();
+                None
+            }
+            Err(e) => {
+                self.ctx.health.fail(&e);
+                self.replace_client()
+            }
+        }
+    }
+
     async fn resync(&mut self) -> Option<End> {
         match self.ctx.sync(&*self.api).await {
             Ok(()) => {
@@ -554,17 +598,26 @@ impl<A: Api> Session<A> {
             }
             Err(e) => {
                 self.ctx.health.fail(&e);
-                self.beyond_repair().then_some(End::Reconnect)
+                self.replace_client()
             }
         }
     }
 
-    /// A client that worked has its credentials refused again and again
-    /// although each call logged in afresh: its own state is stale (push
-    /// clients only; the HTTP client has no state beyond the token). Called
-    /// after the first sync only.
-    fn beyond_repair(&self) -> bool {
-        A::PUSH && self.ctx.health.auth_failures.load(Ordering::SeqCst) >= AUTH_FAILURES_BEFORE_RECONNECT
+    /// Whether a client that worked must be replaced (push clients only;
+    /// the HTTP client has no state beyond the token). Called after the first
+    /// sync only.
+    /// - Its credentials are refused again and again although each call
+    ///   logged in afresh: its own state is stale.
+    /// - The server is back from an outage and this client has not
+    ///   reconnected ([`Api::stale`]).
+    fn replace_client(&self) -> Option<End> {
+        if !A::PUSH {
+            return None;
+        }
+        if self.ctx.health.auth_failures.load(Ordering::SeqCst) >= AUTH_FAILURES_BEFORE_RECONNECT {
+            return Some(End::Reconnect);
+        }
+        self.api.stale().then_some(End::Stale)
     }
 
     /// Push clients: [`CONCURRENCY`] readers of pushed services, and exactly

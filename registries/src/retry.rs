@@ -42,6 +42,43 @@ impl Backoff {
     }
 }
 
+/// How often [`reopened`] tries the ports.
+const REOPEN_POLL: Duration = Duration::from_millis(500);
+const REOPEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Sleep `delay`, or less: until a server back from an outage accepts TCP
+/// again ([`reopened`]); then `backoff` starts again from its shortest wait,
+/// since a server accepts connections a little before it serves (a JVM
+/// loading its data). A backoff that grew to its cap during a long outage
+/// then costs nothing once the server is back.
+pub(crate) async fn wait_or_reopened(backoff: &mut Backoff, addrs: &[String]) {
+    tokio::select! {
+        () = tokio::time::sleep(backoff.next()) => {}
+        () = reopened(addrs) => backoff.reset(),
+    }
+}
+
+/// Resolves once one of `addrs` (`host:port`) that refused a TCP connect or
+/// timed it out accepts one again. A server that accepts all along (hung,
+/// or refusing at the protocol level) never ends the wait: retrying it
+/// sooner would not help.
+pub(crate) async fn reopened(addrs: &[String]) {
+    let mut was_closed = vec![false; addrs.len()];
+    loop {
+        for (addr, closed) in addrs.iter().zip(was_closed.iter_mut()) {
+            let open = matches!(
+                tokio::time::timeout(REOPEN_CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr.as_str())).await,
+                Ok(Ok(_))
+            );
+            if open && *closed {
+                return;
+            }
+            *closed |= !open;
+        }
+        tokio::time::sleep(REOPEN_POLL).await;
+    }
+}
+
 /// `d` ±20%.
 fn jitter(d: Duration) -> Duration {
     // RandomState is randomly keyed: enough randomness for jitter without a
@@ -53,6 +90,26 @@ fn jitter(d: Duration) -> Duration {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// A port that was closed and opens ends the wait; one open all along
+    /// does not.
+    #[tokio::test]
+    async fn reopened_waits_for_a_closed_port_to_open() {
+        let open = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let open_addr = open.local_addr().unwrap().to_string();
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let closed_addr = closed.local_addr().unwrap();
+        drop(closed);
+        let addrs = vec![open_addr, closed_addr.to_string()];
+        let wait = tokio::spawn(async move { reopened(&addrs).await });
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert!(!wait.is_finished(), "ended while nothing reopened");
+        let _back = tokio::net::TcpListener::bind(closed_addr).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(3), wait).await.expect("ends once the port opens").unwrap();
+        let t = Instant::now();
+        wait_or_reopened(&mut Backoff::default(), &[]).await;
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
 
     #[test]
     fn backoff_doubles_to_a_cap_with_jitter() {

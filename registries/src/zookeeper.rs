@@ -67,7 +67,7 @@ use self::tree::{Naming, ServiceKey, Touch, Tree};
 use self::watches::Watches;
 use crate::health::Health;
 use crate::model::Service;
-use crate::retry::Backoff;
+use crate::retry::{Backoff, wait_or_reopened};
 use crate::select::{Selection, Selector};
 use crate::spec::RegistrySpec;
 use crate::watcher::{RegistryError, Sink, Update, Watcher};
@@ -203,12 +203,15 @@ impl ZookeeperWatcher {
             health: Health::new(sink, "zookeeper"),
         };
         let mut backoff = Backoff::default();
+        // After a long outage the backoff is at its cap (10 s): a server that
+        // comes back is retried as soon as its port accepts instead.
+        let hosts: Vec<String> = self.connect.split(',').map(String::from).collect();
         loop {
             let client = match connect(&self.connect, &ctx.registry).await {
                 Ok(client) => client,
                 Err(e) => {
                     ctx.health.fail(&e);
-                    tokio::time::sleep(backoff.next()).await;
+                    wait_or_reopened(&mut backoff, &hosts).await;
                     continue;
                 }
             };
@@ -219,7 +222,7 @@ impl ZookeeperWatcher {
             if synced {
                 backoff.reset();
             }
-            tokio::time::sleep(backoff.next()).await;
+            wait_or_reopened(&mut backoff, &hosts).await;
         }
     }
 }

@@ -23,12 +23,26 @@
 //! loop and a login loop run for ever (they hold no connection). So a client
 //! unsubscribes everything when it goes, also when dropped mid-call, and is
 //! rebuilt only when needed (new server list, a token refused right after a
-//! fresh login), never in a loop while the servers are down.
+//! fresh login, a server back from an outage that this client has not
+//! reconnected to), never in a loop while the servers are down.
+//!
+//! **Reconnecting after an outage.** nacos-sdk reconnects on its own, but on
+//! a schedule of its own: 2, 4, 8, 16, 32 and then every 64 s. After a
+//! 60 s outage its next attempt came 32 s after rnacos was back (measured:
+//! RELIABILITY.md). So the probe remembers that the server was unreachable
+//! (its gRPC port refused or timed out a TCP connect); once the port
+//! accepts again (tried every [`REACHABLE_POLL`] between probes), the
+//! client gets one short call ([`RECOVERY_PROBE_TIMEOUT`])
+//! and, if that fails, is reported stale ([`Api::stale`]): the watcher builds a
+//! new client, which connects at once, and retires the old one. A server
+//! that hangs (its port accepts, nothing answers) never looked unreachable,
+//! so it does not cause a rebuild: a rebuild could not help, and each one
+//! leaves tasks behind.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -50,6 +64,12 @@ use crate::watcher::RegistryError;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The deadline of a probe's call once the server accepts connections again
+/// after an outage: a connected client answers in milliseconds.
+const RECOVERY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the gRPC port of a server found unreachable is tried between
+/// probes.
+const REACHABLE_POLL: Duration = Duration::from_millis(500);
 /// Unsubscribing on the way out: best effort, bounded.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
 const PAGE_SIZE: i32 = 500;
@@ -64,6 +84,10 @@ pub(crate) struct GrpcApi {
     call_timeout: Duration,
     /// Live subscriptions; their listeners are needed to unsubscribe.
     subscribed: Mutex<HashMap<ServiceKey, Arc<dyn NamingEventListener>>>,
+    /// The probe found the gRPC port unreachable since the last answer.
+    was_down: AtomicBool,
+    /// The port accepts again, but this client's call still failed.
+    stale: AtomicBool,
     /// Held for its `Drop`, which removes the directory.
     _cache_dir: CacheDir,
     /// The TLS relays nacos-sdk connects through, stopped when dropped.
@@ -127,6 +151,8 @@ impl GrpcApi {
             auth,
             call_timeout: CALL_TIMEOUT,
             subscribed: Mutex::default(),
+            was_down: AtomicBool::new(false),
+            stale: AtomicBool::new(false),
             _cache_dir: cache_dir,
             _origin: origin,
         })
@@ -140,13 +166,22 @@ impl GrpcApi {
 
     /// Run one nacos-sdk call with a fresh token and a deadline.
     async fn call<T>(&self, what: &str, call: impl Future<Output = Result<T, SdkError>>) -> Result<T, RegistryError> {
+        self.call_within(what, self.call_timeout, call).await
+    }
+
+    async fn call_within<T>(
+        &self,
+        what: &str,
+        deadline: Duration,
+        call: impl Future<Output = Result<T, SdkError>>,
+    ) -> Result<T, RegistryError> {
         self.auth.ensure(&self.servers).await?;
-        let result = match tokio::time::timeout(self.call_timeout, call).await {
+        let result = match tokio::time::timeout(deadline, call).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(classify(&self.registry, what, &e)),
             Err(_) => Err(RegistryError::Unreachable {
                 registry: self.registry.clone(),
-                reason: format!("{what}: timed out after {:?}", self.call_timeout),
+                reason: format!("{what}: timed out after {deadline:?}"),
             }),
         };
         if let Err(e) = &result
@@ -161,25 +196,40 @@ impl GrpcApi {
         self.subscribed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Unsubscribe everything, which stops nacos-sdk's pollers so that the
-    /// client can go when dropped.
-    pub async fn close(&self) {
+    /// Unsubscribe everything, which stops nacos-sdk's pollers and redo
+    /// tasks so that the client can go when dropped. `false` when some
+    /// unsubscribe failed (the client is not connected): they are kept for
+    /// the next `close`, since nacos-sdk would otherwise subscribe them again
+    /// once this client reconnects, and keep its connection for ever.
+    pub async fn close(&self) -> bool {
         let subs: Vec<_> = self.subscriptions().drain().collect();
-        unsubscribe_all(self.naming.clone(), subs).await;
+        let failed = unsubscribe_all(self.naming.clone(), subs).await;
+        let clean = failed.is_empty();
+        self.subscriptions().extend(failed);
+        clean
     }
 }
 
-async fn unsubscribe_all(naming: NamingService, subs: Vec<(ServiceKey, Arc<dyn NamingEventListener>)>) {
+type Subscription = (ServiceKey, Arc<dyn NamingEventListener>);
+
+/// Unsubscribe each (in parallel, each within [`CLOSE_TIMEOUT`]); the ones
+/// that failed.
+async fn unsubscribe_all(naming: NamingService, subs: Vec<Subscription>) -> Vec<Subscription> {
     let all = futures::future::join_all(subs.into_iter().map(|(key, listener)| {
         let naming = naming.clone();
         async move {
-            let call = naming.unsubscribe(key.name.clone(), Some(key.group.clone()), vec![], listener);
-            if let Ok(Err(e)) = tokio::time::timeout(CLOSE_TIMEOUT, call).await {
-                debug!(service = %key, error = %e, "unsubscribe failed");
+            let call = naming.unsubscribe(key.name.clone(), Some(key.group.clone()), vec![], listener.clone());
+            match tokio::time::timeout(CLOSE_TIMEOUT, call).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => {
+                    debug!(service = %key, error = %e, "unsubscribe failed");
+                    Some((key, listener))
+                }
+                Err(_) => Some((key, listener)),
             }
         }
     }));
-    let _ = tokio::time::timeout(CLOSE_TIMEOUT, all).await;
+    all.await.into_iter().flatten().collect()
 }
 
 impl Drop for GrpcApi {
@@ -191,7 +241,8 @@ impl Drop for GrpcApi {
             return;
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(unsubscribe_all(self.naming.clone(), subs));
+            let naming = self.naming.clone();
+            rt.spawn(async move { drop(unsubscribe_all(naming, subs).await) });
         }
     }
 }
@@ -222,8 +273,25 @@ impl Api for GrpcApi {
     async fn probe(&self, group: &str) -> Result<(), RegistryError> {
         // While the server is down nacos-sdk's calls wait for a connection
         // until our deadline; a refused TCP connect says so at once.
-        grpc_reachable(&self.registry, &self.servers, PROBE_CONNECT_TIMEOUT).await?;
-        self.call("get_service_list", self.naming.get_service_list(1, 1, Some(group.to_string()))).await.map(drop)
+        if let Err(e) = grpc_reachable(&self.registry, &self.servers, PROBE_CONNECT_TIMEOUT).await {
+            self.was_down.store(true, Ordering::SeqCst);
+            return Err(e);
+        }
+        let recovering = self.was_down.load(Ordering::SeqCst);
+        let deadline = if recovering { RECOVERY_PROBE_TIMEOUT.min(self.call_timeout) } else { self.call_timeout };
+        let call = self.naming.get_service_list(1, 1, Some(group.to_string()));
+        match self.call_within("get_service_list", deadline, call).await {
+            Ok(_) => {
+                self.was_down.store(false, Ordering::SeqCst);
+                Ok(())
+            }
+            Err(e) => {
+                if recovering && matches!(e, RegistryError::Unreachable { .. }) {
+                    self.stale.store(true, Ordering::SeqCst);
+                }
+                Err(e)
+            }
+        }
     }
 
     const PUSH: bool = true;
@@ -237,6 +305,21 @@ impl Api for GrpcApi {
         self.call("subscribe", call).await?;
         self.subscriptions().insert(key.clone(), listener);
         Ok(())
+    }
+
+    fn stale(&self) -> bool {
+        self.stale.load(Ordering::SeqCst)
+    }
+
+    async fn reachable_again(&self) {
+        if !self.was_down.load(Ordering::SeqCst) {
+            return std::future::pending().await;
+        }
+        // A TCP connect every so often while the server is down is cheap,
+        // and says it is back at once; it is not logged.
+        while grpc_reachable(&self.registry, &self.servers, PROBE_CONNECT_TIMEOUT).await.is_err() {
+            tokio::time::sleep(REACHABLE_POLL).await;
+        }
     }
 
     async fn unsubscribe(&self, key: &ServiceKey) {
