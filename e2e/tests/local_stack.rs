@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use meshbridge::lifecycle::LifecycleArgs;
 use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
 use meshbridge_e2e::consul::Consul;
 use meshbridge_e2e::envoy::Envoy;
@@ -175,7 +176,18 @@ async fn standalone_quick_start_with_local_binaries() {
     let mut http_server = ChildGuard::spawn("http.server", cmd, logs.path().join("http.server.log")).unwrap();
 
     let gateway_port = free_port();
-    let app = meshbridge_e2e::traffic::start_gateway(dir.path(), gateway_port).await.expect("start meshbridge");
+    // As the README's quick start: `--initial-sync-timeout 2s`, since the
+    // example's Consul registry (127.0.0.1:8500) is not running here.
+    let app = App::launch(RunCommand {
+        args: RunArgs::loopback(dir.path()),
+        admin: AdminArgs::default(),
+        gateway: GatewayArgs { gateway_http_port: vec![gateway_port], ..GatewayArgs::default() },
+        lifecycle: LifecycleArgs { initial_sync_timeout: Duration::from_secs(2), ..Default::default() },
+        xds: Default::default(),
+        kube: Default::default(),
+    })
+    .await
+    .expect("start meshbridge");
     let envoy = envoy_from("envoy-bootstrap.yaml", "127.0.0.1", "127.0.0.1", &app, gateway_port).await;
 
     let deadline = Instant::now() + Duration::from_secs(30);
