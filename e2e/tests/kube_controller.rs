@@ -225,6 +225,11 @@ async fn watch_410_relists_with_no_lost_update() {
     fake.put(bridge("default", json!([static_registry("kb-r", "10.0.4.1:80")]), json!([])));
     let app = start(args(&fake), GatewayArgs::default()).await;
     eventually("running", Duration::from_secs(10), || endpoints(&app, "kb-r") == Some(1)).await;
+    // The watch must be open before it is cut: a watch that starts after
+    // the cut, from the list's resourceVersion, is not too old (as on a real
+    // API server) and would see the change without a relist.
+    eventually("the McpBridge watch is open", Duration::from_secs(10), || bridge_watches(&fake) > 0).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let lists_before = bridge_lists(&fake);
 
     // Cut every watch with a 410 and change the McpBridge while they are
@@ -238,8 +243,20 @@ async fn watch_410_relists_with_no_lost_update() {
 
 /// LIST (not watch) requests for McpBridges.
 fn bridge_lists(fake: &KubeFake) -> usize {
+    bridge_gets(fake, false)
+}
+
+/// WATCH requests for McpBridges.
+fn bridge_watches(fake: &KubeFake) -> usize {
+    bridge_gets(fake, true)
+}
+
+fn bridge_gets(fake: &KubeFake, watch: bool) -> usize {
     let path = format!("/apis/networking.higress.io/v1/namespaces/{NS}/mcpbridges");
-    fake.requests().iter().filter(|r| r.method == "GET" && r.path == path && !r.query.contains("watch=true")).count()
+    fake.requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == path && r.query.contains("watch=true") == watch)
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
