@@ -1,13 +1,13 @@
-//! Test certificates made at test time with the openssl CLI (Debian package
-//! `openssl`): a CA, a server certificate it signs for `localhost` and
-//! `127.0.0.1`, and a second, unrelated CA (the "wrong CA"). Valid for two
-//! days, in a temp dir removed with the value.
+//! The certificates the registry TLS tests use, from the shared test PKI
+//! ([`meshbridge::testing::pki`], the openssl CLI): a CA, a server
+//! certificate it signs for `localhost` and `127.0.0.1`, and a second,
+//! unrelated CA (the "wrong CA"). Valid for two days, in temp dirs removed
+//! with the value.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
 
-use anyhow::Context;
-use tempfile::TempDir;
+use meshbridge::testing::pki;
 
 pub struct TestPki {
     /// PEM of the CA that signed the server certificate.
@@ -17,103 +17,23 @@ pub struct TestPki {
     pub ca_file: PathBuf,
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
-    _dir: TempDir,
-}
-
-fn openssl(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .context("run the openssl CLI (Debian package openssl) to make test certificates")?;
-    anyhow::ensure!(out.status.success(), "openssl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
-    Ok(())
-}
-
-fn new_ca(dir: &Path, name: &str) -> anyhow::Result<()> {
-    let (key, crt) = (format!("{name}.key"), format!("{name}.crt"));
-    let subject = format!("/CN=meshbridge test {name}");
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            &subject,
-            "-keyout",
-            &key,
-            "-out",
-            &crt,
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    )
+    _ca: pki::TestPki,
+    _wrong_ca: pki::TestPki,
 }
 
 impl TestPki {
     pub fn new() -> anyhow::Result<TestPki> {
-        let dir = tempfile::Builder::new().prefix("meshbridge-pki-").tempdir()?;
-        let d = dir.path();
-        new_ca(d, "ca")?;
-        new_ca(d, "wrong-ca")?;
-        openssl(
-            d,
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-subj",
-                "/CN=localhost",
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-            ],
-        )?;
-        std::fs::write(
-            d.join("server.ext"),
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n\
-             subjectAltName=DNS:localhost,IP:127.0.0.1\n",
-        )?;
-        openssl(
-            d,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                "server.ext",
-                "-out",
-                "server.crt",
-            ],
-        )?;
+        let ca = pki::TestPki::new("meshbridge test ca")?;
+        let wrong_ca = pki::TestPki::new("meshbridge test wrong-ca")?;
+        let server = ca.server("server", &["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?;
         Ok(TestPki {
-            ca_pem: std::fs::read_to_string(d.join("ca.crt"))?,
-            wrong_ca_pem: std::fs::read_to_string(d.join("wrong-ca.crt"))?,
-            ca_file: d.join("ca.crt"),
-            cert_file: d.join("server.crt"),
-            key_file: d.join("server.key"),
-            _dir: dir,
+            ca_pem: std::fs::read_to_string(&ca.ca.cert)?,
+            wrong_ca_pem: std::fs::read_to_string(&wrong_ca.ca.cert)?,
+            ca_file: ca.ca.cert.clone(),
+            cert_file: server.cert,
+            key_file: server.key,
+            _ca: ca,
+            _wrong_ca: wrong_ca,
         })
     }
 
