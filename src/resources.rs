@@ -7,7 +7,11 @@
 //! - a change log of `(revision, name)`, so a stream that last saw revision
 //!   `r` finds what changed since without comparing every resource;
 //! - a type version kept up to date per change (an XOR of per-resource
-//!   hashes), so a response never hashes the whole type.
+//!   hashes), so a response never hashes the whole type;
+//! - the whole type encoded once, on first use, as the `resources` field of
+//!   a SotW response ([`TypeResources::encoded_all`]), so every SotW stream
+//!   that wants the whole type (an istiod fleet on an MCP collection, Envoys
+//!   on CDS) shares one encoding per revision.
 //!
 //! A leaf module: translation writes it, `xds` reads it.
 
@@ -74,6 +78,61 @@ pub struct TypeResources {
     log_floor: u64,
     /// XOR over the resources of `hash64(name, 0, version)`.
     version: u64,
+    /// Every resource encoded, filled on first use. Clones share it until
+    /// one of them changes, which gives that one a new, empty cell.
+    encoded: Arc<std::sync::OnceLock<EncodedResources>>,
+}
+
+/// Resources already encoded as the repeated `resources` field (number 2)
+/// of an `envoy.service.discovery.v3.DiscoveryResponse`: each entry is the
+/// field's key, length and `google.protobuf.Any`. Cheap to clone (shared).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EncodedResources {
+    bytes: Arc<Vec<u8>>,
+    count: usize,
+}
+
+/// `DiscoveryResponse.resources`.
+const RESOURCES_FIELD: u32 = 2;
+
+impl EncodedResources {
+    /// Encode `bodies` in order: one pass to size the buffer, one to fill it.
+    pub fn encode<'a>(bodies: impl Iterator<Item = &'a Any> + Clone) -> EncodedResources {
+        use prost::encoding::message;
+        let len: usize = bodies.clone().map(|a| message::encoded_len(RESOURCES_FIELD, a)).sum();
+        let mut bytes = Vec::with_capacity(len);
+        let mut count = 0;
+        for a in bodies {
+            message::encode(RESOURCES_FIELD, a, &mut bytes);
+            count += 1;
+        }
+        EncodedResources { bytes: Arc::new(bytes), count }
+    }
+
+    /// Append one resource (copies the encoding if it is shared).
+    pub fn push(&mut self, body: &Any) {
+        prost::encoding::message::encode(RESOURCES_FIELD, body, Arc::make_mut(&mut self.bytes));
+        self.count += 1;
+    }
+
+    /// The encoded field entries.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// How many resources.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// True if both share one encoding (not merely equal bytes).
+    pub fn shares(&self, other: &EncodedResources) -> bool {
+        Arc::ptr_eq(&self.bytes, &other.bytes)
+    }
 }
 
 impl Default for TypeResources {
@@ -85,6 +144,7 @@ impl Default for TypeResources {
             log: imbl::Vector::new(),
             log_floor: 0,
             version: 0,
+            encoded: Arc::default(),
         }
     }
 }
@@ -129,6 +189,15 @@ impl TypeResources {
     /// or removed; the same content always gives the same version.
     pub fn version(&self) -> String {
         format!("{:016x}", self.version)
+    }
+
+    /// Every resource, in name order, encoded for a SotW response: done once
+    /// per state of the map and shared by its clones, so N streams that want
+    /// the whole type cost one encoding, not N.
+    pub fn encoded_all(&self) -> EncodedResources {
+        self.encoded
+            .get_or_init(|| EncodedResources::encode(self.iter().map(|r| &r.body).collect::<Vec<_>>().into_iter()))
+            .clone()
     }
 
     /// True if `self` and `other` are states of one history (one is a
@@ -220,6 +289,8 @@ impl TypeResources {
     }
 
     fn log_change(&mut self, revision: u64, name: Arc<str>) {
+        // Every change comes through here: the encoding no longer holds.
+        self.encoded = Arc::default();
         debug_assert!(self.log.last().is_none_or(|(r, _)| *r <= revision), "revisions only grow");
         self.log.push_back((revision, name));
         let cap = MIN_LOG.max(2 * self.by_name.len());
@@ -286,6 +357,31 @@ mod tests {
         let fresh = TypeResources::default();
         assert!(!fresh.same_lineage(&a));
         assert!(!TypeResources::default().same_lineage(&fresh));
+    }
+
+    #[test]
+    fn the_whole_type_is_encoded_once_per_state() {
+        use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
+        use prost::Message;
+        let mut a = TypeResources::default();
+        a.insert(1, res("b", b"2"));
+        a.insert(1, res("a", b"1"));
+        let enc = a.encoded_all();
+        assert_eq!(enc.len(), 2);
+        assert!(a.clone().encoded_all().shares(&enc), "clones share one encoding");
+        // The bytes are the `resources` field prost would write, in name order.
+        let msg = DiscoveryResponse { resources: a.iter().map(|r| r.body.clone()).collect(), ..Default::default() };
+        assert_eq!(enc.bytes(), msg.encode_to_vec());
+        // A changed clone encodes its own state; the original keeps its own.
+        let mut b = a.clone();
+        assert!(!b.insert(2, res("a", b"1")), "no change");
+        assert!(b.encoded_all().shares(&enc));
+        b.insert(3, res("c", b"3"));
+        assert_eq!(b.encoded_all().len(), 3);
+        assert!(a.encoded_all().shares(&enc));
+        b.remove(4, "c");
+        assert!(!b.encoded_all().shares(&enc), "a new state is encoded anew");
+        assert_eq!(b.encoded_all(), enc, "with the same bytes for the same content");
     }
 
     #[test]

@@ -670,7 +670,7 @@ fn run_sotw(steps: &[Step<SotwReq>]) -> Result<(), TestCaseError> {
             }
             nonces.record(&resp.type_url, &resp.nonce)?;
             prop_assert!(!resp.version_info.is_empty(), "a response without a version");
-            for any in &resp.resources {
+            for any in &resp.decoded().resources {
                 check_resource_type(&resp.type_url, &any.type_url)?;
             }
         }

@@ -13,12 +13,23 @@ use envoy_types::pb::google::protobuf::Any;
 use meshbridge::resources::{Resource, TypeResources};
 use meshbridge::translate::ConfigSet;
 use meshbridge::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE};
-use meshbridge::xds::Clients;
 use meshbridge::xds::delta::DeltaStream;
 use meshbridge::xds::sotw::SotwStream;
+use meshbridge::xds::{Clients, SotwResponse};
 
 fn res(name: &str, body: &str) -> Resource {
     Resource::new(name, Any { type_url: "t".into(), value: body.as_bytes().to_vec() })
+}
+
+/// The client's ACK of `resp`, asking for `names`.
+fn ack(resp: &SotwResponse, names: &[String]) -> DiscoveryRequest {
+    DiscoveryRequest {
+        type_url: resp.type_url.clone(),
+        resource_names: names.to_vec(),
+        version_info: resp.version_info.clone(),
+        response_nonce: resp.nonce.clone(),
+        ..Default::default()
+    }
 }
 
 fn initial(n: usize) -> ConfigSet {
@@ -56,7 +67,9 @@ fn per_change_cost_with_many_streams() {
             let mut s = SotwStream::new(clients.connect("bench", "sotw"));
             for (type_url, names) in [(CLUSTER_TYPE, Vec::new()), (ENDPOINT_TYPE, names.clone())] {
                 let req = DiscoveryRequest { type_url: type_url.into(), resource_names: names, ..Default::default() };
-                s.on_request(&req, &set);
+                for resp in s.on_request(&req, &set) {
+                    s.on_request(&ack(&resp, &req.resource_names), &set);
+                }
             }
             sotw.push(s);
             let mut d = DeltaStream::new(clients.connect("bench", "delta"));
@@ -76,8 +89,14 @@ fn per_change_cost_with_many_streams() {
         let t = Instant::now();
         for i in 0..changes {
             set = next(&set, ENDPOINT_TYPE, &names[i * 7 % n], &format!("changed {i}"));
+            // Each SotW push is ACKed (the next one waits for it), naming
+            // every cluster as Envoy's EDS ACK does: part of the change's cost.
             for s in &mut sotw {
-                sent += s.on_change(&set).iter().map(|r| r.resources.len()).sum::<usize>();
+                for resp in s.on_change(&set) {
+                    sent += resp.resources.len();
+                    let wanted = if resp.type_url == ENDPOINT_TYPE { &names[..] } else { &[] };
+                    s.on_request(&ack(&resp, wanted), &set);
+                }
             }
             for d in &mut delta {
                 sent += d.on_change(&set).iter().map(|r| r.resources.len()).sum::<usize>();

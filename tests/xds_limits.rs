@@ -118,7 +118,8 @@ async fn non_reading_clients_hold_a_bounded_number_of_responses() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let buffered = f.clients.buffered();
     println!("{STUCK} non-reading streams after {CHANGES} CDS changes: {buffered} responses buffered");
-    // One in the channel and at most one per type waiting: never a backlog.
+    // One in the channel and at most one per type waiting: never a backlog
+    // (with one response per type in flight, none is even built).
     assert!(buffered <= 2 * STUCK, "{buffered} responses buffered for {STUCK} streams");
 
     // A new client is served the newest state meanwhile.
@@ -128,12 +129,14 @@ async fn non_reading_clients_hold_a_bounded_number_of_responses() {
     assert_eq!(newest.resources.len(), SERVICES + CHANGES);
     let size = prost::Message::encoded_len(&newest);
 
-    // A stuck client that reads again gets what was in flight, then the
-    // newest state: not one response per change.
+    // A stuck client that reads (and ACKs) again gets what was in flight,
+    // then the newest state: not one response per change. (The next
+    // response of a type waits for the answer to the last one.)
     let mut late = stuck.pop().unwrap();
     let mut got = Vec::new();
     while let Some(resp) = late.recv_within(Duration::from_millis(500)).await {
         got.push(resp.resources.len());
+        late.ack(&resp, &[]).await;
     }
     println!("CDS of {size} bytes; a client that reads again gets {} responses: {got:?}", got.len());
     assert_eq!(got.last(), Some(&(SERVICES + CHANGES)), "it ends with the newest state");

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime};
 
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse};
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse;
 use serde::Serialize;
 
 use tracing::warn;
@@ -219,7 +219,7 @@ pub trait Pushed: prost::Message {
     fn version(&self) -> &str;
 }
 
-impl Pushed for DiscoveryResponse {
+impl Pushed for super::SotwResponse {
     fn type_url(&self) -> &str {
         &self.type_url
     }
@@ -419,8 +419,8 @@ impl Drop for ClientHandle {
 mod tests {
     use super::*;
 
-    fn resp(type_url: &str, nonce: &str) -> DiscoveryResponse {
-        DiscoveryResponse {
+    fn resp(type_url: &str, nonce: &str) -> crate::xds::SotwResponse {
+        crate::xds::SotwResponse {
             type_url: type_url.into(),
             nonce: nonce.into(),
             version_info: "v".into(),
@@ -498,8 +498,8 @@ mod tests {
     fn subscription_is_reported() {
         let clients = Clients::new();
         let c = clients.connect("peer", "sotw");
-        c.subscribed("cds", &Subscription::from_names("cds", &[], &Default::default()));
-        c.subscribed("eds", &Subscription::from_names("eds", &["a".into(), "b".into()], &Default::default()));
+        c.subscribed("cds", &Subscription::from_names("cds", [""; 0], &Default::default()));
+        c.subscribed("eds", &Subscription::from_names("eds", ["a", "b"], &Default::default()));
         let s = &clients.snapshot()[0];
         assert_eq!(s.subscribed_types.iter().collect::<Vec<_>>(), ["cds", "eds"]);
         assert!(s.types["cds"].wildcard);

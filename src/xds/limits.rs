@@ -403,11 +403,12 @@ impl LogLimit {
 }
 
 /// Check the client-chosen strings of a request against the caps.
-pub fn check_request<'a>(type_url: &str, names: impl IntoIterator<Item = &'a String>) -> Result<(), String> {
+pub fn check_request<S: AsRef<str>>(type_url: &str, names: impl IntoIterator<Item = S>) -> Result<(), String> {
     if type_url.len() > MAX_TYPE_URL_BYTES {
         return Err(format!("type_url: {} bytes, the limit is {MAX_TYPE_URL_BYTES}", type_url.len()));
     }
     for (i, n) in names.into_iter().enumerate() {
+        let n = n.as_ref();
         if n.len() > MAX_RESOURCE_NAME_BYTES {
             return Err(format!(
                 "resource name [{i}] of {}: {} bytes, the limit is {MAX_RESOURCE_NAME_BYTES}",
@@ -451,7 +452,7 @@ mod tests {
         assert_eq!(truncate("short", 10), "short");
         let cut = truncate("ééééé", 3);
         assert!(cut.starts_with("é…") && cut.ends_with("(10 bytes)"), "{cut}");
-        assert!(check_request(&"t".repeat(300), []).unwrap_err().starts_with("type_url: 300 bytes"));
+        assert!(check_request(&"t".repeat(300), [""; 0]).unwrap_err().starts_with("type_url: 300 bytes"));
         let long = vec!["n".repeat(2000)];
         assert!(check_request("t", &long).unwrap_err().contains("resource name [0]"));
     }

@@ -13,6 +13,9 @@ pub mod clients;
 pub mod delta;
 pub mod limits;
 pub mod metrics;
+pub mod request;
+pub mod response;
+pub mod service;
 pub mod sotw;
 pub mod subscription;
 pub mod tls;
@@ -23,10 +26,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-    aggregated_discovery_service_server::{AggregatedDiscoveryService, AggregatedDiscoveryServiceServer},
-};
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use futures::Stream;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_stream::StreamExt;
@@ -38,6 +38,9 @@ use auth::PeerAuth;
 pub use clients::{ClientHandle, Clients};
 use limits::{ConnInfo, Connections};
 pub use limits::{XdsLimits, XdsTlsArgs};
+pub use request::SotwRequest;
+pub use response::SotwResponse;
+pub use service::AdsService;
 pub use subscription::{Subscription, is_full_state, push_order, type_resources};
 pub use tls::{TlsError, XdsTls};
 
@@ -76,11 +79,9 @@ impl AdsServer {
         self
     }
 
-    pub fn into_service(self) -> AggregatedDiscoveryServiceServer<AdsServer> {
+    pub fn into_service(self) -> AdsService {
         let max_request = self.limits.max_request_bytes;
-        AggregatedDiscoveryServiceServer::new(self)
-            .max_decoding_message_size(max_request)
-            .max_encoding_message_size(256 << 20)
+        AdsService::new(self, max_request, 256 << 20)
     }
 
     /// Serve on `listener` until `shutdown` resolves.
@@ -123,16 +124,16 @@ pub trait StreamState: Send + 'static {
 }
 
 impl StreamState for sotw::SotwStream {
-    type Req = DiscoveryRequest;
-    type Resp = DiscoveryResponse;
-    fn check(&self, req: &DiscoveryRequest) -> Result<(), String> {
-        limits::check_request(&req.type_url, &req.resource_names)?;
-        check_type_count(self.has_type(&req.type_url), self.type_count())
+    type Req = SotwRequest;
+    type Resp = SotwResponse;
+    fn check(&self, req: &SotwRequest) -> Result<(), String> {
+        limits::check_request(&req.req.type_url, req.names.iter())?;
+        check_type_count(self.has_type(&req.req.type_url), self.type_count())
     }
-    fn on_request(&mut self, req: &DiscoveryRequest, set: &ConfigSet) -> Vec<DiscoveryResponse> {
-        sotw::SotwStream::on_request(self, req, set)
+    fn on_request(&mut self, req: &SotwRequest, set: &ConfigSet) -> Vec<SotwResponse> {
+        sotw::SotwStream::handle(self, req, set)
     }
-    fn on_change(&mut self, set: &ConfigSet) -> Vec<DiscoveryResponse> {
+    fn on_change(&mut self, set: &ConfigSet) -> Vec<SotwResponse> {
         sotw::SotwStream::on_change(self, set)
     }
 }
@@ -314,24 +315,18 @@ impl AdsServer {
     }
 }
 
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for AdsServer {
-    type StreamAggregatedResourcesStream = BoxStream<DiscoveryResponse>;
-    type DeltaAggregatedResourcesStream = BoxStream<DeltaDiscoveryResponse>;
-
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+/// The two ADS methods ([`service::AdsService`] routes to them).
+impl AdsServer {
+    fn sotw(&self, request: Request<Streaming<SotwRequest>>) -> Result<Response<BoxStream<SotwResponse>>, Status> {
         self.refuse_if_draining()?;
         let info = conn_info(&request);
         Ok(Response::new(self.open("sotw", info, request.into_inner(), sotw::SotwStream::new)?))
     }
 
-    async fn delta_aggregated_resources(
+    fn delta(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+    ) -> Result<Response<BoxStream<DeltaDiscoveryResponse>>, Status> {
         self.refuse_if_draining()?;
         let info = conn_info(&request);
         Ok(Response::new(self.open("delta", info, request.into_inner(), delta::DeltaStream::new)?))

@@ -9,18 +9,31 @@
 //! which nothing is re-sent until the config changes; Cluster and Listener
 //! responses carry every resource, other types only the named ones that
 //! changed.
+//!
+//! One response per type is in flight at a time: a change that comes while
+//! the client has not yet answered (ACK or NACK) the latest response of a
+//! type waits, and goes out with any later ones as one response of the
+//! newest state when the answer comes. go-control-plane's SotW server does
+//! the same (a type's next watch opens only with the client's next request
+//! for it). A full-state type (an MCP collection to Pilot: megabytes at 10k
+//! services) then costs one response per round trip under churn, not one
+//! per change; the tracker still holds what the client was last sent, so
+//! the newer response misses nothing.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::google::protobuf::Any;
 use tracing::{debug, warn};
 
 use super::clients::NACK_DETAIL_BYTES;
 use super::limits::{short, truncate};
+use super::request::SotwRequest;
+use super::response::SotwResponse;
 use super::tracker::Tracker;
 use super::{ClientHandle, Subscription, is_full_state, push_order};
+use crate::resources::EncodedResources;
 use crate::translate::ConfigSet;
 use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE};
 
@@ -31,6 +44,14 @@ struct TypeState {
     tracker: Tracker,
     /// Latest nonce sent for this type; empty before the first response.
     nonce: String,
+    /// The client has not answered the latest response yet.
+    awaiting: bool,
+    /// The config changed while `awaiting`: bring the type up to date when
+    /// the answer comes.
+    held: bool,
+    /// Clusters re-sent while this (EDS) type was held, whose endpoints
+    /// must go with its next response.
+    forced: HashSet<Arc<str>>,
 }
 
 /// One SotW stream's protocol state.
@@ -47,8 +68,14 @@ impl SotwStream {
         SotwStream { types: BTreeMap::new(), next_nonce: 0, client, examined: 0 }
     }
 
-    /// Handle one request from the client.
-    pub fn on_request(&mut self, req: &DiscoveryRequest, set: &ConfigSet) -> Vec<DiscoveryResponse> {
+    /// Handle one request from the client, as a plain message (tests, tools).
+    pub fn on_request(&mut self, req: &DiscoveryRequest, set: &ConfigSet) -> Vec<SotwResponse> {
+        self.handle(&SotwRequest::from(req.clone()), set)
+    }
+
+    /// Handle one request from the client, as the server decodes it.
+    pub fn handle(&mut self, request: &SotwRequest, set: &ConfigSet) -> Vec<SotwResponse> {
+        let (req, names) = (&request.req, &request.names);
         if let Some(node) = &req.node {
             self.client.set_node(&node.id);
         }
@@ -73,34 +100,53 @@ impl SotwStream {
             debug!(type_url, nonce = %short(&req.response_nonce), latest = st.nonce, "ignoring stale nonce");
             return Vec::new();
         }
-        let sub = Subscription::from_names(&type_url, &req.resource_names, self.client.visible(set, &type_url));
-        self.client.subscribed(&type_url, &sub);
-        // Names no longer wanted are forgotten, so a later re-subscribe sends them.
-        let changed = st.tracker.set_sub(sub);
-        if req.error_detail.is_some() && !first {
+        // The client answered the latest response (or spoke afresh).
+        st.awaiting = false;
+        let held = std::mem::take(&mut st.held);
+        // An ACK usually repeats the subscription (Envoy's EDS ACK names
+        // every cluster): recognised without rebuilding it.
+        let changed = if !first && st.tracker.sub().is_same(&type_url, names.iter()) {
+            false
+        } else {
+            let sub = Subscription::from_names(&type_url, names.iter(), self.client.visible(set, &type_url));
+            self.client.subscribed(&type_url, &sub);
+            // Names no longer wanted are forgotten, so a later re-subscribe sends them.
+            st.tracker.set_sub(sub)
+        };
+        if req.error_detail.is_some() && !first && !held {
             // Nothing is re-sent until the config changes.
             return Vec::new();
         }
-        if !(first || changed) {
+        if !(first || changed || held) {
             return Vec::new();
         }
         let full = first || is_full_state(&type_url);
-        self.respond(&type_url, set, full, &HashSet::new(), true).map(|(resp, _)| resp).into_iter().collect()
+        let force = std::mem::take(&mut st.forced);
+        // A held change alone sends only what differs; a new subscription
+        // (or the first request) is always answered.
+        let always = first || changed && req.error_detail.is_none();
+        self.respond(&type_url, set, full, &force, always).map(|(resp, _)| resp).into_iter().collect()
     }
 
     /// The config changed: push what differs from what each type was sent,
     /// in CDS, EDS, LDS, RDS order.
-    pub fn on_change(&mut self, set: &ConfigSet) -> Vec<DiscoveryResponse> {
+    pub fn on_change(&mut self, set: &ConfigSet) -> Vec<SotwResponse> {
         let mut out = Vec::new();
         // Clusters re-sent with a new version get their EDS re-sent too, so a
         // warming cluster is never left waiting for endpoints.
         let mut forced = HashSet::new();
         for type_url in push_order(self.types.keys()) {
-            if self.types[&type_url].nonce.is_empty() {
+            let force = if type_url == ENDPOINT_TYPE { std::mem::take(&mut forced) } else { HashSet::new() };
+            let st = self.types.get_mut(&type_url).expect("listed type");
+            if st.nonce.is_empty() {
+                continue;
+            }
+            if st.awaiting {
+                st.held = true;
+                st.forced.extend(force);
                 continue;
             }
             let full = is_full_state(&type_url);
-            let force = if type_url == ENDPOINT_TYPE { std::mem::take(&mut forced) } else { HashSet::new() };
             if let Some((resp, replaced)) = self.respond(&type_url, set, full, &force, false) {
                 if type_url == CLUSTER_TYPE {
                     forced.extend(replaced);
@@ -136,16 +182,21 @@ impl SotwStream {
         full: bool,
         force: &HashSet<Arc<str>>,
         always: bool,
-    ) -> Option<(DiscoveryResponse, Vec<Arc<str>>)> {
+    ) -> Option<(SotwResponse, Vec<Arc<str>>)> {
         let st = self.types.get_mut(type_url)?;
         let now = self.client.visible(set, type_url);
         let changes = st.tracker.changes(now, set.revision, force);
         self.examined += changes.examined as u64;
         let send = always || !changes.upserts.is_empty() || full && !changes.removed.is_empty();
-        let resources: Vec<Any> = match (send, full) {
-            (false, _) => Vec::new(),
-            (true, true) => st.tracker.wanted(now).map(|r| r.body.clone()).collect(),
-            (true, false) => changes.upserts.iter().map(|r| r.body.clone()).collect(),
+        // The whole type, wanted whole, is encoded once per type state and
+        // shared by every stream; anything else is encoded here.
+        let resources = match (send, full) {
+            (false, _) => EncodedResources::default(),
+            (true, true) if st.tracker.sub().wildcard => now.encoded_all(),
+            (true, true) => {
+                EncodedResources::encode(st.tracker.wanted(now).map(|r| &r.body).collect::<Vec<&Any>>().into_iter())
+            }
+            (true, false) => EncodedResources::encode(changes.upserts.iter().map(|r| &r.body)),
         };
         // SotW cannot remove a named resource: the client keeps it.
         let unsent = if send && full { Vec::new() } else { changes.removed };
@@ -156,15 +207,10 @@ impl SotwStream {
         self.next_nonce += 1;
         let nonce = self.next_nonce.to_string();
         st.nonce = nonce.clone();
+        st.awaiting = true;
         let version = now.version();
         debug!(type_url, nonce, version, size = resources.len(), "sent response");
-        let resp = DiscoveryResponse {
-            version_info: version,
-            resources,
-            type_url: type_url.to_string(),
-            nonce,
-            ..Default::default()
-        };
+        let resp = SotwResponse { version_info: version, resources, type_url: type_url.to_string(), nonce };
         self.client.sent(&resp, set.changed_at);
         Some((resp, changes.replaced))
     }

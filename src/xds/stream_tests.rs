@@ -3,6 +3,7 @@
 
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use envoy_types::pb::google::protobuf::Any;
+use prost::Message;
 
 use super::delta::DeltaStream;
 use super::sotw::SotwStream;
@@ -50,7 +51,17 @@ fn a_change_to_one_of_many_resources_compares_only_it() {
     let cds = sotw.on_request(&DiscoveryRequest { type_url: CLUSTER_TYPE.into(), ..Default::default() }, &set);
     assert_eq!(cds[0].resources.len(), N);
     let eds = DiscoveryRequest { type_url: ENDPOINT_TYPE.into(), resource_names: all.clone(), ..Default::default() };
-    assert_eq!(sotw.on_request(&eds, &set)[0].resources.len(), N);
+    let eds = sotw.on_request(&eds, &set);
+    assert_eq!(eds[0].resources.len(), N);
+    // The client ACKs every response (the next push of a type waits for it).
+    let acks = |sotw: &mut SotwStream, out: &[SotwResponse], set: &ConfigSet| {
+        for r in out {
+            let names = if r.type_url == ENDPOINT_TYPE { all.clone() } else { Vec::new() };
+            assert!(sotw.on_request(&ack(r, &names), set).is_empty(), "an ACK is not answered");
+        }
+    };
+    acks(&mut sotw, &cds, &set);
+    acks(&mut sotw, &eds, &set);
 
     let mut delta = DeltaStream::new(clients.connect("test", "delta"));
     for type_url in [CLUSTER_TYPE, ENDPOINT_TYPE] {
@@ -67,6 +78,7 @@ fn a_change_to_one_of_many_resources_compares_only_it() {
     let set = next(&set, ENDPOINT_TYPE, 42, "new endpoints");
     let out = sotw.on_change(&set);
     assert_eq!(out.iter().map(|r| (r.type_url.as_str(), r.resources.len())).collect::<Vec<_>>(), [(ENDPOINT_TYPE, 1)]);
+    acks(&mut sotw, &out, &set);
     let out = delta.on_change(&set);
     assert_eq!(out.iter().map(|r| (r.type_url.as_str(), r.resources.len())).collect::<Vec<_>>(), [(ENDPOINT_TYPE, 1)]);
     assert_eq!((sotw.examined() - s0, delta.examined() - d0), (1, 1));
@@ -78,6 +90,7 @@ fn a_change_to_one_of_many_resources_compares_only_it() {
     let out = sotw.on_change(&set);
     let got: Vec<_> = out.iter().map(|r| (r.type_url.as_str(), r.resources.len())).collect();
     assert_eq!(got, [(CLUSTER_TYPE, N), (ENDPOINT_TYPE, 1)]);
+    acks(&mut sotw, &out, &set);
     let out = delta.on_change(&set);
     let got: Vec<_> = out.iter().map(|r| (r.type_url.as_str(), r.resources.len())).collect();
     assert_eq!(got, [(CLUSTER_TYPE, 1), (ENDPOINT_TYPE, 1)]);
@@ -118,9 +131,20 @@ fn eds_req(names: &[&str], nonce: &str) -> DiscoveryRequest {
     }
 }
 
+/// The client's ACK of `resp`, asking for `names`.
+fn ack(resp: &SotwResponse, names: &[String]) -> DiscoveryRequest {
+    DiscoveryRequest {
+        type_url: resp.type_url.clone(),
+        resource_names: names.to_vec(),
+        version_info: resp.version_info.clone(),
+        response_nonce: resp.nonce.clone(),
+        ..Default::default()
+    }
+}
+
 /// The bodies sent (the test resources' bodies are their content tags).
-fn sent_names(out: &[envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse]) -> Vec<String> {
-    out.iter().flat_map(|r| &r.resources).map(|a| String::from_utf8_lossy(&a.value).into_owned()).collect()
+fn sent_names(out: &[SotwResponse]) -> Vec<String> {
+    out.iter().flat_map(|r| r.decoded().resources).map(|a| String::from_utf8_lossy(&a.value).into_owned()).collect()
 }
 
 #[test]
@@ -130,6 +154,7 @@ fn sotw_named_removals_subscription_changes_and_nacks() {
     let set = small(&[("a", "a1"), ("b", "b1"), ("c", "c1")]);
     let first = s.on_request(&eds_req(&["a", "b"], ""), &set);
     assert_eq!(sent_names(&first), ["a1", "b1"]);
+    assert!(s.on_request(&eds_req(&["a", "b"], &first[0].nonce), &set).is_empty(), "ACK");
 
     // b goes away: SotW EDS cannot say so, and sends nothing for it.
     let set = edit(&set, |t, rev| {
@@ -175,6 +200,102 @@ fn sotw_named_removals_subscription_changes_and_nacks() {
         t.insert(rev, res("z", "z1"));
     });
     assert_eq!(sent_names(&s.on_change(&set)), ["d1"]);
+}
+
+fn nack(names: &[&str], nonce: &str) -> DiscoveryRequest {
+    let detail = envoy_types::pb::google::rpc::Status { code: 3, message: "no".into(), details: vec![] };
+    DiscoveryRequest { error_detail: Some(detail), ..eds_req(names, nonce) }
+}
+
+#[test]
+fn sotw_changes_while_unanswered_go_out_as_one_newer_response() {
+    let clients = Clients::new();
+    let mut s = SotwStream::new(clients.connect("test", "sotw"));
+    let all = ["a", "b", "c"];
+    let set = small(&[("a", "a1"), ("b", "b1"), ("c", "c1")]);
+    let first = s.on_request(&eds_req(&all, ""), &set);
+    assert_eq!(sent_names(&first), ["a1", "b1", "c1"]);
+
+    // A burst before the client answers: nothing goes out yet.
+    let mut set = set;
+    for (name, body) in [("a", "a2"), ("b", "b2"), ("a", "a3")] {
+        set = edit(&set, |t, rev| {
+            t.insert(rev, res(name, body));
+        });
+        assert!(s.on_change(&set).is_empty(), "{name} {body} waits for the answer");
+    }
+    // A stale nonce is no answer.
+    assert!(s.on_request(&eds_req(&all, "stale"), &set).is_empty());
+    // The ACK: one response with the newest state of everything changed.
+    let out = s.on_request(&eds_req(&all, &first[0].nonce), &set);
+    assert_eq!(sent_names(&out), ["a3", "b2"]);
+    assert!(s.on_request(&eds_req(&all, &out[0].nonce), &set).is_empty(), "nothing more");
+
+    // A change after the answer goes out at once; one held behind it goes
+    // out on the NACK too (the config changed since the rejected response).
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("c", "c2"));
+    });
+    let out = s.on_change(&set);
+    assert_eq!(sent_names(&out), ["c2"]);
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("c", "c3"));
+    });
+    assert!(s.on_change(&set).is_empty());
+    let out = s.on_request(&nack(&all, &out[0].nonce), &set);
+    assert_eq!(sent_names(&out), ["c3"]);
+    // A NACK with nothing held: nothing re-sent.
+    assert!(s.on_request(&nack(&all, &out[0].nonce), &set).is_empty());
+}
+
+#[test]
+fn sotw_cluster_change_while_eds_unanswered_still_resends_its_endpoints() {
+    let clients = Clients::new();
+    let mut s = SotwStream::new(clients.connect("test", "sotw"));
+    let mut set = small(&[("a", "a1"), ("b", "b1")]);
+    let cds_t = set.envoy.get_mut(CLUSTER_TYPE).expect("cds");
+    cds_t.insert(1, res("a", "cluster a1"));
+    cds_t.insert(1, res("b", "cluster b1"));
+    let cds = s.on_request(&DiscoveryRequest { type_url: CLUSTER_TYPE.into(), ..Default::default() }, &set);
+    let eds = s.on_request(&eds_req(&["a", "b"], ""), &set);
+    assert_eq!(sent_names(&eds), ["a1", "b1"]);
+    assert!(s.on_request(&ack(&cds[0], &[]), &set).is_empty());
+
+    // Cluster a changes while EDS is unanswered: CDS goes, EDS waits.
+    let mut next = ConfigSet { revision: set.revision + 1, envoy: set.envoy.clone(), ..Default::default() };
+    next.envoy.get_mut(CLUSTER_TYPE).expect("cds").insert(next.revision, res("a", "cluster a2"));
+    let out = s.on_change(&next);
+    assert_eq!(out.iter().map(|r| r.type_url.as_str()).collect::<Vec<_>>(), [CLUSTER_TYPE]);
+    // The EDS ACK brings a's endpoints, unchanged but owed to the new cluster.
+    let out = s.on_request(&eds_req(&["a", "b"], &eds[0].nonce), &next);
+    assert_eq!(sent_names(&out), ["a1"]);
+}
+
+#[test]
+fn sotw_streams_wanting_a_whole_type_share_one_encoding() {
+    let clients = Clients::new();
+    let set = initial();
+    let cds = DiscoveryRequest { type_url: CLUSTER_TYPE.into(), ..Default::default() };
+    let mut streams: Vec<SotwStream> = (0..3).map(|_| SotwStream::new(clients.connect("test", "sotw"))).collect();
+    let first: Vec<SotwResponse> = streams.iter_mut().map(|s| s.on_request(&cds, &set).remove(0)).collect();
+    assert!(first.iter().all(|r| r.resources.shares(&first[0].resources) && r.resources.len() == N));
+    // Same version, type and nonce ("1" on each stream): byte-identical.
+    let bytes = first[0].encode_to_vec();
+    assert!(first.iter().all(|r| r.encode_to_vec() == bytes));
+    assert_eq!(first[0].decoded().resources.len(), N);
+
+    let next = next(&set, CLUSTER_TYPE, 7, "new cluster");
+    let mut pushed = Vec::new();
+    for (s, r) in streams.iter_mut().zip(&first) {
+        assert!(s.on_request(&ack(r, &[]), &set).is_empty());
+        pushed.push(s.on_change(&next).remove(0));
+    }
+    assert!(pushed.iter().all(|r| r.resources.shares(&pushed[0].resources)));
+    assert!(!pushed[0].resources.shares(&first[0].resources), "a new state, a new encoding");
+    let decoded = pushed[0].decoded();
+    assert_eq!(decoded.resources.len(), N);
+    assert!(decoded.resources.iter().any(|a| a.value == b"new cluster"));
+    assert_eq!(decoded.version_info, next.envoy[CLUSTER_TYPE].version());
 }
 
 #[test]
@@ -227,6 +348,8 @@ fn secrets_go_only_to_authenticated_streams_on_request_and_on_change() {
         let first = sotw.on_request(&sotw_req, &set);
         assert_eq!(first.len(), 1, "the request is answered either way");
         assert_eq!(first[0].resources.len(), usize::from(trusted), "{auth:?}");
+        let acked = DiscoveryRequest { response_nonce: first[0].nonce.clone(), ..sotw_req.clone() };
+        assert!(sotw.on_request(&acked, &set).is_empty());
         let pushed: usize = sotw.on_change(&changed).iter().map(|r| r.resources.len()).sum();
         assert_eq!(pushed, usize::from(trusted), "{auth:?} on change");
 

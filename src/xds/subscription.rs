@@ -25,12 +25,19 @@ impl Subscription {
     /// always named: an empty EDS list means "nothing"; SDS, whose
     /// Secrets are named by the listeners). Names the type
     /// holds share its resources' names.
-    pub fn from_names(type_url: &str, names: &[String], known: &TypeResources) -> Subscription {
+    pub fn from_names<S: AsRef<str>>(
+        type_url: &str,
+        names: impl IntoIterator<Item = S>,
+        known: &TypeResources,
+    ) -> Subscription {
         let mut sub = Subscription::default();
-        let named_only = !is_full_state(type_url);
-        sub.wildcard = names.is_empty() && !named_only;
+        let mut any = false;
         for n in names {
-            sub.add(n, known);
+            any = true;
+            sub.add(n.as_ref(), known);
+        }
+        if !any && is_full_state(type_url) {
+            sub.wildcard = true;
         }
         sub
     }
@@ -58,6 +65,17 @@ impl Subscription {
 
     pub fn wants(&self, name: &str) -> bool {
         self.wildcard || self.names.contains(name)
+    }
+
+    /// True only if [`from_names`](Self::from_names) would give `self`,
+    /// checked without building it, in one pass, when the names come
+    /// sorted and without duplicates (as Envoy's do); otherwise false, and
+    /// the caller builds the subscription.
+    pub fn is_same<S: AsRef<str>>(&self, type_url: &str, names: impl ExactSizeIterator<Item = S>) -> bool {
+        if names.len() == 0 {
+            return self.names.is_empty() && self.wildcard == is_full_state(type_url);
+        }
+        !self.wildcard && names.len() == self.names.len() && names.zip(&self.names).all(|(a, b)| a.as_ref() == &**b)
     }
 }
 
@@ -91,4 +109,34 @@ pub fn push_order<'a>(types: impl Iterator<Item = &'a String>) -> Vec<String> {
     let mut v: Vec<String> = types.cloned().collect();
     v.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)));
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn is_same_agrees_with_from_names() {
+        let known = TypeResources::default();
+        let v = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for (type_url, held, asked) in [
+            (ENDPOINT_TYPE, v(&["a", "b"]), v(&["a", "b"])),
+            (ENDPOINT_TYPE, v(&["a", "b"]), v(&["b", "a"])),
+            (ENDPOINT_TYPE, v(&["a", "b"]), v(&["a", "a"])),
+            (ENDPOINT_TYPE, v(&["a", "b"]), v(&["a", "b", "c"])),
+            (ENDPOINT_TYPE, v(&["a"]), v(&["*"])),
+            (ENDPOINT_TYPE, v(&[]), v(&[])),
+            (CLUSTER_TYPE, v(&[]), v(&[])),
+            (CLUSTER_TYPE, v(&["*"]), v(&[])),
+            (CLUSTER_TYPE, v(&["a"]), v(&[])),
+        ] {
+            let sub = Subscription::from_names(type_url, &held, &known);
+            let same = sub == Subscription::from_names(type_url, &asked, &known);
+            // Never a false "same"; and sorted, distinct names are recognised.
+            let fast = sub.is_same(type_url, asked.iter());
+            assert!(!fast || same, "{type_url} {held:?} {asked:?}");
+            let sorted = asked.windows(2).all(|w| w[0] < w[1]) && !asked.contains(&"*".to_string());
+            assert_eq!(fast, same && (sorted || asked.is_empty()), "{type_url} {held:?} {asked:?}");
+        }
+    }
 }

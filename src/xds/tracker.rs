@@ -228,11 +228,11 @@ mod tests {
             now.insert(1, res(n, "v1"));
         }
         let mut t = Tracker::default();
-        t.set_sub(Subscription::from_names("x", &["a".into()], &now));
+        t.set_sub(Subscription::from_names("x", ["a"], &now));
         assert_eq!(names(&t.changes(&now, 1, &HashSet::new()).upserts), ["a"]);
         t.commit(&now, 1, Vec::new());
         // Newly wanted names are sent though unchanged; dropped ones are forgotten.
-        t.set_sub(Subscription::from_names("x", &["b".into(), "c".into()], &now));
+        t.set_sub(Subscription::from_names("x", ["b", "c"], &now));
         let c = t.changes(&now, 1, &HashSet::new());
         assert_eq!(names(&c.upserts), ["b", "c"]);
         assert!(c.removed.is_empty());

@@ -1,10 +1,16 @@
 //! `bench_profile`: the per-change path alone, for callgrind. A cache with
 //! `--services` services × 10 endpoints feeds meshbridge's publisher and
 //! ADS server in-process (`meshbridge::testing::XdsFixture`), with
-//! `--streams` in-process delta ADS clients following every cluster; then
-//! `--changes` one-endpoint changes go in through the registry sink, one at
-//! a time, each waited for (every stream updated, or with no streams the
-//! new config set published).
+//! `--streams` in-process delta ADS clients following every cluster,
+//! `--sotw` Envoy-like SotW clients (CDS, then EDS naming every cluster)
+//! and `--mcp` Pilot-like MCP clients (SotW, every collection, wildcard);
+//! then `--changes` one-endpoint changes go in through the registry sink,
+//! one at a time, each waited for (every follower updated, or with none
+//! the new config set published).
+//!
+//! The CPU figure is the whole process: meshbridge and the in-process
+//! followers' decoding. Callgrind's inclusive counts split the two
+//! (`meshbridge::` against `meshbridge_e2e::bench::follow`).
 //!
 //! With `--callgrind`, instrumentation is switched on (`callgrind_control
 //! -i on`) only around the changes, so the instruction counts are those of
@@ -51,6 +57,7 @@ fn callgrind(on: bool) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let (mut services, mut changes, mut streams, mut use_callgrind) = (10_000, 200, 100, false);
+    let (mut sotw, mut mcp) = (0, 0);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut num = || -> anyhow::Result<usize> { Ok(args.next().context("missing value")?.parse()?) };
@@ -58,37 +65,51 @@ async fn main() -> anyhow::Result<()> {
             "--services" => services = num()?,
             "--changes" => changes = num()?,
             "--streams" => streams = num()?,
+            "--sotw" => sotw = num()?,
+            "--mcp" => mcp = num()?,
             "--callgrind" => use_callgrind = true,
-            _ => bail!("usage: bench_profile [--services N] [--changes N] [--streams N] [--callgrind]"),
+            _ => bail!(
+                "usage: bench_profile [--services N] [--changes N] [--streams N] [--sotw N] [--mcp N] [--callgrind]"
+            ),
         }
     }
     let t = Instant::now();
     let fixture = XdsFixture::start((0..services).map(|i| service(i, None)).collect()).await;
     let mut config = fixture.config.clone();
     let mut followers = Vec::new();
-    for _ in 0..streams {
-        followers.push(Follower::start(Kind::Delta, fixture.addr).await?);
+    let kinds = [(Kind::Delta, streams), (Kind::Sotw, sotw), (Kind::Mcp, mcp)];
+    for (kind, n) in kinds {
+        for _ in 0..n {
+            followers.push((kind, Follower::start(kind, fixture.addr).await?));
+        }
     }
-    let refs: Vec<&Follower> = followers.iter().collect();
+    let refs: Vec<&Follower> = followers.iter().map(|(_, f)| f).collect();
     meshbridge_e2e::bench::settle(&refs, Duration::from_secs(3600)).await;
-    eprintln!("bench_profile: {services} services, {streams} streams synced in {:.1}s", t.elapsed().as_secs_f64());
+    eprintln!(
+        "bench_profile: {services} services, {streams} delta + {sotw} sotw + {mcp} mcp followers synced in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    let bytes_before: Vec<u64> = refs.iter().map(|f| f.tally().bytes).collect();
 
     if use_callgrind {
         callgrind(true)?;
     }
     let (cpu, t) = (procfs::process_cpu(), Instant::now());
     for k in 0..changes {
-        let before: Vec<u64> = followers.iter().map(|f| f.tally().updates).collect();
+        let before: Vec<u64> = refs.iter().map(|f| f.tally().updates).collect();
         config.borrow_and_update();
         fixture.sink.update(Update::Upsert(service(k % services, Some((k / services) % PER))));
         if followers.is_empty() {
             config.changed().await?;
         } else {
-            while followers.iter().zip(&before).any(|(f, b)| f.tally().updates <= *b) {
+            while refs.iter().zip(&before).any(|(f, b)| f.tally().updates <= *b) {
                 tokio::time::sleep(Duration::from_micros(200)).await;
             }
         }
     }
+    // A change may touch more than one type (an MCP ServiceEntry and its
+    // WorkloadEntry): let the last responses land inside the window.
+    quiet(&refs).await;
     let (cpu, wall) = (procfs::process_cpu() - cpu, t.elapsed());
     if use_callgrind {
         callgrind(false)?;
@@ -98,5 +119,28 @@ async fn main() -> anyhow::Result<()> {
         wall.as_secs_f64() * 1e3 / changes as f64,
         cpu * 1e3 / changes as f64
     );
+    for (kind, n) in kinds.into_iter().filter(|(_, n)| *n > 0) {
+        let bytes: u64 = followers
+            .iter()
+            .zip(&bytes_before)
+            .filter(|((k, _), _)| *k == kind)
+            .map(|((_, f), b)| f.tally().bytes - b)
+            .sum();
+        println!("  {kind:?}: bytes_per_change_per_stream={}", bytes / (n * changes.max(1)) as u64);
+    }
     Ok(())
+}
+
+/// Wait until no follower has received anything for 20 ms.
+async fn quiet(all: &[&Follower]) {
+    let total = || all.iter().map(|f| f.tally().bytes).sum::<u64>();
+    let mut last = total();
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = total();
+        if now == last {
+            return;
+        }
+        last = now;
+    }
 }
