@@ -171,6 +171,25 @@ async fn three_hundred_services_on_a_few_connections_with_the_default_limit() {
     sampler.paused(consul.deregister("svc-11-b")).await.unwrap();
     rec.until("svc-11 back to one", |r| r.view[&host(11)].endpoints.len() == 1).await;
     let checkless_remove = rec.last_at().unwrap() - t;
+    most = most.max(sampler.most());
+
+    // Two check-less instances join two services at once, far apart in the
+    // catalog: the sweep's parts (pipelined probes on several connections)
+    // find both, within the cap, and no call fails.
+    let t = Instant::now();
+    for i in [150, 290] {
+        let extra =
+            json!({"ID": format!("svc-{i}-b"), "Name": format!("svc-{i}"), "Address": "127.0.0.98", "Port": 9000 + i});
+        sampler.paused(consul.register(extra)).await.unwrap();
+    }
+    rec.until("svc-150 and svc-290 have two instances", |r| {
+        r.view[&host(150)].endpoints.len() == 2 && r.view[&host(290)].endpoints.len() == 2
+    })
+    .await;
+    let two_checkless = rec.last_at().unwrap() - t;
+    most = most.max(sampler.most());
+    let errors = rec.errors_since(0);
+    assert!(errors.is_empty(), "no call failed: {errors:?}");
 
     // A service that leaves.
     sampler.paused(consul.deregister("svc-12-a")).await.unwrap();
@@ -179,7 +198,8 @@ async fn three_hundred_services_on_a_few_connections_with_the_default_limit() {
 
     println!(
         "consul {SERVICES} services: full sync {synced:?}; connections held at most {most} (cap {cap}); \
-         check change {check_change:?}; check-less instance added {checkless_add:?}, removed {checkless_remove:?}"
+         check change {check_change:?}; check-less instance added {checkless_add:?}, removed {checkless_remove:?}, \
+         two added at once {two_checkless:?}"
     );
     assert!(most <= cap, "the watcher held {most} connections to consul, more than its cap {cap}");
     assert!(most >= 2, "the two detectors are connected ({most})");

@@ -19,7 +19,11 @@
 //!   or removed in a service that stays, with or without checks; an
 //!   instance re-registered on another port): Consul keeps one index per
 //!   service, so the sweep asks each service for its index alone (an empty
-//!   answer) and reads only those that moved. Consul 1.8 offers nothing
+//!   answer) and reads only those that moved. The probes go in batches
+//!   pipelined on one connection each (HTTP/1.1 pipelining: one write, the
+//!   answers' heads parsed in order; anything odd falls back to one request
+//!   at a time), on up to the read slots less one connections at once, the
+//!   services that changed most recently first. Consul 1.8 offers nothing
 //!   narrower: its `filter` has no `ModifyIndex`, `/v1/catalog/services`
 //!   ignores `filter`, and no endpoint gives several services' indexes at
 //!   once. A catalog change counts as named when a read since the previous
@@ -54,6 +58,7 @@
 mod client;
 mod ctx;
 pub(crate) mod decode;
+mod pipeline;
 mod pool;
 mod supervisor;
 

@@ -5,7 +5,11 @@
 //!
 //! Per round, on a service not touched before: its first instance's check
 //! fails, then passes again, then the instance is deregistered, then
-//! registered again. Each change is timed from just before the write to the
+//! registered again (`--pattern repeat`, the default: after the first, each
+//! change is on a service that just changed, as in a rolling deploy). With
+//! `--pattern distinct`, the deregistration and the registration are each
+//! on a service no change touched before (the registration adds an 11th
+//! instance), so no "recently changed" order can help. Each change is timed from just before the write to the
 //! watcher's update reaching its sink, then the watcher is left until it is
 //! idle, so the figures hold all the work the change caused (a sweep
 //! included):
@@ -18,6 +22,7 @@
 //!
 //! ```sh
 //! cargo run --release -p meshbridge-e2e --bin consul_change_cost -- --services 10000 --rounds 10
+//! cargo run --release -p meshbridge-e2e --bin consul_change_cost -- --services 10000 --rounds 10 --pattern distinct
 //! ```
 
 use std::collections::BTreeMap;
@@ -100,7 +105,8 @@ impl Harness {
     }
 
     async fn fill(&self, n: usize, checks: bool) -> anyhow::Result<()> {
-        for j in 0..PER {
+        // One node more than instances: `--pattern distinct` adds one there.
+        for j in 0..=PER {
             let node = json!({"Node": format!("node-{j}"), "Address": format!("10.1.0.{}", j + 1)});
             self.put("/v1/catalog/register", node).await?;
         }
@@ -132,7 +138,7 @@ struct Tally {
 
 fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let (mut n, mut rounds, mut checks) = (1000usize, 10usize, true);
+    let (mut n, mut rounds, mut checks, mut distinct) = (1000usize, 10usize, true, false);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut num = || -> anyhow::Result<usize> { Ok(args.next().context("missing value")?.parse()?) };
@@ -140,7 +146,14 @@ fn main() -> anyhow::Result<()> {
             "--services" => n = num()?,
             "--rounds" => rounds = num()?,
             "--no-checks" => checks = false,
-            _ => bail!("usage: consul_change_cost [--services N] [--rounds N] [--no-checks]"),
+            "--pattern" => match args.next().as_deref() {
+                Some("repeat") => distinct = false,
+                Some("distinct") => distinct = true,
+                _ => bail!("--pattern: repeat or distinct"),
+            },
+            _ => {
+                bail!("usage: consul_change_cost [--services N] [--rounds N] [--no-checks] [--pattern repeat|distinct]")
+            }
         }
     }
     let harness = tokio::runtime::Builder::new_multi_thread()
@@ -156,10 +169,10 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let mb = watcher_rt.handle().clone();
-    harness.block_on(async move { tokio::spawn(run(n, rounds, checks, mb)).await? })
+    harness.block_on(async move { tokio::spawn(run(n, rounds, checks, distinct, mb)).await? })
 }
 
-async fn run(n: usize, rounds: usize, checks: bool, mb: tokio::runtime::Handle) -> anyhow::Result<()> {
+async fn run(n: usize, rounds: usize, checks: bool, distinct: bool, mb: tokio::runtime::Handle) -> anyhow::Result<()> {
     let consul = ConsulDev::start().await?;
     let h = Harness { http: reqwest::Client::new(), url: consul.url() };
     let t = Instant::now();
@@ -184,15 +197,26 @@ async fn run(n: usize, rounds: usize, checks: bool, mb: tokio::runtime::Handle) 
 
     let kinds = ["check fails", "check passes", "instance deregistered", "instance registered"];
     let mut tallies: BTreeMap<usize, Tally> = BTreeMap::new();
-    let rounds = rounds.min(n);
+    let rounds = rounds.min(n / 3);
     for round in 0..rounds {
         // Spread over the catalog: the sweep's order is the services' order.
-        let i = round * n / rounds + n / (2 * rounds);
+        let first = round * n / rounds + n / (2 * rounds);
         for (k, kind) in kinds.iter().enumerate() {
             if !checks && k < 2 {
                 continue;
             }
-            let want = if k % 2 == 0 { PER - 1 } else { PER };
+            // distinct: the deregistration and the registration each on a
+            // service of its own; the registration adds instance PER.
+            let (i, j) = match (distinct, k) {
+                (true, 2) => (first + 1, 0),
+                (true, 3) => (first + 2, PER),
+                _ => (first, 0),
+            };
+            let want = match (distinct, k) {
+                (true, 3) => PER + 1,
+                _ if k % 2 == 0 => PER - 1,
+                _ => PER,
+            };
             let (cpu0, answers0, bytes0) = watcher_usage();
             let started = Instant::now();
             match k {
@@ -202,7 +226,7 @@ async fn run(n: usize, rounds: usize, checks: bool, mb: tokio::runtime::Handle) 
                     h.put("/v1/catalog/deregister", json!({"Node": "node-0", "ServiceID": format!("svc-{i}-0")}))
                         .await?
                 }
-                _ => h.put("/v1/txn", Value::from(instance_ops(i, 0, checks, "passing"))).await?,
+                _ => h.put("/v1/txn", Value::from(instance_ops(i, j, checks, "passing"))).await?,
             }
             rec.until(kind, |r| count(r, i) == want).await;
             let latency = started.elapsed();
@@ -216,7 +240,11 @@ async fn run(n: usize, rounds: usize, checks: bool, mb: tokio::runtime::Handle) 
         }
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("\nconsul_change_cost: {n} services × {PER}, checks: {checks}, {rounds} rounds, loadavg {}", load.trim());
+    let pattern = if distinct { "distinct" } else { "repeat" };
+    println!(
+        "\nconsul_change_cost: {n} services × {PER}, checks: {checks}, pattern: {pattern}, {rounds} rounds, loadavg {}",
+        load.trim()
+    );
     println!(
         "| change | services | latency p50 / max (ms) | watcher CPU per change (ms) | answers per change | body bytes per change |"
     );

@@ -260,15 +260,9 @@ impl Client {
         Ok((body, index))
     }
 
-    /// One GET on a pooled connection. Returns the body and the
-    /// `X-Consul-Index` header if any.
-    async fn get(
-        &self,
-        what: &str,
-        segments: &[&str],
-        query: &[(&str, &str)],
-        wait: Duration,
-    ) -> Result<(Vec<u8>, Option<String>), RegistryError> {
+    /// The origin-form request target (path and query, the host goes in
+    /// `Host`) of a GET on `segments` with `query`, `dc` and `ns`.
+    fn target(&self, segments: &[&str], query: &[(&str, &str)]) -> String {
         let mut url = self.base.clone();
         if let Ok(mut path) = url.path_segments_mut() {
             // Percent-encodes each segment, so any service name is safe.
@@ -284,11 +278,70 @@ impl Client {
         if !pairs.is_empty() {
             url.query_pairs_mut().extend_pairs(pairs);
         }
-        // Origin form: path and query, the host goes in `Host`.
-        let target = match url.query() {
+        match url.query() {
             Some(q) => format!("{}?{q}", url.path()),
             None => url.path().to_string(),
+        }
+    }
+
+    /// The indexes of `names` ([`Client::service_index`]), in order, as many
+    /// as possible pipelined on one raw connection ([`super::pipeline`]),
+    /// the rest one request at a time. Stops after the first outage error,
+    /// so the answer can be shorter than `names`.
+    pub async fn service_indexes(&self, names: &[&str]) -> Vec<Result<u64, RegistryError>> {
+        let mut out: Vec<Result<u64, RegistryError>> =
+            self.pipelined_indexes(names).await.into_iter().map(Ok).collect();
+        for name in &names[out.len()..] {
+            let result = self.service_index(name).await;
+            let outage = result.as_ref().is_err_and(super::ctx::is_outage);
+            out.push(result);
+            if outage {
+                break;
+            }
+        }
+        out
+    }
+
+    /// The indexes of a prefix of `names`, pipelined; empty when no raw
+    /// connection could be had (the one-request path then says why).
+    async fn pipelined_indexes(&self, names: &[&str]) -> Vec<u64> {
+        if names.len() < 2 {
+            return Vec::new();
+        }
+        let mut requests = Vec::with_capacity(names.len() * 256);
+        for name in names {
+            let target = self.target(&["v1", "health", "service", name], &[("tag", PROBE_TAG)]);
+            write_get(&mut requests, &target, &self.authority, self.token.as_ref());
+        }
+        let call = async {
+            let mut lease = self.pool.checkout_raw().await.ok()?;
+            let io = lease.io()?;
+            let (indexes, answers, oddity) = super::pipeline::exchange(io, &requests, names.len()).await;
+            match &oddity {
+                None => lease.done(),
+                Some(odd) => {
+                    debug!(?odd, answered = indexes.len(), batch = names.len(), "pipelined probes ended early")
+                }
+            }
+            ANSWERS.fetch_add(indexes.len() as u64, Ordering::Relaxed);
+            BODY_BYTES.fetch_add(answers.body_bytes, Ordering::Relaxed);
+            Some(indexes)
         };
+        // As long as the same probes one at a time may take.
+        let timeout = CONNECT_TIMEOUT + TIMEOUT_SLACK;
+        tokio::time::timeout(timeout, call).await.ok().flatten().unwrap_or_default()
+    }
+
+    /// One GET on a pooled connection. Returns the body and the
+    /// `X-Consul-Index` header if any.
+    async fn get(
+        &self,
+        what: &str,
+        segments: &[&str],
+        query: &[(&str, &str)],
+        wait: Duration,
+    ) -> Result<(Vec<u8>, Option<String>), RegistryError> {
+        let target = self.target(segments, query);
         let mut req = hyper::Request::get(target).header(HOST, &self.authority).header(USER_AGENT, "meshbridge");
         if let Some(token) = &self.token {
             req = req.header(TOKEN_HEADER, token.clone());
@@ -374,6 +427,23 @@ impl Client {
     fn bad(&self, what: &str, reason: String) -> RegistryError {
         RegistryError::BadResponse { registry: self.registry.clone(), what: what.to_string(), reason }
     }
+}
+
+/// Append a GET request for `target` as [`Client::get`] sends it (`Host`,
+/// `User-Agent`, the token if any) to `out`.
+fn write_get(out: &mut Vec<u8>, target: &str, authority: &str, token: Option<&HeaderValue>) {
+    out.extend_from_slice(b"GET ");
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+    out.extend_from_slice(authority.as_bytes());
+    out.extend_from_slice(b"\r\nUser-Agent: meshbridge\r\n");
+    if let Some(token) = token {
+        out.extend_from_slice(TOKEN_HEADER.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(token.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 /// The index for the next blocking query, per Consul's "Implementation

@@ -1,5 +1,6 @@
 //! HTTP/1.1 connections to one Consul agent, at most `cap` of them, each
-//! used by one request at a time.
+//! used by one request at a time, or lent raw ([`Pool::checkout_raw`]) for
+//! a batch of pipelined index probes (`pipeline.rs`).
 //!
 //! Owned here rather than left to reqwest's pool because the cap must be a
 //! hard bound on TCP connections, not on requests: a pooling client starts
@@ -23,11 +24,24 @@ use http_body_util::Empty;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 type Sender = SendRequest<Empty<Bytes>>;
+
+/// A connected stream, plain or TLS.
+pub(crate) trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
+pub(crate) type Io = Box<dyn Stream>;
+
+/// An idle connection: driven by hyper, or raw (last used for pipelined
+/// probes; hyper takes it over with a handshake, which sends nothing).
+enum Idle {
+    Http(Sender),
+    Raw(Io),
+}
 
 /// How long a pooled connection may take to say it is ready again.
 const READY_TIMEOUT: Duration = Duration::from_secs(1);
@@ -79,7 +93,7 @@ pub(crate) struct Pool {
 }
 
 struct State {
-    idle: Vec<Sender>,
+    idle: Vec<Idle>,
     /// Connections that exist or are being opened (idle ones included).
     live: usize,
     /// The cap in force: the configured one, or fewer since Consul's
@@ -132,7 +146,7 @@ impl Pool {
             // Holds the place: dropped without a connection, it frees it.
             let mut slot = Lease { pool: self, conn: None, reusable: false };
             match idle {
-                Some(mut conn) => {
+                Some(Idle::Http(mut conn)) => {
                     if matches!(tokio::time::timeout(READY_TIMEOUT, conn.ready()).await, Ok(Ok(()))) {
                         slot.conn = Some(conn);
                         return Ok(slot);
@@ -141,15 +155,64 @@ impl Pool {
                     // slot frees its place) and look again.
                     debug!("idle consul connection closed");
                 }
+                Some(Idle::Raw(io)) => {
+                    slot.conn = Some(handshake(io).await?);
+                    return Ok(slot);
+                }
                 None => {
-                    slot.conn = Some(self.connect().await?);
+                    slot.conn = Some(handshake(self.connect().await?).await?);
                     return Ok(slot);
                 }
             }
         }
     }
 
-    async fn connect(&self) -> Result<Sender, PoolError> {
+    /// A connection for a batch of pipelined requests: an idle raw one, a
+    /// new one while fewer than `cap` exist, a new one in place of an idle
+    /// hyper one (closed: its state cannot be taken back from hyper), or
+    /// else the next one freed.
+    pub async fn checkout_raw(&self) -> Result<RawLease<'_>, PoolError> {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // `None`: all `cap` are in use; `Some(None)`: a place for a new one.
+            let found = {
+                let mut st = self.state();
+                if st.shrunk_at.is_some_and(|at| at.elapsed() >= RETRY_FULL_CAP) {
+                    st.cap = self.cap;
+                    st.shrunk_at = None;
+                }
+                if let Some(at) = st.idle.iter().rposition(|c| matches!(c, Idle::Raw(_))) {
+                    match st.idle.swap_remove(at) {
+                        Idle::Raw(io) => Some(Some(io)),
+                        Idle::Http(_) => unreachable!("position of a raw connection"),
+                    }
+                } else if st.live < st.cap {
+                    st.live += 1;
+                    Some(None)
+                } else if let Some(http) = st.idle.pop() {
+                    // Its place goes to the new connection (`live` unchanged).
+                    drop(http);
+                    Some(None)
+                } else {
+                    None
+                }
+            };
+            let Some(idle) = found else {
+                notified.await;
+                continue;
+            };
+            let mut slot = RawLease { pool: self, io: None, reusable: false };
+            slot.io = Some(match idle {
+                Some(io) => io,
+                None => self.connect().await?,
+            });
+            return Ok(slot);
+        }
+    }
+
+    async fn connect(&self) -> Result<Io, PoolError> {
         let connect = TcpStream::connect((self.host.as_str(), self.port));
         let stream = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(stream)) => stream,
@@ -158,7 +221,7 @@ impl Pool {
         };
         let _ = stream.set_nodelay(true);
         let Some(tls) = &self.tls else {
-            return handshake(stream).await;
+            return Ok(Box::new(stream));
         };
         // The handshake counts against the connect timeout too.
         let connect = tls.connector.connect(tls.server_name.clone(), stream);
@@ -170,7 +233,7 @@ impl Pool {
             }
             Err(_) => return Err(PoolError::Tls("TLS handshake timed out".into())),
         };
-        handshake(stream).await
+        Ok(Box::new(stream))
     }
 
     /// Consul refused a connection for its per-client limit, while the
@@ -195,10 +258,7 @@ impl Pool {
 
 /// HTTP/1.1 on a connected stream (plain or TLS). The connection's own task
 /// ends when its sender is dropped or the peer closes.
-async fn handshake<S>(stream: S) -> Result<Sender, PoolError>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
-{
+async fn handshake(stream: Io) -> Result<Sender, PoolError> {
     let (sender, conn) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(PoolError::Handshake)?;
     tokio::spawn(async move {
@@ -235,7 +295,39 @@ impl Drop for Lease<'_> {
     fn drop(&mut self) {
         let mut st = self.pool.state();
         match self.conn.take() {
-            Some(conn) if self.reusable && !conn.is_closed() => st.idle.push(conn),
+            Some(conn) if self.reusable && !conn.is_closed() => st.idle.push(Idle::Http(conn)),
+            _ => st.live = st.live.saturating_sub(1),
+        }
+        drop(st);
+        self.pool.changed.notify_one();
+    }
+}
+
+/// One raw connection, lent for a batch of pipelined requests. Dropped:
+/// back to the pool if every answer was read whole ([`RawLease::done`]),
+/// closed otherwise (answers may still be on their way).
+pub(crate) struct RawLease<'a> {
+    pool: &'a Pool,
+    io: Option<Io>,
+    reusable: bool,
+}
+
+impl RawLease<'_> {
+    pub fn io(&mut self) -> Option<&mut Io> {
+        self.io.as_mut()
+    }
+
+    /// Every answer was read and nothing more was sent: reusable.
+    pub fn done(&mut self) {
+        self.reusable = true;
+    }
+}
+
+impl Drop for RawLease<'_> {
+    fn drop(&mut self) {
+        let mut st = self.pool.state();
+        match self.io.take() {
+            Some(io) if self.reusable => st.idle.push(Idle::Raw(io)),
             _ => st.live = st.live.saturating_sub(1),
         }
         drop(st);
@@ -376,6 +468,46 @@ mod tests {
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3, "no new connection after the limit");
         assert!(pool.live() <= 2, "{}", pool.live());
+    }
+
+    #[tokio::test]
+    async fn raw_and_http_leases_share_the_cap_and_the_connections() {
+        let (port, accepted) = server(Duration::from_millis(1)).await;
+        let pool = Pool::new("127.0.0.1", port, 2, Duration::from_secs(1), None);
+        // A raw lease given back whole is taken over by hyper: no new connection.
+        let mut raw = pool.checkout_raw().await.unwrap();
+        {
+            let io = raw.io().unwrap();
+            io.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+            let mut buf = [0u8; 64];
+            let mut got = 0;
+            while !buf[..got].ends_with(b"ok") {
+                got += io.read(&mut buf[got..]).await.unwrap();
+            }
+        }
+        raw.done();
+        drop(raw);
+        get(&pool).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        // With the cap held by an http lease and an idle http connection, a
+        // raw lease takes the idle one's place.
+        let busy = pool.checkout().await.unwrap();
+        get(&pool).await;
+        assert_eq!(pool.live(), 2);
+        let raw = pool.checkout_raw().await.unwrap();
+        assert_eq!(pool.live(), 2, "never over the cap");
+        // The server counts a connection once its accept loop ran.
+        for _ in 0..100 {
+            if accepted.load(Ordering::SeqCst) == 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        // Not given back whole: closed, its place freed.
+        drop(raw);
+        assert_eq!(pool.live(), 1);
+        drop(busy);
     }
 
     #[tokio::test]

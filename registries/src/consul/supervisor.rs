@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info};
@@ -25,8 +25,19 @@ use crate::worker::{last_port, on_worker_exit};
 /// How long a catalog change no read has accounted for waits for the
 /// health detector and its reads before a sweep looks for it. Registering
 /// an instance with checks moves the catalog and the checks at the same
-/// index; this leaves that targeted read time to arrive first.
-const EXPLAIN_GRACE: Duration = Duration::from_millis(150);
+/// index; this leaves that targeted read time to arrive first. It ends
+/// early once the health detector answered at or past that index and no
+/// read is pending, and a sweep that starts anyway stops as soon as a
+/// targeted read accounts for its index, so it can be short.
+const EXPLAIN_GRACE: Duration = Duration::from_millis(50);
+/// Index probes pipelined per request batch on one connection. Small
+/// enough that the batches in flight when a sweep finds its change (one
+/// per part) waste few probes, large enough to cut the per-request work.
+const PROBE_BATCH: usize = 16;
+/// Services that changed most recently, probed first by a sweep for an
+/// unnamed change (rolling deploys and autoscalers touch the same service
+/// again and again).
+const RECENT_CHANGED: usize = 32;
 /// A far-away instant for timers that are off.
 const NEVER: Duration = Duration::from_secs(86_400 * 365);
 
@@ -96,6 +107,13 @@ pub(crate) struct Supervisor {
     sweep_not_before: Instant,
     /// A sweep for an unnamed change is due at this instant.
     sweep_due: Option<Instant>,
+    /// The running sweep for an unnamed change: the index it looks for and
+    /// how to stop it once a targeted read has accounted for that index.
+    sweep_cancel: Option<(u64, Arc<Notify>)>,
+    /// The index of the health detector's last answer.
+    checks_index: u64,
+    /// Services with an update sent most recently, newest first.
+    recent: VecDeque<String>,
     /// The newest catalog index an unnamed-change sweep looks for: it stops
     /// once a probe finds a service at least this new (the rule that names
     /// a change for targeted reads too). `None`: sweep everything.
@@ -131,6 +149,9 @@ impl Supervisor {
             sweep_started: Instant::now(),
             sweep_not_before: Instant::now(),
             sweep_due: None,
+            sweep_cancel: None,
+            checks_index: 0,
+            recent: VecDeque::new(),
             sweep_target: None,
             retry_at: None,
             retry_backoff: Backoff::default(),
@@ -273,6 +294,7 @@ impl Supervisor {
             }
             Event::SweepDone { periodic, ok } => {
                 self.sweeping = false;
+                self.sweep_cancel = None;
                 let now = Instant::now();
                 self.sweep_not_before = now + now.duration_since(self.sweep_started);
                 if periodic && ok {
@@ -306,6 +328,7 @@ impl Supervisor {
         if !named && answer.index != self.catalog_index && self.read_max_index < answer.index {
             let at = Instant::now() + EXPLAIN_GRACE;
             self.unexplained = Some((answer.index, at));
+            self.grace_over_if_checks_answered();
         }
         self.catalog_index = answer.index;
         self.read_max_index = 0;
@@ -359,10 +382,25 @@ impl Supervisor {
         let nodes = self.services.iter().map(|(name, t)| (name.as_str(), &t.nodes));
         let dirty = dirty_services(&old, &self.prints, nodes);
         debug!(index = answer.index, services = dirty.len(), "checks changed");
+        self.checks_index = answer.index;
         for name in dirty {
             if self.services.contains_key(&name) {
                 self.want_read(name);
             }
+        }
+        self.grace_over_if_checks_answered();
+    }
+
+    /// The health detector answered at or past the unexplained catalog
+    /// index and no read is pending: no targeted read is coming to account
+    /// for it, so the sweep need not wait out the grace.
+    fn grace_over_if_checks_answered(&mut self) {
+        if let Some((index, at)) = self.unexplained
+            && self.checks_index >= index
+            && self.in_flight.is_empty()
+            && self.queue.is_empty()
+        {
+            self.unexplained = Some((index, at.min(Instant::now())));
         }
     }
 
@@ -414,6 +452,9 @@ impl Supervisor {
                 if tracked.sent.as_ref() != Some(&service) {
                     tracked.sent = Some(service.clone());
                     if emit {
+                        self.recent.retain(|n| n != &read.name);
+                        self.recent.push_front(read.name.clone());
+                        self.recent.truncate(RECENT_CHANGED);
                         debug!(service = %read.name, index = answer.index, endpoints = service.endpoints.len(), "changed");
                         self.ctx.sink.update(Update::Upsert(service));
                         return true;
@@ -445,6 +486,13 @@ impl Supervisor {
             && self.read_max_index >= index
         {
             self.unexplained = None;
+        }
+        if let Some((target, cancel)) = &self.sweep_cancel
+            && self.read_max_index >= *target
+        {
+            debug!(target, "a read accounted for the sweep's change: stopping it");
+            cancel.notify_one();
+            self.sweep_cancel = None;
         }
         self.update_degraded();
     }
@@ -485,51 +533,136 @@ impl Supervisor {
         self.sweep_target = None;
         self.sweeping = true;
         self.sweep_started = Instant::now();
-        let known: Vec<(String, u64)> = self.services.iter().map(|(n, t)| (n.clone(), t.index)).collect();
-        let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
-        let sweep = async move {
-            let slots = ctx.read_slots;
-            let probes = futures::stream::iter(known).map(|(name, index)| {
-                let ctx = ctx.clone();
-                async move {
-                    match ctx.client.service_index(&name).await {
-                        Ok(now) if now == index => Ok(None),
-                        // Moved: read it.
-                        Ok(now) => Ok(Some((ctx.read(name).await, target.is_some_and(|t| now >= t)))),
-                        Err(e) if is_outage(&e) => Err(e),
-                        // This service's probe was refused: read it.
-                        Err(_) => Ok(Some((ctx.read(name).await, false))),
-                    }
-                }
-            });
-            let mut probes = probes.buffer_unordered(slots);
-            let mut ok = true;
-            let mut reads = 0usize;
-            while let Some(result) = probes.next().await {
-                match result {
-                    Ok(Some((read, found))) => {
-                        reads += 1;
-                        if tx.send(Event::Read { read, targeted: false }).await.is_err() {
-                            return;
-                        }
-                        if found {
-                            // The change this sweep looks for is read; the
-                            // probes still in flight are dropped.
-                            debug!(target, "sweep found the change");
-                            break;
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        ctx.health.fail(&e);
-                        ok = false;
-                        break;
-                    }
-                }
-            }
-            debug!(reads, ok, periodic, "sweep done");
-            let _ = tx.send(Event::SweepDone { periodic, ok }).await;
-        };
+        let cancel = Arc::new(Notify::new());
+        self.sweep_cancel = target.map(|t| (t, cancel.clone()));
+        let (order, first) = self.sweep_order(periodic);
+        let sweep = sweep(self.ctx.clone(), self.tx.clone(), order, first, target, periodic, cancel);
         self.tasks.spawn(sweep.in_current_span());
     }
+
+    /// What a sweep probes, in order, and how many of the first are the
+    /// services changed most recently (for an unnamed change only; then
+    /// the others in catalog order).
+    fn sweep_order(&self, periodic: bool) -> (Vec<(String, u64)>, usize) {
+        let mut order = Vec::with_capacity(self.services.len());
+        if !periodic {
+            for name in &self.recent {
+                if let Some(t) = self.services.get(name) {
+                    order.push((name.clone(), t.index));
+                }
+            }
+        }
+        let first = order.len();
+        let recent: HashSet<&str> = order.iter().map(|(n, _)| n.as_str()).collect();
+        let rest: Vec<(String, u64)> = self
+            .services
+            .iter()
+            .filter(|(n, _)| !recent.contains(n.as_str()))
+            .map(|(n, t)| (n.clone(), t.index))
+            .collect();
+        order.extend(rest);
+        (order, first)
+    }
 }
+
+/// A sweep: probe `order` in batches of [`PROBE_BATCH`] pipelined probes,
+/// on up to the read slots less one (left for targeted reads) connections
+/// at once, and read the services whose index moved. Its first `first`
+/// services (the recently changed) go alone in one batch before the rest.
+/// Stops at an outage, when `cancel` is notified, or once a probe finds an
+/// index at least `target`; the batches still in flight are then dropped
+/// (their connections closed, so Consul stops answering them) before the
+/// change is read.
+async fn sweep(
+    ctx: Arc<Ctx>,
+    tx: mpsc::Sender<Event>,
+    order: Vec<(String, u64)>,
+    first: usize,
+    target: Option<u64>,
+    periodic: bool,
+    cancel: Arc<Notify>,
+) {
+    let parts = ctx.read_slots.saturating_sub(1).max(1);
+    let first = first.min(order.len());
+    let head = (first > 0).then(|| order[..first].to_vec());
+    let rest: Vec<Vec<(String, u64)>> = order[first..].chunks(PROBE_BATCH).map(<[_]>::to_vec).collect();
+    let probe = |batch| probe_batch(ctx.clone(), batch, target);
+    let head = futures::stream::iter(head).map(probe).buffer_unordered(1);
+    let rest = futures::stream::iter(rest).map(probe).buffer_unordered(parts);
+    let mut probes = head.chain(rest);
+    let mut ok = true;
+    let mut reads = 0usize;
+    let mut found = Vec::new();
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = cancel.notified() => break,
+            next = probes.next() => next,
+        };
+        let Some(result) = next else { break };
+        let moved = match result {
+            Ok(moved) => moved,
+            Err(e) => {
+                ctx.health.fail(&e);
+                ok = false;
+                break;
+            }
+        };
+        if moved.iter().any(|(_, is_target)| *is_target) {
+            debug!(target, "sweep found the change");
+            found = moved;
+            break;
+        }
+        // An older change: read it while the batches in flight wait.
+        if !read_moved(&ctx, &tx, moved, &mut reads).await {
+            return;
+        }
+    }
+    drop(probes);
+    if !read_moved(&ctx, &tx, found, &mut reads).await {
+        return;
+    }
+    debug!(reads, ok, periodic, "sweep done");
+    let _ = tx.send(Event::SweepDone { periodic, ok }).await;
+}
+
+/// Read the `moved` services, the change looked for first, and hand each
+/// read to the supervisor. False once the supervisor is gone.
+async fn read_moved(ctx: &Ctx, tx: &mpsc::Sender<Event>, mut moved: Vec<(String, bool)>, reads: &mut usize) -> bool {
+    moved.sort_by_key(|(_, is_target)| !is_target);
+    for (name, _) in moved {
+        *reads += 1;
+        let read = ctx.read(name).await;
+        if tx.send(Event::Read { read, targeted: false }).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Probe one batch: the services whose index moved, each with whether it
+/// is the change a sweep looks for (an index at least `target`). A refused
+/// probe counts as moved (its read says what is wrong); an outage fails
+/// the batch.
+async fn probe_batch(
+    ctx: Arc<Ctx>,
+    batch: Vec<(String, u64)>,
+    target: Option<u64>,
+) -> Result<Vec<(String, bool)>, RegistryError> {
+    let names: Vec<&str> = batch.iter().map(|(n, _)| n.as_str()).collect();
+    let indexes = ctx.client.service_indexes(&names).await;
+    let mut moved = Vec::new();
+    for ((name, known), result) in batch.iter().zip(indexes) {
+        match result {
+            Ok(now) if now == *known => {}
+            Ok(now) => moved.push((name.clone(), target.is_some_and(|t| now >= t))),
+            Err(e) if is_outage(&e) => return Err(e),
+            Err(_) => moved.push((name.clone(), false)),
+        }
+    }
+    Ok(moved)
+}
+
+#[cfg(test)]
+#[path = "sweep_tests.rs"]
+mod tests;
