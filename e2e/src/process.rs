@@ -2,7 +2,7 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A port that was free a moment ago: bind to port 0 and let it go.
@@ -35,6 +35,16 @@ impl ChildGuard {
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
         let child = cmd.spawn().map_err(|e| anyhow::anyhow!("spawn {name} ({:?}): {e}", cmd.get_program()))?;
         Ok(ChildGuard { name: name.to_string(), child: Some(child), log })
+    }
+
+    /// Like [`ChildGuard::spawn`], but stderr is a pipe handed back to the
+    /// caller, who must keep reading it (and may copy it to `log`).
+    pub fn spawn_piped_stderr(name: &str, mut cmd: Command, log: PathBuf) -> anyhow::Result<(ChildGuard, ChildStderr)> {
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(Stdio::piped());
+        let mut child = cmd.spawn().map_err(|e| anyhow::anyhow!("spawn {name} ({:?}): {e}", cmd.get_program()))?;
+        let stderr = child.stderr.take().ok_or_else(|| anyhow::anyhow!("{name}: no stderr pipe"))?;
+        Ok((ChildGuard { name: name.to_string(), child: Some(child), log }, stderr))
     }
 
     /// The process output so far (for assertion messages).

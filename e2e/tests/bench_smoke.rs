@@ -2,7 +2,10 @@
 //! fan-out clients, one peer round): it must run to the end and print its
 //! tables. It checks that the tables are there, never a figure in them.
 //!
-//! Needs `source e2e/env.sh consul envoy rnacos zookeeper`.
+//! Needs `source e2e/env.sh consul envoy rnacos zookeeper`, and the
+//! meshbridge binary of the same profile, which `cargo test --workspace`
+//! (e2e/test.sh) builds; alone: `cargo build -p meshbridge --bin
+//! meshbridge` first, or set `MESHBRIDGE_BIN`.
 
 use std::time::Duration;
 

@@ -1,12 +1,14 @@
 //! The benchmark harness (`cargo run --release -p meshbridge-e2e --bin
 //! bench`): real registries filled with `n` services × 10 instances,
-//! meshbridge in-process on its own runtime, a real Envoy over delta ADS,
-//! and in-process ADS clients; it measures sync, memory, connections and
-//! the cost and latency of single-instance changes, and prints a table.
-//! It never fails on a figure.
+//! meshbridge as its own child process (the binary, [`child`]), a real
+//! Envoy over delta ADS, and in-process ADS clients; it measures
+//! meshbridge's sync, CPU, memory and connections, and the cost and latency
+//! of single-instance changes, and prints a table. It never fails on a
+//! figure.
 //!
 //! What each figure means is in BENCHMARKS.md ("Benchmark harness").
 
+pub mod child;
 pub mod consul;
 pub mod follow;
 pub mod peer;
@@ -14,11 +16,11 @@ pub mod procfs;
 pub mod registry;
 pub mod report;
 
-use std::time::{Duration, Instant, SystemTime};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
-use meshbridge::translate::envoy::ENDPOINT_TYPE;
-use tokio::runtime::Handle;
+use child::Meshbridge;
+use procfs::Proc;
 
 use crate::envoy::{AdsMode, Envoy};
 use follow::{Follower, Kind as FollowKind, Tally};
@@ -40,6 +42,10 @@ pub struct Options {
     pub peer_rounds: usize,
     /// Give up on a full sync after this long.
     pub sync_timeout: Duration,
+    /// The meshbridge binary; `None`: [`child::binary`] without building.
+    pub meshbridge_bin: Option<PathBuf>,
+    /// Environment added to meshbridge's (e.g. `MALLOC_ARENA_MAX=2`).
+    pub meshbridge_env: Vec<(String, String)>,
 }
 
 impl Default for Options {
@@ -52,6 +58,8 @@ impl Default for Options {
             registries: vec![Kind::Consul, Kind::Nacos, Kind::Zookeeper],
             peer_rounds: 5,
             sync_timeout: Duration::from_secs(300),
+            meshbridge_bin: None,
+            meshbridge_env: Vec::new(),
         }
     }
 }
@@ -61,22 +69,18 @@ const CHANGE_LIMIT: Duration = Duration::from_secs(10);
 /// Consecutive changes that show up nowhere before a size is given up.
 const MAX_MISSES: usize = 5;
 
-/// Run everything and return the report. meshbridge gets a runtime of its
-/// own, and the harness one whose threads are named
-/// [`procfs::HARNESS_THREAD`], so that meshbridge's CPU can be told apart.
-pub fn run_blocking(opts: Options) -> anyhow::Result<String> {
+/// Run everything and return the report; meshbridge runs as a child
+/// process per registry and size.
+pub fn run_blocking(mut opts: Options) -> anyhow::Result<String> {
+    if opts.meshbridge_bin.is_none() {
+        opts.meshbridge_bin = Some(child::binary(false)?);
+    }
     let harness = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name(procfs::HARNESS_THREAD)
-        // A thread that exits takes its CPU time out of the harness's sum.
-        .thread_keep_alive(Duration::from_secs(86_400))
         .enable_all()
         .build()?;
-    let meshbridge =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("meshbridge").enable_all().build()?;
-    let mb = meshbridge.handle().clone();
-    let rows = harness.block_on(async move { harness_spawn(run(opts, mb)).await })?;
-    meshbridge.shutdown_timeout(Duration::from_secs(2));
+    let rows = harness.block_on(async move { harness_spawn(run(opts)).await })?;
     harness.shutdown_timeout(Duration::from_secs(2));
     Ok(report::render(&rows))
 }
@@ -87,12 +91,12 @@ async fn harness_spawn<T: Send + 'static>(
     tokio::spawn(f).await?
 }
 
-async fn run(opts: Options, mb: Handle) -> anyhow::Result<Vec<Row>> {
+async fn run(opts: Options) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
     for &kind in &opts.registries {
         for &n in &opts.sizes {
             eprintln!("bench: {} with {n} services × {}", kind.name(), opts.per);
-            let row = measure(kind, n, &opts, &mb).await.unwrap_or_else(|e| {
+            let row = measure(kind, n, &opts).await.unwrap_or_else(|e| {
                 let mut row = Row::new(kind, n, opts.per);
                 row.notes.push(format!("failed: {e:#}"));
                 row
@@ -106,27 +110,15 @@ async fn run(opts: Options, mb: Handle) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// meshbridge's cache: (services, endpoints) over every registry.
-fn cache_counts(app: &App) -> (usize, usize) {
-    app.cache.statuses().iter().fold((0, 0), |(s, e), (_, _, ns, ne)| (s + ns, e + ne))
-}
-
-/// When the real Envoy (node id `e2e-…`) last ACKed EDS, if after `since`.
-fn envoy_ack_after(app: &App, since: SystemTime) -> Option<SystemTime> {
-    app.clients
-        .snapshot()
-        .into_iter()
-        .filter(|c| c.node_id.starts_with("e2e-"))
-        .filter_map(|c| c.types.get(ENDPOINT_TYPE)?.last_ack_time)
-        .max()
-        .filter(|t| *t > since)
-}
+/// How often the harness asks meshbridge's admin API for its counts while
+/// it syncs (each answer is O(registries)).
+const SYNC_POLL: Duration = Duration::from_millis(20);
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-async fn measure(kind: Kind, n: usize, opts: &Options, mb: &Handle) -> anyhow::Result<Row> {
+async fn measure(kind: Kind, n: usize, opts: &Options) -> anyhow::Result<Row> {
     let per = opts.per;
     let mut row = Row::new(kind, n, per);
     let reg = Registry::start(kind).await?;
@@ -136,58 +128,56 @@ async fn measure(kind: Kind, n: usize, opts: &Options, mb: &Handle) -> anyhow::R
     if let Some(c) = reg.consul() {
         peer::register(c).await?;
     }
-    // Whatever the harness itself still holds open (none, normally).
-    let baseline = procfs::connections_to(&reg.ports());
 
     let dir = tempfile::tempdir()?;
+    // The child's log: in MESHBRIDGE_BENCH_LOGS if set (kept), else in a
+    // temp dir removed with the row.
+    let logs = tempfile::tempdir()?;
+    let log = std::env::var_os("MESHBRIDGE_BENCH_LOGS").map_or_else(
+        || logs.path().join("meshbridge.log"),
+        |d| PathBuf::from(d).join(format!("meshbridge-{}-{n}.log", kind.name())),
+    );
     let bridge = format!(
         "apiVersion: networking.higress.io/v1\nkind: McpBridge\nmetadata: {{ name: default, namespace: higress-system }}\nspec:\n  registries:\n{}",
         reg.bridge_entry()
     );
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge)?;
-    let cpu0 = procfs::meshbridge_cpu();
+    let bin = opts.meshbridge_bin.clone().map_or_else(|| child::binary(false), Ok)?;
     let t = Instant::now();
-    let cmd = RunCommand {
-        args: RunArgs::loopback(dir.path()),
-        admin: AdminArgs::default(),
-        gateway: GatewayArgs::default(),
-        lifecycle: Default::default(),
-        xds: Default::default(),
-        kube: Default::default(),
-    };
-    // Launched from a blocking thread of meshbridge's own runtime (its tasks
-    // land there): the launch future is not Send (Kubernetes mode's
-    // reflectors), so it cannot be spawned.
-    let handle = mb.clone();
-    let app = mb.spawn_blocking(move || handle.block_on(App::launch(cmd))).await??;
-    let result = drive(&app, &reg, &mut row, opts, (cpu0, t), baseline).await;
-    mb.spawn(app.stop()).await?;
+    let mut mb = Meshbridge::start(&bin, dir.path(), log, &opts.meshbridge_env).await?;
+    let result = drive(&mb, &reg, &mut row, opts, t).await;
     if let Err(e) = result {
         row.notes.push(format!("stopped: {e:#}"));
+        if !mb.is_running() {
+            let log = mb.log();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            row.notes.push(format!("meshbridge exited; last lines: {:?}", tail));
+        }
     }
     Ok(row)
 }
 
-async fn drive(
-    app: &App,
-    reg: &Registry,
-    row: &mut Row,
-    opts: &Options,
-    (cpu0, started): (f64, Instant),
-    baseline: usize,
-) -> anyhow::Result<()> {
+async fn drive(mb: &Meshbridge, reg: &Registry, row: &mut Row, opts: &Options, started: Instant) -> anyhow::Result<()> {
     let (n, per) = (row.services, opts.per);
-    let synced = poll_until(opts.sync_timeout, Duration::from_millis(10), || {
-        let (s, e) = cache_counts(app);
-        s >= n && e >= n * per
-    })
-    .await;
-    row.seen = cache_counts(app);
+    let deadline = started + opts.sync_timeout;
+    let synced = loop {
+        if let Some((s, e)) = mb.counts().await {
+            row.seen = (s, e);
+            if s >= n && e >= n * per {
+                break true;
+            }
+        }
+        if Instant::now() >= deadline {
+            break false;
+        }
+        tokio::time::sleep(SYNC_POLL).await;
+    };
     row.sync_s = synced.then(|| started.elapsed().as_secs_f64());
-    row.cpu_sync_s = procfs::meshbridge_cpu() - cpu0;
-    row.rss_sync_mib = procfs::rss_mib();
-    row.connections = reg.connections(0);
-    row.connections_before = baseline;
+    // Everything the child has used since it started.
+    row.cpu_sync_s = mb.proc.cpu();
+    row.mem_sync = mb.proc.memory();
+    row.connections = mb.proc.connections_to(&reg.ports());
+    row.connections_harness = Proc::me().connections_to(&reg.ports());
     if !synced {
         row.notes.push(format!(
             "not synced after {:?}: {} services, {} endpoints",
@@ -195,30 +185,53 @@ async fn drive(
         ));
     }
 
-    // Route to no cluster: Envoy takes every cluster over CDS anyway.
+    // Route to no cluster: Envoy takes every cluster over CDS anyway. Envoy
+    // is the child's first xDS client: its stream is the one that logs ACKs.
     let t = Instant::now();
-    let envoy = Envoy::start(app.xds_addr, AdsMode::Delta, "none").await?;
+    let envoy = Envoy::start(mb.xds_addr, AdsMode::Delta, "none").await?;
     let clusters = row.seen.0;
     let warm = envoy_warm(&envoy, clusters, opts.sync_timeout).await;
     row.envoy_sync_s = warm.then(|| t.elapsed().as_secs_f64());
+    row.mem_envoy = mb.proc.memory();
 
-    let sotw = Follower::start(FollowKind::Sotw, app.xds_addr).await?;
-    let delta = Follower::start(FollowKind::Delta, app.xds_addr).await?;
-    let mcp = Follower::start(FollowKind::Mcp, app.xds_addr).await?;
+    let sotw = Follower::start(FollowKind::Sotw, mb.xds_addr).await?;
+    let delta = Follower::start(FollowKind::Delta, mb.xds_addr).await?;
+    let mcp = Follower::start(FollowKind::Mcp, mb.xds_addr).await?;
     let mut fanout = Vec::with_capacity(opts.fanout);
     for _ in 0..opts.fanout {
-        fanout.push(Follower::start(FollowKind::Delta, app.xds_addr).await?);
+        fanout.push(Follower::start(FollowKind::Delta, mb.xds_addr).await?);
     }
     let all: Vec<&Follower> = [&sotw, &delta, &mcp].into_iter().chain(fanout.iter()).collect();
     settle(&all, opts.sync_timeout).await;
-    row.rss_clients_mib = procfs::rss_mib();
+    row.mem_clients = mb.proc.memory();
+    row.notes.push(format!("meshbridge with every client connected: {}", memory_note(&mb.proc)));
 
-    changes(app, reg, row, opts, &all).await?;
+    changes(mb, reg, row, opts, &all).await?;
+    row.mem_end = mb.proc.memory();
     if let (Some(c), true) = (reg.consul(), opts.peer_rounds > 0) {
-        row.peer = Some(peer_rounds(app, c, opts.peer_rounds).await?);
+        row.peer = Some(peer_rounds(mb, c, opts.peer_rounds).await?);
     }
     drop(envoy);
     Ok(())
+}
+
+/// What `smaps_rollup` says the resident memory is, and the thread count.
+fn memory_note(p: &Proc) -> String {
+    let rollup = p.smaps_rollup();
+    let kib = |key: &str| {
+        rollup.lines().find_map(|l| l.strip_prefix(key)?.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+    };
+    let mib = |key: &str| kib(key).map_or_else(|| "?".into(), |k| format!("{:.0}", k / 1024.0));
+    let threads = p.threads().map_or_else(|| "?".into(), |t| t.to_string());
+    let file = match (kib("Rss:"), kib("Anonymous:")) {
+        (Some(r), Some(a)) => format!("{:.0}", (r - a) / 1024.0),
+        _ => "?".into(),
+    };
+    format!(
+        "RSS {} MiB: anonymous {}, file-backed {file} (smaps_rollup); {threads} threads",
+        mib("Rss:"),
+        mib("Anonymous:")
+    )
 }
 
 /// Wait until Envoy has `clusters` active clusters and none warming.
@@ -258,18 +271,24 @@ pub async fn settle(all: &[&Follower], limit: Duration) {
     }
 }
 
-async fn changes(app: &App, reg: &Registry, row: &mut Row, opts: &Options, all: &[&Follower]) -> anyhow::Result<()> {
+async fn changes(
+    mb: &Meshbridge,
+    reg: &Registry,
+    row: &mut Row,
+    opts: &Options,
+    all: &[&Follower],
+) -> anyhow::Result<()> {
     let (n, per) = (row.services, opts.per);
     let total = opts.changes.min(n * per);
     // Followers that missed a change are not waited for again (noted).
     let mut waited: Vec<bool> = vec![true; all.len()];
     let before_all: Vec<Tally> = all.iter().map(|f| f.tally()).collect();
-    let cpu_a = procfs::meshbridge_cpu();
+    let cpu_a = mb.proc.cpu();
     let mut misses = 0;
     for k in 0..total {
         let bare = reg.watch(k % n, CHANGE_LIMIT).await;
         let before: Vec<Tally> = all.iter().map(|f| f.tally()).collect();
-        let (ts, ti) = (SystemTime::now(), Instant::now());
+        let ti = Instant::now();
         if let Err(e) = reg.change(k, n, per).await {
             // Refused by the registry (e.g. Consul's per-client limit taken
             // by meshbridge): the harness is "another client" locked out.
@@ -287,10 +306,10 @@ async fn changes(app: &App, reg: &Registry, row: &mut Row, opts: &Options, all: 
         }
         let updated = |i: usize| all[i].tally().updates > before[i].updates;
         let done = poll_until(CHANGE_LIMIT, Duration::from_millis(1), || {
-            envoy_ack_after(app, ts).is_some() && bare.is_finished() && (0..all.len()).all(|i| !waited[i] || updated(i))
+            mb.envoy_ack_after(ti).is_some() && bare.is_finished() && (0..all.len()).all(|i| !waited[i] || updated(i))
         })
         .await;
-        let Some(ack) = envoy_ack_after(app, ts) else {
+        let Some(ack) = mb.envoy_ack_after(ti) else {
             bare.abort();
             misses += 1;
             if misses >= MAX_MISSES {
@@ -314,7 +333,7 @@ async fn changes(app: &App, reg: &Registry, row: &mut Row, opts: &Options, all: 
             }
         }
         row.done += 1;
-        let envoy_ms = ms(ack.duration_since(ts).unwrap_or_default());
+        let envoy_ms = ms(ack - ti);
         row.envoy_ms.push(envoy_ms);
         let bare_at = if bare.is_finished() { bare.await.ok().flatten() } else { None };
         if let Some(at) = bare_at {
@@ -336,13 +355,13 @@ async fn changes(app: &App, reg: &Registry, row: &mut Row, opts: &Options, all: 
     }
     row.changes = total;
     let done = row.done.max(1) as f64;
-    row.cpu_per_change_ms = (procfs::meshbridge_cpu() - cpu_a) * 1e3 / done;
+    row.cpu_per_change_ms = (mb.proc.cpu() - cpu_a) * 1e3 / done;
     let bytes = |i: usize| (all[i].tally().bytes - before_all[i].bytes) as f64 / done;
     row.bytes_per_change = [bytes(0), bytes(1), bytes(2)];
     Ok(())
 }
 
-async fn peer_rounds(app: &App, consul: &consul::ConsulDev, rounds: usize) -> anyhow::Result<Peer> {
+async fn peer_rounds(mb: &Meshbridge, consul: &consul::ConsulDev, rounds: usize) -> anyhow::Result<Peer> {
     let envoy = peer::PeerEnvoy::start(consul.dns_port).await?;
     let both = |m: &std::collections::BTreeSet<String>| m.contains(peer::KEPT) && m.contains(peer::FAILED);
     let limit = Duration::from_secs(30);
@@ -353,14 +372,14 @@ async fn peer_rounds(app: &App, consul: &consul::ConsulDev, rounds: usize) -> an
     }
     let check = peer::check_id(peer::FAILED);
     for _ in 0..rounds {
-        let (ts, ti) = (SystemTime::now(), Instant::now());
+        let ti = Instant::now();
         consul.put(&format!("/v1/agent/check/fail/{check}"), None).await?;
         let dns = envoy.until(limit, |m| m.contains(peer::KEPT) && !m.contains(peer::FAILED));
-        let ours = poll_until(limit, Duration::from_millis(1), || envoy_ack_after(app, ts).is_some());
+        let ours = poll_until(limit, Duration::from_millis(1), || mb.envoy_ack_after(ti).is_some());
         let (dns, ours) = tokio::join!(dns, ours);
-        if let (Some(dns), true, Some(ack)) = (dns, ours, envoy_ack_after(app, ts)) {
+        if let (Some(dns), true, Some(ack)) = (dns, ours, mb.envoy_ack_after(ti)) {
             out.dns_ms.push(ms(dns - ti));
-            out.meshbridge_ms.push(ms(ack.duration_since(ts).unwrap_or_default()));
+            out.meshbridge_ms.push(ms(ack - ti));
         }
         consul.put(&format!("/v1/agent/check/pass/{check}"), None).await?;
         envoy.until(limit, both).await;

@@ -1,15 +1,14 @@
-//! What the bench reads about its own process from `/proc`: CPU time, RSS
-//! and TCP connections to a registry.
-//!
-//! meshbridge runs in the bench process, on its own runtime; the harness's
-//! runtime names its threads [`HARNESS_THREAD`], so meshbridge's CPU is the
-//! process's CPU less those threads' (a thread that has exited leaves its
-//! time in the process total, so the harness runtime keeps its threads).
+//! What the bench reads from `/proc`: CPU time, memory and TCP connections
+//! to a registry, of the meshbridge child process ([`Proc::pid`]) or of the
+//! bench itself ([`Proc::me`]).
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 
-/// Thread name of the harness runtime's workers and blocking threads
-/// (under the kernel's 15-byte limit, so `comm` holds all of it).
+/// Thread name of a harness runtime's workers and blocking threads (under
+/// the kernel's 15-byte limit, so `comm` holds all of it); tools that run
+/// code under test in-process (`consul_change_cost`) tell their own CPU
+/// apart by it.
 pub const HARNESS_THREAD: &str = "bench-harness";
 
 /// Clock ticks per second of `utime`/`stime` in `/proc/*/stat`. Linux has
@@ -26,73 +25,101 @@ fn stat_cpu(stat: &str) -> Option<f64> {
     Some(ticks as f64 / TICKS_PER_SEC)
 }
 
-/// CPU seconds used so far by everything in this process except the
-/// harness threads: meshbridge's share.
-pub fn meshbridge_cpu() -> f64 {
-    process_cpu() - harness_cpu()
-}
-
-/// CPU seconds used so far by the whole process.
+/// CPU seconds used so far by the whole bench process.
 pub fn process_cpu() -> f64 {
-    std::fs::read_to_string("/proc/self/stat").ok().and_then(|s| stat_cpu(&s)).unwrap_or(0.0)
+    Proc::me().cpu()
 }
 
-fn harness_cpu() -> f64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
-    let mut sum = 0.0;
-    for task in tasks.flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.trim() == HARNESS_THREAD {
-            sum += std::fs::read_to_string(task.path().join("stat")).ok().and_then(|s| stat_cpu(&s)).unwrap_or(0.0);
-        }
+/// Resident memory of a process, MiB.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Memory {
+    /// `VmRSS`: resident now.
+    pub rss: f64,
+    /// `VmHWM`: the most ever resident.
+    pub hwm: f64,
+}
+
+/// One process's `/proc` directory.
+#[derive(Debug, Clone)]
+pub struct Proc(PathBuf);
+
+impl Proc {
+    pub fn me() -> Proc {
+        Proc(PathBuf::from("/proc/self"))
     }
-    sum
+
+    pub fn pid(pid: u32) -> Proc {
+        Proc(PathBuf::from(format!("/proc/{pid}")))
+    }
+
+    fn read(&self, file: &str) -> String {
+        std::fs::read_to_string(self.0.join(file)).unwrap_or_default()
+    }
+
+    /// utime + stime of every thread, those that have exited included
+    /// (seconds, in 10 ms ticks).
+    pub fn cpu(&self) -> f64 {
+        stat_cpu(&self.read("stat")).unwrap_or(0.0)
+    }
+
+    pub fn memory(&self) -> Memory {
+        let status = self.read("status");
+        Memory { rss: status_mib(&status, "VmRSS:"), hwm: status_mib(&status, "VmHWM:") }
+    }
+
+    /// Threads now (`Threads:` of `status`).
+    pub fn threads(&self) -> Option<usize> {
+        self.read("status").lines().find_map(|l| l.strip_prefix("Threads:")?.trim().parse().ok())
+    }
+
+    /// `smaps_rollup`'s lines, for a note on what the resident memory is.
+    pub fn smaps_rollup(&self) -> String {
+        self.read("smaps_rollup")
+    }
+
+    /// Established TCP connections from this process to any of `ports` on
+    /// the loopback registry: `/proc/net/tcp{,6}` rows whose remote port
+    /// matches and whose socket inode is one of the process's descriptors.
+    pub fn connections_to(&self, ports: &[u16]) -> usize {
+        let mine = self.socket_inodes();
+        let mut n = 0;
+        for table in ["net/tcp", "net/tcp6"] {
+            for line in self.read(table).lines().skip(1) {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let (Some(remote), Some(state), Some(inode)) = (f.get(2), f.get(3), f.get(9)) else { continue };
+                // 01 = ESTABLISHED.
+                if *state != "01" {
+                    continue;
+                }
+                let port = remote.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
+                if port.is_some_and(|p| ports.contains(&p)) && inode.parse::<u64>().is_ok_and(|i| mine.contains(&i)) {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    fn socket_inodes(&self) -> HashSet<u64> {
+        let Ok(fds) = std::fs::read_dir(self.0.join("fd")) else { return HashSet::new() };
+        fds.flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .filter_map(|target| {
+                let t = target.to_string_lossy().into_owned();
+                t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+            })
+            .collect()
+    }
 }
 
-/// Resident set size of this process, MiB.
-pub fn rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib = status
+/// A `Vm…:  1234 kB` line of `/proc/*/status`, in MiB (0 if absent).
+fn status_mib(status: &str, key: &str) -> f64 {
+    status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
-}
-
-/// Established TCP connections from this process to any of `ports` on
-/// the loopback registry: `/proc/net/tcp{,6}` rows whose remote port
-/// matches and whose socket inode is one of this process's descriptors.
-pub fn connections_to(ports: &[u16]) -> usize {
-    let mine = own_socket_inodes();
-    let mut n = 0;
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let text = std::fs::read_to_string(table).unwrap_or_default();
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let (Some(remote), Some(state), Some(inode)) = (f.get(2), f.get(3), f.get(9)) else { continue };
-            // 01 = ESTABLISHED.
-            if *state != "01" {
-                continue;
-            }
-            let port = remote.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
-            if port.is_some_and(|p| ports.contains(&p)) && inode.parse::<u64>().is_ok_and(|i| mine.contains(&i)) {
-                n += 1;
-            }
-        }
-    }
-    n
-}
-
-fn own_socket_inodes() -> HashSet<u64> {
-    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else { return HashSet::new() };
-    fds.flatten()
-        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
-        .filter_map(|target| {
-            let t = target.to_string_lossy().into_owned();
-            t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
-        })
-        .collect()
+        .unwrap_or(0.0)
+        / 1024.0
 }
 
 #[cfg(test)]
@@ -103,5 +130,20 @@ mod tests {
     fn stat_cpu_skips_a_command_with_spaces() {
         let line = "42 (a b) S 1 2 3 4 5 6 7 8 9 10 250 150 0 0";
         assert_eq!(stat_cpu(line), Some(4.0));
+    }
+
+    #[test]
+    fn status_lines_are_read_in_mib() {
+        let status = "Name:\tx\nVmHWM:\t  20480 kB\nVmRSS:\t   10240 kB\n";
+        assert_eq!(status_mib(status, "VmRSS:"), 10.0);
+        assert_eq!(status_mib(status, "VmHWM:"), 20.0);
+        assert_eq!(status_mib(status, "VmSwap:"), 0.0);
+    }
+
+    #[test]
+    fn this_process_has_cpu_and_memory() {
+        let me = Proc::me();
+        assert!(me.memory().rss > 0.0);
+        assert!(me.cpu() >= 0.0);
     }
 }

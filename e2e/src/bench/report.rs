@@ -2,6 +2,7 @@
 
 use std::fmt::Write;
 
+use super::procfs::Memory;
 use super::registry::Kind;
 
 /// Failing-check propagation, meshbridge against Envoy STRICT_DNS on
@@ -25,16 +26,20 @@ pub struct Row {
     pub sync_s: Option<f64>,
     /// (services, endpoints) in the cache when the sync ended or gave up.
     pub seen: (usize, usize),
+    /// meshbridge's CPU from its start to the end of the sync.
     pub cpu_sync_s: f64,
     /// Envoy start → every cluster active, none warming.
     pub envoy_sync_s: Option<f64>,
-    pub rss_sync_mib: f64,
-    /// With Envoy and every in-process ADS client connected and synced.
-    pub rss_clients_mib: f64,
-    /// At sync, all of this process's; `connections_before` were open
-    /// before meshbridge started (the harness's own).
+    /// meshbridge's memory at sync, with Envoy synced, with every client
+    /// connected and synced too, and after the changes.
+    pub mem_sync: Memory,
+    pub mem_envoy: Memory,
+    pub mem_clients: Memory,
+    pub mem_end: Memory,
+    /// meshbridge's connections to the registry at sync, and the
+    /// harness's own at that moment.
     pub connections: usize,
-    pub connections_before: usize,
+    pub connections_harness: usize,
     /// Changes the registry refused to the harness.
     pub change_errors: usize,
     pub changes: usize,
@@ -61,10 +66,12 @@ impl Row {
             seen: (0, 0),
             cpu_sync_s: 0.0,
             envoy_sync_s: None,
-            rss_sync_mib: 0.0,
-            rss_clients_mib: 0.0,
+            mem_sync: Memory::default(),
+            mem_envoy: Memory::default(),
+            mem_clients: Memory::default(),
+            mem_end: Memory::default(),
             connections: 0,
-            connections_before: 0,
+            connections_harness: 0,
             change_errors: 0,
             changes: 0,
             done: 0,
@@ -107,13 +114,13 @@ pub fn render(rows: &[Row]) -> String {
     let _ = writeln!(o, "\n## Sync, memory, connections\n");
     let _ = writeln!(
         o,
-        "| registry | services × inst | register (s) | sync (s) | sync CPU (s) | Envoy warm (s) | RSS at sync (MiB) | RSS with clients (MiB) | conns to registry (harness's before start) |"
+        "| registry | services × inst | register (s) | sync (s) | sync CPU (s) | Envoy warm (s) | RSS at sync (MiB) | with Envoy | with Envoy + clients | after changes (peak) | conns to registry (harness's) |"
     );
-    let _ = writeln!(o, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let _ = writeln!(o, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in rows {
         let _ = writeln!(
             o,
-            "| {} | {} × {} | {:.1} | {} | {:.2} | {} | {:.0} | {:.0} | {} ({}) |",
+            "| {} | {} × {} | {:.1} | {} | {:.2} | {} | {:.0} | {:.0} | {:.0} | {:.0} ({:.0}) | {} ({}) |",
             r.kind.name(),
             r.services,
             r.per,
@@ -121,10 +128,13 @@ pub fn render(rows: &[Row]) -> String {
             opt(r.sync_s, 2),
             r.cpu_sync_s,
             opt(r.envoy_sync_s, 2),
-            r.rss_sync_mib,
-            r.rss_clients_mib,
+            r.mem_sync.rss,
+            r.mem_envoy.rss,
+            r.mem_clients.rss,
+            r.mem_end.rss,
+            r.mem_end.hwm,
             r.connections,
-            r.connections_before
+            r.connections_harness
         );
     }
     let _ = writeln!(o, "\n## Single-instance changes (p50 / p99, ms)\n");

@@ -1,5 +1,7 @@
 //! `bench`: the benchmark harness (see `meshbridge_e2e::bench` and
 //! BENCHMARKS.md). Needs `source e2e/env.sh consul envoy rnacos zookeeper`.
+//! It builds the meshbridge binary it runs as a child (same profile and
+//! target directory) unless `MESHBRIDGE_BIN` names one.
 //!
 //! ```sh
 //! cargo run --release -p meshbridge-e2e --bin bench -- --sizes 1000,10000
@@ -8,10 +10,11 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use meshbridge_e2e::bench::{Options, registry::Kind, run_blocking};
+use meshbridge_e2e::bench::{Options, child, registry::Kind, run_blocking};
 
 const USAGE: &str = "usage: bench [--sizes 1000,10000] [--instances 10] [--changes 200] [--fanout 100] \
-[--registries consul,nacos,zookeeper] [--peer-rounds 5] [--sync-timeout-secs 300]";
+[--registries consul,nacos,zookeeper] [--peer-rounds 5] [--sync-timeout-secs 300] \
+[--meshbridge-env KEY=VALUE,...]";
 
 fn list<T>(v: &str, parse: impl Fn(&str) -> Option<T>) -> anyhow::Result<Vec<T>> {
     v.split(',').map(|s| parse(s.trim()).with_context(|| format!("bad list item {s:?}"))).collect()
@@ -31,6 +34,9 @@ fn parse(args: &[String]) -> anyhow::Result<Options> {
             "--registries" => o.registries = list(value, Kind::parse)?,
             "--peer-rounds" => o.peer_rounds = num()?,
             "--sync-timeout-secs" => o.sync_timeout = Duration::from_secs(num()? as u64),
+            "--meshbridge-env" => {
+                o.meshbridge_env = list(value, |kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))?
+            }
             _ => bail!("unknown flag {flag}\n{USAGE}"),
         }
     }
@@ -41,7 +47,8 @@ fn main() -> anyhow::Result<()> {
     // ring only, as the meshbridge binary does.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let opts = parse(&args)?;
+    let mut opts = parse(&args)?;
+    opts.meshbridge_bin = Some(child::binary(true)?);
     eprintln!("bench: {opts:?}");
     print!("{}", run_blocking(opts)?);
     Ok(())
