@@ -143,6 +143,16 @@ async fn consul_over_https_verifies_the_certificate() {
     let r = serves(&app, "good", 1).await;
     assert_eq!(r["endpoint"], format!("https://127.0.0.1:{https_port}"), "TLS shows on /v1/registries");
     serves(&app, "named", 1).await;
+    // An instance without checks joins the service: no detector names it,
+    // so only a sweep of index probes finds it, pipelined over the TLS
+    // connection with the token (well before the 30 s periodic sweep).
+    let t = Instant::now();
+    consul
+        .register(json!({"ID": "api-2", "Name": "api", "Address": "127.0.0.2", "Port": 9000}))
+        .await
+        .expect("register");
+    serves(&app, "good", 2).await;
+    assert!(t.elapsed() < Duration::from_secs(15), "found by the sweep, not the periodic one: {:?}", t.elapsed());
     let err = fails_with(&app, "wrong-ca", "TLS handshake failed: certificate verification failed").await;
     assert!(err.contains("UnknownIssuer"), "{err}");
     let err = fails_with(&app, "wrong-name", "TLS handshake failed: certificate verification failed").await;

@@ -129,7 +129,13 @@ impl Pool {
                     st.cap = self.cap;
                     st.shrunk_at = None;
                 }
-                let idle = st.idle.pop();
+                // An idle hyper connection first: raw ones are kept for
+                // sweeps (taking one over is free, going back is not).
+                let http = st.idle.iter().rposition(|c| matches!(c, Idle::Http(_)));
+                let idle = match http {
+                    Some(at) => Some(st.idle.swap_remove(at)),
+                    None => st.idle.pop(),
+                };
                 if idle.is_some() {
                     Some(idle)
                 } else if st.live < st.cap {

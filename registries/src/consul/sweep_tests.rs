@@ -215,3 +215,42 @@ fn recent_changes_are_swept_first() {
     );
     assert_eq!(names(sup.sweep_order(true)).0, ["s0", "s1", "s2", "s3", "s4"], "periodic: catalog order");
 }
+
+fn supervisor() -> Supervisor {
+    let (tx, _rx) = mpsc::channel(8);
+    let mut selector = Selector::all();
+    let selection = selector.current();
+    Supervisor::new(ctx(1, 8), tx, selector, selection)
+}
+
+#[tokio::test]
+async fn the_grace_ends_once_the_health_detector_answered_past_the_change() {
+    let checks = |index| Indexed { value: CheckPrints::default(), index };
+    let mut sup = supervisor();
+    let later = Instant::now() + EXPLAIN_GRACE;
+    sup.unexplained = Some((50, later));
+    sup.on_checks(checks(49));
+    assert_eq!(sup.unexplained, Some((50, later)), "an older answer: a read may still name it");
+    // A read pending may account for it (an instance registered with a
+    // failing check moves the catalog and the checks at the same index).
+    sup.in_flight.insert("s".into(), false);
+    sup.on_checks(checks(50));
+    assert_eq!(sup.unexplained, Some((50, later)), "a read is pending");
+    sup.in_flight.clear();
+    sup.on_checks(checks(51));
+    assert!(sup.unexplained.is_some_and(|(_, at)| at <= Instant::now()), "nothing can name it: sweep now");
+}
+
+#[tokio::test]
+async fn a_read_that_accounts_for_the_change_stops_its_sweep() {
+    let mut sup = supervisor();
+    let cancel = Arc::new(Notify::new());
+    sup.sweep_cancel = Some((50, cancel.clone()));
+    sup.read_max_index = 49;
+    sup.after_reads();
+    assert!(sup.sweep_cancel.is_some());
+    sup.read_max_index = 50;
+    sup.after_reads();
+    assert!(sup.sweep_cancel.is_none());
+    tokio::time::timeout(Duration::from_secs(1), cancel.notified()).await.expect("the sweep is told to stop");
+}
