@@ -92,6 +92,15 @@ pub struct EncodedResources {
     count: usize,
 }
 
+/// An encoding held by a [`prost::bytes::Bytes`].
+struct SharedEncoding(Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for SharedEncoding {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// `DiscoveryResponse.resources`.
 const RESOURCES_FIELD: u32 = 2;
 
@@ -113,6 +122,12 @@ impl EncodedResources {
     pub fn push(&mut self, body: &Any) {
         prost::encoding::message::encode(RESOURCES_FIELD, body, Arc::make_mut(&mut self.bytes));
         self.count += 1;
+    }
+
+    /// The encoded field entries, shared (no copy): what a response body
+    /// sends.
+    pub fn shared(&self) -> prost::bytes::Bytes {
+        prost::bytes::Bytes::from_owner(SharedEncoding(self.bytes.clone()))
     }
 
     /// The encoded field entries.

@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod clients;
 pub mod delta;
+mod framed;
 pub mod limits;
 pub mod metrics;
 pub mod request;

@@ -46,18 +46,30 @@ impl SotwResponse {
     }
 }
 
-impl Message for SotwResponse {
-    fn encode_raw(&self, buf: &mut impl BufMut) {
+impl SotwResponse {
+    /// The fields before `resources`.
+    pub(super) fn encode_head(&self, buf: &mut impl BufMut) {
         if !self.version_info.is_empty() {
             string::encode(VERSION_INFO, &self.version_info, buf);
         }
-        buf.put_slice(self.resources.bytes());
+    }
+
+    /// The fields after `resources`.
+    pub(super) fn encode_tail(&self, buf: &mut impl BufMut) {
         if !self.type_url.is_empty() {
             string::encode(TYPE_URL, &self.type_url, buf);
         }
         if !self.nonce.is_empty() {
             string::encode(NONCE, &self.nonce, buf);
         }
+    }
+}
+
+impl Message for SotwResponse {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        self.encode_head(buf);
+        buf.put_slice(self.resources.bytes());
+        self.encode_tail(buf);
     }
 
     /// Decoding is for tests (the server only encodes): fields this type

@@ -9,15 +9,15 @@
 use std::convert::Infallible;
 use std::marker::PhantomData;
 
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use prost::Message;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{DecodeBuf, Decoder};
 use tonic::codegen::{Body as HttpBody, BoxFuture, Context, Poll, Service, StdError, http};
-use tonic::server::{Grpc, NamedService, StreamingService};
+use tonic::server::NamedService;
 use tonic::{Status, Streaming};
 
+use super::framed::{FramedBody, Frames};
 use super::request::SotwRequest;
-use super::response::SotwResponse;
 use super::{AdsServer, BoxStream};
 
 /// `envoy.service.discovery.v3.AggregatedDiscoveryService`.
@@ -43,30 +43,6 @@ impl NamedService for AdsService {
     const NAME: &'static str = SERVICE_NAME;
 }
 
-struct Sotw(AdsServer);
-
-impl StreamingService<SotwRequest> for Sotw {
-    type Response = SotwResponse;
-    type ResponseStream = BoxStream<SotwResponse>;
-    type Future = BoxFuture<tonic::Response<Self::ResponseStream>, Status>;
-    fn call(&mut self, request: tonic::Request<Streaming<SotwRequest>>) -> Self::Future {
-        let server = self.0.clone();
-        Box::pin(async move { server.sotw(request) })
-    }
-}
-
-struct Delta(AdsServer);
-
-impl StreamingService<DeltaDiscoveryRequest> for Delta {
-    type Response = DeltaDiscoveryResponse;
-    type ResponseStream = BoxStream<DeltaDiscoveryResponse>;
-    type Future = BoxFuture<tonic::Response<Self::ResponseStream>, Status>;
-    fn call(&mut self, request: tonic::Request<Streaming<DeltaDiscoveryRequest>>) -> Self::Future {
-        let server = self.0.clone();
-        Box::pin(async move { server.delta(request) })
-    }
-}
-
 impl<B> Service<http::Request<B>> for AdsService
 where
     B: HttpBody + Send + 'static,
@@ -81,58 +57,66 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let (server, limits) = (self.server.clone(), (Some(self.max_request), Some(self.max_response)));
+        let (server, max_request, max_response) = (self.server.clone(), self.max_request, self.max_response);
         match req.uri().path() {
             SOTW_PATH => Box::pin(async move {
-                let mut grpc = Grpc::new(ProtoCodec::<SotwResponse, SotwRequest>::default())
-                    .apply_max_message_size_config(limits.0, limits.1);
-                Ok(grpc.streaming(Sotw(server), req).await)
+                Ok(match request::<SotwRequest, B>(req, max_request) {
+                    Ok(request) => respond(server.sotw(request), max_response),
+                    Err(status) => status.into_http(),
+                })
             }),
             DELTA_PATH => Box::pin(async move {
-                let mut grpc = Grpc::new(ProtoCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::default())
-                    .apply_max_message_size_config(limits.0, limits.1);
-                Ok(grpc.streaming(Delta(server), req).await)
+                Ok(match request::<DeltaDiscoveryRequest, B>(req, max_request) {
+                    Ok(request) => respond(server.delta(request), max_response),
+                    Err(status) => status.into_http(),
+                })
             }),
             _ => Box::pin(async move { Ok(Status::unimplemented("no such method").into_http()) }),
         }
     }
 }
 
-/// Protobuf over gRPC for any prost message: what tonic-prost's codec
-/// does, kept here so that the response type may be our own [`Message`].
+/// The request half of a stream, decoded by tonic. Compressed requests are
+/// refused as tonic refuses them without its compression features.
+fn request<D, B>(req: http::Request<B>, max_request: usize) -> Result<tonic::Request<Streaming<D>>, Status>
+where
+    D: Message + Default + Send + 'static,
+    B: HttpBody + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    if let Some(encoding) = req.headers().get("grpc-encoding")
+        && encoding.as_bytes() != b"identity"
+    {
+        return Err(Status::unimplemented(format!(
+            "Content is compressed with `{}` which isn't supported",
+            String::from_utf8_lossy(encoding.as_bytes())
+        )));
+    }
+    let req = req.map(|body| Streaming::new_request(ProtoCodec::<(), D>(PhantomData), body, None, Some(max_request)));
+    Ok(tonic::Request::from_http(req))
+}
+
+/// The response half: each message framed by [`FramedBody`], not tonic.
+fn respond<M: Frames + Send + 'static>(
+    response: Result<tonic::Response<BoxStream<M>>, Status>,
+    max_response: usize,
+) -> http::Response<tonic::body::Body> {
+    match response {
+        Ok(response) => {
+            let (metadata, stream, extensions) = response.into_parts();
+            let mut http = http::Response::new(tonic::body::Body::new(FramedBody::new(stream, max_response)));
+            *http.headers_mut() = metadata.into_headers();
+            http.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
+            *http.extensions_mut() = extensions;
+            http
+        }
+        Err(status) => status.into_http(),
+    }
+}
+
+/// Protobuf request decoding for any prost message: what tonic-prost's
+/// decoder does.
 struct ProtoCodec<E, D>(PhantomData<fn() -> (E, D)>);
-
-impl<E, D> Default for ProtoCodec<E, D> {
-    fn default() -> Self {
-        ProtoCodec(PhantomData)
-    }
-}
-
-impl<E: Message + 'static, D: Message + Default + 'static> Codec for ProtoCodec<E, D> {
-    type Encode = E;
-    type Decode = D;
-    type Encoder = ProtoCodec<E, ()>;
-    type Decoder = ProtoCodec<(), D>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        ProtoCodec(PhantomData)
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        ProtoCodec(PhantomData)
-    }
-}
-
-impl<E: Message> Encoder for ProtoCodec<E, ()> {
-    type Item = E;
-    type Error = Status;
-    fn encode(&mut self, item: E, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        // One allocation for the whole message (a SotW collection is
-        // megabytes), instead of growing the buffer as it fills.
-        buf.reserve(item.encoded_len());
-        item.encode(buf).map_err(|e| Status::internal(e.to_string()))
-    }
-}
 
 impl<D: Message + Default> Decoder for ProtoCodec<(), D> {
     type Item = D;
