@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use meshbridge_e2e::bench::{Options, registry::Kind, run_blocking};
 
 const USAGE: &str = "usage: bench [--sizes 1000,10000] [--instances 10] [--changes 200] [--fanout 100] \
-[--registries consul,nacos,zookeeper] [--peer-rounds 5] [--sync-timeout-secs 300]";
+[--registries consul,nacos,nacos1,zookeeper] [--peer-rounds 5] [--sync-timeout-secs 300]";
 
 fn list<T>(v: &str, parse: impl Fn(&str) -> Option<T>) -> anyhow::Result<Vec<T>> {
     v.split(',').map(|s| parse(s.trim()).with_context(|| format!("bad list item {s:?}"))).collect()
