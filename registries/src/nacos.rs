@@ -20,7 +20,8 @@
 //!   rnacos), which announces a change to the listener like a push, so a
 //!   change is seen even when no push comes (a subscription may stay silent
 //!   when the last instance leaves). Re-reading 10,000 services every 30 s
-//!   on top of that cost more CPU than the changes themselves;
+//!   on top of that cost 10,000 requests and a 10,000-service snapshot each
+//!   time (BENCHMARKS.md "Nacos at 10k");
 //! - with a [`Selector`] (`meshbridgeWatch`), only the selected services of
 //!   the listing are read and subscribed to; a new selection lists again at
 //!   once and reads only the newly selected services, removing and
