@@ -15,6 +15,8 @@
 //! - `healthyOnly` defaults to `true` on `/nacos/v1/ns/instance/list`
 //!   (Nacos: `false`); the watcher always sends `false`.
 //! - pushes are batched (up to about 0.75 s after a change).
+//! - a health change made by a heartbeat is not pushed: over gRPC it shows
+//!   when nacos-sdk's poller re-reads the service (60 s).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
