@@ -15,6 +15,8 @@
 //! - `healthyOnly` defaults to `true` on `/nacos/v1/ns/instance/list`
 //!   (Nacos: `false`); the watcher always sends `false`.
 //! - pushes are batched (up to about 0.75 s after a change).
+//! - a health change made by a heartbeat is not pushed: over gRPC it shows
+//!   when nacos-sdk's poller re-reads the service (60 s).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -182,11 +184,26 @@ async fn unhealthy_instances_are_excluded(kind: RegistryKind) {
     nacos.register(&Instance::new("web", "127.0.0.2", 8080)).await.unwrap();
     let beating = Instance { ephemeral: true, ..Instance::new("web", "127.0.0.3", 8080) };
     nacos.register(&beating).await.unwrap();
-    let mut rec = watch(spec(kind, &nacos));
+    // Over gRPC the recovery below waits for nacos-sdk's 60 s poller.
+    let deadline = if kind == GRPC { Duration::from_secs(90) } else { DEADLINE };
+    let watcher = watcher_for(&spec(kind, &nacos), meshbridge_registries::Selector::all()).unwrap();
+    let mut rec: Recorder = Recorder::start(watcher, deadline);
     rec.until("both healthy", |r| r.endpoints(WEB).is_some_and(|e| e.len() == 2)).await;
     rec.until("the silent one unhealthy", |r| r.endpoints(WEB) == eps(&["127.0.0.2:8080"])).await;
-    nacos.beat(&beating).await.unwrap();
-    rec.until("healthy after a heartbeat", |r| r.endpoints(WEB).is_some_and(|e| e.len() == 2)).await;
+    // It beats again, as a live instance does. rnacos does not push a health
+    // change that a beat makes (it counts it as a time update): over gRPC it
+    // shows when nacos-sdk's poller re-reads the service (every 6 ×
+    // cacheMillis, 60 s); over HTTP at the next refresh.
+    let beats = async {
+        loop {
+            nacos.beat(&beating).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    };
+    tokio::select! {
+        () = rec.until("healthy after heartbeats", |r| r.endpoints(WEB).is_some_and(|e| e.len() == 2)) => {}
+        () = beats => {}
+    }
 }
 
 #[tokio::test]
@@ -247,6 +264,71 @@ async fn grpc_outage_keeps_endpoints_then_restart_resyncs() {
 #[tokio::test]
 async fn http_outage_keeps_endpoints_then_restart_resyncs() {
     outage_keeps_endpoints_then_restart_resyncs(HTTP).await;
+}
+
+/// After an outage long enough for nacos-sdk's own reconnects to space
+/// out, the watcher replaces its client once rnacos accepts again (the old
+/// client's recovery probe times out); the replaced client unsubscribes once
+/// nacos-sdk has reconnected it, and then goes with its connection. Counted
+/// as this process's established connections to rnacos's gRPC port: one
+/// while the watcher runs, two at most while a replaced client lingers, and
+/// one from [`RETIRED_WITHIN`] after the restart on, for longer than
+/// nacos-sdk's longest reconnect gap (64 s). Before the loopback relays
+/// (`registries/src/nacos/relay.rs`) the replaced client kept its connection
+/// for as long as the process lived.
+#[tokio::test]
+async fn grpc_replaced_client_goes_away() {
+    const OUTAGE: Duration = Duration::from_secs(20);
+    /// A reconnect of the old client (its attempts come up to 64 s apart)
+    /// plus a retire attempt (every 15 s), with room.
+    const RETIRED_WITHIN: Duration = Duration::from_secs(85);
+    const WATCHED: Duration = Duration::from_secs(RETIRED_WITHIN.as_secs() + 70);
+    let mut nacos = rnacos(Options::default()).await;
+    nacos.register(&Instance::new("web", "127.0.0.2", 8080)).await.unwrap();
+    let port = nacos.grpc_port();
+    // The watcher's probe opens and drops a TCP connection to the port every
+    // 2 s: count only what lasts over three samples 20 ms apart.
+    let conns = || async move {
+        let mut least = usize::MAX;
+        for _ in 0..3 {
+            least = least.min(meshbridge_e2e::bench::procfs::connections_to(&[port]));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        least
+    };
+    let mut rec = watch(spec(GRPC, &nacos));
+    rec.until("web", |r| r.endpoints(WEB) == eps(&["127.0.0.2:8080"])).await;
+    assert_eq!(conns().await, 1, "one gRPC connection while the watcher runs");
+
+    nacos.stop();
+    rec.idle(OUTAGE).await;
+    assert_eq!(conns().await, 0);
+    let mark = rec.mark();
+    nacos.restart().await.expect("restart rnacos");
+    let restarted = Instant::now();
+    // (seconds after the restart, connections) at every change of the count.
+    let mut timeline: Vec<(f64, usize)> = Vec::new();
+    let mut pushed = false;
+    while restarted.elapsed() < WATCHED {
+        let n = conns().await;
+        if timeline.last().is_none_or(|(_, last)| *last != n) {
+            timeline.push((restarted.elapsed().as_secs_f64(), n));
+        }
+        assert!(n <= 2, "more than one replaced client: {timeline:?}");
+        if !pushed && restarted.elapsed() > Duration::from_secs(10) {
+            // The new client gets pushes.
+            nacos.register(&Instance::new("web", "127.0.0.3", 8080)).await.unwrap();
+            pushed = true;
+        }
+        rec.idle(Duration::from_millis(200)).await;
+    }
+    eprintln!("connections to the gRPC port after the restart: {timeline:?}");
+    let replaced = rec.errors_since(mark).iter().any(|e| e.to_string().contains("timed out after 2s"));
+    assert!(replaced, "the old client's recovery probe did not time out: no replacement to watch\n{}", rec.dump());
+    assert!(rec.endpoints(WEB).is_some_and(|e| e.contains(&"127.0.0.3:8080".to_string())), "{}", rec.dump());
+    let last_change = timeline.last().map_or(0.0, |(at, _)| *at);
+    assert_eq!(timeline.last().map(|(_, n)| *n), Some(1), "{timeline:?}");
+    assert!(last_change < RETIRED_WITHIN.as_secs_f64(), "one connection only from {RETIRED_WITHIN:?} on: {timeline:?}");
 }
 
 const ADMIN: &str = "mb-admin";

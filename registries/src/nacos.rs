@@ -8,17 +8,28 @@
 //!   `DEFAULT_GROUP`) of the namespace `nacosNamespaceId` (default `public`),
 //!   then read every service's instances, and send it all as one
 //!   [`Update::Snapshot`] (the first one is the ready signal), after an
-//!   [`Update::Remove`] for each service that left. It runs at start, every
-//!   `nacosRefreshInterval` (default 30 s, at least 1 s) and when Nacos
-//!   answers again after a failure, so a change is seen even when no push
-//!   comes (a subscription may stay silent when the last instance leaves);
+//!   [`Update::Remove`] for each service that left. It runs at start, when
+//!   Nacos answers again after a failure and, over HTTP (no pushes), every
+//!   `nacosRefreshInterval` (default 30 s, at least 1 s);
+//! - with gRPC, every `nacosRefreshInterval` lists the services again and
+//!   reads only the new ones and those without a subscription (an
+//!   [`Update::Upsert`] for each that changed, a [`Update::Remove`] for each
+//!   that left), and only every [`FULL_READ_EVERY`]th time reads all of
+//!   them: each subscribed service is re-read by nacos-sdk's own poller
+//!   anyway (every 6 × the server's `cacheMillis`, 60 s with Nacos and
+//!   rnacos), which announces a change to the listener like a push, so a
+//!   change is seen even when no push comes (a subscription may stay silent
+//!   when the last instance leaves). Re-reading 10,000 services every 30 s
+//!   on top of that cost 10,000 requests and a 10,000-service snapshot each
+//!   time (BENCHMARKS.md "Nacos at 10k");
 //! - with a [`Selector`] (`meshbridgeWatch`), only the selected services of
 //!   the listing are read and subscribed to; a new selection lists again at
 //!   once and reads only the newly selected services, removing and
 //!   unsubscribing from those no longer selected;
 //! - with gRPC, a subscription per service whose pushes queue that service
-//!   for one of [`CONCURRENCY`] workers, which asks the server again (see
-//!   `grpc::PushListener` and [`pushed`]): no task per service;
+//!   for one of [`CONCURRENCY`] workers, which asks the server again unless
+//!   the push announced the very endpoints already sent (see
+//!   `grpc::PushListener` and [`pushed`]): no task of ours per service;
 //! - a health probe, a real one-item service list call (for gRPC after a TCP
 //!   connect to the gRPC port, which fails at once while the server is
 //!   down), every min(refresh, 5 s) and before every full sync: nacos-sdk
@@ -38,8 +49,8 @@ mod grpc;
 mod health;
 mod http;
 mod pushed;
+mod relay;
 mod servers;
-mod tls_origin;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -55,11 +66,11 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use self::api::{Api, is_auth_error};
 use self::auth::Auth;
-use self::decode::{DEFAULT_GROUP, Endpoints, Naming, PUBLIC_NAMESPACE, ServiceKey, endpoints, is_watched};
+use self::decode::{DEFAULT_GROUP, Endpoints, Instance, Naming, PUBLIC_NAMESPACE, ServiceKey, endpoints, is_watched};
 use self::grpc::{GrpcApi, grpc_reachable};
 use self::health::Health;
 use self::http::HttpApi;
-use self::pushed::Pushed;
+use self::pushed::{Pushed, read_pushed};
 use self::servers::Servers;
 use crate::model::Service;
 use crate::retry::Backoff;
@@ -73,6 +84,10 @@ const MIN_REFRESH: Duration = Duration::from_secs(1);
 const MAX_PROBE: Duration = Duration::from_secs(5);
 /// Instance reads (and subscriptions) in flight at once.
 const CONCURRENCY: usize = 8;
+/// Push clients read every service again only every this many refresh
+/// intervals (a safety net for a push nobody announced; see the module
+/// doc); in between, only new and unsubscribed services.
+const FULL_READ_EVERY: u32 = 10;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Calls refused for credentials this many times in a row, although every
 /// one was made with a token just obtained: the client gets rebuilt.
@@ -81,7 +96,9 @@ const AUTH_FAILURES_BEFORE_RECONNECT: u32 = 2;
 const SESSION_RESETS_BACKOFF: Duration = Duration::from_secs(60);
 /// A replaced client that could not unsubscribe (it was not connected) is
 /// asked again this often, this many times: nacos-sdk reconnects it within
-/// 64 s, and until it unsubscribes it would keep its connection for ever.
+/// 64 s, and until it unsubscribes its pollers and redo tasks go on. Then
+/// it is dropped, and its relays with it, which closes its connection
+/// (nacos-sdk itself never would: see `relay.rs`).
 const RETIRE_EVERY: Duration = Duration::from_secs(15);
 const RETIRE_ATTEMPTS: u32 = 12;
 
@@ -332,8 +349,11 @@ struct Tracked {
 }
 
 /// One service's answer in a full sync; `None` when the server refused that
-/// service alone (it keeps its last record).
+/// service alone or it was not read (it keeps its last record).
 type Answer = (ServiceKey, u64, Option<Endpoints>);
+
+/// Which of the services already tracked a sync keeps without reading.
+type Keep<'a> = dyn Fn(&ServiceKey) -> bool + Sync + 'a;
 
 impl Ctx {
     fn state(&self) -> MutexGuard<'_, State> {
@@ -347,9 +367,9 @@ impl Ctx {
     /// List every group, then read every service. Unreachable and credential
     /// failures fail the whole sync; any other refusal of one service keeps
     /// that service as it was, so one odd service cannot stop the rest.
-    /// With `only_new`, services already tracked are not read again (their
-    /// answer is `None`: kept as they are).
-    async fn full_sync<A: Api>(&self, api: &A, only_new: bool) -> Result<Vec<Answer>, RegistryError> {
+    /// Services already tracked for which `keep` says so are not read again
+    /// (their answer is `None`: kept as they are).
+    async fn full_sync<A: Api>(&self, api: &A, keep: &Keep<'_>) -> Result<Vec<Answer>, RegistryError> {
         // The probe fails fast while the server is down, where nacos-sdk's
         // calls would wait out their deadline and hold up the loop.
         api.probe(&self.groups[0]).await?;
@@ -361,14 +381,14 @@ impl Ctx {
             keys.extend(listed.filter(|key| selection.is_all() || selection.wants(&self.naming.host(key))));
         }
         let mut out = Vec::with_capacity(keys.len());
-        if only_new {
+        {
             let st = self.state();
             keys.retain(|key| {
-                let tracked = st.services.contains_key(key);
-                if tracked {
+                let kept = st.services.contains_key(key) && keep(key);
+                if kept {
                     out.push((key.clone(), 0, None));
                 }
-                !tracked
+                !kept
             });
         }
         let answers: Vec<(ServiceKey, u64, Result<Endpoints, RegistryError>)> = stream::iter(keys)
@@ -403,24 +423,41 @@ impl Ctx {
     /// [`Update::Remove`] for each service that left the registry.
     async fn sync<A: Api>(&self, api: &A) -> Result<(), RegistryError> {
         let started = Instant::now();
-        let answers = self.full_sync(api, false).await?;
-        self.apply_sync(answers);
+        let answers = self.full_sync(api, &|_| false).await?;
+        let read = answers.len();
+        self.apply_sync(answers, true);
+        debug!(services = read, took = ?started.elapsed(), "full sync");
         self.sink.synced(started.elapsed());
+        Ok(())
+    }
+
+    /// List again and read only the services not tracked yet and those for
+    /// which `keep` says no; send only what changed.
+    async fn refresh<A: Api>(&self, api: &A, keep: &Keep<'_>) -> Result<(), RegistryError> {
+        let started = Instant::now();
+        let answers = self.full_sync(api, keep).await?;
+        let read = answers.iter().filter(|(_, _, a)| a.is_some()).count();
+        self.apply_sync(answers, false);
+        debug!(read, took = ?started.elapsed(), "listed again");
         Ok(())
     }
 
     /// A new selection: list again, read only the newly selected services,
     /// remove the ones no longer selected; the others are kept unread.
     async fn reselect<A: Api>(&self, api: &A) -> Result<(), RegistryError> {
-        let answers = self.full_sync(api, true).await?;
-        self.apply_sync(answers);
+        let answers = self.full_sync(api, &|_| true).await?;
+        self.apply_sync(answers, true);
         Ok(())
     }
 
-    fn apply_sync(&self, answers: Vec<Answer>) {
+    /// Apply the answers of a sync: services not answered for leave. With
+    /// `snapshot`, all are sent as one [`Update::Snapshot`]; otherwise only
+    /// the ones that changed, one [`Update::Upsert`] each.
+    fn apply_sync(&self, answers: Vec<Answer>, snapshot: bool) {
         let mut st = self.state();
         let mut old = std::mem::take(&mut st.services);
         let (mut skipped, mut dropped_labels) = (0, 0);
+        let mut changed = Vec::new();
         for (key, seq, decoded) in answers {
             let prev = old.remove(&key);
             let tracked = match (prev, decoded) {
@@ -433,7 +470,11 @@ impl Ctx {
                     skipped += decoded.skipped;
                     dropped_labels += decoded.dropped_labels;
                     let last = last_port(prev.as_ref().map(|p| &p.sent));
-                    Tracked { seq, sent: self.naming.service(&key, decoded, last) }
+                    let sent = self.naming.service(&key, decoded, last);
+                    if !snapshot && prev.is_none_or(|p| p.sent != sent) {
+                        changed.push(sent.clone());
+                    }
+                    Tracked { seq, sent }
                 }
             };
             st.services.insert(key, tracked);
@@ -442,10 +483,37 @@ impl Ctx {
             info!(service = %key, host = %gone.sent.host, "service left the registry");
             self.sink.update(Update::Remove(gone.sent.host));
         }
+        if !snapshot {
+            debug!(changed = changed.len(), skipped, dropped_labels, "changed services");
+            for service in changed {
+                self.sink.update(Update::Upsert(service));
+            }
+            return;
+        }
         let mut all: Vec<Service> = st.services.values().map(|t| t.sent.clone()).collect();
         all.sort();
-        debug!(services = all.len(), skipped, dropped_labels, "full sync");
+        debug!(services = all.len(), skipped, dropped_labels, "snapshot");
         self.sink.update(Update::Snapshot(all));
+    }
+
+    /// Whether the instances a push announced make exactly the service
+    /// already sent. If so, that counts as an answer asked for now: a read
+    /// asked for earlier and answered later is older and is not applied.
+    /// Host names are never compared (they must be resolved: read).
+    fn already_sent(&self, key: &ServiceKey, announced: Vec<Instance>) -> bool {
+        let decoded = endpoints(announced);
+        if decoded.endpoints.iter().any(|e| e.address.parse::<IpAddr>().is_err()) {
+            return false;
+        }
+        let mut st = self.state();
+        let Some(tracked) = st.services.get_mut(key) else {
+            return false;
+        };
+        if self.naming.service(key, decoded, last_port(Some(&tracked.sent))) != tracked.sent {
+            return false;
+        }
+        tracked.seq = self.next_seq();
+        true
     }
 
     /// One service's answer, asked for as number `seq`.
@@ -481,6 +549,8 @@ struct Session<A: Api> {
     pushed: Arc<Pushed>,
     /// Watched services (push clients only) and whether each is subscribed yet.
     subscribed: HashMap<ServiceKey, bool>,
+    /// Refresh intervals since the last full read (push clients only).
+    refreshes: u32,
 }
 
 impl<A: Api> Session<A> {
@@ -489,7 +559,7 @@ impl<A: Api> Session<A> {
     }
 
     fn new_shared(api: Arc<A>, ctx: Arc<Ctx>) -> Session<A> {
-        Session { api, ctx, workers: JoinSet::new(), pushed: Arc::default(), subscribed: HashMap::new() }
+        Session { api, ctx, workers: JoinSet::new(), pushed: Arc::default(), subscribed: HashMap::new(), refreshes: 0 }
     }
 
     async fn run(mut self, servers: &Servers, current: &[String], selector: &mut Selector) -> End {
@@ -524,7 +594,13 @@ impl<A: Api> Session<A> {
         loop {
             tokio::select! {
                 _ = resync.tick() => {
-                    if let Some(end) = self.resync().await {
+                    self.refreshes += 1;
+                    let end = if !A::PUSH || self.refreshes >= FULL_READ_EVERY {
+                        self.resync().await
+                    } else {
+                        self.refresh().await
+                    };
+                    if let Some(end) = end {
                         return end;
                     }
                 }
@@ -587,7 +663,25 @@ impl<A: Api> Session<A> {
         }
     }
 
+    /// Push clients between full reads: list again, read the new and the
+    /// unsubscribed services.
+    async fn refresh(&mut self) -> Option<End> {
+        let subscribed = &self.subscribed;
+        let keep = |key: &ServiceKey| subscribed.get(key) == Some(&true);
+        match self.ctx.refresh(&*self.api, &keep).await {
+            Ok(()) => {
+                self.reconcile().await;
+                None
+            }
+            Err(e) => {
+                self.ctx.health.fail(&e);
+                self.replace_client()
+            }
+        }
+    }
+
     async fn resync(&mut self) -> Option<End> {
+        self.refreshes = 0;
         match self.ctx.sync(&*self.api).await {
             Ok(()) => {
                 // This sync already is the recovery resync a failure during
@@ -679,24 +773,6 @@ async fn check_servers(servers: &Servers, current: &[String], health: &Health) -
         Err(e) => {
             health.fail(&e);
             None
-        }
-    }
-}
-
-/// A push-client reader: each pushed service is asked for again. Pushes
-/// that arrive while it waits fold into one read (see [`Pushed`]); a service
-/// no longer watched is ignored by [`Ctx::apply_one`].
-async fn read_pushed<A: Api>(ctx: Arc<Ctx>, api: Arc<A>, pushed: Arc<Pushed>) {
-    loop {
-        let key = pushed.next().await;
-        let seq = ctx.next_seq();
-        match api.instances(&key).await {
-            Ok(instances) => {
-                ctx.health.ok();
-                let decoded = resolve(endpoints(instances)).await;
-                ctx.apply_one(&key, seq, decoded);
-            }
-            Err(e) => ctx.health.fail(&e),
         }
     }
 }

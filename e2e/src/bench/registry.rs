@@ -34,7 +34,12 @@ const NACOS_POLL: Duration = Duration::from_millis(2);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Kind {
     Consul,
+    /// rnacos watched over gRPC (`type: nacos2`).
     Nacos,
+    /// rnacos watched over the 1.x HTTP open API (`type: nacos`): it polls,
+    /// so a change waits for the next refresh (30 s); run it with
+    /// `--changes 0` for its sync figures.
+    NacosHttp,
     Zookeeper,
 }
 
@@ -43,6 +48,7 @@ impl Kind {
         match s {
             "consul" => Some(Kind::Consul),
             "nacos" => Some(Kind::Nacos),
+            "nacos1" => Some(Kind::NacosHttp),
             "zookeeper" | "zk" => Some(Kind::Zookeeper),
             _ => None,
         }
@@ -52,6 +58,7 @@ impl Kind {
         match self {
             Kind::Consul => "consul",
             Kind::Nacos => "nacos",
+            Kind::NacosHttp => "nacos1",
             Kind::Zookeeper => "zookeeper",
         }
     }
@@ -60,7 +67,7 @@ impl Kind {
     pub fn bare_client(self) -> &'static str {
         match self {
             Kind::Consul => "blocking query on /v1/health/service/<svc>?passing",
-            Kind::Nacos => "HTTP poll of /nacos/v1/ns/instance/list every 2 ms",
+            Kind::Nacos | Kind::NacosHttp => "HTTP poll of /nacos/v1/ns/instance/list every 2 ms",
             Kind::Zookeeper => "children watch on the service's providers node",
         }
     }
@@ -132,7 +139,7 @@ impl Registry {
     pub async fn start(kind: Kind) -> anyhow::Result<Registry> {
         let server = match kind {
             Kind::Consul => Server::Consul(ConsulDev::start().await?),
-            Kind::Nacos => Server::Nacos(Rnacos::start().await?),
+            Kind::Nacos | Kind::NacosHttp => Server::Nacos(Rnacos::start().await?),
             Kind::Zookeeper => {
                 let zk = ZooKeeper::start().await?;
                 let client = zk::Client::connector()
@@ -167,6 +174,7 @@ impl Registry {
     pub fn bridge_entry(&self) -> String {
         let (kind, port, extra) = match &self.server {
             Server::Consul(c) => ("consul", c.http_port, "      consulDatacenter: dc1\n"),
+            Server::Nacos(n) if self.kind == Kind::NacosHttp => ("nacos", n.http_port, ""),
             Server::Nacos(n) => ("nacos2", n.http_port, ""),
             Server::Zookeeper(z, _) => ("zookeeper", z.port, ""),
         };

@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use meshbridge_e2e::bench::{Options, child, registry::Kind, run_blocking};
 
 const USAGE: &str = "usage: bench [--sizes 1000,10000] [--instances 10] [--changes 200] [--fanout 100] \
-[--registries consul,nacos,zookeeper] [--peer-rounds 5] [--sync-timeout-secs 300] \
+[--registries consul,nacos,nacos1,zookeeper] [--peer-rounds 5] [--sync-timeout-secs 300] \
 [--meshbridge-env KEY=VALUE,...]";
 
 fn list<T>(v: &str, parse: impl Fn(&str) -> Option<T>) -> anyhow::Result<Vec<T>> {

@@ -11,16 +11,19 @@
 //! - `naming_push_empty_protection(false)`: an empty instance list is an
 //!   answer, not noise. Outage protection is ours: errors never emit updates.
 //! - Its own login plugin is replaced by ours (see `auth.rs`).
-//! - With `registryTls`, it dials loopback relays that carry its gRPC to the
-//!   servers over verified TLS (see `tls_origin.rs`: its own TLS cannot be
-//!   configured per client), and our login plugin logs in to the real
-//!   servers over https.
+//! - It dials loopback relays of ours, never the servers (see `relay.rs`):
+//!   dropping them is the one way to close a client's connection. With
+//!   `registryTls` they carry its gRPC to the servers over verified TLS (its
+//!   own TLS cannot be configured per client), and our login plugin logs in
+//!   to the real servers over https.
 //! - Every call has a deadline: nacos-sdk retries internally and may
 //!   otherwise wait on a dead connection.
 //!
 //! nacos-sdk spawns tasks on its own runtime that outlive a client: a
-//! subscription's poller holds the client until unsubscribed, and a redo
-//! loop and a login loop run for ever (they hold no connection). So a client
+//! subscription's poller holds the client until unsubscribed, a redo loop
+//! and a login loop run for ever, and the task reading its stream keeps the
+//! connection open for ever (it answers the server's checks), which only
+//! dropping our relays ends. So a client
 //! unsubscribes everything when it goes, also when dropped mid-call, and is
 //! rebuilt only when needed (new server list, a token refused right after a
 //! fresh login, a server back from an outage that this client has not
@@ -55,8 +58,8 @@ use tracing::{debug, warn};
 use super::api::{Api, is_auth_error};
 use super::auth::{Auth, SdkAuth};
 use super::decode::{Instance, PUBLIC_NAMESPACE, ServiceKey};
+use super::relay::Relays;
 use super::servers::grpc_addr;
-use super::tls_origin::TlsOrigin;
 use crate::tls::RegistryTls;
 use crate::watcher::RegistryError;
 
@@ -90,8 +93,9 @@ pub(crate) struct GrpcApi {
     stale: AtomicBool,
     /// Held for its `Drop`, which removes the directory.
     _cache_dir: CacheDir,
-    /// The TLS relays nacos-sdk connects through, stopped when dropped.
-    _origin: Option<TlsOrigin>,
+    /// The relays nacos-sdk connects through; dropped, they close its
+    /// connection.
+    _relays: Relays,
 }
 
 impl GrpcApi {
@@ -102,16 +106,10 @@ impl GrpcApi {
         auth: Arc<Auth>,
         tls: Option<&RegistryTls>,
     ) -> Result<GrpcApi, RegistryError> {
-        // With TLS, nacos-sdk talks to our loopback relays (see tls_origin.rs).
-        let origin = match tls {
-            Some(tls) => {
-                let origin = TlsOrigin::start(registry, &servers, tls).await?;
-                origin.check().await?;
-                Some(origin)
-            }
-            None => None,
-        };
-        let sdk_servers = origin.as_ref().map_or(servers.as_slice(), |o| o.local_servers()).join(",");
+        // nacos-sdk talks to our loopback relays (see relay.rs).
+        let relays = Relays::start(registry, &servers, tls).await?;
+        relays.check().await?;
+        let sdk_servers = relays.local_servers().join(",");
         let cache_dir = CacheDir::new(registry);
         let unreachable = |reason: String| RegistryError::Unreachable {
             registry: registry.to_string(),
@@ -134,7 +132,7 @@ impl GrpcApi {
         auth.ensure(&servers).await?;
         // A relay failure (a certificate that changed since `check`) says
         // more than nacos-sdk's own error.
-        let relay_error = || origin.as_ref().and_then(TlsOrigin::last_error).map(unreachable);
+        let relay_error = || relays.last_error().map(unreachable);
         let naming = match tokio::time::timeout(CONNECT_TIMEOUT, builder.build()).await {
             Ok(Ok(naming)) => naming,
             Ok(Err(e)) => return Err(relay_error().unwrap_or_else(|| classify(registry, "connect", &e))),
@@ -154,7 +152,7 @@ impl GrpcApi {
             was_down: AtomicBool::new(false),
             stale: AtomicBool::new(false),
             _cache_dir: cache_dir,
-            _origin: origin,
+            _relays: relays,
         })
     }
 
@@ -200,7 +198,7 @@ impl GrpcApi {
     /// tasks so that the client can go when dropped. `false` when some
     /// unsubscribe failed (the client is not connected): they are kept for
     /// the next `close`, since nacos-sdk would otherwise subscribe them again
-    /// once this client reconnects, and keep its connection for ever.
+    /// once this client reconnects, and poll them for ever.
     pub async fn close(&self) -> bool {
         let subs: Vec<_> = self.subscriptions().drain().collect();
         let failed = unsubscribe_all(self.naming.clone(), subs).await;
@@ -333,7 +331,8 @@ impl Api for GrpcApi {
     }
 }
 
-/// A push only queues the service for a reader, which asks the server:
+/// A push only queues the service for a reader, which asks the server
+/// unless the instances the push announces are the ones it already has:
 /// nacos-sdk delivers each event from its own task, so two pushes may arrive
 /// out of order, and the answer to a question asked later cannot be older.
 struct PushListener {
@@ -342,8 +341,9 @@ struct PushListener {
 }
 
 impl NamingEventListener for PushListener {
-    fn event(&self, _: Arc<NamingChangeEvent>) {
-        self.pushed.mark(&self.key);
+    fn event(&self, event: Arc<NamingChangeEvent>) {
+        let hint = event.instances.as_ref().map(|hosts| hosts.iter().cloned().map(Instance::from).collect());
+        self.pushed.mark(&self.key, hint);
     }
 }
 

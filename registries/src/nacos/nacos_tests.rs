@@ -44,6 +44,8 @@ struct FakeApi {
     refuse_all: Mutex<Option<u16>>,
     /// What [`Api::stale`] says (push clients).
     stale: AtomicBool,
+    /// Instance reads answered, per service name.
+    reads: Mutex<BTreeMap<String, usize>>,
 }
 
 impl FakeApi {
@@ -78,6 +80,7 @@ impl Api for FakeApi {
         if let Some(status) = self.refuse.lock().unwrap().get(&key.name) {
             return Err(RegistryError::Status { registry: "n".into(), what: "instances".into(), status: *status });
         }
+        *self.reads.lock().unwrap().entry(key.name.clone()).or_default() += 1;
         let data = self.data.lock().unwrap();
         Ok(data.get(&key.group).and_then(|s| s.get(&key.name)).cloned().unwrap_or_default())
     }
@@ -172,7 +175,7 @@ async fn an_older_answer_never_overwrites_a_newer_one() {
     assert_eq!(svc.endpoints[0].address, "10.0.0.2");
     // A full sync whose read of web was asked before that push keeps the push's.
     let answers = vec![(key.clone(), old, Some(endpoints(vec![instance("10.0.0.5", 80)])))];
-    ctx.apply_sync(answers);
+    ctx.apply_sync(answers, true);
     let events = drain(&mut rx);
     let Update::Snapshot(all) = updates(&events)[0] else { panic!() };
     assert_eq!(all[0].endpoints[0].address, "10.0.0.2");
@@ -303,6 +306,69 @@ async fn refused_tokens_rebuild_a_client_that_worked_only() {
     let events = drain(&mut rx);
     assert!(events.iter().filter(|e| matches!(e, Event::Error(_))).count() >= 3);
     assert!(updates(&events).is_empty());
+}
+
+/// Between full reads a push client lists again and reads only new
+/// services (and unsubscribed ones), sending only what changed; every
+/// [`FULL_READ_EVERY`]th refresh reads everything.
+#[tokio::test(start_paused = true)]
+async fn push_clients_read_only_new_services_between_full_reads() {
+    let fake = Arc::new(FakeApi::default());
+    fake.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
+    fake.set("DEFAULT_GROUP", "cart", vec![instance("10.0.0.2", 80)]);
+    let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
+    let refresh = ctx.refresh;
+    let session = Session::new(PushFake(fake.clone()), ctx);
+    let current = vec!["127.0.0.1:8848".to_string()];
+    let (s, c) = (Servers::Fixed(current.clone()), current);
+    let run = tokio::spawn(async move { session.run(&s, &c, &mut crate::Selector::all()).await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(hosts(updates(&drain(&mut rx))[0]).len(), 2);
+
+    // A change nobody announced is not read; a new service and a leaver are.
+    fake.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.9", 80)]);
+    fake.set("DEFAULT_GROUP", "api", vec![instance("10.0.0.3", 81)]);
+    fake.delete("DEFAULT_GROUP", "cart");
+    tokio::time::sleep(refresh).await;
+    let events = drain(&mut rx);
+    let ups = updates(&events);
+    assert_eq!(ups.len(), 2, "{events:?}");
+    assert_eq!(ups[0], &Update::Remove("cart.DEFAULT-GROUP.public.nacos".into()));
+    assert!(matches!(ups[1], Update::Upsert(s) if s.host == "api.DEFAULT-GROUP.public.nacos"), "{ups:?}");
+    tokio::time::sleep(refresh * (FULL_READ_EVERY - 2)).await;
+    assert!(updates(&drain(&mut rx)).is_empty());
+    let reads = |name: &str| fake.reads.lock().unwrap().get(name).copied().unwrap_or(0);
+    assert_eq!((reads("web"), reads("api")), (1, 1));
+
+    // The full read: the unannounced change is seen, in a snapshot.
+    tokio::time::sleep(refresh).await;
+    let events = drain(&mut rx);
+    let ups = updates(&events);
+    assert_eq!(ups.len(), 1, "{events:?}");
+    let Update::Snapshot(all) = ups[0] else { panic!("{ups:?}") };
+    assert_eq!(all[1].endpoints[0].address, "10.0.0.9");
+    assert_eq!(reads("web"), 2);
+    run.abort();
+}
+
+/// A push announcing the endpoints already sent is not read, and counts as
+/// the newest answer; one announcing anything else is read.
+#[tokio::test]
+async fn announcements_of_what_was_sent_are_not_read() {
+    let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
+    let api = FakeApi::default();
+    api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
+    ctx.sync(&api).await.unwrap();
+    drain(&mut rx);
+    let key = ServiceKey::new("DEFAULT_GROUP", "web");
+    let asked_before = ctx.next_seq();
+    assert!(ctx.already_sent(&key, vec![instance("10.0.0.1", 80)]));
+    // A read asked before that announcement and answered after it is older.
+    ctx.apply_one(&key, asked_before, endpoints(vec![instance("10.0.0.7", 80)]));
+    assert!(updates(&drain(&mut rx)).is_empty());
+    assert!(!ctx.already_sent(&key, vec![instance("10.0.0.1", 80), instance("10.0.0.2", 80)]));
+    assert!(!ctx.already_sent(&key, vec![instance("localhost", 80)]), "host names are resolved, so read");
+    assert!(!ctx.already_sent(&ServiceKey::new("DEFAULT_GROUP", "other"), vec![]));
 }
 
 #[test]

@@ -3,33 +3,49 @@
 //! task per service. A service pushed again while it waits is read once; a
 //! push that arrives while it is being read queues it again, so no change
 //! goes unread.
+//!
+//! A push may carry the instances it announces (nacos-sdk hands them to
+//! the listener): the latest one queued is kept as a *hint*, which lets the
+//! reader skip the read when it says nothing new (see [`read_pushed`]).
+//! nacos-sdk's own poller announces every service once, just after it is
+//! subscribed to, with the instances the watcher has just read.
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::{Mutex, PoisonError};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Notify;
 
-use super::decode::ServiceKey;
+use super::api::Api;
+use super::decode::{Instance, ServiceKey, endpoints};
+use super::{Ctx, resolve};
+
+/// The instances a push announced, when it carried them.
+pub(crate) type Hint = Option<Vec<Instance>>;
 
 #[derive(Default)]
 pub(crate) struct Pushed {
-    queue: Mutex<(VecDeque<ServiceKey>, HashSet<ServiceKey>)>,
+    queue: Mutex<(VecDeque<ServiceKey>, HashMap<ServiceKey, Hint>)>,
     notify: Notify,
 }
 
 impl Pushed {
-    /// The server pushed a change of `key`.
-    pub fn mark(&self, key: &ServiceKey) {
+    /// The server pushed a change of `key`, announcing `hint`.
+    pub fn mark(&self, key: &ServiceKey, hint: Hint) {
         let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        if q.1.insert(key.clone()) {
-            q.0.push_back(key.clone());
-            drop(q);
-            self.notify.notify_one();
+        if let Some(queued) = q.1.get_mut(key) {
+            // Still waiting: the newer announcement replaces the older.
+            *queued = hint;
+            return;
         }
+        q.1.insert(key.clone(), hint);
+        q.0.push_back(key.clone());
+        drop(q);
+        self.notify.notify_one();
     }
 
-    /// The next service to read, waiting for one.
-    pub async fn next(&self) -> ServiceKey {
+    /// The next service to read and the last announcement of it, waiting
+    /// for one.
+    pub async fn next(&self) -> (ServiceKey, Hint) {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -37,8 +53,8 @@ impl Pushed {
             {
                 let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
                 if let Some(key) = q.0.pop_front() {
-                    q.1.remove(&key);
-                    return key;
+                    let hint = q.1.remove(&key).flatten();
+                    return (key, hint);
                 }
             }
             notified.await;
@@ -46,9 +62,33 @@ impl Pushed {
     }
 }
 
+/// A push-client reader: each pushed service is asked for again, unless the
+/// push announced exactly what was sent last (nacos-sdk's poller announces
+/// every service it re-reads once after subscribing, and whenever it sees a
+/// change). Pushes that arrive while it waits fold into one read (see
+/// [`Pushed`]); a service no longer watched is ignored by `Ctx::apply_one`.
+pub(super) async fn read_pushed<A: Api>(ctx: Arc<Ctx>, api: Arc<A>, pushed: Arc<Pushed>) {
+    loop {
+        let (key, announced) = pushed.next().await;
+        if let Some(announced) = announced
+            && ctx.already_sent(&key, announced)
+        {
+            continue;
+        }
+        let seq = ctx.next_seq();
+        match api.instances(&key).await {
+            Ok(instances) => {
+                ctx.health.ok();
+                let decoded = resolve(endpoints(instances)).await;
+                ctx.apply_one(&key, seq, decoded);
+            }
+            Err(e) => ctx.health.fail(&e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
@@ -60,21 +100,44 @@ mod tests {
     #[tokio::test]
     async fn pushes_fold_per_service_and_wake_waiting_workers() {
         let pushed = Arc::new(Pushed::default());
-        pushed.mark(&key("a"));
-        pushed.mark(&key("b"));
-        pushed.mark(&key("a"));
-        assert_eq!(pushed.next().await, key("a"));
-        assert_eq!(pushed.next().await, key("b"));
+        pushed.mark(&key("a"), None);
+        pushed.mark(&key("b"), None);
+        pushed.mark(&key("a"), None);
+        assert_eq!(pushed.next().await.0, key("a"));
+        assert_eq!(pushed.next().await.0, key("b"));
         // A waiting worker is woken by the next push.
         let waiter = tokio::spawn({
             let pushed = pushed.clone();
-            async move { pushed.next().await }
+            async move { pushed.next().await.0 }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        pushed.mark(&key("c"));
+        pushed.mark(&key("c"), None);
         assert_eq!(tokio::time::timeout(Duration::from_secs(1), waiter).await.unwrap().unwrap(), key("c"));
         // Marked again after being taken: read again.
-        pushed.mark(&key("c"));
-        assert_eq!(pushed.next().await, key("c"));
+        pushed.mark(&key("c"), None);
+        assert_eq!(pushed.next().await.0, key("c"));
+    }
+
+    #[tokio::test]
+    async fn the_latest_announcement_of_a_queued_service_is_kept() {
+        let pushed = Pushed::default();
+        let one = |ip: &str| {
+            let instance = Instance {
+                ip: ip.into(),
+                port: 8080,
+                weight: 1.0,
+                healthy: true,
+                enabled: true,
+                metadata: Default::default(),
+            };
+            Some(vec![instance])
+        };
+        pushed.mark(&key("a"), one("10.0.0.1"));
+        pushed.mark(&key("a"), one("10.0.0.2"));
+        pushed.mark(&key("b"), one("10.0.0.3"));
+        pushed.mark(&key("b"), None);
+        assert_eq!(pushed.next().await, (key("a"), one("10.0.0.2")));
+        // A push without instances leaves nothing to compare: read.
+        assert_eq!(pushed.next().await, (key("b"), None));
     }
 }

@@ -1,19 +1,29 @@
-//! TLS for Nacos 2.x/3.x gRPC (`registryTls` on `nacos2`/`nacos3`).
+//! Loopback relays between nacos-sdk and the Nacos servers' gRPC ports, one
+//! set per client: nacos-sdk connects to them, never to the servers, for two
+//! reasons.
 //!
-//! nacos-sdk 0.8 cannot be given a TLS config: its `tls` feature switches
+//! **Closing a client's connection.** A nacos-sdk client has no way to be
+//! shut down: the task reading its bi-directional stream answers the
+//! server's connection checks for ever, and keeps the connection open after
+//! every handle on the client is gone (a replaced client kept its
+//! connection as long as the process lived: `grpc_replaced_client_goes_away`
+//! in `e2e/tests/nacos_registry.rs`). Dropping the relays closes it.
+//!
+//! **TLS** (`registryTls` on `nacos2`/`nacos3`). nacos-sdk 0.8 cannot be
+//! given a TLS config: its `tls` feature switches
 //! *every* client in the process to https at compile time, brings OpenSSL
 //! (reqwest's native-tls), and reads its CA from one process-wide variable
 //! (`NACOS_CLIENT_TLS_CA_CERT`), panicking when the file cannot be read. So
-//! TLS is originated here instead, per registry: for each Nacos server, a
-//! listener on a loopback port that nacos-sdk connects to with its plain
-//! HTTP/2, and that relays each connection over a verified rustls
-//! connection (ALPN `h2`) to the server's real gRPC port. Plain bytes exist
-//! only inside this host's loopback; the credentials still travel only
-//! inside the TLS connection to Nacos.
+//! TLS is originated here instead, per registry: the relay carries each
+//! connection over a verified rustls connection (ALPN `h2`) to the server's
+//! real gRPC port. Plain bytes exist only inside this host's loopback; the
+//! credentials still travel only inside the TLS connection to Nacos.
+//! Without `registryTls` the relay copies plain TCP.
 //!
 //! Bounded: one listener per server, at most [`MAX_CONNS`] relayed
 //! connections each (nacos-sdk holds one), all closed with the client
-//! (the listeners and every relayed connection).
+//! (the listeners and every relayed connection). The cost is one loopback
+//! hop: two sockets in this process beside the one to Nacos.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -41,33 +51,38 @@ const BIND_TRIES: usize = 16;
 struct Target {
     /// `host:grpcPort` of the real server.
     addr: String,
-    name: ServerName<'static>,
+    /// The name its certificate must carry (TLS only).
+    name: Option<ServerName<'static>>,
 }
 
-/// The loopback relays of one gRPC client; dropped, they stop.
-pub(crate) struct TlsOrigin {
+/// The loopback relays of one gRPC client; dropped, they stop, and every
+/// connection they carry is closed.
+pub(crate) struct Relays {
     /// What nacos-sdk is given: `127.0.0.1:{relay port - offset}`.
     local: Vec<String>,
     targets: Vec<Target>,
-    connector: TlsConnector,
+    /// With `registryTls`; plain TCP without.
+    connector: Option<TlsConnector>,
     registry: String,
     tasks: Vec<JoinHandle<()>>,
     /// The last relay failure, to explain a failed connect.
     last_error: Arc<Mutex<Option<String>>>,
 }
 
-impl TlsOrigin {
-    /// Start one relay per server (`host:httpPort`).
-    pub async fn start(registry: &str, servers: &[String], tls: &RegistryTls) -> Result<TlsOrigin, RegistryError> {
+impl Relays {
+    /// Start one relay per server (`host:httpPort`), over TLS with `tls`.
+    pub async fn start(registry: &str, servers: &[String], tls: Option<&RegistryTls>) -> Result<Relays, RegistryError> {
         let config = |reason: String| RegistryError::Config {
             registry: registry.to_string(),
             field: "registryTls".into(),
             reason,
         };
-        let client = client_config(tls, &[b"h2"]).map_err(config)?;
-        let connector = TlsConnector::from(client);
+        let connector = match tls {
+            Some(tls) => Some(TlsConnector::from(client_config(tls, &[b"h2"]).map_err(config)?)),
+            None => None,
+        };
         let last_error = Arc::new(Mutex::new(None));
-        let mut origin = TlsOrigin {
+        let mut relays = Relays {
             local: Vec::new(),
             targets: Vec::new(),
             connector,
@@ -76,24 +91,32 @@ impl TlsOrigin {
             last_error,
         };
         for server in servers {
-            let addr = grpc_addr(server).ok_or_else(|| config(format!("{server:?}: no port")))?;
+            let addr = grpc_addr(server).ok_or_else(|| RegistryError::Config {
+                registry: registry.to_string(),
+                field: "port".into(),
+                reason: format!("{server:?}: no port, or none 1000 above it for gRPC"),
+            })?;
             let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or(&addr);
-            let target = Target { name: server_name(tls, host).map_err(config)?, addr };
+            let name = match tls {
+                Some(tls) => Some(server_name(tls, host).map_err(config)?),
+                None => None,
+            };
+            let target = Target { name, addr };
             let listener = bind_loopback().await.map_err(|e| RegistryError::Unreachable {
                 registry: registry.to_string(),
-                reason: format!("TLS relay: cannot bind a loopback port: {e}"),
+                reason: format!("gRPC relay: cannot bind a loopback port: {e}"),
             })?;
             let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
-            origin.local.push(format!("127.0.0.1:{}", port - GRPC_PORT_OFFSET));
+            relays.local.push(format!("127.0.0.1:{}", port - GRPC_PORT_OFFSET));
             let relay = Relay {
                 target: target.clone(),
-                connector: origin.connector.clone(),
-                last_error: origin.last_error.clone(),
+                connector: relays.connector.clone(),
+                last_error: relays.last_error.clone(),
             };
-            origin.tasks.push(tokio::spawn(relay.serve(listener)));
-            origin.targets.push(target);
+            relays.tasks.push(tokio::spawn(relay.serve(listener)));
+            relays.targets.push(target);
         }
-        Ok(origin)
+        Ok(relays)
     }
 
     /// The server list to give nacos-sdk.
@@ -103,10 +126,14 @@ impl TlsOrigin {
 
     /// One TLS handshake with some server, so that a certificate problem is
     /// reported as such before nacos-sdk hides it behind "connect failed".
+    /// Nothing to check without TLS.
     pub async fn check(&self) -> Result<(), RegistryError> {
+        let Some(connector) = &self.connector else {
+            return Ok(());
+        };
         let mut reasons = Vec::new();
         for target in &self.targets {
-            match open(&self.connector, target).await {
+            match open_tls(connector, target).await {
                 Ok(_) => return Ok(()),
                 Err(reason) => reasons.push(format!("{}: {reason}", target.addr)),
             }
@@ -120,7 +147,7 @@ impl TlsOrigin {
     }
 }
 
-impl Drop for TlsOrigin {
+impl Drop for Relays {
     fn drop(&mut self) {
         for task in &self.tasks {
             task.abort();
@@ -130,7 +157,7 @@ impl Drop for TlsOrigin {
 
 struct Relay {
     target: Target,
-    connector: TlsConnector,
+    connector: Option<TlsConnector>,
     last_error: Arc<Mutex<Option<String>>>,
 }
 
@@ -144,7 +171,7 @@ impl Relay {
         while let Ok((local, peer)) = listener.accept().await {
             while conns.try_join_next().is_some() {}
             let Ok(slot) = slots.clone().try_acquire_owned() else {
-                warn!(%peer, max = MAX_CONNS, "nacos TLS relay: connection limit reached, closing");
+                warn!(%peer, max = MAX_CONNS, "nacos gRPC relay: connection limit reached, closing");
                 continue;
             };
             let relay = relay.clone();
@@ -157,29 +184,46 @@ impl Relay {
 
     async fn pipe(&self, mut local: TcpStream) {
         let _ = local.set_nodelay(true);
-        let mut remote = match open(&self.connector, &self.target).await {
-            Ok(remote) => remote,
-            Err(reason) => {
-                debug!(target = %self.target.addr, %reason, "nacos TLS relay: connect failed");
-                *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
-                return;
-            }
+        let copied = match &self.connector {
+            Some(connector) => match open_tls(connector, &self.target).await {
+                Ok(mut remote) => Ok(tokio::io::copy_bidirectional(&mut local, &mut remote).await),
+                Err(reason) => Err(reason),
+            },
+            None => match open_tcp(&self.target).await {
+                Ok(mut remote) => Ok(tokio::io::copy_bidirectional(&mut local, &mut remote).await),
+                Err(reason) => Err(reason),
+            },
         };
-        if let Err(e) = tokio::io::copy_bidirectional(&mut local, &mut remote).await {
-            debug!(target = %self.target.addr, error = %e, "nacos TLS relay: connection ended");
+        match copied {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => debug!(target = %self.target.addr, error = %e, "nacos gRPC relay: connection ended"),
+            Err(reason) => {
+                debug!(target = %self.target.addr, %reason, "nacos gRPC relay: connect failed");
+                *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
+            }
         }
     }
 }
 
-/// A verified TLS connection to `target`, or why not.
-async fn open(connector: &TlsConnector, target: &Target) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+/// A TCP connection to `target`, or why not.
+async fn open_tcp(target: &Target) -> Result<TcpStream, String> {
     let tcp = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&target.addr)).await {
         Ok(Ok(tcp)) => tcp,
         Ok(Err(e)) => return Err(format!("connect failed: {e}")),
         Err(_) => return Err("connect failed: timed out".into()),
     };
     let _ = tcp.set_nodelay(true);
-    match tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(target.name.clone(), tcp)).await {
+    Ok(tcp)
+}
+
+/// A verified TLS connection to `target`, or why not.
+async fn open_tls(
+    connector: &TlsConnector,
+    target: &Target,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+    let tcp = open_tcp(target).await?;
+    let name = target.name.clone().ok_or("no server name")?;
+    match tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, tcp)).await {
         Ok(Ok(tls)) => Ok(tls),
         Ok(Err(e)) => Err(tls_failure(&e).unwrap_or_else(|| format!("TLS handshake failed: {e}"))),
         Err(_) => Err("TLS handshake timed out".into()),
