@@ -291,7 +291,7 @@ async fn grpc_replaced_client_goes_away() {
     let conns = || async move {
         let mut least = usize::MAX;
         for _ in 0..3 {
-            least = least.min(meshbridge_e2e::bench::procfs::connections_to(&[port]));
+            least = least.min(meshbridge_e2e::bench::procfs::Proc::me().connections_to(&[port]));
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         least
