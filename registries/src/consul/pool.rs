@@ -114,6 +114,17 @@ impl Pool {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The state, with the full cap back once a shrink has lasted
+    /// `RETRY_FULL_CAP`.
+    fn state_for_checkout(&self) -> MutexGuard<'_, State> {
+        let mut st = self.state();
+        if st.shrunk_at.is_some_and(|at| at.elapsed() >= RETRY_FULL_CAP) {
+            st.cap = self.cap;
+            st.shrunk_at = None;
+        }
+        st
+    }
+
     /// A connection for one request: an idle one, a new one while fewer
     /// than `cap` exist, or else the next one freed.
     pub async fn checkout(&self) -> Result<Lease<'_>, PoolError> {
@@ -124,11 +135,7 @@ impl Pool {
             notified.as_mut().enable();
             // `None`: all `cap` are in use; `Some(None)`: a place for a new one.
             let found = {
-                let mut st = self.state();
-                if st.shrunk_at.is_some_and(|at| at.elapsed() >= RETRY_FULL_CAP) {
-                    st.cap = self.cap;
-                    st.shrunk_at = None;
-                }
+                let mut st = self.state_for_checkout();
                 // An idle hyper connection first: raw ones are kept for
                 // sweeps (taking one over is free, going back is not).
                 let http = st.idle.iter().rposition(|c| matches!(c, Idle::Http(_)));
@@ -184,11 +191,7 @@ impl Pool {
             notified.as_mut().enable();
             // `None`: all `cap` are in use; `Some(None)`: a place for a new one.
             let found = {
-                let mut st = self.state();
-                if st.shrunk_at.is_some_and(|at| at.elapsed() >= RETRY_FULL_CAP) {
-                    st.cap = self.cap;
-                    st.shrunk_at = None;
-                }
+                let mut st = self.state_for_checkout();
                 if let Some(at) = st.idle.iter().rposition(|c| matches!(c, Idle::Raw(_))) {
                     match st.idle.swap_remove(at) {
                         Idle::Raw(io) => Some(Some(io)),
