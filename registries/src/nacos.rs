@@ -70,7 +70,7 @@ use self::decode::{DEFAULT_GROUP, Endpoints, Instance, Naming, PUBLIC_NAMESPACE,
 use self::grpc::{GrpcApi, grpc_reachable};
 use self::health::Health;
 use self::http::HttpApi;
-use self::pushed::{Pushed, read_pushed};
+use self::pushed::Pushed;
 use self::servers::Servers;
 use crate::model::Service;
 use crate::retry::Backoff;
@@ -773,6 +773,31 @@ async fn check_servers(servers: &Servers, current: &[String], health: &Health) -
         Err(e) => {
             health.fail(&e);
             None
+        }
+    }
+}
+
+/// A push-client reader: each pushed service is asked for again, unless the
+/// push announced exactly what was sent last (nacos-sdk's poller announces
+/// every service it re-reads once after subscribing, and whenever it sees a
+/// change). Pushes that arrive while it waits fold into one read (see
+/// [`Pushed`]); a service no longer watched is ignored by `Ctx::apply_one`.
+async fn read_pushed<A: Api>(ctx: Arc<Ctx>, api: Arc<A>, pushed: Arc<Pushed>) {
+    loop {
+        let (key, announced) = pushed.next().await;
+        if let Some(announced) = announced
+            && ctx.already_sent(&key, announced)
+        {
+            continue;
+        }
+        let seq = ctx.next_seq();
+        match api.instances(&key).await {
+            Ok(instances) => {
+                ctx.health.ok();
+                let decoded = resolve(endpoints(instances)).await;
+                ctx.apply_one(&key, seq, decoded);
+            }
+            Err(e) => ctx.health.fail(&e),
         }
     }
 }

@@ -41,7 +41,6 @@ use limits::{ConnInfo, Connections};
 pub use limits::{XdsLimits, XdsTlsArgs};
 pub use request::SotwRequest;
 pub use response::SotwResponse;
-pub use service::AdsService;
 pub use subscription::{Subscription, is_full_state, push_order, type_resources};
 pub use tls::{TlsError, XdsTls};
 
@@ -78,11 +77,6 @@ impl AdsServer {
     pub fn with_tls(mut self, tls: Option<Arc<XdsTls>>) -> Self {
         self.tls = tls;
         self
-    }
-
-    pub fn into_service(self) -> AdsService {
-        let max_request = self.limits.max_request_bytes;
-        AdsService::new(self, max_request, 256 << 20)
     }
 
     /// Serve on `listener` until `shutdown` resolves.

@@ -33,9 +33,11 @@ pub struct AdsService {
     max_response: usize,
 }
 
-impl AdsService {
-    pub(super) fn new(server: AdsServer, max_request: usize, max_response: usize) -> Self {
-        AdsService { server, max_request, max_response }
+impl AdsServer {
+    /// The ADS service for a tonic server.
+    pub fn into_service(self) -> AdsService {
+        let max_request = self.limits.max_request_bytes;
+        AdsService { server: self, max_request, max_response: 256 << 20 }
     }
 }
 

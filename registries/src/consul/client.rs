@@ -293,7 +293,7 @@ impl Client {
             self.pipelined_indexes(names).await.into_iter().map(Ok).collect();
         for name in &names[out.len()..] {
             let result = self.service_index(name).await;
-            let outage = result.as_ref().is_err_and(super::ctx::is_outage);
+            let outage = result.as_ref().is_err_and(is_outage);
             out.push(result);
             if outage {
                 break;
@@ -453,6 +453,12 @@ fn write_get(out: &mut Vec<u8>, target: &str, authority: &str, token: Option<&He
 /// is handled to be sure they actually block on the next request".
 pub(crate) fn next_index(prev: u64, got: u64) -> u64 {
     if got < prev { 0 } else { got.max(1) }
+}
+
+/// An error that says Consul itself cannot be used (as opposed to one
+/// service's answer being bad).
+pub(crate) fn is_outage(e: &RegistryError) -> bool {
+    matches!(e, RegistryError::Unreachable { .. } | RegistryError::ConnectionLimit { .. })
 }
 
 #[cfg(test)]

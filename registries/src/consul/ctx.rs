@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub(crate) use super::client::is_outage;
 use super::client::{Client, Indexed};
 use super::decode::{CheckPrints, Instances, Naming, select_services};
 use crate::health::Health;
@@ -98,10 +99,4 @@ impl Ctx {
         self.sink.synced(started.elapsed());
         Ok(FullSync { catalog, checks, reads })
     }
-}
-
-/// An error that says Consul itself cannot be used (as opposed to one
-/// service's answer being bad).
-pub(crate) fn is_outage(e: &RegistryError) -> bool {
-    matches!(e, RegistryError::Unreachable { .. } | RegistryError::ConnectionLimit { .. })
 }

@@ -6,18 +6,17 @@
 //!
 //! A push may carry the instances it announces (nacos-sdk hands them to
 //! the listener): the latest one queued is kept as a *hint*, which lets the
-//! reader skip the read when it says nothing new (see [`read_pushed`]).
+//! reader skip the read when it says nothing new (see `read_pushed` in the
+//! parent module).
 //! nacos-sdk's own poller announces every service once, just after it is
 //! subscribed to, with the instances the watcher has just read.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::Notify;
 
-use super::api::Api;
-use super::decode::{Instance, ServiceKey, endpoints};
-use super::{Ctx, resolve};
+use super::decode::{Instance, ServiceKey};
 
 /// The instances a push announced, when it carried them.
 pub(crate) type Hint = Option<Vec<Instance>>;
@@ -62,33 +61,9 @@ impl Pushed {
     }
 }
 
-/// A push-client reader: each pushed service is asked for again, unless the
-/// push announced exactly what was sent last (nacos-sdk's poller announces
-/// every service it re-reads once after subscribing, and whenever it sees a
-/// change). Pushes that arrive while it waits fold into one read (see
-/// [`Pushed`]); a service no longer watched is ignored by `Ctx::apply_one`.
-pub(super) async fn read_pushed<A: Api>(ctx: Arc<Ctx>, api: Arc<A>, pushed: Arc<Pushed>) {
-    loop {
-        let (key, announced) = pushed.next().await;
-        if let Some(announced) = announced
-            && ctx.already_sent(&key, announced)
-        {
-            continue;
-        }
-        let seq = ctx.next_seq();
-        match api.instances(&key).await {
-            Ok(instances) => {
-                ctx.health.ok();
-                let decoded = resolve(endpoints(instances)).await;
-                ctx.apply_one(&key, seq, decoded);
-            }
-            Err(e) => ctx.health.fail(&e),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
