@@ -129,33 +129,26 @@ impl Pool {
     /// than `cap` exist, or else the next one freed.
     pub async fn checkout(&self) -> Result<Lease<'_>, PoolError> {
         loop {
-            let notified = self.changed.notified();
-            tokio::pin!(notified);
-            // Registered before looking, so a release in between wakes us.
-            notified.as_mut().enable();
-            // `None`: all `cap` are in use; `Some(None)`: a place for a new one.
-            let found = {
-                let mut st = self.state_for_checkout();
-                // An idle hyper connection first: raw ones are kept for
-                // sweeps (taking one over is free, going back is not).
-                let http = st.idle.iter().rposition(|c| matches!(c, Idle::Http(_)));
-                let idle = match http {
-                    Some(at) => Some(st.idle.swap_remove(at)),
-                    None => st.idle.pop(),
-                };
-                if idle.is_some() {
-                    Some(idle)
-                } else if st.live < st.cap {
-                    st.live += 1;
-                    Some(None)
-                } else {
-                    None
-                }
-            };
-            let Some(idle) = found else {
-                notified.await;
-                continue;
-            };
+            // `None`: a place for a new connection.
+            let idle = self
+                .claim(|st| {
+                    // An idle hyper connection first: raw ones are kept for
+                    // sweeps (taking one over is free, going back is not).
+                    let http = st.idle.iter().rposition(|c| matches!(c, Idle::Http(_)));
+                    let idle = match http {
+                        Some(at) => Some(st.idle.swap_remove(at)),
+                        None => st.idle.pop(),
+                    };
+                    if idle.is_some() {
+                        Some(idle)
+                    } else if st.live < st.cap {
+                        st.live += 1;
+                        Some(None)
+                    } else {
+                        None
+                    }
+                })
+                .await;
             // Holds the place: dropped without a connection, it frees it.
             let mut slot = Lease { pool: self, conn: None, reusable: false };
             match idle {
@@ -185,13 +178,9 @@ impl Pool {
     /// hyper one (closed: its state cannot be taken back from hyper), or
     /// else the next one freed.
     pub async fn checkout_raw(&self) -> Result<RawLease<'_>, PoolError> {
-        loop {
-            let notified = self.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            // `None`: all `cap` are in use; `Some(None)`: a place for a new one.
-            let found = {
-                let mut st = self.state_for_checkout();
+        // `None`: a place for a new connection.
+        let idle = self
+            .claim(|st| {
                 if let Some(at) = st.idle.iter().rposition(|c| matches!(c, Idle::Raw(_))) {
                     match st.idle.swap_remove(at) {
                         Idle::Raw(io) => Some(Some(io)),
@@ -207,17 +196,28 @@ impl Pool {
                 } else {
                     None
                 }
-            };
-            let Some(idle) = found else {
-                notified.await;
-                continue;
-            };
-            let mut slot = RawLease { pool: self, io: None, reusable: false };
-            slot.io = Some(match idle {
-                Some(io) => io,
-                None => self.connect().await?,
-            });
-            return Ok(slot);
+            })
+            .await;
+        let mut slot = RawLease { pool: self, io: None, reusable: false };
+        slot.io = Some(match idle {
+            Some(io) => io,
+            None => self.connect().await?,
+        });
+        Ok(slot)
+    }
+
+    /// Wait until `pick` takes something from the state: it is asked now
+    /// and again after every release (`None`: all `cap` are in use).
+    async fn claim<T>(&self, mut pick: impl FnMut(&mut State) -> Option<T>) -> T {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            // Registered before looking, so a release in between wakes us.
+            notified.as_mut().enable();
+            if let Some(found) = pick(&mut self.state_for_checkout()) {
+                return found;
+            }
+            notified.await;
         }
     }
 
