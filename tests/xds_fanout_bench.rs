@@ -13,23 +13,12 @@ use envoy_types::pb::google::protobuf::Any;
 use meshbridge::resources::{Resource, TypeResources};
 use meshbridge::translate::ConfigSet;
 use meshbridge::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE};
+use meshbridge::xds::Clients;
 use meshbridge::xds::delta::DeltaStream;
 use meshbridge::xds::sotw::SotwStream;
-use meshbridge::xds::{Clients, SotwResponse};
 
 fn res(name: &str, body: &str) -> Resource {
     Resource::new(name, Any { type_url: "t".into(), value: body.as_bytes().to_vec() })
-}
-
-/// The client's ACK of `resp`, asking for `names`.
-fn ack(resp: &SotwResponse, names: &[String]) -> DiscoveryRequest {
-    DiscoveryRequest {
-        type_url: resp.type_url.clone(),
-        resource_names: names.to_vec(),
-        version_info: resp.version_info.clone(),
-        response_nonce: resp.nonce.clone(),
-        ..Default::default()
-    }
 }
 
 fn initial(n: usize) -> ConfigSet {
@@ -68,7 +57,7 @@ fn per_change_cost_with_many_streams() {
             for (type_url, names) in [(CLUSTER_TYPE, Vec::new()), (ENDPOINT_TYPE, names.clone())] {
                 let req = DiscoveryRequest { type_url: type_url.into(), resource_names: names, ..Default::default() };
                 for resp in s.on_request(&req, &set) {
-                    s.on_request(&ack(&resp, &req.resource_names), &set);
+                    s.on_request(&resp.ack(&req.resource_names), &set);
                 }
             }
             sotw.push(s);
@@ -95,7 +84,7 @@ fn per_change_cost_with_many_streams() {
                 for resp in s.on_change(&set) {
                     sent += resp.resources.len();
                     let wanted = if resp.type_url == ENDPOINT_TYPE { &names[..] } else { &[] };
-                    s.on_request(&ack(&resp, wanted), &set);
+                    s.on_request(&resp.ack(wanted), &set);
                 }
             }
             for d in &mut delta {

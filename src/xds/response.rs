@@ -14,7 +14,7 @@
 //! parsers accept fields in any order, though this writes them in field
 //! order as prost does.
 
-use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::protobuf::Any;
 use prost::bytes::{Buf, BufMut};
 use prost::encoding::{DecodeContext, WireType, message, skip_field, string};
@@ -43,6 +43,18 @@ impl SotwResponse {
     pub fn decoded(&self) -> DiscoveryResponse {
         DiscoveryResponse::decode(self.encode_to_vec().as_slice())
             .expect("a SotwResponse encodes a valid DiscoveryResponse")
+    }
+
+    /// The request a client sends to ACK this response while asking for
+    /// `names` (tests and benches driving a stream by hand).
+    pub fn ack(&self, names: &[String]) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: self.type_url.clone(),
+            resource_names: names.to_vec(),
+            version_info: self.version_info.clone(),
+            response_nonce: self.nonce.clone(),
+            ..Default::default()
+        }
     }
 }
 

@@ -57,7 +57,7 @@ fn a_change_to_one_of_many_resources_compares_only_it() {
     let acks = |sotw: &mut SotwStream, out: &[SotwResponse], set: &ConfigSet| {
         for r in out {
             let names = if r.type_url == ENDPOINT_TYPE { all.clone() } else { Vec::new() };
-            assert!(sotw.on_request(&ack(r, &names), set).is_empty(), "an ACK is not answered");
+            assert!(sotw.on_request(&r.ack(&names), set).is_empty(), "an ACK is not answered");
         }
     };
     acks(&mut sotw, &cds, &set);
@@ -127,17 +127,6 @@ fn eds_req(names: &[&str], nonce: &str) -> DiscoveryRequest {
         type_url: ENDPOINT_TYPE.into(),
         resource_names: names.iter().map(|n| n.to_string()).collect(),
         response_nonce: nonce.into(),
-        ..Default::default()
-    }
-}
-
-/// The client's ACK of `resp`, asking for `names`.
-fn ack(resp: &SotwResponse, names: &[String]) -> DiscoveryRequest {
-    DiscoveryRequest {
-        type_url: resp.type_url.clone(),
-        resource_names: names.to_vec(),
-        version_info: resp.version_info.clone(),
-        response_nonce: resp.nonce.clone(),
         ..Default::default()
     }
 }
@@ -259,7 +248,7 @@ fn sotw_cluster_change_while_eds_unanswered_still_resends_its_endpoints() {
     let cds = s.on_request(&DiscoveryRequest { type_url: CLUSTER_TYPE.into(), ..Default::default() }, &set);
     let eds = s.on_request(&eds_req(&["a", "b"], ""), &set);
     assert_eq!(sent_names(&eds), ["a1", "b1"]);
-    assert!(s.on_request(&ack(&cds[0], &[]), &set).is_empty());
+    assert!(s.on_request(&cds[0].ack(&[]), &set).is_empty());
 
     // Cluster a changes while EDS is unanswered: CDS goes, EDS waits.
     let mut next = ConfigSet { revision: set.revision + 1, envoy: set.envoy.clone(), ..Default::default() };
@@ -287,7 +276,7 @@ fn sotw_streams_wanting_a_whole_type_share_one_encoding() {
     let next = next(&set, CLUSTER_TYPE, 7, "new cluster");
     let mut pushed = Vec::new();
     for (s, r) in streams.iter_mut().zip(&first) {
-        assert!(s.on_request(&ack(r, &[]), &set).is_empty());
+        assert!(s.on_request(&r.ack(&[]), &set).is_empty());
         pushed.push(s.on_change(&next).remove(0));
     }
     assert!(pushed.iter().all(|r| r.resources.shares(&pushed[0].resources)));
