@@ -2,12 +2,13 @@
 //! TLS) DestinationRule, in the typed model of [`super::model`].
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use meshbridge_registries::Service;
 
 use super::model::{
     ClientTlsSettings, DestinationRuleSpec, IstioObject, LABEL_REGISTRY_NAME, LABEL_REGISTRY_TYPE, NAMESPACE,
-    ObjectMeta, Port, PortSelector, PortTrafficPolicy, ServiceEntrySpec, Spec, TrafficPolicy, WorkloadEntry,
+    ObjectMeta, Port, PortMap, PortSelector, PortTrafficPolicy, ServiceEntrySpec, Spec, TrafficPolicy, WorkloadEntry,
 };
 use super::names::object_name;
 use super::warning::{Reason, Warning};
@@ -39,14 +40,21 @@ pub fn service_entry(registry: &RegistryKey, svc: &Service) -> Result<IstioObjec
         .iter()
         .map(|p| Port { number: p.number.into(), protocol: p.protocol.to_string(), name: p.name.clone() })
         .collect::<Vec<_>>();
+    // Endpoints on the same port share one port map.
+    let mut shared: Option<(u16, PortMap)> = None;
     let endpoints = svc
         .endpoints
         .iter()
-        .map(|ep| WorkloadEntry {
-            address: ep.address.clone(),
-            ports: ports.iter().map(|p| (p.name.clone(), u32::from(ep.port))).collect(),
-            labels: ep.labels.clone(),
-            weight: ep.weight,
+        .map(|ep| {
+            let map = match &shared {
+                Some((port, map)) if *port == ep.port => map.clone(),
+                _ => {
+                    let map = PortMap(Arc::new(ports.iter().map(|p| (p.name.clone(), u32::from(ep.port))).collect()));
+                    shared = Some((ep.port, map.clone()));
+                    map
+                }
+            };
+            WorkloadEntry { address: ep.address.clone(), ports: map, labels: ep.labels.clone(), weight: ep.weight }
         })
         .collect();
     let spec = ServiceEntrySpec {
