@@ -2,7 +2,6 @@
 //! TLS) DestinationRule, in the typed model of [`super::model`].
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use meshbridge_registries::Service;
 
@@ -11,14 +10,16 @@ use super::model::{
     ObjectMeta, Port, PortMap, PortSelector, PortTrafficPolicy, ServiceEntrySpec, Spec, TrafficPolicy, WorkloadEntry,
 };
 use super::names::object_name;
+use super::shared::intern;
 use super::warning::{Reason, Warning};
 use crate::cache::RegistryKey;
 
 fn meta(registry: &RegistryKey, svc: &Service) -> ObjectMeta {
-    let labels = BTreeMap::from([
+    // The same for every service of the registry: one shared copy.
+    let labels = intern(BTreeMap::from([
         (LABEL_REGISTRY_TYPE.to_string(), registry.kind.to_string()),
         (LABEL_REGISTRY_NAME.to_string(), registry.name.clone()),
-    ]);
+    ]));
     ObjectMeta { name: object_name(&svc.host), namespace: NAMESPACE.into(), labels, ..Default::default() }
 }
 
@@ -40,7 +41,7 @@ pub fn service_entry(registry: &RegistryKey, svc: &Service) -> Result<IstioObjec
         .iter()
         .map(|p| Port { number: p.number.into(), protocol: p.protocol.to_string(), name: p.name.clone() })
         .collect::<Vec<_>>();
-    // Endpoints on the same port share one port map.
+    // Endpoints on the same port share one port map (so do services).
     let mut shared: Option<(u16, PortMap)> = None;
     let endpoints = svc
         .endpoints
@@ -49,7 +50,7 @@ pub fn service_entry(registry: &RegistryKey, svc: &Service) -> Result<IstioObjec
             let map = match &shared {
                 Some((port, map)) if *port == ep.port => map.clone(),
                 _ => {
-                    let map = PortMap(Arc::new(ports.iter().map(|p| (p.name.clone(), u32::from(ep.port))).collect()));
+                    let map: PortMap = intern(ports.iter().map(|p| (p.name.clone(), u32::from(ep.port))).collect());
                     shared = Some((ep.port, map.clone()));
                     map
                 }

@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::shared::{Labels, PortMap, Shared};
+
 /// Namespace of the objects made from registries, as in Higress.
 pub const NAMESPACE: &str = "mcp";
 pub const LABEL_REGISTRY_TYPE: &str = "higress-registry-type";
@@ -22,8 +24,8 @@ const V1ALPHA3: &str = "networking.istio.io/v1alpha3";
 pub struct ObjectMeta {
     pub name: String,
     pub namespace: String,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Shared::is_empty")]
+    pub labels: Labels,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }
@@ -171,32 +173,6 @@ pub struct WorkloadEntry {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     pub weight: u32,
-}
-
-/// A WorkloadEntry's port name → port map, shared by the endpoints of a
-/// service that listen on the same ports: a one-entry `BTreeMap` costs a
-/// whole node (about 300 bytes), once per endpoint otherwise (32 MB at
-/// 10k services × 10, BENCHMARKS.md "xDS memory"). Serialized as the map.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PortMap(pub std::sync::Arc<BTreeMap<String, u32>>);
-
-impl std::ops::Deref for PortMap {
-    type Target = BTreeMap<String, u32>;
-    fn deref(&self) -> &Self::Target {
-        &self.0
-    }
-}
-
-impl Serialize for PortMap {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
-    }
-}
-
-impl<'de> Deserialize<'de> for PortMap {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        BTreeMap::deserialize(d).map(|m| PortMap(std::sync::Arc::new(m)))
-    }
 }
 
 // ---- DestinationRule ------------------------------------------------------
