@@ -273,6 +273,10 @@ impl Translator {
         let old = self.hosts.remove(host).unwrap_or_default();
         changed |= self.take_back(rev, &old, &written);
         if !written.envoy.is_empty() || !written.objects.is_empty() {
+            // Kept for every host (10k at 10k services): no spare capacity.
+            written.envoy.shrink_to_fit();
+            written.objects.shrink_to_fit();
+            written.mcp.shrink_to_fit();
             self.hosts.insert(host.to_string(), written);
         }
         changed |= self.set_warnings(format!("host:{host}"), warnings);

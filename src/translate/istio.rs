@@ -7,17 +7,19 @@ use meshbridge_registries::Service;
 
 use super::model::{
     ClientTlsSettings, DestinationRuleSpec, IstioObject, LABEL_REGISTRY_NAME, LABEL_REGISTRY_TYPE, NAMESPACE,
-    ObjectMeta, Port, PortSelector, PortTrafficPolicy, ServiceEntrySpec, Spec, TrafficPolicy, WorkloadEntry,
+    ObjectMeta, Port, PortMap, PortSelector, PortTrafficPolicy, ServiceEntrySpec, Spec, TrafficPolicy, WorkloadEntry,
 };
 use super::names::object_name;
+use super::shared::intern;
 use super::warning::{Reason, Warning};
 use crate::cache::RegistryKey;
 
 fn meta(registry: &RegistryKey, svc: &Service) -> ObjectMeta {
-    let labels = BTreeMap::from([
+    // The same for every service of the registry: one shared copy.
+    let labels = intern(BTreeMap::from([
         (LABEL_REGISTRY_TYPE.to_string(), registry.kind.to_string()),
         (LABEL_REGISTRY_NAME.to_string(), registry.name.clone()),
-    ]);
+    ]));
     ObjectMeta { name: object_name(&svc.host), namespace: NAMESPACE.into(), labels, ..Default::default() }
 }
 
@@ -39,14 +41,21 @@ pub fn service_entry(registry: &RegistryKey, svc: &Service) -> Result<IstioObjec
         .iter()
         .map(|p| Port { number: p.number.into(), protocol: p.protocol.to_string(), name: p.name.clone() })
         .collect::<Vec<_>>();
+    // Endpoints on the same port share one port map (so do services).
+    let mut shared: Option<(u16, PortMap)> = None;
     let endpoints = svc
         .endpoints
         .iter()
-        .map(|ep| WorkloadEntry {
-            address: ep.address.clone(),
-            ports: ports.iter().map(|p| (p.name.clone(), u32::from(ep.port))).collect(),
-            labels: ep.labels.clone(),
-            weight: ep.weight,
+        .map(|ep| {
+            let map = match &shared {
+                Some((port, map)) if *port == ep.port => map.clone(),
+                _ => {
+                    let map: PortMap = intern(ports.iter().map(|p| (p.name.clone(), u32::from(ep.port))).collect());
+                    shared = Some((ep.port, map.clone()));
+                    map
+                }
+            };
+            WorkloadEntry { address: ep.address.clone(), ports: map, labels: ep.labels.clone(), weight: ep.weight }
         })
         .collect();
     let spec = ServiceEntrySpec {

@@ -94,7 +94,7 @@ pub fn resource(obj: &IstioObject, created: i64) -> Result<Resource, Warning> {
             name: name.clone(),
             create_time: Some(prost_types::Timestamp { seconds: created, nanos: 0 }),
             version: version.clone(),
-            labels: obj.metadata.labels.clone(),
+            labels: (*obj.metadata.labels).clone(),
             annotations: obj.metadata.annotations.clone(),
         }),
         body: Some(prost_types::Any { type_url: format!("type.googleapis.com/{message}"), value: spec }),
@@ -116,7 +116,7 @@ fn validate_meta(obj: &IstioObject) -> Result<(), InvalidMeta> {
     if !is_dns1123_label(&m.namespace) {
         return Err(InvalidMeta::Namespace(m.namespace.clone()));
     }
-    for (k, v) in &m.labels {
+    for (k, v) in m.labels.iter() {
         if !is_label_key(k) {
             return Err(InvalidMeta::LabelKey(k.clone()));
         }
@@ -166,7 +166,7 @@ mod tests {
             metadata: ObjectMeta {
                 name: name.into(),
                 namespace: "mcp".into(),
-                labels: [("app".to_string(), label.to_string())].into(),
+                labels: std::collections::BTreeMap::from([("app".to_string(), label.to_string())]).into(),
                 ..Default::default()
             },
             spec: Spec::ServiceEntry(ServiceEntrySpec {

@@ -23,6 +23,7 @@ pub mod model;
 pub mod names;
 pub mod proxy;
 pub mod set;
+pub mod shared;
 pub mod warning;
 
 pub use build::{Translator, build, config_set};

@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::shared::{Labels, PortMap, Shared};
+
 /// Namespace of the objects made from registries, as in Higress.
 pub const NAMESPACE: &str = "mcp";
 pub const LABEL_REGISTRY_TYPE: &str = "higress-registry-type";
@@ -22,8 +24,8 @@ const V1ALPHA3: &str = "networking.istio.io/v1alpha3";
 pub struct ObjectMeta {
     pub name: String,
     pub namespace: String,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Shared::is_empty")]
+    pub labels: Labels,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }
@@ -167,7 +169,7 @@ pub struct Port {
 pub struct WorkloadEntry {
     pub address: String,
     /// Port name → the endpoint's own port.
-    pub ports: BTreeMap<String, u32>,
+    pub ports: PortMap,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     pub weight: u32,

@@ -16,9 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime};
 
-use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse;
 use serde::Serialize;
-
 use tracing::warn;
 
 use super::auth::PeerAuth;
@@ -231,7 +229,7 @@ impl Pushed for super::SotwResponse {
     }
 }
 
-impl Pushed for DeltaDiscoveryResponse {
+impl Pushed for super::response::DeltaResponse {
     fn type_url(&self) -> &str {
         &self.type_url
     }

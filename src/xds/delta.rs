@@ -10,13 +10,12 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as XdsResource,
-};
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use tracing::{debug, warn};
 
 use super::clients::NACK_DETAIL_BYTES;
 use super::limits::{short, truncate};
+use super::response::DeltaResponse;
 use super::tracker::Tracker;
 use super::{ClientHandle, Subscription, push_order};
 use crate::translate::ConfigSet;
@@ -55,7 +54,7 @@ impl DeltaStream {
         self.examined
     }
 
-    pub fn on_request(&mut self, req: &DeltaDiscoveryRequest, set: &ConfigSet) -> Vec<DeltaDiscoveryResponse> {
+    pub fn on_request(&mut self, req: &DeltaDiscoveryRequest, set: &ConfigSet) -> Vec<DeltaResponse> {
         if let Some(node) = &req.node {
             self.client.set_node(&node.id);
         }
@@ -77,6 +76,9 @@ impl DeltaStream {
             }
             for name in &req.resource_names_unsubscribe {
                 st.tracker.unsubscribe(name);
+            }
+            if !req.resource_names_subscribe.is_empty() || !req.resource_names_unsubscribe.is_empty() {
+                st.tracker.share_sub();
             }
         }
         self.client.subscribed(&type_url, st.tracker.sub());
@@ -108,7 +110,7 @@ impl DeltaStream {
         self.respond(&type_url, set, first, &HashSet::new()).map(|(resp, _)| resp).into_iter().collect()
     }
 
-    pub fn on_change(&mut self, set: &ConfigSet) -> Vec<DeltaDiscoveryResponse> {
+    pub fn on_change(&mut self, set: &ConfigSet) -> Vec<DeltaResponse> {
         let mut out = Vec::new();
         let mut forced = HashSet::new();
         for type_url in push_order(self.types.keys()) {
@@ -132,7 +134,7 @@ impl DeltaStream {
         set: &ConfigSet,
         always: bool,
         force: &HashSet<Arc<str>>,
-    ) -> Option<(DeltaDiscoveryResponse, Vec<Arc<str>>)> {
+    ) -> Option<(DeltaResponse, Vec<Arc<str>>)> {
         let st = self.types.get_mut(type_url)?;
         let now = self.client.visible(set, type_url);
         let changes = st.tracker.changes(now, set.revision, force);
@@ -141,26 +143,16 @@ impl DeltaStream {
         if changes.is_empty() && !always {
             return None;
         }
-        let resources: Vec<XdsResource> = changes
-            .upserts
-            .iter()
-            .map(|r| XdsResource {
-                name: r.name.to_string(),
-                version: r.version.to_string(),
-                resource: Some(r.body.clone()),
-                ..Default::default()
-            })
-            .collect();
         let removed: Vec<String> = changes.removed.iter().map(|(n, _)| n.to_string()).collect();
         self.next_nonce += 1;
         let nonce = self.next_nonce.to_string();
-        debug!(type_url, nonce, size = resources.len(), removed = removed.len(), "sent delta response");
-        let resp = DeltaDiscoveryResponse {
-            resources,
+        debug!(type_url, nonce, size = changes.upserts.len(), removed = removed.len(), "sent delta response");
+        // The published resources themselves: encoded from them, not copied.
+        let resp = DeltaResponse {
+            resources: changes.upserts,
             type_url: type_url.to_string(),
             removed_resources: removed,
             nonce,
-            ..Default::default()
         };
         self.client.sent(&resp, set.changed_at);
         Some((resp, changes.replaced))

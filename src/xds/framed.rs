@@ -41,7 +41,7 @@ fn prefix(buf: &mut BytesMut, len: usize) {
     buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
 }
 
-impl Frames for envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse {
+impl Frames for super::response::DeltaResponse {
     fn frames(&self, len: usize, out: &mut VecDeque<Bytes>) {
         let mut buf = BytesMut::with_capacity(PREFIX + len);
         prefix(&mut buf, len);
@@ -137,7 +137,7 @@ impl<M: Frames + Send + 'static> Body for FramedBody<M> {
 mod tests {
     use super::*;
     use crate::resources::EncodedResources;
-    use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse;
+    use crate::xds::response::DeltaResponse;
     use envoy_types::pb::google::protobuf::Any;
 
     /// Every frame of `body`, polled to its end: (data, trailers).
@@ -211,7 +211,7 @@ mod tests {
 
     #[test]
     fn delta_responses_frame_whole() {
-        let r = DeltaDiscoveryResponse {
+        let r = DeltaResponse {
             type_url: "t".into(),
             nonce: "n".into(),
             removed_resources: vec!["x".into()],

@@ -12,6 +12,7 @@ pub mod auth;
 pub mod clients;
 pub mod delta;
 mod framed;
+pub mod inbound;
 pub mod limits;
 pub mod metrics;
 pub mod request;
@@ -27,20 +28,21 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use futures::Stream;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use auth::PeerAuth;
 pub use clients::{ClientHandle, Clients};
+use inbound::Requests;
 use limits::{ConnInfo, Connections};
 pub use limits::{XdsLimits, XdsTlsArgs};
 pub use request::SotwRequest;
-pub use response::SotwResponse;
+pub use response::{DeltaResponse, SotwResponse};
 pub use subscription::{Subscription, is_full_state, push_order, type_resources};
 pub use tls::{TlsError, XdsTls};
 
@@ -110,7 +112,7 @@ impl AdsServer {
 
 /// The protocol state of one stream, SotW or delta.
 pub trait StreamState: Send + 'static {
-    type Req: Send + 'static;
+    type Req: prost::Message + Default + Send + 'static;
     type Resp: Send + 'static;
     /// A request breaking a cap (see [`limits`]) ends the stream.
     fn check(&self, req: &Self::Req) -> Result<(), String>;
@@ -135,7 +137,7 @@ impl StreamState for sotw::SotwStream {
 
 impl StreamState for delta::DeltaStream {
     type Req = DeltaDiscoveryRequest;
-    type Resp = DeltaDiscoveryResponse;
+    type Resp = DeltaResponse;
     fn check(&self, req: &DeltaDiscoveryRequest) -> Result<(), String> {
         let names = req
             .resource_names_subscribe
@@ -145,10 +147,10 @@ impl StreamState for delta::DeltaStream {
         limits::check_request(&req.type_url, names)?;
         check_type_count(self.has_type(&req.type_url), self.type_count())
     }
-    fn on_request(&mut self, req: &DeltaDiscoveryRequest, set: &ConfigSet) -> Vec<DeltaDiscoveryResponse> {
+    fn on_request(&mut self, req: &DeltaDiscoveryRequest, set: &ConfigSet) -> Vec<DeltaResponse> {
         delta::DeltaStream::on_request(self, req, set)
     }
-    fn on_change(&mut self, set: &ConfigSet) -> Vec<DeltaDiscoveryResponse> {
+    fn on_change(&mut self, set: &ConfigSet) -> Vec<DeltaResponse> {
         delta::DeltaStream::on_change(self, set)
     }
 }
@@ -170,7 +172,7 @@ fn check_type_count(known: bool, count: usize) -> Result<(), String> {
 /// state, never a backlog.
 async fn drive<S: StreamState>(
     mut state: S,
-    mut inbound: Streaming<S::Req>,
+    mut inbound: Requests<S::Req>,
     mut config: watch::Receiver<Arc<ConfigSet>>,
     tx: mpsc::Sender<Result<Counted<S::Resp>, Status>>,
     clients: Arc<Clients>,
@@ -271,7 +273,7 @@ impl AdsServer {
         &self,
         mode: &'static str,
         ConnInfo { remote, auth }: ConnInfo,
-        inbound: Streaming<S::Req>,
+        inbound: Requests<S::Req>,
         state: impl FnOnce(ClientHandle) -> S,
     ) -> Result<BoxStream<S::Resp>, Status> {
         let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
@@ -312,7 +314,7 @@ impl AdsServer {
 
 /// The two ADS methods ([`service::AdsService`] routes to them).
 impl AdsServer {
-    fn sotw(&self, request: Request<Streaming<SotwRequest>>) -> Result<Response<BoxStream<SotwResponse>>, Status> {
+    fn sotw(&self, request: Request<Requests<SotwRequest>>) -> Result<Response<BoxStream<SotwResponse>>, Status> {
         self.refuse_if_draining()?;
         let info = conn_info(&request);
         Ok(Response::new(self.open("sotw", info, request.into_inner(), sotw::SotwStream::new)?))
@@ -320,8 +322,8 @@ impl AdsServer {
 
     fn delta(
         &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<BoxStream<DeltaDiscoveryResponse>>, Status> {
+        request: Request<Requests<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<BoxStream<DeltaResponse>>, Status> {
         self.refuse_if_draining()?;
         let info = conn_info(&request);
         Ok(Response::new(self.open("delta", info, request.into_inner(), delta::DeltaStream::new)?))

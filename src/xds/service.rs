@@ -7,16 +7,15 @@
 //! streams send the generated `DeltaDiscoveryResponse` as before.
 
 use std::convert::Infallible;
-use std::marker::PhantomData;
 
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use prost::Message;
-use tonic::codec::{DecodeBuf, Decoder};
+use tonic::Status;
 use tonic::codegen::{Body as HttpBody, BoxFuture, Context, Poll, Service, StdError, http};
 use tonic::server::NamedService;
-use tonic::{Status, Streaming};
 
 use super::framed::{FramedBody, Frames};
+use super::inbound::Requests;
 use super::request::SotwRequest;
 use super::{AdsServer, BoxStream};
 
@@ -47,7 +46,7 @@ impl NamedService for AdsService {
 
 impl<B> Service<http::Request<B>> for AdsService
 where
-    B: HttpBody + Send + 'static,
+    B: HttpBody<Data = hyper::body::Bytes> + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {
     type Response = http::Response<tonic::body::Body>;
@@ -78,12 +77,12 @@ where
     }
 }
 
-/// The request half of a stream, decoded by tonic. Compressed requests are
+/// The request half of a stream ([`Requests`]). Compressed requests are
 /// refused as tonic refuses them without its compression features.
-fn request<D, B>(req: http::Request<B>, max_request: usize) -> Result<tonic::Request<Streaming<D>>, Status>
+fn request<D, B>(req: http::Request<B>, max_request: usize) -> Result<tonic::Request<Requests<D>>, Status>
 where
     D: Message + Default + Send + 'static,
-    B: HttpBody + Send + 'static,
+    B: HttpBody<Data = hyper::body::Bytes> + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {
     if let Some(encoding) = req.headers().get("grpc-encoding")
@@ -94,7 +93,7 @@ where
             String::from_utf8_lossy(encoding.as_bytes())
         )));
     }
-    let req = req.map(|body| Streaming::new_request(ProtoCodec::<(), D>(PhantomData), body, None, Some(max_request)));
+    let req = req.map(|body| Requests::new(body, max_request));
     Ok(tonic::Request::from_http(req))
 }
 
@@ -113,18 +112,5 @@ fn respond<M: Frames + Send + 'static>(
             http
         }
         Err(status) => status.into_http(),
-    }
-}
-
-/// Protobuf request decoding for any prost message: what tonic-prost's
-/// decoder does.
-struct ProtoCodec<E, D>(PhantomData<fn() -> (E, D)>);
-
-impl<D: Message + Default> Decoder for ProtoCodec<(), D> {
-    type Item = D;
-    type Error = Status;
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<D>, Status> {
-        // gRPC status codes: a message that does not parse is INTERNAL.
-        D::decode(buf).map(Some).map_err(|e| Status::internal(e.to_string()))
     }
 }

@@ -310,7 +310,7 @@ fn delta_unsubscribe_sends_no_removal_and_resubscribe_resends() {
     let out = d.on_change(&set);
     assert_eq!((out[0].resources.len(), out[0].removed_resources.clone()), (0, vec!["a".to_string()]));
     let out = d.on_request(&sub(&["b"], &[]), &set);
-    assert_eq!(out[0].resources.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["b"]);
+    assert_eq!(out[0].resources.iter().map(|r| &*r.name).collect::<Vec<_>>(), ["b"]);
 }
 
 #[test]

@@ -11,11 +11,39 @@ use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_
 
 /// What a client asked for, for one type. Names are shared `Arc<str>`,
 /// the published resource's own name where there is one, so a stream's
-/// subscription costs a pointer per name.
+/// subscription costs a pointer per name; and the set itself is shared
+/// (copy on write) by the streams that ask for the same names
+/// ([`share`](Self::share)): a fleet of Envoys each naming every cluster
+/// in EDS holds one set, not one per stream.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Subscription {
     pub wildcard: bool,
-    pub names: BTreeSet<Arc<str>>,
+    pub names: Arc<BTreeSet<Arc<str>>>,
+}
+
+/// Sets of at least this many names are shared; smaller ones cost less
+/// than the lookup.
+const SHARE_FROM: usize = 64;
+
+/// The name sets streams hold, by a hash of their names, so that an equal
+/// set asked for by another stream is shared. Only weak references: a set
+/// lives as long as a stream holds it.
+#[derive(Default)]
+struct SharedSets {
+    by_hash: std::collections::HashMap<u64, std::sync::Weak<BTreeSet<Arc<str>>>>,
+    /// Dead entries are dropped when the map grows past this.
+    prune_at: usize,
+}
+
+static SHARED_SETS: std::sync::LazyLock<std::sync::Mutex<SharedSets>> = std::sync::LazyLock::new(Default::default);
+
+fn names_hash(names: &BTreeSet<Arc<str>>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for n in names {
+        n.hash(&mut h);
+    }
+    h.finish()
 }
 
 impl Subscription {
@@ -52,14 +80,38 @@ impl Subscription {
         if self.names.contains(name) {
             return false;
         }
-        self.names.insert(known.get(name).map(|r| r.name.clone()).unwrap_or_else(|| name.into()))
+        let name = known.get(name).map(|r| r.name.clone()).unwrap_or_else(|| name.into());
+        Arc::make_mut(&mut self.names).insert(name)
     }
 
     pub fn remove(&mut self, name: &str) {
         if name == "*" {
             self.wildcard = false;
-        } else {
-            self.names.remove(name);
+        } else if self.names.contains(name) {
+            Arc::make_mut(&mut self.names).remove(name);
+        }
+    }
+
+    /// Share the name set with an equal one another stream holds, if any;
+    /// else offer this one for sharing. O(names), after a request that
+    /// changed the subscription. A later change copies the set first
+    /// (copy on write), so sharing never changes what a stream holds.
+    pub fn share(&mut self) {
+        if self.names.len() < SHARE_FROM {
+            return;
+        }
+        let key = names_hash(&self.names);
+        let mut shared = SHARED_SETS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match shared.by_hash.get(&key).and_then(std::sync::Weak::upgrade) {
+            Some(other) if Arc::ptr_eq(&other, &self.names) => {}
+            Some(other) if *other == *self.names => self.names = other,
+            _ => {
+                shared.by_hash.insert(key, Arc::downgrade(&self.names));
+                if shared.by_hash.len() > shared.prune_at {
+                    shared.by_hash.retain(|_, set| set.strong_count() > 0);
+                    shared.prune_at = (shared.by_hash.len() * 2).max(SHARE_FROM);
+                }
+            }
         }
     }
 
@@ -75,7 +127,9 @@ impl Subscription {
         if names.len() == 0 {
             return self.names.is_empty() && self.wildcard == is_full_state(type_url);
         }
-        !self.wildcard && names.len() == self.names.len() && names.zip(&self.names).all(|(a, b)| a.as_ref() == &**b)
+        !self.wildcard
+            && names.len() == self.names.len()
+            && names.zip(self.names.iter()).all(|(a, b)| a.as_ref() == &**b)
     }
 }
 
@@ -114,6 +168,34 @@ pub fn push_order<'a>(types: impl Iterator<Item = &'a String>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn equal_name_sets_are_shared_and_copied_on_write() {
+        let known = TypeResources::default();
+        let names: Vec<String> = (0..SHARE_FROM * 2).map(|i| format!("shared-test-{i:04}")).collect();
+        let mut a = Subscription::from_names(ENDPOINT_TYPE, &names, &known);
+        let mut b = Subscription::from_names(ENDPOINT_TYPE, names.iter().rev(), &known);
+        assert!(!Arc::ptr_eq(&a.names, &b.names));
+        a.share();
+        b.share();
+        assert!(Arc::ptr_eq(&a.names, &b.names), "the second stream holds the first one's set");
+        assert_eq!(a, b);
+        // A change to one copies it; the other keeps what it asked for.
+        b.add("one-more", &known);
+        assert!(!Arc::ptr_eq(&a.names, &b.names));
+        assert_eq!(a.names.len(), names.len());
+        assert_eq!(b.names.len(), names.len() + 1);
+        b.remove("one-more");
+        b.share();
+        assert!(Arc::ptr_eq(&a.names, &b.names), "equal again: shared again");
+        a.remove(&names[0]);
+        assert_eq!(b.names.len(), names.len(), "removing from one leaves the other whole");
+        // Small sets are left alone.
+        let mut small = Subscription::from_names(ENDPOINT_TYPE, ["x"], &known);
+        let before = Arc::as_ptr(&small.names);
+        small.share();
+        assert_eq!(Arc::as_ptr(&small.names), before);
+    }
 
     #[test]
     fn is_same_agrees_with_from_names() {

@@ -73,6 +73,7 @@ impl Tracker {
     /// version, from `initial_resource_versions`) and asks for `sub`.
     pub fn start(&mut self, sub: Subscription, initial: impl IntoIterator<Item = (Arc<str>, Arc<str>)>) {
         self.sub = sub;
+        self.sub.share();
         self.base = TypeResources::default();
         self.base_rev = 0;
         self.overrides = initial.into_iter().map(|(n, v)| (n, Some(v))).collect();
@@ -90,6 +91,7 @@ impl Tracker {
             sub.names.iter().filter(|n| !self.sub.wants(n)).cloned().collect()
         };
         self.sub = sub;
+        self.sub.share();
         for n in newly {
             self.forget(n);
         }
@@ -122,6 +124,13 @@ impl Tracker {
         self.overrides.retain(|n, _| sub.wants(n));
     }
 
+    /// After a delta request's subscribes and unsubscribes: share the
+    /// subscription's names with equal ones on other streams
+    /// ([`Subscription::share`]).
+    pub fn share_sub(&mut self) {
+        self.sub.share();
+    }
+
     /// The client holds nothing of `name` (only `base` knows it).
     fn forget(&mut self, name: Arc<str>) {
         if self.base.contains(&name) || self.overrides.contains_key(&name) {
@@ -137,7 +146,7 @@ impl Tracker {
         let mut names: BTreeSet<Arc<str>> = match logged {
             Some(changed) => changed.into_iter().collect(),
             None if self.sub.wildcard => self.base.names().chain(now.names()).cloned().collect(),
-            None => self.sub.names.clone(),
+            None => (*self.sub.names).clone(),
         };
         names.extend(self.overrides.keys().cloned());
         names.extend(force.iter().cloned());
@@ -219,6 +228,54 @@ mod tests {
         assert_eq!(c.examined, 10_000);
         assert_eq!(c.removed.len(), 9_999);
         assert!(c.upserts.is_empty());
+    }
+
+    #[test]
+    fn streams_sharing_a_subscription_each_get_their_own_difference() {
+        let names: Vec<String> = (0..200).map(|i| format!("c{i:03}")).collect();
+        let mut now = TypeResources::default();
+        for n in &names {
+            now.insert(1, res(n, "v1"));
+        }
+        let (mut a, mut b) = (Tracker::default(), Tracker::default());
+        a.set_sub(Subscription::from_names("eds", &names, &now));
+        b.start(Subscription::from_names("eds", &names, &now), []);
+        assert!(Arc::ptr_eq(&a.sub().names, &b.sub().names), "one name set for both streams");
+        for t in [&mut a, &mut b] {
+            assert_eq!(t.changes(&now, 1, &HashSet::new()).upserts.len(), 200);
+            t.commit(&now, 1, Vec::new());
+        }
+
+        // `a` keeps up with two changes; `b` falls behind, then catches up.
+        let mut r2 = now.clone();
+        r2.insert(2, res("c010", "v2"));
+        assert_eq!(names_of(&a.changes(&r2, 2, &HashSet::new())), ["c010"]);
+        a.commit(&r2, 2, Vec::new());
+        let mut r3 = r2.clone();
+        r3.insert(3, res("c020", "v2"));
+        r3.remove(3, "c030");
+        let c = a.changes(&r3, 3, &HashSet::new());
+        assert_eq!(names_of(&c), ["c020"]);
+        assert_eq!(c.removed.iter().map(|(n, _)| &**n).collect::<Vec<_>>(), ["c030"]);
+        a.commit(&r3, 3, Vec::new());
+        let c = b.changes(&r3, 3, &HashSet::new());
+        assert_eq!(names_of(&c), ["c010", "c020"], "exactly what changed since b's revision");
+        assert_eq!(c.removed.iter().map(|(n, _)| &**n).collect::<Vec<_>>(), ["c030"]);
+        b.commit(&r3, 3, Vec::new());
+        assert!(b.changes(&r3, 3, &HashSet::new()).is_empty());
+
+        // One stream narrowing its subscription leaves the other's whole.
+        a.set_sub(Subscription::from_names("eds", &names[..100], &r3));
+        assert!(!Arc::ptr_eq(&a.sub().names, &b.sub().names));
+        assert_eq!(b.sub().names.len(), 200);
+        let mut r4 = r3.clone();
+        r4.insert(4, res("c150", "v2"));
+        assert!(a.changes(&r4, 4, &HashSet::new()).is_empty(), "a no longer wants c150");
+        assert_eq!(names_of(&b.changes(&r4, 4, &HashSet::new())), ["c150"]);
+    }
+
+    fn names_of(c: &Changes) -> Vec<&str> {
+        names(&c.upserts)
     }
 
     #[test]

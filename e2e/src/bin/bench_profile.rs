@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use meshbridge::testing::XdsFixture;
+use meshbridge::translate::envoy::CLUSTER_TYPE;
 use meshbridge_e2e::bench::follow::{Follower, Kind};
 use meshbridge_e2e::bench::procfs;
 use meshbridge_registries::{Endpoint, Protocol, Service, ServicePort, Update};
@@ -57,7 +58,7 @@ fn callgrind(on: bool) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let (mut services, mut changes, mut streams, mut use_callgrind) = (10_000, 200, 100, false);
-    let (mut sotw, mut mcp) = (0, 0);
+    let (mut sotw, mut mcp, mut exit_after_sync) = (0, 0, false);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut num = || -> anyhow::Result<usize> { Ok(args.next().context("missing value")?.parse()?) };
@@ -68,14 +69,23 @@ async fn main() -> anyhow::Result<()> {
             "--sotw" => sotw = num()?,
             "--mcp" => mcp = num()?,
             "--callgrind" => use_callgrind = true,
+            "--exit-after-sync" => exit_after_sync = true,
             _ => bail!(
-                "usage: bench_profile [--services N] [--changes N] [--streams N] [--sotw N] [--mcp N] [--callgrind]"
+                "usage: bench_profile [--services N] [--changes N] [--streams N] [--sotw N] [--mcp N] [--callgrind] \
+                 [--exit-after-sync]"
             ),
         }
     }
     let t = Instant::now();
     let fixture = XdsFixture::start((0..services).map(|i| service(i, None)).collect()).await;
     let mut config = fixture.config.clone();
+    // The first set published: what the server holds before any client.
+    let clusters = |c: &meshbridge::translate::ConfigSet| c.envoy.get(CLUSTER_TYPE).map_or(0, |t| t.len());
+    while clusters(&config.borrow()) < services {
+        config.changed().await?;
+    }
+    let rss = || procfs::Proc::me().memory().rss;
+    let rss_published = rss();
     let mut followers = Vec::new();
     let kinds = [(Kind::Delta, streams), (Kind::Sotw, sotw), (Kind::Mcp, mcp)];
     for (kind, n) in kinds {
@@ -89,6 +99,12 @@ async fn main() -> anyhow::Result<()> {
         "bench_profile: {services} services, {streams} delta + {sotw} sotw + {mcp} mcp followers synced in {:.1}s",
         t.elapsed().as_secs_f64()
     );
+    println!("bench_profile rss_mib published={:.0} with_followers={:.0}", rss_published, rss());
+    if exit_after_sync {
+        // Everything still held: a heap profiler's "leaked" report is then
+        // what the server and the followers hold once in sync.
+        std::process::exit(0);
+    }
     let bytes_before: Vec<u64> = refs.iter().map(|f| f.tally().bytes).collect();
 
     if use_callgrind {
