@@ -111,13 +111,15 @@ async fn run(
     eprintln!("zookeeper_change_cost: {n} services × {PER} registered in {:.1}s", t.elapsed().as_secs_f64());
 
     let spec = RegistrySpec::new(RegistryKind::Zookeeper, "bench", "127.0.0.1", reg.ports()[0]);
-    let watcher = ZookeeperWatcher::new(spec)?.with_resync(resync);
-    let (cpu0, t) = (watcher_cpu(), Instant::now());
-    let mut rec: Recorder = {
-        let _enter = mb.enter();
-        Recorder::start(Box::new(watcher), Duration::from_secs(600))
-    };
     let count = |r: &Recorder, i: usize| r.endpoints(&host(i)).map_or(0, |e| e.len());
+    let start = |resync: Duration| -> anyhow::Result<Recorder> {
+        let watcher = ZookeeperWatcher::new(spec.clone())?.with_resync(resync);
+        let _enter = mb.enter();
+        Ok(Recorder::start(Box::new(watcher), Duration::from_secs(600)))
+    };
+    // Changes first, under a watcher whose resync never comes.
+    let (cpu0, t) = (watcher_cpu(), Instant::now());
+    let mut rec = start(Duration::from_secs(3600))?;
     rec.until("full sync", |r| r.hosts().len() >= n && (0..n).all(|i| count(r, i) == PER)).await;
     let (sync_took, sync_cpu) = (t.elapsed(), watcher_cpu().saturating_sub(cpu0));
     let rss_sync = Proc::me().memory().rss;
@@ -135,8 +137,12 @@ async fn run(
         cpu += watcher_cpu().saturating_sub(before);
     }
     latency.sort();
+    drop(rec);
 
-    // Resyncs with nothing changing: every tenth sends a snapshot.
+    // Then resyncs with nothing changing, under a watcher of their own.
+    let mut rec = start(resync)?;
+    rec.until("full sync", |r| r.hosts().len() >= n).await;
+    idle().await;
     let mark = rec.mark();
     let before = watcher_cpu();
     rec.idle(resync * rounds as u32 + resync / 2).await;
