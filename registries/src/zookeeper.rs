@@ -280,13 +280,16 @@ async fn run_session(
         if need_sync && tokio::time::Instant::now() >= retry_at {
             let started = Instant::now();
             let result = if full {
-                full_sync(&reader, view, &mut watches).await
+                full_sync(&reader, view, &mut watches).await.map(Some)
             } else {
-                verify(&reader, view, &mut watches).await
+                verify(&reader, view, &mut watches).await.map(|()| None)
             };
             match result {
-                Ok(()) => {
+                Ok(sync) => {
                     ctx.health.ok();
+                    if let Some(sync) = sync {
+                        view.snapshot(sync);
+                    }
                     view.sink.synced(started.elapsed());
                     (need_sync, full, synced) = (false, false, true);
                     dirty = Dirty::default();
@@ -365,10 +368,10 @@ async fn run_session(
     }
 }
 
-/// List every root and read every selected service, sent as one
+/// List every root and read every selected service, gathered for one
 /// [`Update::Snapshot`]. Each service is rendered as its read arrives: at
 /// most `CONCURRENCY` raw reads are held, never the whole catalog.
-async fn full_sync(reader: &Reader<'_>, view: &mut View, watches: &mut Watches) -> Result<(), RegistryError> {
+async fn full_sync(reader: &Reader<'_>, view: &View, watches: &mut Watches) -> Result<Sync, RegistryError> {
     let keys = list_and_watch(reader, view, watches).await?;
     let mut sync = Sync::default();
     let mut reads = std::pin::pin!(reader.reads(keys.into_iter().map(|key| (key, None)).collect()));
@@ -377,8 +380,7 @@ async fn full_sync(reader: &Reader<'_>, view: &mut View, watches: &mut Watches) 
             view.add(&mut sync, reader.tree, key, read);
         }
     }
-    view.snapshot(sync);
-    Ok(())
+    Ok(sync)
 }
 
 /// A periodic resync that sends only what differs from what was sent:
