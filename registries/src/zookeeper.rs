@@ -360,7 +360,7 @@ async fn run_session(
             }
             _ = ticker.tick(), if !need_sync => {
                 ticks = ticks.wrapping_add(1);
-                (need_sync, full) = (true, ticks % SNAPSHOT_EVERY == 0);
+                (need_sync, full) = (true, ticks.is_multiple_of(SNAPSHOT_EVERY));
                 retry_at = tokio::time::Instant::now();
             }
             () = tokio::time::sleep_until(retry_at), if need_sync => {}
