@@ -148,6 +148,9 @@ async fn run(
     rec.idle(resync * rounds as u32 + resync / 2).await;
     let resync_cpu = watcher_cpu().saturating_sub(before) / rounds.max(1) as u32;
     let snapshots = rec.snapshots_since(mark);
+    for e in rec.errors_since(mark) {
+        eprintln!("zookeeper_change_cost: error during the resyncs: {e}");
+    }
     let peak = Proc::me().memory();
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
