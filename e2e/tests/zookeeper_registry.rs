@@ -232,6 +232,39 @@ async fn malformed_nodes_are_skipped_and_counted() {
     assert!(rec.errors_since(0).is_empty(), "a malformed node is not a registry error:\n{}", rec.dump());
 }
 
+/// Periodic resyncs between snapshots send only what differs: nothing when
+/// nothing changed (a Dubbo interface costs one `exists` call, a Spring
+/// service one read). Every tenth period is a full snapshot again.
+#[tokio::test]
+async fn periodic_resyncs_send_only_changes() {
+    let (zk, c) = zookeeper().await;
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.2:20880/com.example.Greeter").await.unwrap();
+    c.put("/services/orders/a", &instance("orders", "127.0.0.5", 8080, json!({}))).await.unwrap();
+    let resync = Duration::from_millis(200);
+    let (mut rec, _) = watch(spec(zk.port), resync);
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+    let mark = rec.mark();
+    // About four resync periods; the tenth is at least 2 s away.
+    rec.idle(resync * 5).await;
+    assert!(rec.updates_since(mark).is_empty(), "resyncs of an unchanged tree send nothing:\n{}", rec.dump());
+    assert!(rec.errors_since(mark).is_empty(), "{}", rec.dump());
+    rec.until("a periodic snapshot", |r| r.snapshots_since(mark) > 0).await;
+    let snapshot = rec.snapshot_since(mark).unwrap();
+    let hosts: Vec<&str> = snapshot.iter().map(|s| s.host.as_str()).collect();
+    assert_eq!(hosts, ["orders.services.zookeeper", GREETER_HOST]);
+
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.3:20880/com.example.Greeter").await.unwrap();
+    let both = vec!["127.0.0.2:20880".to_string(), "127.0.0.3:20880".to_string()];
+    rec.until("the new provider", |r| r.endpoints(GREETER_HOST) == Some(both.clone())).await;
+    c.delete_tree("/services/orders").await.unwrap();
+    rec.until("orders removed", |r| !r.hosts().contains(&"orders.services.zookeeper")).await;
+    let settled = rec.mark();
+    rec.idle(resync * 3).await;
+    let again: Vec<&Update> =
+        rec.updates_since(settled).into_iter().filter(|u| !matches!(u, Update::Snapshot(_))).collect();
+    assert!(again.is_empty(), "nothing is sent twice: {again:?}");
+}
+
 #[tokio::test]
 async fn outage_keeps_endpoints_then_restart_resyncs() {
     let (mut zk, c) = zookeeper().await;
@@ -239,8 +272,10 @@ async fn outage_keeps_endpoints_then_restart_resyncs() {
     drop(c);
     let (mut rec, _) = watch(spec(zk.port), RESYNC);
     rec.until("provider", |r| r.endpoints(GREETER_HOST) == Some(vec!["127.0.0.2:20880".into()])).await;
+    // A periodic resync of an unchanged tree only verifies: healthy, nothing sent.
     let mark = rec.mark();
-    rec.until("a periodic snapshot", |r| r.snapshot_since(mark).is_some()).await;
+    rec.until("a periodic resync", |r| r.healthy_since(mark)).await;
+    assert!(rec.updates_since(mark).is_empty(), "{}", rec.dump());
     assert_eq!(rec.endpoints(GREETER_HOST), Some(vec!["127.0.0.2:20880".into()]));
 
     let mark = rec.mark();

@@ -32,9 +32,19 @@
 //! an [`Update::Upsert`] if it changed, or [`Update::Remove`] for each of its
 //! hosts if its node is gone. A provider or instance node gone just leaves
 //! the service with fewer endpoints, down to an authoritative empty service
-//! that keeps its last port. A full sync runs again every resync period (30 s
-//! by default; Higress has none for ZooKeeper), after a reconnect and after a
-//! session expiry (a new session).
+//! that keeps its last port. A full sync runs again after a reconnect, after
+//! a session expiry (a new session), after any failure, and every tenth
+//! resync period. The other resync periods (30 s by default; Higress has
+//! none for ZooKeeper) only verify what was sent: list again, check each
+//! Dubbo interface's `providers` node against the `pzxid` it was read with,
+//! re-read the rest, and send only what differs ([`verify`]).
+//!
+//! # Memory
+//!
+//! The watcher keeps no copy of what it sent: per host a digest, its last
+//! port and TLS ([`tree::Sent`]); the cache holds the services. A full sync
+//! renders each service as its read arrives (at most 8 reads in flight), so
+//! its peak is the rendered snapshot, not every raw read besides it.
 //!
 //! # Outages
 //!
@@ -58,12 +68,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use tokio::sync::mpsc;
 use tracing::{Instrument, debug, info, info_span, warn};
 use zookeeper_client as zk;
 
 use self::read::{Read, Reader};
-use self::tree::{Naming, ServiceKey, Touch, Tree};
+use self::tree::{Naming, Sent, ServiceKey, Touch, Tree};
 use self::watches::Watches;
 use crate::health::Health;
 use crate::model::Service;
@@ -73,6 +84,10 @@ use crate::spec::RegistrySpec;
 use crate::watcher::{RegistryError, Sink, Update, Watcher};
 
 const DEFAULT_RESYNC: Duration = Duration::from_secs(30);
+/// Every this many resync periods, a periodic resync is a full one, sent as
+/// a snapshot (which also refreshes the registry's last sync time); the
+/// others only verify what was sent (see [`verify`]).
+const SNAPSHOT_EVERY: u32 = 10;
 const MIN_RESYNC: Duration = Duration::from_millis(100);
 /// Higress's ZooKeeper timeout (`DEFAULT_REG_TIMEOUT`). The server may
 /// negotiate it down (to at most 20 ticks).
@@ -254,6 +269,9 @@ async fn run_session(
     let mut backoff = Backoff::default();
     let mut synced = false;
     let mut need_sync = true;
+    // The next sync sends a snapshot; else it verifies what was sent.
+    let mut full = true;
+    let mut ticks = 0u32;
     let mut retry_at = tokio::time::Instant::now();
     let mut dirty = Dirty::default();
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + ctx.resync, ctx.resync);
@@ -261,27 +279,28 @@ async fn run_session(
     loop {
         if need_sync && tokio::time::Instant::now() >= retry_at {
             let started = Instant::now();
-            let result = async {
-                // Watches first, so that nothing changing during the listing
-                // (or after a service's read) goes unseen.
-                watches.roots(&reader).await?;
-                let keys = reader.list_all(|key| may_select(&ctx.tree, &view.selection, key)).await?;
-                watches.services(&reader, &keys, true).await?;
-                reader.read_many(keys).await.into_iter().map(|(key, read)| read.map(|r| (key, r))).collect()
-            }
-            .await;
+            let result = if full {
+                full_sync(&reader, view, &mut watches).await.map(Some)
+            } else {
+                verify(&reader, view, &mut watches).await.map(|()| None)
+            };
             match result {
-                Ok(reads) => {
+                Ok(sync) => {
                     ctx.health.ok();
-                    view.snapshot(&ctx.tree, reads);
+                    if let Some(sync) = sync {
+                        view.snapshot(sync);
+                    }
                     view.sink.synced(started.elapsed());
-                    (need_sync, synced) = (false, true);
+                    (need_sync, full, synced) = (false, false, true);
                     dirty = Dirty::default();
                     backoff.reset();
                     ticker.reset();
                 }
                 Err(e) => {
+                    // A verify may have sent part of its changes: the retry
+                    // sends everything.
                     ctx.health.fail(&e);
+                    full = true;
                     retry_at = tokio::time::Instant::now() + backoff.next();
                 }
             }
@@ -293,7 +312,7 @@ async fn run_session(
                 Err(e) => {
                     // Some services were not re-read: a full sync will.
                     ctx.health.fail(&e);
-                    need_sync = true;
+                    (need_sync, full) = (true, true);
                     retry_at = tokio::time::Instant::now() + backoff.next();
                 }
             }
@@ -305,6 +324,7 @@ async fn run_session(
                 zk::SessionState::Disconnected => {
                     let reason = "connection lost, reconnecting".to_string();
                     ctx.health.fail(&RegistryError::Unreachable { registry: ctx.registry.clone(), reason });
+                    full = true;
                     if !need_sync {
                         need_sync = true;
                         retry_at = tokio::time::Instant::now() + backoff.next();
@@ -314,7 +334,7 @@ async fn run_session(
                 // (ZOOKEEPER-4698), so re-list everything now.
                 _ => {
                     info!(?state, "reconnected, resyncing");
-                    need_sync = true;
+                    (need_sync, full) = (true, true);
                     retry_at = tokio::time::Instant::now();
                 }
             },
@@ -329,22 +349,76 @@ async fn run_session(
                 // the ones no longer selected.
                 view.selection = selector.current();
                 info!("selection changed, resyncing");
-                need_sync = true;
+                (need_sync, full) = (true, true);
                 retry_at = tokio::time::Instant::now();
             }
             Some(Err(e)) = watches.join_next() => {
                 if e.is_panic() {
                     warn!(error = %e, "watch forwarder panicked; resyncing");
-                    need_sync = true;
+                    (need_sync, full) = (true, true);
                 }
             }
             _ = ticker.tick(), if !need_sync => {
-                need_sync = true;
+                ticks = ticks.wrapping_add(1);
+                (need_sync, full) = (true, ticks.is_multiple_of(SNAPSHOT_EVERY));
                 retry_at = tokio::time::Instant::now();
             }
             () = tokio::time::sleep_until(retry_at), if need_sync => {}
         }
     }
+}
+
+/// List every root and read every selected service, gathered for one
+/// [`Update::Snapshot`]. Each service is rendered as its read arrives: at
+/// most `CONCURRENCY` raw reads are held, never the whole catalog.
+async fn full_sync(reader: &Reader<'_>, view: &View, watches: &mut Watches) -> Result<Sync, RegistryError> {
+    let keys = list_and_watch(reader, view, watches).await?;
+    let mut sync = Sync::default();
+    let mut reads = std::pin::pin!(reader.reads(keys.into_iter().map(|key| (key, None)).collect()));
+    while let Some((key, read)) = reads.next().await {
+        if let Some(read) = read? {
+            view.add(&mut sync, reader.tree, key, read);
+        }
+    }
+    Ok(sync)
+}
+
+/// A periodic resync that sends only what differs from what was sent:
+/// services no longer listed are removed, a Dubbo interface whose
+/// `providers` node has the `pzxid` it was read with is not read again (one
+/// `exists` call), every other service is read and sent if it changed. At
+/// 10k interfaces it costs 10k small calls instead of reading and parsing
+/// 100k provider URLs and re-sending the whole catalog. Only valid while
+/// the cache holds what was sent: any failure makes the next sync a full one.
+async fn verify(reader: &Reader<'_>, view: &mut View, watches: &mut Watches) -> Result<(), RegistryError> {
+    let tree = reader.tree;
+    let keys = list_and_watch(reader, view, watches).await?;
+    let listed: HashSet<&ServiceKey> = keys.iter().collect();
+    let gone: Vec<ServiceKey> = view.sent.keys().filter(|k| !listed.contains(k)).cloned().collect();
+    for key in gone {
+        view.apply(tree, key, Read::Gone);
+    }
+    let checks = keys
+        .into_iter()
+        .map(|key| {
+            let version = view.sent.get(&key).and_then(|kept| kept.version);
+            (key, version)
+        })
+        .collect();
+    apply_reads(reader, view, watches, checks).await
+}
+
+/// Watches first, so that nothing changing during the listing (or after a
+/// service's read) goes unseen; then every selected service.
+async fn list_and_watch(
+    reader: &Reader<'_>,
+    view: &View,
+    watches: &mut Watches,
+) -> Result<Vec<ServiceKey>, RegistryError> {
+    watches.roots(reader).await?;
+    let keys = reader.list_all(|key| may_select(reader.tree, &view.selection, key)).await?;
+    watches.services(reader, &keys, true).await?;
+    Ok(keys)
 }
 
 /// What changed since the last read.
@@ -393,14 +467,26 @@ async fn refresh(
     keys.retain(|key| may_select(tree, &view.selection, key));
     let keys: Vec<ServiceKey> = keys.into_iter().collect();
     watches.services(reader, &keys, false).await?;
+    apply_reads(reader, view, watches, keys.into_iter().map(|key| (key, None)).collect()).await
+}
+
+/// Read (or check) `keys` and send what differs, as each answer arrives.
+async fn apply_reads(
+    reader: &Reader<'_>,
+    view: &mut View,
+    watches: &mut Watches,
+    keys: Vec<(ServiceKey, Option<i64>)>,
+) -> Result<(), RegistryError> {
     let mut first_error = None;
-    for (key, read) in reader.read_many(keys).await {
+    let mut reads = std::pin::pin!(reader.reads(keys));
+    while let Some((key, read)) = reads.next().await {
         match read {
-            Ok(read) => {
+            Ok(None) => {}
+            Ok(Some(read)) => {
                 if matches!(read, Read::Gone) {
                     watches.forget(&key);
                 }
-                view.apply(tree, key, read)
+                view.apply(reader.tree, key, read)
             }
             Err(e) => {
                 first_error.get_or_insert(e);
@@ -429,25 +515,46 @@ struct View {
     sink: Arc<dyn Sink>,
     naming: Naming,
     stats: Arc<ZookeeperStats>,
-    sent: BTreeMap<ServiceKey, BTreeMap<String, Service>>,
+    /// A digest, last port and TLS per host sent, not the services: the
+    /// cache holds those (see [`Sent`]).
+    sent: BTreeMap<ServiceKey, Kept>,
     /// Malformed nodes already warned about (a resync keeps only those
     /// still there), so a bad node warns once, not every resync.
     malformed_seen: HashSet<String>,
 }
 
+/// What is kept of one ZooKeeper service once sent.
+struct Kept {
+    hosts: BTreeMap<String, Sent>,
+    /// See `Read::Present::version`.
+    version: Option<i64>,
+}
+
+/// A full sync being gathered, one service at a time.
+#[derive(Default)]
+struct Sync {
+    sent: BTreeMap<ServiceKey, Kept>,
+    all: Vec<Service>,
+    seen: HashSet<String>,
+}
+
 impl View {
-    fn snapshot(&mut self, tree: &Tree, reads: Vec<(ServiceKey, Read)>) {
-        let mut sent = BTreeMap::new();
-        let mut seen = HashSet::new();
-        for (key, read) in reads {
-            // Listed, then deleted before its read: not there.
-            let Read::Present { members, malformed, dropped_labels } = read else { continue };
-            self.count(malformed, dropped_labels, &mut seen);
-            sent.insert(key.clone(), self.render(tree, &key, members, self.sent.get(&key)));
-        }
+    /// Render one service read by a full sync into `sync`.
+    fn add(&self, sync: &mut Sync, tree: &Tree, key: ServiceKey, read: Read) {
+        // Listed, then deleted before its read: not there.
+        let Read::Present { members, malformed, dropped_labels, version } = read else { return };
+        self.count(malformed, dropped_labels, &mut sync.seen);
+        let hosts = self.render(tree, &key, members, self.sent.get(&key).map(|k| &k.hosts));
+        let kept = hosts.iter().map(|(host, service)| (host.clone(), Sent::of(service))).collect();
+        sync.all.extend(hosts.into_values());
+        sync.sent.insert(key, Kept { hosts: kept, version });
+    }
+
+    /// Send a gathered full sync as one snapshot.
+    fn snapshot(&mut self, sync: Sync) {
+        let Sync { sent, mut all, seen } = sync;
         self.malformed_seen = seen;
         self.sent = sent;
-        let mut all: Vec<Service> = self.sent.values().flat_map(|hosts| hosts.values().cloned()).collect();
         all.sort();
         info!(services = all.len(), "full sync");
         self.sink.update(Update::Snapshot(all));
@@ -456,24 +563,27 @@ impl View {
     fn apply(&mut self, tree: &Tree, key: ServiceKey, read: Read) {
         match read {
             Read::Gone => {
-                for host in self.sent.remove(&key).into_iter().flat_map(BTreeMap::into_keys) {
+                for host in self.sent.remove(&key).into_iter().flat_map(|kept| kept.hosts.into_keys()) {
                     info!(service = %key.name, %host, "service node gone");
                     self.sink.update(Update::Remove(host));
                 }
             }
-            Read::Present { members, malformed, dropped_labels } => {
+            Read::Present { members, malformed, dropped_labels, version } => {
                 let mut seen = std::mem::take(&mut self.malformed_seen);
                 self.count(malformed, dropped_labels, &mut seen);
                 self.malformed_seen = seen;
-                let old = self.sent.get(&key);
+                let old = self.sent.get(&key).map(|k| &k.hosts);
                 let new = self.render(tree, &key, members, old);
-                for (host, service) in &new {
-                    if old.and_then(|o| o.get(host)) != Some(service) {
+                let mut kept = BTreeMap::new();
+                for (host, service) in new {
+                    let sent = Sent::of(&service);
+                    if old.and_then(|o| o.get(&host)) != Some(&sent) {
                         debug!(%host, endpoints = service.endpoints.len(), "service changed");
-                        self.sink.update(Update::Upsert(service.clone()));
+                        self.sink.update(Update::Upsert(service));
                     }
+                    kept.insert(host, sent);
                 }
-                self.sent.insert(key, new);
+                self.sent.insert(key, Kept { hosts: kept, version });
             }
         }
     }
@@ -484,7 +594,7 @@ impl View {
         tree: &Tree,
         key: &ServiceKey,
         members: Vec<tree::Member>,
-        last: Option<&BTreeMap<String, Service>>,
+        last: Option<&BTreeMap<String, Sent>>,
     ) -> BTreeMap<String, Service> {
         let mut hosts = self.naming.render(tree, key, members, last);
         if !self.selection.is_all() {

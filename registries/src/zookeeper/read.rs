@@ -4,9 +4,10 @@
 //! URL, which may hold credentials). `NoNode` is an answer, not a failure.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::time::Duration;
 
-use futures::{StreamExt, stream};
+use futures::{Stream, StreamExt, stream};
 use tracing::{debug, warn};
 use zookeeper_client as zk;
 
@@ -34,6 +35,12 @@ pub(crate) enum Read {
         malformed: Vec<(String, String)>,
         /// Metadata entries not kept as labels, over all members.
         dropped_labels: usize,
+        /// The `pzxid` of a Dubbo interface's `providers` node as read:
+        /// while it stays the same, so do the providers (a provider is its
+        /// node's name). `None` for Spring services (Curator changes an
+        /// instance's data in place) and for providers that name a host
+        /// (its addresses may change).
+        version: Option<i64>,
     },
 }
 
@@ -73,18 +80,35 @@ impl Reader<'_> {
         Ok(services.map(|name| ServiceKey { root, name }).collect())
     }
 
-    pub async fn read_many(
+    /// Read `keys`, [`CONCURRENCY`] at a time, answering each as it comes:
+    /// a full sync handles one service at a time and never holds every
+    /// read at once. A key given with a version is first checked against
+    /// it, and answers `None` (not read) if its providers are the same.
+    pub fn reads(
         &self,
-        keys: impl IntoIterator<Item = ServiceKey>,
-    ) -> Vec<(ServiceKey, Result<Read, RegistryError>)> {
+        keys: Vec<(ServiceKey, Option<i64>)>,
+    ) -> impl Stream<Item = (ServiceKey, Result<Option<Read>, RegistryError>)> + '_ {
         stream::iter(keys)
-            .map(|key| async move {
-                let read = self.read(&key).await;
+            .map(move |(key, version)| async move {
+                let read = match version {
+                    Some(version) => match self.unchanged(&key, version).await {
+                        Ok(true) => Ok(None),
+                        Ok(false) => self.read(&key).await.map(Some),
+                        Err(e) => Err(e),
+                    },
+                    None => self.read(&key).await.map(Some),
+                };
                 (key, read)
             })
             .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await
+    }
+
+    /// Whether the members node of `key` still has the `pzxid` it was read
+    /// with: one small call, no member read or parsed.
+    async fn unchanged(&self, key: &ServiceKey, version: i64) -> Result<bool, RegistryError> {
+        let path = self.tree.members_path(key);
+        let stat = self.call("stat", &path, self.client.check_stat(&path)).await?.flatten();
+        Ok(stat.is_some_and(|stat| stat.pzxid == version))
     }
 
     pub async fn read(&self, key: &ServiceKey) -> Result<Read, RegistryError> {
@@ -93,8 +117,9 @@ impl Reader<'_> {
             Kind::Spring => self.read_spring(key).await?,
         };
         Ok(match read {
-            Read::Present { members, malformed, dropped_labels } => {
-                Read::Present { members: resolve(members).await, malformed, dropped_labels }
+            Read::Present { members, malformed, dropped_labels, version } => {
+                let (members, all_ips) = resolve(members).await;
+                Read::Present { members, malformed, dropped_labels, version: version.filter(|_| all_ips) }
             }
             gone => gone,
         })
@@ -102,11 +127,11 @@ impl Reader<'_> {
 
     async fn read_dubbo(&self, key: &ServiceKey) -> Result<Read, RegistryError> {
         let providers = self.tree.members_path(key);
-        let Some(nodes) = self.call("list", &providers, self.client.list_children(&providers)).await? else {
+        let Some((nodes, stat)) = self.call("list", &providers, self.client.get_children(&providers)).await? else {
             // No providers node: the interface exists (empty) or is gone.
             let path = self.tree.service_path(key);
             let stat = self.call("stat", &path, self.client.check_stat(&path)).await?.flatten();
-            return Ok(if stat.is_some() { present(Vec::new(), Vec::new(), 0) } else { Read::Gone });
+            return Ok(if stat.is_some() { present(Vec::new(), Vec::new(), 0, None) } else { Read::Gone });
         };
         let (mut members, mut malformed, mut dropped) = (Vec::new(), Vec::new(), 0);
         for node in nodes {
@@ -119,7 +144,7 @@ impl Reader<'_> {
                 Err(e) => malformed.push((join(&providers, &dubbo::redact(&node)), e.to_string())),
             }
         }
-        Ok(present(members, malformed, dropped))
+        Ok(present(members, malformed, dropped, Some(stat.pzxid)))
     }
 
     async fn read_spring(&self, key: &ServiceKey) -> Result<Read, RegistryError> {
@@ -152,7 +177,7 @@ impl Reader<'_> {
                 Err(e) => malformed.push((path, e.to_string())),
             }
         }
-        Ok(present(members, malformed, dropped))
+        Ok(present(members, malformed, dropped, None))
     }
 
     /// Run one call with a deadline; `NoNode` is `Ok(None)`.
@@ -174,8 +199,13 @@ impl Reader<'_> {
     }
 }
 
-fn present(members: Vec<Member>, malformed: Vec<(String, String)>, dropped_labels: usize) -> Read {
-    Read::Present { members, malformed, dropped_labels }
+fn present(
+    members: Vec<Member>,
+    malformed: Vec<(String, String)>,
+    dropped_labels: usize,
+    version: Option<i64>,
+) -> Read {
+    Read::Present { members, malformed, dropped_labels, version }
 }
 
 fn bad(registry: &str, op: &str, path: &str, reason: &str) -> RegistryError {
@@ -205,10 +235,24 @@ pub(crate) fn zk_error(registry: &str, op: &str, path: &str, e: &zk::Error) -> R
 }
 
 /// Registries may name hosts; the mesh needs IPs. A name becomes one member
-/// per address it resolves to; one that does not resolve is left out.
-async fn resolve(members: Vec<Member>) -> Vec<Member> {
+/// per address it resolves to; one that does not resolve is left out. Also
+/// says whether every member named an IP.
+async fn resolve(members: Vec<Member>) -> (Vec<Member>, bool) {
     let mut out = Vec::with_capacity(members.len());
+    let mut all_ips = true;
     for m in members {
+        // Most members name an IP: kept (written the canonical way), not
+        // copied with its labels.
+        if let Ok(ip) = m.endpoint.address.parse::<IpAddr>() {
+            let mut m = m;
+            let canonical = ip.to_string();
+            if canonical != m.endpoint.address {
+                m.endpoint.address = canonical;
+            }
+            out.push(m);
+            continue;
+        }
+        all_ips = false;
         match crate::resolve::lookup(&m.endpoint.address, m.endpoint.port).await {
             Ok(ips) => out.extend(ips.into_iter().map(|ip| {
                 let mut member = m.clone();
@@ -223,13 +267,11 @@ async fn resolve(members: Vec<Member>) -> Vec<Member> {
             }
         }
     }
-    out
+    (out, all_ips)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::net::IpAddr;
-
     use super::*;
 
     #[test]
@@ -251,7 +293,11 @@ mod tests {
             protocol: None,
             tls: false,
         };
-        let out = resolve(vec![m("10.0.0.1"), m("::1"), m("localhost"), m("no-such-host.invalid")]).await;
+        let (ips, all_ips) = resolve(vec![m("10.0.0.1"), m("0:0::1")]).await;
+        assert!(all_ips);
+        assert_eq!(ips[1].endpoint.address, "::1", "written the canonical way");
+        let (out, all_ips) = resolve(vec![m("10.0.0.1"), m("::1"), m("localhost"), m("no-such-host.invalid")]).await;
+        assert!(!all_ips);
         assert_eq!(out[0].endpoint.address, "10.0.0.1");
         assert_eq!(out[1].endpoint.address, "::1");
         assert!(out[2..].iter().all(|m| m.endpoint.address.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())));

@@ -12,6 +12,7 @@
 //! services (Dubbo 2.7+ keeps its config center and metadata there).
 
 use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::model::{Endpoint, Protocol, Service, ServicePort, Tls};
 use crate::spec::RegistrySpec;
@@ -196,6 +197,35 @@ pub(crate) struct Member {
     pub tls: bool,
 }
 
+/// What the watcher keeps of a host it sent: enough to tell whether a new
+/// read differs, and to render the host once it has no members (its last
+/// port and whether it was reached over TLS). Not the endpoints: the cache
+/// holds those, and a second copy of every endpoint and its labels was the
+/// watcher's largest memory cost at 10k services (BENCHMARKS.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Sent {
+    /// Two 64-bit hashes of the whole service: a change that hashes the
+    /// same as what was sent (odds about 2^-128) would go unsent until the
+    /// next change or full sync.
+    digest: (u64, u64),
+    port: Option<ServicePort>,
+    tls: bool,
+}
+
+impl Sent {
+    pub fn of(service: &Service) -> Sent {
+        Sent { digest: digest(service), port: service.ports.first().cloned(), tls: service.tls.is_some() }
+    }
+}
+
+fn digest(service: &Service) -> (u64, u64) {
+    let (mut a, mut b) = (DefaultHasher::new(), DefaultHasher::new());
+    b.write_u8(0x5a);
+    service.hash(&mut a);
+    service.hash(&mut b);
+    (a.finish(), b.finish())
+}
+
 /// Turns members into services. Fixed for the life of a watcher.
 #[derive(Debug, Clone)]
 pub(crate) struct Naming {
@@ -226,7 +256,7 @@ impl Naming {
         tree: &Tree,
         key: &ServiceKey,
         members: Vec<Member>,
-        last: Option<&BTreeMap<String, Service>>,
+        last: Option<&BTreeMap<String, Sent>>,
     ) -> BTreeMap<String, Service> {
         let kind = tree.kind(key);
         let mut by_host: BTreeMap<String, Vec<Member>> = BTreeMap::new();
@@ -249,8 +279,8 @@ impl Naming {
             .collect()
     }
 
-    fn service(&self, kind: Kind, host: &str, mut members: Vec<Member>, last: Option<&Service>) -> Service {
-        let last_port = last.and_then(|s| s.ports.first());
+    fn service(&self, kind: Kind, host: &str, mut members: Vec<Member>, last: Option<&Sent>) -> Service {
+        let last_port = last.and_then(|s| s.port.as_ref());
         // Instances are expected to agree; if they do not, the one with the
         // lowest port (then address) decides, so the choice is stable.
         members.sort_by(|a, b| (a.endpoint.port, &a.endpoint.address).cmp(&(b.endpoint.port, &b.endpoint.address)));
@@ -259,7 +289,7 @@ impl Naming {
             // know and proxies as opaque TCP; `Protocol::parse("dubbo")` agrees.
             Kind::Dubbo => (Protocol::Tcp, false),
             Kind::Spring if members.is_empty() => match (last_port, last) {
-                (Some(p), Some(s)) => (p.protocol, s.tls.is_some()),
+                (Some(p), Some(s)) => (p.protocol, s.tls),
                 _ => self.spring_default,
             },
             // An instance that speaks TLS always states a protocol too.
@@ -356,6 +386,22 @@ mod tests {
         assert_eq!(t.classify(9, "/x"), Touch::Nothing);
     }
 
+    fn sent(hosts: &BTreeMap<String, Service>) -> BTreeMap<String, Sent> {
+        hosts.iter().map(|(host, s)| (host.clone(), Sent::of(s))).collect()
+    }
+
+    #[test]
+    fn sent_tells_a_change() {
+        let svc = Service::new("h", vec![], vec![ep("10.0.0.1", 80)]);
+        let kept = Sent::of(&svc);
+        assert_eq!(kept, Sent::of(&svc.clone()));
+        assert_ne!(kept, Sent::of(&Service::new("h", vec![], vec![ep("10.0.0.1", 81)])));
+        let mut labelled = ep("10.0.0.1", 80);
+        labelled.labels.insert("version".into(), "2".into());
+        assert_ne!(kept, Sent::of(&Service::new("h", vec![], vec![labelled])));
+        assert_ne!(kept, Sent::of(&svc.clone().with_tls(Tls { sni: None })));
+    }
+
     fn ep(address: &str, port: u16) -> Endpoint {
         Endpoint { address: address.into(), port, weight: 1, labels: BTreeMap::new() }
     }
@@ -378,7 +424,7 @@ mod tests {
         assert_eq!(svc.ports, vec![ServicePort { number: 20880, protocol: Protocol::Tcp, name: "tcp-20880".into() }]);
         assert_eq!(svc.endpoints.len(), 2);
 
-        let second = naming.render(&t, &k, vec![member(v2, "10.0.0.3", 20990, None)], Some(&first));
+        let second = naming.render(&t, &k, vec![member(v2, "10.0.0.3", 20990, None)], Some(&sent(&first)));
         assert_eq!(second.keys().collect::<Vec<_>>(), [v1, v2]);
         assert!(second[v1].endpoints.is_empty(), "authoritative empty");
         assert_eq!(second[v1].ports[0].number, 20880, "keeps its last port");
@@ -395,9 +441,9 @@ mod tests {
         assert_eq!(empty[host].ports, vec![], "no port known yet");
 
         let grpc = vec![member(host, "10.0.0.2", 9000, None), member(host, "10.0.0.1", 9001, Some(Protocol::Grpc))];
-        let got = naming.render(&t, &k, grpc, Some(&empty));
+        let got = naming.render(&t, &k, grpc, Some(&sent(&empty)));
         assert_eq!(got[host].ports[0].name, "grpc-9000", "the lowest-port instance stating one decides");
-        let gone = naming.render(&t, &k, vec![], Some(&got));
+        let gone = naming.render(&t, &k, vec![], Some(&sent(&got)));
         assert_eq!(gone[host].ports[0].name, "grpc-9000", "an empty service keeps its last port");
 
         spec.protocol = Some("http2".into());
@@ -421,9 +467,9 @@ mod tests {
         let got = naming.render(&t, &k, vec![ssl], None);
         assert_eq!(got[host].ports[0].name, "https-8443");
         assert_eq!(got[host].tls, Some(Tls { sni: Some("orders.example".into()) }));
-        let empty = naming.render(&t, &k, vec![], Some(&got));
+        let empty = naming.render(&t, &k, vec![], Some(&sent(&got)));
         assert!(empty[host].tls.is_some(), "an empty service keeps how it was reached");
-        let plain = naming.render(&t, &k, vec![member(host, "10.0.0.1", 8080, None)], Some(&got));
+        let plain = naming.render(&t, &k, vec![member(host, "10.0.0.1", 8080, None)], Some(&sent(&got)));
         assert_eq!((plain[host].ports[0].name.as_str(), plain[host].tls.is_none()), ("http-8080", true));
         let dubbo =
             naming.render(&t, &key(0, "i"), vec![member("providers:i:0.0.0:.zookeeper", "10.0.0.1", 1, None)], None);
