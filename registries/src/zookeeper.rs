@@ -114,7 +114,8 @@ pub struct ZookeeperStats {
 
 impl ZookeeperStats {
     /// Provider or instance nodes skipped because they could not be read,
-    /// counted at every read (a node that stays bad counts again each resync).
+    /// counted at every read (a node that stays bad counts again each time
+    /// its service is read: full syncs, and verifies where it changed).
     pub fn malformed(&self) -> u64 {
         self.malformed.load(Ordering::Relaxed)
     }
