@@ -100,7 +100,9 @@ pub struct Translator {
     /// Service hosts by lowercase form → every spelling, and the map the
     /// Ingress translation resolves destination hosts with (see
     /// [`ingress::IngressOptions::service_hosts`]).
-    spellings: HashMap<String, BTreeSet<String>>,
+    /// (Sorted, without duplicates: nearly always one name, where a
+    /// `BTreeSet` would cost a whole node per host.)
+    spellings: HashMap<String, Vec<String>>,
     service_hosts: imbl::OrdMap<String, String>,
     /// MCP creation times, by `kind/namespace/name`: when an object was
     /// first seen. Pilot reads a changed time as a changed object.
@@ -190,10 +192,16 @@ impl Translator {
     fn set_host(&mut self, host: &str, state: HostState) {
         let lower = host.to_ascii_lowercase();
         let spellings = self.spellings.entry(lower.clone()).or_default();
+        let at = spellings.binary_search_by(|s| s.as_str().cmp(host));
         if state.winner.is_some() {
-            spellings.insert(host.to_string());
+            if let Err(i) = at {
+                spellings.reserve_exact(1);
+                spellings.insert(i, host.to_string());
+            }
         } else {
-            spellings.remove(host);
+            if let Ok(i) = at {
+                spellings.remove(i);
+            }
             self.service_hosts.remove(host);
         }
         // An exact spelling names itself; a lowercase form the first
@@ -206,7 +214,7 @@ impl Translator {
                 self.spellings.remove(&lower);
                 self.service_hosts.remove(&lower);
             }
-            Some(first) if !spellings.contains(&lower) => {
+            Some(first) if spellings.binary_search(&lower).is_err() => {
                 self.service_hosts.insert(lower, first);
             }
             Some(_) => {}

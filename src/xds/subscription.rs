@@ -2,7 +2,6 @@
 //! response carries and in which order. A leaf of `xds`: the stream state
 //! machines and the server read it.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::resources::TypeResources;
@@ -11,33 +10,34 @@ use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_
 
 /// What a client asked for, for one type. Names are shared `Arc<str>`,
 /// the published resource's own name where there is one, so a stream's
-/// subscription costs a pointer per name; and the set itself is shared
-/// (copy on write) by the streams that ask for the same names
-/// ([`share`](Self::share)): a fleet of Envoys each naming every cluster
-/// in EDS holds one set, not one per stream.
+/// subscription costs a pointer per name; and the set is a persistent map
+/// shared between the streams that ask for the same names
+/// ([`share`](Self::share)): a fleet of Envoys each naming every cluster in
+/// EDS holds one set, not one per stream. A name added or removed later
+/// copies only the path to it (O(log n)), the rest stays shared.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Subscription {
     pub wildcard: bool,
-    pub names: Arc<BTreeSet<Arc<str>>>,
+    pub names: Names,
 }
 
 /// Sets of at least this many names are shared; smaller ones cost less
 /// than the lookup.
 const SHARE_FROM: usize = 64;
 
-/// The name sets streams hold, by a hash of their names, so that an equal
-/// set asked for by another stream is shared. Only weak references: a set
-/// lives as long as a stream holds it.
-#[derive(Default)]
-struct SharedSets {
-    by_hash: std::collections::HashMap<u64, std::sync::Weak<BTreeSet<Arc<str>>>>,
-    /// Dead entries are dropped when the map grows past this.
-    prune_at: usize,
-}
+/// How many distinct large sets are offered for sharing. The table holds
+/// them (a persistent set has no weak reference), so it is short: the
+/// oldest goes first. Streams of one fleet ask for one set per type.
+const SHARED_SETS: usize = 16;
 
-static SHARED_SETS: std::sync::LazyLock<std::sync::Mutex<SharedSets>> = std::sync::LazyLock::new(Default::default);
+/// A name set.
+type Names = imbl::OrdSet<Arc<str>>;
 
-fn names_hash(names: &BTreeSet<Arc<str>>) -> u64 {
+/// Recently offered large sets, by a hash of their names.
+static SHARED: std::sync::LazyLock<std::sync::Mutex<std::collections::VecDeque<(u64, Names)>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn names_hash(names: &Names) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for n in names {
@@ -81,36 +81,34 @@ impl Subscription {
             return false;
         }
         let name = known.get(name).map(|r| r.name.clone()).unwrap_or_else(|| name.into());
-        Arc::make_mut(&mut self.names).insert(name)
+        self.names.insert(name).is_none()
     }
 
     pub fn remove(&mut self, name: &str) {
         if name == "*" {
             self.wildcard = false;
-        } else if self.names.contains(name) {
-            Arc::make_mut(&mut self.names).remove(name);
+        } else {
+            self.names.remove(name);
         }
     }
 
-    /// Share the name set with an equal one another stream holds, if any;
-    /// else offer this one for sharing. O(names), after a request that
-    /// changed the subscription. A later change copies the set first
-    /// (copy on write), so sharing never changes what a stream holds.
+    /// Share the name set with an equal one another stream offered, if
+    /// any; else offer this one. O(names), after a request that changed
+    /// the subscription.
     pub fn share(&mut self) {
         if self.names.len() < SHARE_FROM {
             return;
         }
         let key = names_hash(&self.names);
-        let mut shared = SHARED_SETS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match shared.by_hash.get(&key).and_then(std::sync::Weak::upgrade) {
-            Some(other) if Arc::ptr_eq(&other, &self.names) => {}
-            Some(other) if *other == *self.names => self.names = other,
+        let mut shared = SHARED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match shared.iter().find(|(k, set)| *k == key && set.len() == self.names.len()) {
+            Some((_, set)) if set.ptr_eq(&self.names) => {}
+            Some((_, set)) if *set == self.names => self.names = set.clone(),
             _ => {
-                shared.by_hash.insert(key, Arc::downgrade(&self.names));
-                if shared.by_hash.len() > shared.prune_at {
-                    shared.by_hash.retain(|_, set| set.strong_count() > 0);
-                    shared.prune_at = (shared.by_hash.len() * 2).max(SHARE_FROM);
+                if shared.len() >= SHARED_SETS {
+                    shared.pop_front();
                 }
+                shared.push_back((key, self.names.clone()));
             }
         }
     }
@@ -175,26 +173,26 @@ mod tests {
         let names: Vec<String> = (0..SHARE_FROM * 2).map(|i| format!("shared-test-{i:04}")).collect();
         let mut a = Subscription::from_names(ENDPOINT_TYPE, &names, &known);
         let mut b = Subscription::from_names(ENDPOINT_TYPE, names.iter().rev(), &known);
-        assert!(!Arc::ptr_eq(&a.names, &b.names));
+        assert!(!a.names.ptr_eq(&b.names));
         a.share();
         b.share();
-        assert!(Arc::ptr_eq(&a.names, &b.names), "the second stream holds the first one's set");
+        assert!(a.names.ptr_eq(&b.names), "the second stream holds the first one's set");
         assert_eq!(a, b);
-        // A change to one copies it; the other keeps what it asked for.
+        // A change to one copies a path; the other keeps what it asked for.
         b.add("one-more", &known);
-        assert!(!Arc::ptr_eq(&a.names, &b.names));
+        assert!(!a.names.ptr_eq(&b.names));
         assert_eq!(a.names.len(), names.len());
         assert_eq!(b.names.len(), names.len() + 1);
         b.remove("one-more");
         b.share();
-        assert!(Arc::ptr_eq(&a.names, &b.names), "equal again: shared again");
+        assert!(a.names.ptr_eq(&b.names), "equal again: shared again");
         a.remove(&names[0]);
         assert_eq!(b.names.len(), names.len(), "removing from one leaves the other whole");
         // Small sets are left alone.
         let mut small = Subscription::from_names(ENDPOINT_TYPE, ["x"], &known);
-        let before = Arc::as_ptr(&small.names);
+        let before = small.names.clone();
         small.share();
-        assert_eq!(Arc::as_ptr(&small.names), before);
+        assert!(small.names.ptr_eq(&before));
     }
 
     #[test]

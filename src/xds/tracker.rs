@@ -146,7 +146,7 @@ impl Tracker {
         let mut names: BTreeSet<Arc<str>> = match logged {
             Some(changed) => changed.into_iter().collect(),
             None if self.sub.wildcard => self.base.names().chain(now.names()).cloned().collect(),
-            None => (*self.sub.names).clone(),
+            None => self.sub.names.iter().cloned().collect(),
         };
         names.extend(self.overrides.keys().cloned());
         names.extend(force.iter().cloned());
@@ -240,7 +240,7 @@ mod tests {
         let (mut a, mut b) = (Tracker::default(), Tracker::default());
         a.set_sub(Subscription::from_names("eds", &names, &now));
         b.start(Subscription::from_names("eds", &names, &now), []);
-        assert!(Arc::ptr_eq(&a.sub().names, &b.sub().names), "one name set for both streams");
+        assert!(a.sub().names.ptr_eq(&b.sub().names), "one name set for both streams");
         for t in [&mut a, &mut b] {
             assert_eq!(t.changes(&now, 1, &HashSet::new()).upserts.len(), 200);
             t.commit(&now, 1, Vec::new());
@@ -266,7 +266,7 @@ mod tests {
 
         // One stream narrowing its subscription leaves the other's whole.
         a.set_sub(Subscription::from_names("eds", &names[..100], &r3));
-        assert!(!Arc::ptr_eq(&a.sub().names, &b.sub().names));
+        assert!(!a.sub().names.ptr_eq(&b.sub().names));
         assert_eq!(b.sub().names.len(), 200);
         let mut r4 = r3.clone();
         r4.insert(4, res("c150", "v2"));
