@@ -140,7 +140,9 @@ impl Shared {
                 }
             });
             let tls = self.tls.as_ref();
-            match Conn::connect(&self.registry, &addr, tls, &self.namespace, CONNECT_TIMEOUT, sink).await {
+            match Conn::connect(&self.registry, &addr, tls, &self.namespace, CONNECT_TIMEOUT, self.headers(None), sink)
+                .await
+            {
                 Ok(conn) => return Ok(Arc::new(conn)),
                 Err(e @ RegistryError::Config { .. }) => return Err(e),
                 Err(e) => reasons.push(e.to_string()),
@@ -217,9 +219,11 @@ impl Shared {
 async fn supervise(weak: std::sync::Weak<Shared>, mut conn: Arc<Conn>) {
     let mut backoff = Backoff::default();
     let mut start = 0;
+    let mut resubscribed = true;
     loop {
-        // Wait for the connection to break.
-        loop {
+        // Wait for the connection to break (at once when a resubscription
+        // failed: a subscription the server lost would never push).
+        while resubscribed {
             tokio::select! {
                 () = conn.closed() => break,
                 () = tokio::time::sleep(HEALTH_EVERY) => {
@@ -234,10 +238,13 @@ async fn supervise(weak: std::sync::Weak<Shared>, mut conn: Arc<Conn>) {
         }
         let Some(shared) = weak.upgrade() else { return };
         shared.conn.send_replace(None);
-        info!(server = %conn.addr, "nacos connection lost, reconnecting");
+        info!(server = %conn.addr, resubscribed, "nacos connection lost, reconnecting");
         drop(conn);
         let addrs: Vec<String> = shared.servers.iter().filter_map(|s| grpc_addr(s)).collect();
         drop(shared);
+        if !resubscribed {
+            wait_or_reopened(&mut backoff, &addrs).await;
+        }
         conn = loop {
             let Some(shared) = weak.upgrade() else { return };
             start += 1;
@@ -248,17 +255,20 @@ async fn supervise(weak: std::sync::Weak<Shared>, mut conn: Arc<Conn>) {
             drop(shared);
             wait_or_reopened(&mut backoff, &addrs).await;
         };
-        backoff.reset();
         let Some(shared) = weak.upgrade() else { return };
         shared.conn.send_replace(Some(conn.clone()));
         info!(server = %conn.addr, "nacos reconnected");
-        resubscribe(&shared).await;
+        resubscribed = resubscribe(&shared).await;
+        if resubscribed {
+            backoff.reset();
+        }
     }
 }
 
 /// Subscribe every service again on a new connection; each is queued for
-/// its reader with the instances the answer carried.
-async fn resubscribe(shared: &Arc<Shared>) {
+/// its reader with the instances the answer carried (and read, when the
+/// subscription failed). Whether every subscription was made.
+async fn resubscribe(shared: &Arc<Shared>) -> bool {
     let keys: Vec<ServiceKey> =
         shared.subscribed.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect();
     let pushed = shared.pushed.lock().unwrap_or_else(PoisonError::into_inner).clone();
@@ -270,6 +280,7 @@ async fn resubscribe(shared: &Arc<Shared>) {
         .buffer_unordered(RESUBSCRIBE_CONCURRENCY)
         .collect()
         .await;
+    let mut all = true;
     for (key, result) in results {
         match (result, &pushed) {
             (Ok(instances), Some(pushed)) => pushed.mark(&key, Some(instances)),
@@ -278,10 +289,12 @@ async fn resubscribe(shared: &Arc<Shared>) {
             (Err(e), Some(pushed)) => {
                 debug!(service = %key, error = %e, "resubscribe failed");
                 pushed.mark(&key, None);
+                all = false;
             }
-            (Err(_), None) => {}
+            (Err(_), None) => all = false,
         }
     }
+    all
 }
 
 /// The instances in a `ServiceQueryResponse` or `SubscribeServiceResponse`.

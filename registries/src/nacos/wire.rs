@@ -65,6 +65,11 @@ pub(crate) const MAX_MESSAGE_BYTES: usize = 64 << 20;
 const CLIENT_VERSION: &str = concat!("meshbridge:", env!("CARGO_PKG_VERSION"));
 /// Answers the client owes the server on the bi-stream, queued.
 const OUTBOX: usize = 1024;
+/// The error code of a request on a connection whose bi-stream the server
+/// has not registered (yet).
+const UNREGISTERED: u16 = 301;
+/// How often a new connection asks whether it is registered.
+const REGISTER_POLL: Duration = Duration::from_millis(20);
 /// HTTP/2 pings on an idle connection notice a dead peer between health
 /// checks.
 const KEEPALIVE: Duration = Duration::from_secs(10);
@@ -138,6 +143,7 @@ impl Conn {
         tls: Option<&RegistryTls>,
         namespace: &str,
         deadline: Duration,
+        headers: Headers,
         pushes: PushSink,
     ) -> Result<Conn, RegistryError> {
         let unreachable = |reason: String| RegistryError::Unreachable {
@@ -187,6 +193,23 @@ impl Conn {
             .map_err(|s| unreachable(format!("bi-stream: {}", s.message())))?
             .into_inner();
         conn.reader = tokio::spawn(read_stream(registry.to_string(), inbound, outbox, pushes, closed));
+        // The server registers the bi-stream asynchronously, and refuses
+        // requests on the connection until it has (rnacos and Nacos answer
+        // 301, "unregistered"): a subscription made before would be lost.
+        let registered = async {
+            loop {
+                match conn.request("HealthCheckRequest", json!({}), headers.clone(), deadline).await {
+                    Ok(_) => return Ok(()),
+                    Err(RegistryError::Status { status: UNREGISTERED, .. }) if !conn.is_closed() => {
+                        tokio::time::sleep(REGISTER_POLL).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        tokio::time::timeout(deadline, registered)
+            .await
+            .map_err(|_| unreachable(format!("the server did not register the connection within {deadline:?}")))??;
         Ok(conn)
     }
 
