@@ -223,15 +223,17 @@ async fn supervise(weak: std::sync::Weak<Shared>, mut conn: Arc<Conn>) {
     loop {
         // Wait for the connection to break (at once when a resubscription
         // failed: a subscription the server lost would never push).
-        while resubscribed {
-            tokio::select! {
-                () = conn.closed() => break,
-                () = tokio::time::sleep(HEALTH_EVERY) => {
-                    let Some(shared) = weak.upgrade() else { return };
-                    let check = conn.request("HealthCheckRequest", json!({}), shared.headers(None), HEALTH_TIMEOUT).await;
-                    if let Err(e) = check {
-                        debug!(error = %e, "nacos health check failed");
-                        break;
+        if resubscribed {
+            loop {
+                tokio::select! {
+                    () = conn.closed() => break,
+                    () = tokio::time::sleep(HEALTH_EVERY) => {
+                        let Some(shared) = weak.upgrade() else { return };
+                        let check = conn.request("HealthCheckRequest", json!({}), shared.headers(None), HEALTH_TIMEOUT).await;
+                        if let Err(e) = check {
+                            debug!(error = %e, "nacos health check failed");
+                            break;
+                        }
                     }
                 }
             }
