@@ -30,7 +30,7 @@ pub const RESYNC_BOUND: Duration = Duration::from_secs(10);
 pub const DETECT_BOUND: Duration = Duration::from_secs(15);
 
 /// meshbridge in-process on `config`, dumping to `state`, xDS on `xds`.
-/// With `RUST_LOG` set (e.g. `meshbridge_registries=info,nacos_sdk=info`),
+/// With `RUST_LOG` set (e.g. `meshbridge_registries=info`),
 /// logs go to stderr with timestamps: when each watcher and client gave up
 /// and came back.
 pub async fn launch(config: &Path, state: &Path, xds: std::net::SocketAddr) -> App {

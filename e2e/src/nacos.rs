@@ -2,7 +2,7 @@
 //! loopback ports in a temp dir, and the Nacos 1.x open API calls tests use
 //! to change it.
 //!
-//! nacos-sdk finds the gRPC port at the HTTP port + 1000, so both are picked
+//! Nacos clients find the gRPC port at the HTTP port + 1000, so both are picked
 //! together. The separate console is off (port 0); the Nacos console API
 //! (namespaces) is served on the HTTP port. [`Rnacos::restart`] brings the
 //! server back on the same ports and data dir.

@@ -33,7 +33,7 @@ fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
         let buf = Arc::new(Mutex::new(Vec::new()));
         let writer = LogWriter(buf.clone());
         // Global, not thread-local: watchers and streams log from every
-        // runtime thread (and nacos-sdk from its own runtime).
+        // runtime thread.
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new("debug"))
             .with_ansi(false)

@@ -191,7 +191,7 @@ async fn nacos_http_login_and_grpc_over_tls() {
     serves(&app, "http-good", 1).await;
     serves(&app, "grpc-good", 1).await;
     // Both came through TLS: the open API and login on the HTTP port, gRPC
-    // (via meshbridge's loopback relay) on the gRPC port.
+    // (meshbridge's own gRPC client, ALPN h2) on the gRPC port.
     assert!(proxies.http.handshakes() > 0 && proxies.grpc.handshakes() > 0);
     fails_with(&app, "http-wrong", "certificate verification failed").await;
     let err = fails_with(&app, "grpc-wrong", "certificate verification failed").await;

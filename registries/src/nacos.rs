@@ -1,5 +1,6 @@
 //! Nacos registry watcher: `type: nacos` over the 1.x HTTP open API,
-//! `type: nacos2` and `nacos3` over gRPC with nacos-sdk.
+//! `type: nacos2` and `nacos3` over gRPC with our own client (`nacos/grpc.rs`,
+//! `nacos/wire.rs`: one HTTP/2 connection, no task per service).
 //!
 //! Both read the same things through one small trait, [`Api`], and share one
 //! loop (a [`Session`] per client):
@@ -15,13 +16,12 @@
 //!   reads only the new ones and those without a subscription (an
 //!   [`Update::Upsert`] for each that changed, a [`Update::Remove`] for each
 //!   that left), and only every [`FULL_READ_EVERY`]th time reads all of
-//!   them: each subscribed service is re-read by nacos-sdk's own poller
-//!   anyway (every 6 × the server's `cacheMillis`, 60 s with Nacos and
-//!   rnacos), which announces a change to the listener like a push, so a
-//!   change is seen even when no push comes (a subscription may stay silent
-//!   when the last instance leaves). Re-reading 10,000 services every 30 s
-//!   on top of that cost 10,000 requests and a 10,000-service snapshot each
-//!   time (BENCHMARKS.md "Nacos at 10k");
+//!   them: Nacos pushes every change of a subscribed service, and the full
+//!   read is the safety net for one it does not push (rnacos does not push
+//!   a health change made by a heartbeat). Re-reading 10,000 services every
+//!   30 s cost 10,000 requests and a 10,000-service snapshot each time
+//!   (BENCHMARKS.md "Nacos at 10k"). The client does not poll subscribed
+//!   services (nacos-sdk, used before, polled each every 60 s);
 //! - with a [`Selector`] (`meshbridgeWatch`), only the selected services of
 //!   the listing are read and subscribed to; a new selection lists again at
 //!   once and reads only the newly selected services, removing and
@@ -29,11 +29,12 @@
 //! - with gRPC, a subscription per service whose pushes queue that service
 //!   for one of [`CONCURRENCY`] workers, which asks the server again unless
 //!   the push announced the very endpoints already sent (see
-//!   `grpc::PushListener` and [`pushed`]): no task of ours per service;
+//!   [`pushed`]): no task per service;
 //! - a health probe, a real one-item service list call (for gRPC after a TCP
 //!   connect to the gRPC port, which fails at once while the server is
-//!   down), every min(refresh, 5 s) and before every full sync: nacos-sdk
-//!   reconnects on its own and says nothing while it cannot, so we ask;
+//!   down), every min(refresh, 5 s) and before every full sync; the gRPC
+//!   client also checks its connection itself and reconnects on its own,
+//!   and a reconnect triggers a probe (and so the recovery resync) at once;
 //! - with `nacosAddressServer`, the server list is re-read every refresh
 //!   interval; a new list means a new client.
 //!
@@ -49,8 +50,8 @@ mod grpc;
 mod health;
 mod http;
 mod pushed;
-mod relay;
 mod servers;
+mod wire;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -94,19 +95,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const AUTH_FAILURES_BEFORE_RECONNECT: u32 = 2;
 /// A client that lasted this long resets the backoff between clients.
 const SESSION_RESETS_BACKOFF: Duration = Duration::from_secs(60);
-/// A replaced client that could not unsubscribe (it was not connected) is
-/// asked again this often, this many times: nacos-sdk reconnects it within
-/// 64 s, and until it unsubscribes its pollers and redo tasks go on. Then
-/// it is dropped, and its relays with it, which closes its connection
-/// (nacos-sdk itself never would: see `relay.rs`).
-const RETIRE_EVERY: Duration = Duration::from_secs(15);
-const RETIRE_ATTEMPTS: u32 = 12;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Protocol {
     /// Nacos 1.x open API.
     Http,
-    /// Nacos 2.x/3.x gRPC, through nacos-sdk.
+    /// Nacos 2.x/3.x gRPC, our own client (`nacos/grpc.rs`).
     Grpc,
 }
 
@@ -194,8 +188,9 @@ enum End {
     /// The client is beyond repair (tokens refused right after login).
     Reconnect,
     /// The server answers again after an outage, but the client has not
-    /// reconnected (nacos-sdk's own schedule, up to 64 s): a new client
-    /// connects at once.
+    /// reconnected ([`Api::stale`]): a new client connects at once. Our gRPC
+    /// client reconnects by itself and never reports this; the rule stays
+    /// for any client that cannot.
     Stale,
 }
 
@@ -266,11 +261,9 @@ impl NacosWatcher {
                     let end = Session::new_shared(api.clone(), ctx.clone())
                         .run(&self.servers, &list, &mut self.selector)
                         .await;
-                    // A stale client cannot unsubscribe yet: that must not
-                    // hold up its successor.
-                    if matches!(end, End::Stale) || !api.close().await {
-                        tokio::spawn(retire(api).in_current_span());
-                    }
+                    // Dropping the client closes its connection and ends its
+                    // tasks.
+                    drop(api);
                     if started.elapsed() > SESSION_RESETS_BACKOFF {
                         backoff.reset();
                     }
@@ -295,22 +288,8 @@ impl NacosWatcher {
     }
 }
 
-/// Unsubscribe a replaced client's services once it reconnects, so that it
-/// can go; bounded.
-async fn retire(api: Arc<GrpcApi>) {
-    for _ in 0..RETIRE_ATTEMPTS {
-        if api.close().await {
-            debug!("replaced client closed");
-            return;
-        }
-        tokio::time::sleep(RETIRE_EVERY).await;
-    }
-    warn!("a replaced client could not unsubscribe its services; giving up");
-}
-
-/// Connect over gRPC, but only once some server accepts TCP on its gRPC port:
-/// every nacos-sdk client started, even one that fails to connect, leaves
-/// tasks behind, so we do not start one per retry while Nacos is down.
+/// Connect over gRPC, once some server accepts TCP on its gRPC port (a
+/// refused port fails fast, with a plain reason).
 async fn connect(
     registry: &str,
     servers: &[String],
@@ -370,8 +349,8 @@ impl Ctx {
     /// Services already tracked for which `keep` says so are not read again
     /// (their answer is `None`: kept as they are).
     async fn full_sync<A: Api>(&self, api: &A, keep: &Keep<'_>) -> Result<Vec<Answer>, RegistryError> {
-        // The probe fails fast while the server is down, where nacos-sdk's
-        // calls would wait out their deadline and hold up the loop.
+        // The probe fails fast while the server is down, rather than every
+        // read failing on its own.
         api.probe(&self.groups[0]).await?;
         let mut keys = BTreeSet::new();
         let selection = self.selection.lock().unwrap_or_else(PoisonError::into_inner).clone();
@@ -778,9 +757,9 @@ async fn check_servers(servers: &Servers, current: &[String], health: &Health) -
 }
 
 /// A push-client reader: each pushed service is asked for again, unless the
-/// push announced exactly what was sent last (nacos-sdk's poller announces
-/// every service it re-reads once after subscribing, and whenever it sees a
-/// change). Pushes that arrive while it waits fold into one read (see
+/// push announced exactly what was sent last (a subscription's answer, and
+/// a resubscription after a reconnect, are queued with the instances they
+/// carried). Pushes that arrive while it waits fold into one read (see
 /// [`Pushed`]); a service no longer watched is ignored by `Ctx::apply_one`.
 async fn read_pushed<A: Api>(ctx: Arc<Ctx>, api: Arc<A>, pushed: Arc<Pushed>) {
     loop {

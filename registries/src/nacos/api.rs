@@ -30,13 +30,14 @@ pub(crate) trait Api: Send + Sync + 'static {
     fn unsubscribe(&self, _key: &ServiceKey) -> impl Future<Output = ()> + Send {
         async {}
     }
-    /// Resolves once the server, unreachable at the last probe, accepts
-    /// connections again (gRPC only); never otherwise.
+    /// Resolves once the client has a connection again after losing it
+    /// (gRPC only: its supervisor reconnects); never otherwise.
     fn reachable_again(&self) -> impl Future<Output = ()> + Send {
         std::future::pending()
     }
     /// The server answers again after an outage, but this client has not
-    /// reconnected to it yet: a new client would (gRPC only, see `grpc.rs`).
+    /// reconnected to it yet: a new client would. No client reports this
+    /// now (our gRPC client reconnects by itself).
     fn stale(&self) -> bool {
         false
     }

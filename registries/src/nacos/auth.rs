@@ -1,10 +1,10 @@
 //! Nacos credentials: a username/password login whose `accessToken` is
 //! refreshed before it expires, and AK/SK request signatures. Both clients
-//! use them: the 1.x HTTP client directly, nacos-sdk's gRPC client through
-//! [`SdkAuth`].
+//! use them: the 1.x HTTP client in query parameters, the gRPC client in
+//! each request's metadata headers (`grpc.rs`).
 //!
-//! We log in ourselves instead of using nacos-sdk's `HttpLoginAuthPlugin`:
-//! that plugin logs the password at debug level, swallows login failures (so
+//! We log in ourselves (nacos-sdk's `HttpLoginAuthPlugin`, used before our
+//! own gRPC client,  logs the password at debug level, swallows login failures (so
 //! an expired token stops sync silently, as in Higress #2289), and refreshes
 //! only on its own fixed 30 s timer. Here every registry call first makes
 //! sure the token is fresh, a failed login is an error the watcher reports,
@@ -13,11 +13,10 @@
 //! Secrets leave only in a form body, a sensitive header or a signature.
 //! Errors and logs name the call, never a credential.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
-use nacos_sdk::api::plugin::{AuthContext, AuthPlugin, LoginIdentityContext, RequestResource};
 use serde::Deserialize;
 use tracing::{debug, info};
 
@@ -230,42 +229,6 @@ impl Signer {
         let tag = ring::hmac::sign(&key, data.as_bytes());
         let signature = base64::engine::general_purpose::STANDARD.encode(tag.as_ref());
         [("ak", self.access_key.expose().to_string()), ("data", data), ("signature", signature)]
-    }
-}
-
-/// Hands our token and signatures to nacos-sdk, which asks for them before
-/// every request it sends (its `login` runs at connect and every 30 s).
-pub(crate) struct SdkAuth {
-    pub auth: Arc<Auth>,
-    /// The real servers: nacos-sdk's list may be our TLS relays, which
-    /// carry gRPC only.
-    pub servers: Vec<String>,
-}
-
-#[async_trait::async_trait]
-impl AuthPlugin for SdkAuth {
-    async fn login(&self, _: Arc<Vec<String>>, _: Arc<AuthContext>) {
-        // Failures surface on the watcher's own next call, which logs in too.
-        if let Err(e) = self.auth.ensure(&self.servers).await {
-            debug!(error = %e, "nacos login from the sdk's timer failed");
-        }
-    }
-
-    fn get_login_identity(&self, resource: RequestResource) -> LoginIdentityContext {
-        let mut identity = LoginIdentityContext::default();
-        if let Some(token) = self.auth.token() {
-            identity = identity.add_context(ACCESS_TOKEN, token.expose());
-        }
-        if self.auth.has_signer() {
-            let grouped = resource.resource.as_deref().map(|service| match &resource.group {
-                Some(group) if !service.contains("@@") => format!("{group}@@{service}"),
-                _ => service.to_string(),
-            });
-            for (k, v) in self.auth.signature(grouped.as_deref()).into_iter().flatten() {
-                identity = identity.add_context(k, v);
-            }
-        }
-        identity
     }
 }
 

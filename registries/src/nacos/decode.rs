@@ -95,19 +95,6 @@ fn string_map<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String,
         .collect())
 }
 
-impl From<nacos_sdk::api::naming::ServiceInstance> for Instance {
-    fn from(i: nacos_sdk::api::naming::ServiceInstance) -> Instance {
-        Instance {
-            ip: i.ip,
-            port: i64::from(i.port),
-            weight: i.weight,
-            healthy: i.healthy,
-            enabled: i.enabled,
-            metadata: i.metadata.into_iter().collect(),
-        }
-    }
-}
-
 /// `GET /nacos/v1/ns/service/list`.
 #[derive(Debug, Deserialize)]
 pub(crate) struct ServiceList {

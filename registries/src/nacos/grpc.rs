@@ -1,101 +1,78 @@
-//! Nacos 2.x/3.x over gRPC (`type: nacos2`, `nacos3`) through nacos-sdk,
-//! with its side effects contained:
+//! Nacos 2.x/3.x over gRPC (`type: nacos2`, `nacos3`): our own client on
+//! one HTTP/2 connection (see `wire.rs` for the protocol).
 //!
-//! - `env_first(false)`: `NACOS_CLIENT_*` variables do not override the
-//!   spec (server, namespace, credentials, cache dir, empty protection).
-//!   nacos-sdk still runs `dotenvy::dotenv()` once per process, the first time
-//!   it parses a server list, which loads a `.env` file from the working
-//!   directory into the environment; nothing here can stop that.
-//! - Its disk cache goes to a directory of our own, removed with the client,
-//!   and is never loaded at start.
-//! - `naming_push_empty_protection(false)`: an empty instance list is an
-//!   answer, not noise. Outage protection is ours: errors never emit updates.
-//! - Its own login plugin is replaced by ours (see `auth.rs`).
-//! - It dials loopback relays of ours, never the servers (see `relay.rs`):
-//!   dropping them is the one way to close a client's connection. With
-//!   `registryTls` they carry its gRPC to the servers over verified TLS (its
-//!   own TLS cannot be configured per client), and our login plugin logs in
-//!   to the real servers over https.
-//! - Every call has a deadline: nacos-sdk retries internally and may
-//!   otherwise wait on a dead connection.
+//! A client holds one connection to one of its servers at a time, and one
+//! supervisor task: it watches the connection (the bi-stream's end, and a
+//! `HealthCheckRequest` every [`HEALTH_EVERY`]), and when it breaks,
+//! connects again with our backoff, cut short once a server that refused
+//! connections accepts them again (`retry::wait_or_reopened`), then
+//! subscribes every service again ([`RESUBSCRIBE_CONCURRENCY`] at once) and
+//! queues each with the instances the answer carried, so changes missed
+//! during the outage are read. Pushes go into the watcher's [`Pushed`]
+//! queue from the connection's one reader task: nothing per service.
 //!
-//! nacos-sdk spawns tasks on its own runtime that outlive a client: a
-//! subscription's poller holds the client until unsubscribed, a redo loop
-//! and a login loop run for ever, and the task reading its stream keeps the
-//! connection open for ever (it answers the server's checks), which only
-//! dropping our relays ends. So a client
-//! unsubscribes everything when it goes, also when dropped mid-call, and is
-//! rebuilt only when needed (new server list, a token refused right after a
-//! fresh login, a server back from an outage that this client has not
-//! reconnected to), never in a loop while the servers are down.
-//!
-//! **Reconnecting after an outage.** nacos-sdk reconnects on its own, but on
-//! a schedule of its own: 2, 4, 8, 16, 32 and then every 64 s. After a
-//! 60 s outage its next attempt came 32 s after rnacos was back (measured:
-//! RELIABILITY.md). So the probe remembers that the server was unreachable
-//! (its gRPC port refused or timed out a TCP connect); once the port
-//! accepts again (tried every [`REACHABLE_POLL`] between probes), the
-//! client gets one short call ([`RECOVERY_PROBE_TIMEOUT`])
-//! and, if that fails, is reported stale ([`Api::stale`]): the watcher builds a
-//! new client, which connects at once, and retires the old one. A server
-//! that hangs (its port accepts, nothing answers) never looked unreachable,
-//! so it does not cause a rebuild: a rebuild could not help, and each one
-//! leaves tasks behind.
+//! Calls made while the client is not connected fail at once (they do not
+//! wait for a connection). Dropping the client aborts its tasks, which
+//! closes the connection.
 
-use std::collections::HashMap;
-use std::future::Future;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::pushed::Pushed;
-use nacos_sdk::api::error::Error as SdkError;
-use nacos_sdk::api::naming::{NamingChangeEvent, NamingEventListener, NamingService, NamingServiceBuilder};
-use nacos_sdk::api::props::ClientProps;
-use tracing::{debug, warn};
+use futures::{StreamExt, stream};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::{Instrument, debug, info};
 
 use super::api::{Api, is_auth_error};
-use super::auth::{Auth, SdkAuth};
+use super::auth::{ACCESS_TOKEN, Auth};
 use super::decode::{Instance, PUBLIC_NAMESPACE, ServiceKey};
-use super::relay::Relays;
+use super::pushed::Pushed;
 use super::servers::grpc_addr;
+use super::wire::{Conn, Headers, Push, PushSink, ServiceInfo};
+use crate::retry::{Backoff, wait_or_reopened};
 use crate::tls::RegistryTls;
 use crate::watcher::RegistryError;
 
-/// nacos-sdk's connect sends a health check and logs in.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// The deadline of a probe's call once the server accepts connections again
-/// after an outage: a connected client answers in milliseconds.
-const RECOVERY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often the gRPC port of a server found unreachable is tried between
-/// probes.
-const REACHABLE_POLL: Duration = Duration::from_millis(500);
-/// Unsubscribing on the way out: best effort, bounded.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
-const PAGE_SIZE: i32 = 500;
-const MAX_PAGES: i32 = 1000;
+/// How often a connection is checked with a `HealthCheckRequest`.
+const HEALTH_EVERY: Duration = Duration::from_secs(5);
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
+/// Subscriptions renewed at once after a reconnect.
+const RESUBSCRIBE_CONCURRENCY: usize = 16;
+const PAGE_SIZE: usize = 500;
+const MAX_PAGES: usize = 1000;
 
 pub(crate) struct GrpcApi {
-    naming: NamingService,
+    shared: Arc<Shared>,
+    supervisor: tokio::task::JoinHandle<()>,
+}
+
+struct Shared {
     registry: String,
     servers: Vec<String>,
+    tls: Option<RegistryTls>,
+    /// The namespace id as the server knows it (`public` for the default).
+    namespace: String,
     auth: Arc<Auth>,
     /// Deadline of each call (`nacosTimeout`, else [`CALL_TIMEOUT`]).
-    call_timeout: Duration,
-    /// Live subscriptions; their listeners are needed to unsubscribe.
-    subscribed: Mutex<HashMap<ServiceKey, Arc<dyn NamingEventListener>>>,
-    /// The probe found the gRPC port unreachable since the last answer.
-    was_down: AtomicBool,
-    /// The port accepts again, but this client's call still failed.
-    stale: AtomicBool,
-    /// Held for its `Drop`, which removes the directory.
-    _cache_dir: CacheDir,
-    /// The relays nacos-sdk connects through; dropped, they close its
-    /// connection.
-    _relays: Relays,
+    call_timeout: Mutex<Duration>,
+    /// The live connection; `None` while reconnecting.
+    conn: watch::Sender<Option<Arc<Conn>>>,
+    /// Why the last connect failed.
+    last_error: Mutex<Option<String>>,
+    subscribed: Mutex<HashSet<ServiceKey>>,
+    /// Where pushes of subscribed services go (set by the first subscribe).
+    pushed: Mutex<Option<Arc<Pushed>>>,
+}
+
+impl Drop for GrpcApi {
+    fn drop(&mut self) {
+        self.supervisor.abort();
+        self.shared.conn.send_replace(None);
+    }
 }
 
 impl GrpcApi {
@@ -106,82 +83,116 @@ impl GrpcApi {
         auth: Arc<Auth>,
         tls: Option<&RegistryTls>,
     ) -> Result<GrpcApi, RegistryError> {
-        // nacos-sdk talks to our loopback relays (see relay.rs).
-        let relays = Relays::start(registry, &servers, tls).await?;
-        relays.check().await?;
-        let sdk_servers = relays.local_servers().join(",");
-        let cache_dir = CacheDir::new(registry);
-        let unreachable = |reason: String| RegistryError::Unreachable {
-            registry: registry.to_string(),
-            reason: format!("connect: {reason}"),
-        };
-        // The public namespace is the empty id to nacos-sdk (it sends "public").
-        let namespace = if namespace_id == PUBLIC_NAMESPACE { "" } else { namespace_id };
-        let props = ClientProps::new()
-            .env_first(false)
-            .server_addr(sdk_servers)
-            .namespace(namespace)
-            .app_name("meshbridge")
-            .naming_push_empty_protection(false)
-            .naming_load_cache_at_start(false)
-            .cache_dir(cache_dir.path.clone());
-        let builder = NamingServiceBuilder::new(props)
-            .with_auth_plugin(Arc::new(SdkAuth { auth: auth.clone(), servers: servers.clone() }));
         // Log in first so that a refused login is reported as such rather
         // than as requests refused later.
         auth.ensure(&servers).await?;
-        // A relay failure (a certificate that changed since `check`) says
-        // more than nacos-sdk's own error.
-        let relay_error = || relays.last_error().map(unreachable);
-        let naming = match tokio::time::timeout(CONNECT_TIMEOUT, builder.build()).await {
-            Ok(Ok(naming)) => naming,
-            Ok(Err(e)) => return Err(relay_error().unwrap_or_else(|| classify(registry, "connect", &e))),
-            Err(_) => {
-                return Err(
-                    relay_error().unwrap_or_else(|| unreachable(format!("timed out after {CONNECT_TIMEOUT:?}")))
-                );
-            }
-        };
-        Ok(GrpcApi {
-            naming,
+        let namespace = if namespace_id.is_empty() { PUBLIC_NAMESPACE } else { namespace_id };
+        let shared = Arc::new(Shared {
             registry: registry.to_string(),
             servers,
+            tls: tls.cloned(),
+            namespace: namespace.to_string(),
             auth,
-            call_timeout: CALL_TIMEOUT,
+            call_timeout: Mutex::new(CALL_TIMEOUT),
+            conn: watch::Sender::new(None),
+            last_error: Mutex::default(),
             subscribed: Mutex::default(),
-            was_down: AtomicBool::new(false),
-            stale: AtomicBool::new(false),
-            _cache_dir: cache_dir,
-            _relays: relays,
-        })
+            pushed: Mutex::default(),
+        });
+        let first = shared.connect_any(0).await?;
+        shared.conn.send_replace(Some(first.clone()));
+        let supervisor = tokio::spawn(supervise(Arc::downgrade(&shared), first).in_current_span());
+        Ok(GrpcApi { shared, supervisor })
     }
 
     /// Each call's deadline, `nacosTimeout` when set.
-    pub fn with_call_timeout(mut self, timeout: Option<Duration>) -> GrpcApi {
-        self.call_timeout = timeout.unwrap_or(CALL_TIMEOUT);
+    pub fn with_call_timeout(self, timeout: Option<Duration>) -> GrpcApi {
+        *self.shared.call_timeout.lock().unwrap_or_else(PoisonError::into_inner) = timeout.unwrap_or(CALL_TIMEOUT);
         self
     }
 
-    /// Run one nacos-sdk call with a fresh token and a deadline.
-    async fn call<T>(&self, what: &str, call: impl Future<Output = Result<T, SdkError>>) -> Result<T, RegistryError> {
-        self.call_within(what, self.call_timeout, call).await
+    /// The server address of the live connection, if any (tests).
+    #[cfg(test)]
+    pub fn connected_to(&self) -> Option<String> {
+        self.shared.conn.borrow().as_ref().map(|c| c.addr.clone())
+    }
+}
+
+impl Shared {
+    fn call_timeout(&self) -> Duration {
+        *self.call_timeout.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    async fn call_within<T>(
+    /// Connect to the first server that answers, starting at `start`.
+    async fn connect_any(self: &Arc<Self>, start: usize) -> Result<Arc<Conn>, RegistryError> {
+        let mut reasons = Vec::new();
+        let n = self.servers.len();
+        for i in 0..n {
+            let server = &self.servers[(start + i) % n];
+            let Some(addr) = grpc_addr(server) else {
+                reasons.push(format!("{server}: no port"));
+                continue;
+            };
+            let weak = Arc::downgrade(self);
+            let sink: PushSink = Arc::new(move |push: Push| {
+                if let Some(shared) = weak.upgrade() {
+                    shared.on_push(push);
+                }
+            });
+            let tls = self.tls.as_ref();
+            match Conn::connect(&self.registry, &addr, tls, &self.namespace, CONNECT_TIMEOUT, self.headers(None), sink)
+                .await
+            {
+                Ok(conn) => return Ok(Arc::new(conn)),
+                Err(e @ RegistryError::Config { .. }) => return Err(e),
+                Err(e) => reasons.push(e.to_string()),
+            }
+        }
+        let reason = reasons.join("; ");
+        *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason.clone());
+        Err(RegistryError::Unreachable { registry: self.registry.clone(), reason })
+    }
+
+    fn on_push(&self, push: Push) {
+        if !self.subscribed.lock().unwrap_or_else(PoisonError::into_inner).contains(&push.key) {
+            return;
+        }
+        if let Some(pushed) = self.pushed.lock().unwrap_or_else(PoisonError::into_inner).clone() {
+            pushed.mark(&push.key, Some(push.instances));
+        }
+    }
+
+    /// The token and the AK/SK signature for a call on `resource`.
+    fn headers(&self, resource: Option<&str>) -> Headers {
+        let mut headers = Vec::new();
+        if let Some(token) = self.auth.token() {
+            headers.push((ACCESS_TOKEN, token.expose().to_string()));
+        }
+        headers.extend(self.auth.signature(resource).into_iter().flatten());
+        headers
+    }
+
+    /// One request on the live connection, with a fresh token and a deadline.
+    async fn call(
         &self,
-        what: &str,
+        kind: &str,
+        body: serde_json::Value,
+        resource: Option<&str>,
         deadline: Duration,
-        call: impl Future<Output = Result<T, SdkError>>,
-    ) -> Result<T, RegistryError> {
+    ) -> Result<Vec<u8>, RegistryError> {
         self.auth.ensure(&self.servers).await?;
-        let result = match tokio::time::timeout(deadline, call).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(classify(&self.registry, what, &e)),
-            Err(_) => Err(RegistryError::Unreachable {
+        let Some(conn) = self.conn.borrow().clone().filter(|c| !c.is_closed()) else {
+            let why = self.last_error.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            return Err(RegistryError::Unreachable {
                 registry: self.registry.clone(),
-                reason: format!("{what}: timed out after {deadline:?}"),
-            }),
+                reason: format!(
+                    "{}: not connected ({})",
+                    kind.trim_end_matches("Request"),
+                    why.unwrap_or("reconnecting".into())
+                ),
+            });
         };
+        let result = conn.request(kind, body, self.headers(resource), deadline).await;
         if let Err(e) = &result
             && is_auth_error(e)
         {
@@ -190,70 +201,147 @@ impl GrpcApi {
         result
     }
 
-    fn subscriptions(&self) -> std::sync::MutexGuard<'_, HashMap<ServiceKey, Arc<dyn NamingEventListener>>> {
-        self.subscribed.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Unsubscribe everything, which stops nacos-sdk's pollers and redo
-    /// tasks so that the client can go when dropped. `false` when some
-    /// unsubscribe failed (the client is not connected): they are kept for
-    /// the next `close`, since nacos-sdk would otherwise subscribe them again
-    /// once this client reconnects, and poll them for ever.
-    pub async fn close(&self) -> bool {
-        let subs: Vec<_> = self.subscriptions().drain().collect();
-        let failed = unsubscribe_all(self.naming.clone(), subs).await;
-        let clean = failed.is_empty();
-        self.subscriptions().extend(failed);
-        clean
+    async fn subscribe_on(&self, key: &ServiceKey) -> Result<Vec<Instance>, RegistryError> {
+        let body = json!({
+            "namespace": self.namespace,
+            "serviceName": key.name,
+            "groupName": key.group,
+            "subscribe": true,
+            "clusters": "",
+        });
+        let grouped = format!("{}@@{}", key.group, key.name);
+        let bytes = self.call("SubscribeServiceRequest", body, Some(&grouped), self.call_timeout()).await?;
+        service_hosts(&self.registry, "SubscribeService", &bytes)
     }
 }
 
-type Subscription = (ServiceKey, Arc<dyn NamingEventListener>);
-
-/// Unsubscribe each (in parallel, each within [`CLOSE_TIMEOUT`]); the ones
-/// that failed.
-async fn unsubscribe_all(naming: NamingService, subs: Vec<Subscription>) -> Vec<Subscription> {
-    let all = futures::future::join_all(subs.into_iter().map(|(key, listener)| {
-        let naming = naming.clone();
-        async move {
-            let call = naming.unsubscribe(key.name.clone(), Some(key.group.clone()), vec![], listener.clone());
-            match tokio::time::timeout(CLOSE_TIMEOUT, call).await {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => {
-                    debug!(service = %key, error = %e, "unsubscribe failed");
-                    Some((key, listener))
+/// Watch the connection; replace it when it breaks, then subscribe again.
+async fn supervise(weak: std::sync::Weak<Shared>, mut conn: Arc<Conn>) {
+    let mut backoff = Backoff::default();
+    let mut start = 0;
+    let mut resubscribed = true;
+    loop {
+        // Wait for the connection to break (at once when a resubscription
+        // failed: a subscription the server lost would never push).
+        if resubscribed {
+            loop {
+                tokio::select! {
+                    () = conn.closed() => break,
+                    () = tokio::time::sleep(HEALTH_EVERY) => {
+                        let Some(shared) = weak.upgrade() else { return };
+                        let check = conn.request("HealthCheckRequest", json!({}), shared.headers(None), HEALTH_TIMEOUT).await;
+                        if let Err(e) = check {
+                            debug!(error = %e, "nacos health check failed");
+                            break;
+                        }
+                    }
                 }
-                Err(_) => Some((key, listener)),
             }
         }
-    }));
-    all.await.into_iter().flatten().collect()
-}
-
-impl Drop for GrpcApi {
-    fn drop(&mut self) {
-        // Dropped without `close` (the watcher's task was aborted): finish the
-        // job on the current runtime if there is one.
-        let subs: Vec<_> = self.subscriptions().drain().collect();
-        if subs.is_empty() {
-            return;
+        let Some(shared) = weak.upgrade() else { return };
+        shared.conn.send_replace(None);
+        info!(server = %conn.addr, resubscribed, "nacos connection lost, reconnecting");
+        drop(conn);
+        let addrs: Vec<String> = shared.servers.iter().filter_map(|s| grpc_addr(s)).collect();
+        drop(shared);
+        if !resubscribed {
+            wait_or_reopened(&mut backoff, &addrs).await;
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let naming = self.naming.clone();
-            rt.spawn(async move { drop(unsubscribe_all(naming, subs).await) });
+        conn = loop {
+            let Some(shared) = weak.upgrade() else { return };
+            start += 1;
+            match shared.connect_any(start).await {
+                Ok(conn) => break conn,
+                Err(e) => debug!(error = %e, "nacos reconnect failed"),
+            }
+            drop(shared);
+            wait_or_reopened(&mut backoff, &addrs).await;
+        };
+        let Some(shared) = weak.upgrade() else { return };
+        shared.conn.send_replace(Some(conn.clone()));
+        info!(server = %conn.addr, "nacos reconnected");
+        resubscribed = resubscribe(&shared).await;
+        if resubscribed {
+            backoff.reset();
         }
     }
+}
+
+/// Subscribe every service again on a new connection; each is queued for
+/// its reader with the instances the answer carried (and read, when the
+/// subscription failed). Whether every subscription was made.
+async fn resubscribe(shared: &Arc<Shared>) -> bool {
+    let keys: Vec<ServiceKey> =
+        shared.subscribed.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect();
+    let pushed = shared.pushed.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let results: Vec<_> = stream::iter(keys)
+        .map(|key| async move {
+            let r = shared.subscribe_on(&key).await;
+            (key, r)
+        })
+        .buffer_unordered(RESUBSCRIBE_CONCURRENCY)
+        .collect()
+        .await;
+    let mut all = true;
+    for (key, result) in results {
+        match (result, &pushed) {
+            (Ok(instances), Some(pushed)) => pushed.mark(&key, Some(instances)),
+            (Ok(_), None) => {}
+            // Its reader reads it; the next full read covers it too.
+            (Err(e), Some(pushed)) => {
+                debug!(service = %key, error = %e, "resubscribe failed");
+                pushed.mark(&key, None);
+                all = false;
+            }
+            (Err(_), None) => all = false,
+        }
+    }
+    all
+}
+
+/// The instances in a `ServiceQueryResponse` or `SubscribeServiceResponse`.
+fn service_hosts(registry: &str, what: &str, bytes: &[u8]) -> Result<Vec<Instance>, RegistryError> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Answer {
+        #[serde(default)]
+        service_info: Option<ServiceInfo>,
+    }
+    let answer: Answer = serde_json::from_slice(bytes).map_err(|e| RegistryError::BadResponse {
+        registry: registry.to_string(),
+        what: what.to_string(),
+        reason: e.to_string(),
+    })?;
+    Ok(answer.service_info.and_then(|i| i.hosts).unwrap_or_default())
 }
 
 impl Api for GrpcApi {
     async fn list_services(&self, group: &str) -> Result<Vec<String>, RegistryError> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Page {
+            #[serde(default)]
+            count: i64,
+            #[serde(default)]
+            service_names: Option<Vec<String>>,
+        }
+        let s = &self.shared;
         let mut all = Vec::new();
         for page in 1..=MAX_PAGES {
-            let call = self.naming.get_service_list(page, PAGE_SIZE, Some(group.to_string()));
-            let (names, count) = self.call("get_service_list", call).await?;
-            let last = names.len() < PAGE_SIZE as usize;
+            let body = json!({
+                "namespace": s.namespace, "groupName": group, "serviceName": "",
+                "pageNo": page, "pageSize": PAGE_SIZE, "selector": "",
+            });
+            let bytes = s.call("ServiceListRequest", body, None, s.call_timeout()).await?;
+            let page: Page = serde_json::from_slice(&bytes).map_err(|e| RegistryError::BadResponse {
+                registry: s.registry.clone(),
+                what: "ServiceList".into(),
+                reason: e.to_string(),
+            })?;
+            let names = page.service_names.unwrap_or_default();
+            let last = names.len() < PAGE_SIZE;
             all.extend(names);
-            if last || all.len() >= usize::try_from(count).unwrap_or(0) {
+            if last || all.len() >= usize::try_from(page.count).unwrap_or(0) {
                 break;
             }
         }
@@ -261,143 +349,70 @@ impl Api for GrpcApi {
     }
 
     async fn instances(&self, key: &ServiceKey) -> Result<Vec<Instance>, RegistryError> {
-        // `subscribe: false` asks the server; `true` would answer from
-        // nacos-sdk's cache.
-        let call = self.naming.get_all_instances(key.name.clone(), Some(key.group.clone()), vec![], false);
-        let instances = self.call("get_all_instances", call).await?;
-        Ok(instances.into_iter().map(Instance::from).collect())
+        let s = &self.shared;
+        let body = json!({
+            "namespace": s.namespace, "serviceName": key.name, "groupName": key.group,
+            "cluster": "", "healthyOnly": false, "udpPort": 0,
+        });
+        let grouped = format!("{}@@{}", key.group, key.name);
+        let bytes = s.call("ServiceQueryRequest", body, Some(&grouped), s.call_timeout()).await?;
+        service_hosts(&s.registry, "ServiceQuery", &bytes)
     }
 
     async fn probe(&self, group: &str) -> Result<(), RegistryError> {
-        // While the server is down nacos-sdk's calls wait for a connection
-        // until our deadline; a refused TCP connect says so at once.
-        if let Err(e) = grpc_reachable(&self.registry, &self.servers, PROBE_CONNECT_TIMEOUT).await {
-            self.was_down.store(true, Ordering::SeqCst);
-            return Err(e);
-        }
-        let recovering = self.was_down.load(Ordering::SeqCst);
-        let deadline = if recovering { RECOVERY_PROBE_TIMEOUT.min(self.call_timeout) } else { self.call_timeout };
-        let call = self.naming.get_service_list(1, 1, Some(group.to_string()));
-        match self.call_within("get_service_list", deadline, call).await {
-            Ok(_) => {
-                self.was_down.store(false, Ordering::SeqCst);
-                Ok(())
-            }
-            Err(e) => {
-                if recovering && matches!(e, RegistryError::Unreachable { .. }) {
-                    self.stale.store(true, Ordering::SeqCst);
-                }
-                Err(e)
-            }
-        }
+        let s = &self.shared;
+        let body = json!({
+            "namespace": s.namespace, "groupName": group, "serviceName": "",
+            "pageNo": 1, "pageSize": 1, "selector": "",
+        });
+        s.call("ServiceListRequest", body, None, s.call_timeout()).await.map(drop)
     }
 
     const PUSH: bool = true;
 
     async fn subscribe(&self, key: &ServiceKey, pushed: Arc<Pushed>) -> Result<(), RegistryError> {
-        if self.subscriptions().contains_key(key) {
+        let s = &self.shared;
+        s.pushed.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(pushed.clone());
+        if !s.subscribed.lock().unwrap_or_else(PoisonError::into_inner).insert(key.clone()) {
             return Ok(());
         }
-        let listener: Arc<dyn NamingEventListener> = Arc::new(PushListener { key: key.clone(), pushed });
-        let call = self.naming.subscribe(key.name.clone(), Some(key.group.clone()), vec![], listener.clone());
-        self.call("subscribe", call).await?;
-        self.subscriptions().insert(key.clone(), listener);
-        Ok(())
-    }
-
-    fn stale(&self) -> bool {
-        self.stale.load(Ordering::SeqCst)
-    }
-
-    async fn reachable_again(&self) {
-        if !self.was_down.load(Ordering::SeqCst) {
-            return std::future::pending().await;
-        }
-        // A TCP connect every so often while the server is down is cheap,
-        // and says it is back at once; it is not logged.
-        while grpc_reachable(&self.registry, &self.servers, PROBE_CONNECT_TIMEOUT).await.is_err() {
-            tokio::time::sleep(REACHABLE_POLL).await;
+        match s.subscribe_on(key).await {
+            // The answer carries the instances: the reader compares them
+            // with what was sent and reads only if they differ.
+            Ok(instances) => {
+                pushed.mark(key, Some(instances));
+                Ok(())
+            }
+            Err(e) => {
+                s.subscribed.lock().unwrap_or_else(PoisonError::into_inner).remove(key);
+                Err(e)
+            }
         }
     }
 
     async fn unsubscribe(&self, key: &ServiceKey) {
-        let Some(listener) = self.subscriptions().remove(key) else {
+        let s = &self.shared;
+        if !s.subscribed.lock().unwrap_or_else(PoisonError::into_inner).remove(key) {
             return;
-        };
-        let call = self.naming.unsubscribe(key.name.clone(), Some(key.group.clone()), vec![], listener);
-        if let Err(e) = self.call("unsubscribe", call).await {
+        }
+        let body = json!({
+            "namespace": s.namespace, "serviceName": key.name, "groupName": key.group,
+            "subscribe": false, "clusters": "",
+        });
+        let grouped = format!("{}@@{}", key.group, key.name);
+        if let Err(e) = s.call("SubscribeServiceRequest", body, Some(&grouped), s.call_timeout()).await {
             debug!(service = %key, error = %e, "unsubscribe failed");
         }
     }
-}
 
-/// A push only queues the service for a reader, which asks the server
-/// unless the instances the push announces are the ones it already has:
-/// nacos-sdk delivers each event from its own task, so two pushes may arrive
-/// out of order, and the answer to a question asked later cannot be older.
-struct PushListener {
-    key: ServiceKey,
-    pushed: Arc<Pushed>,
-}
-
-impl NamingEventListener for PushListener {
-    fn event(&self, event: Arc<NamingChangeEvent>) {
-        let hint = event.instances.as_ref().map(|hosts| hosts.iter().cloned().map(Instance::from).collect());
-        self.pushed.mark(&self.key, hint);
-    }
-}
-
-/// Classify a nacos-sdk error: the only place its error texts are read.
-/// A refused request comes back as `ErrResponse` (an `ErrorResponse`
-/// payload) or as `ErrResult` text `"... error_code=403, message=..."`.
-pub(crate) fn classify(registry: &str, what: &str, e: &SdkError) -> RegistryError {
-    let registry = registry.to_string();
-    let status = |code: i32| RegistryError::Status {
-        registry: registry.clone(),
-        what: what.to_string(),
-        status: u16::try_from(code).ok().filter(|c| (100..600).contains(c)).unwrap_or(500),
-    };
-    match e {
-        SdkError::ErrResponse(_, _, code, _) => status(*code),
-        SdkError::ErrResult(text) => status(error_code(text).unwrap_or(500)),
-        SdkError::Serialization(err) => {
-            RegistryError::BadResponse { registry, what: what.to_string(), reason: err.to_string() }
+    async fn reachable_again(&self) {
+        // Resolves when the supervisor has a new connection after a loss.
+        let mut rx = self.shared.conn.subscribe();
+        if rx.borrow_and_update().is_some() && rx.wait_for(Option::is_none).await.is_err() {
+            return std::future::pending().await;
         }
-        SdkError::InvalidParam(param, _) => {
-            RegistryError::BadResponse { registry, what: what.to_string(), reason: format!("invalid {param}") }
-        }
-        other => RegistryError::Unreachable { registry, reason: format!("{what}: {other}") },
-    }
-}
-
-fn error_code(text: &str) -> Option<i32> {
-    let rest = &text[text.find("error_code=")? + "error_code=".len()..];
-    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit() || *c == '-').collect();
-    digits.parse().ok()
-}
-
-/// nacos-sdk's disk cache, one directory per client, removed with it.
-struct CacheDir {
-    path: PathBuf,
-}
-
-impl CacheDir {
-    fn new(registry: &str) -> CacheDir {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let safe: String = registry.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-        let name = format!("meshbridge-nacos-{}-{safe}-{seq}", std::process::id());
-        let path = std::env::temp_dir().join(name);
-        CacheDir { path }
-    }
-}
-
-impl Drop for CacheDir {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.path)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            warn!(path = %self.path.display(), error = %e, "cannot remove the nacos-sdk cache dir");
+        if rx.wait_for(Option::is_some).await.is_err() {
+            std::future::pending::<()>().await;
         }
     }
 }
@@ -423,37 +438,5 @@ pub(crate) async fn grpc_reachable(registry: &str, servers: &[String], timeout: 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sdk_errors_are_classified() {
-        let refused = SdkError::ErrResponse(None, 500, 403, Some("unknown user!".into()));
-        assert!(matches!(classify("n", "w", &refused), RegistryError::Status { status: 403, .. }));
-        let text = SdkError::ErrResult(
-            "handle get_service_list failed: result_code=500, error_code=403, message=token invalid!".into(),
-        );
-        assert!(matches!(classify("n", "w", &text), RegistryError::Status { status: 403, .. }));
-        let odd = SdkError::ErrResult("handle x failed: result_code=500, error_code=70000, message=".into());
-        assert!(matches!(classify("n", "w", &odd), RegistryError::Status { status: 500, .. }));
-        let down = SdkError::ClientUnhealthy("closed".into());
-        let err = classify("n", "get_all_instances", &down);
-        assert!(matches!(&err, RegistryError::Unreachable { reason, .. } if reason.starts_with("get_all_instances")));
-        assert!(matches!(classify("n", "w", &SdkError::NoAvailableServer), RegistryError::Unreachable { .. }));
-        assert_eq!(error_code("error_code=-1, x"), Some(-1));
-        assert_eq!(error_code("nothing"), None);
-    }
-
-    #[test]
-    fn cache_dirs_are_private_and_removed() {
-        let a = CacheDir::new("my nacos/1");
-        let b = CacheDir::new("my nacos/1");
-        assert_ne!(a.path, b.path);
-        let name = a.path.file_name().unwrap().to_str().unwrap().to_string();
-        assert!(name.starts_with(&format!("meshbridge-nacos-{}-my_nacos_1-", std::process::id())), "{name}");
-        std::fs::create_dir_all(a.path.join("naming")).unwrap();
-        let path = a.path.clone();
-        drop(a);
-        assert!(!path.exists());
-    }
-}
+#[path = "grpc_tests.rs"]
+mod tests;

@@ -259,7 +259,7 @@ impl Api for PushFake {
 
 /// A push client that reports itself stale (the server is back, the client
 /// has not reconnected) ends its session at the next failed probe, so the
-/// watcher builds a new client instead of waiting for nacos-sdk's schedule.
+/// watcher builds a new client instead of waiting for the old one.
 #[tokio::test(start_paused = true)]
 async fn a_stale_client_is_replaced_at_the_next_failed_probe() {
     let current = vec!["127.0.0.1:8848".to_string()];

@@ -4,12 +4,11 @@
 //! push that arrives while it is being read queues it again, so no change
 //! goes unread.
 //!
-//! A push may carry the instances it announces (nacos-sdk hands them to
-//! the listener): the latest one queued is kept as a *hint*, which lets the
-//! reader skip the read when it says nothing new (see `read_pushed` in the
-//! parent module).
-//! nacos-sdk's own poller announces every service once, just after it is
-//! subscribed to, with the instances the watcher has just read.
+//! A push carries the instances it announces: the latest one queued is
+//! kept as a *hint*, which lets the reader skip the read when it says
+//! nothing new (see `read_pushed` in the parent module). A subscription's
+//! answer is queued the same way, with the instances it carried (usually
+//! those the watcher has just read).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, PoisonError};

@@ -138,7 +138,7 @@ pub(crate) fn parse_server_list(body: &str, port: u16) -> Result<Vec<String>, St
     Ok(out)
 }
 
-/// nacos-sdk's gRPC port is the HTTP port plus this (its own rule).
+/// The gRPC port is the HTTP port plus this (the Nacos clients' rule).
 pub(crate) const GRPC_PORT_OFFSET: u16 = 1000;
 
 /// `host:port` of a server's gRPC port (its HTTP port + 1000).

@@ -1,0 +1,478 @@
+//! One connection to a Nacos 2.x/3.x server over its gRPC protocol, our
+//! own client (no nacos-sdk).
+//!
+//! The protocol (alibaba/nacos `nacos_grpc_service.proto` and the request
+//! classes of `com.alibaba.nacos.api`): the gRPC port is the HTTP port +
+//! 1000; every message is a `Payload` whose metadata names the request or
+//! response class (`type`) and carries the headers (the `accessToken`, the
+//! AK/SK signature), and whose body is an `Any` holding the JSON of the
+//! request. Requests go through the unary `/Request/request`; the server's
+//! own requests (pushes, connection checks) come over the one bi-stream
+//! `/BiRequestStream/requestBiStream`, which the client opens with a
+//! `ConnectionSetupRequest` and answers on.
+//!
+//! The server ties a client's requests to its bi-stream by the TCP
+//! connection they arrive on, so a [`Conn`] is exactly one HTTP/2
+//! connection (one tonic `Channel` to one address, never reconnected by
+//! itself: a broken connection is replaced as a whole by the session,
+//! see `session.rs`). One task reads the bi-stream; it ends with the
+//! connection.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::{Notify, mpsc};
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::{Channel, Endpoint, Uri};
+use tracing::debug;
+
+use super::decode::{Instance, ServiceKey};
+use crate::tls::RegistryTls;
+use crate::watcher::RegistryError;
+
+/// `Metadata` of `nacos_grpc_service.proto`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct Metadata {
+    /// The Java simple class name of the request or response.
+    #[prost(string, tag = "3")]
+    pub r#type: String,
+    #[prost(map = "string, string", tag = "7")]
+    pub headers: HashMap<String, String>,
+    #[prost(string, tag = "8")]
+    pub client_ip: String,
+}
+
+/// `Payload` of `nacos_grpc_service.proto`; the body's value is JSON.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct Payload {
+    #[prost(message, optional, tag = "2")]
+    pub metadata: Option<Metadata>,
+    #[prost(message, optional, tag = "3")]
+    pub body: Option<prost_types::Any>,
+}
+
+const REQUEST_PATH: &str = "/Request/request";
+const BI_STREAM_PATH: &str = "/BiRequestStream/requestBiStream";
+/// The largest message read from a server: a service list page or one
+/// service's instances (100k instances of ~300 bytes fit).
+pub(crate) const MAX_MESSAGE_BYTES: usize = 64 << 20;
+/// Sent as `clientVersion` and the `app` header.
+const CLIENT_VERSION: &str = concat!("meshbridge:", env!("CARGO_PKG_VERSION"));
+/// Answers the client owes the server on the bi-stream, queued.
+const OUTBOX: usize = 1024;
+/// The error code of a request on a connection whose bi-stream the server
+/// has not registered (yet).
+const UNREGISTERED: u16 = 301;
+/// How often a new connection asks whether it is registered.
+const REGISTER_POLL: Duration = Duration::from_millis(20);
+/// HTTP/2 pings on an idle connection notice a dead peer between health
+/// checks.
+const KEEPALIVE: Duration = Duration::from_secs(10);
+
+/// A request's headers: the token and the signature (see `auth.rs`).
+pub(crate) type Headers = Vec<(&'static str, String)>;
+
+/// Where a connection hands the pushes it reads.
+pub(crate) type PushSink = Arc<dyn Fn(Push) + Send + Sync>;
+
+/// A service's instances pushed by the server (`NotifySubscriberRequest`).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Push {
+    pub key: ServiceKey,
+    pub instances: Vec<Instance>,
+}
+
+/// The `serviceInfo` of a subscribe or query answer, or of a push.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ServiceInfo {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub group_name: Option<String>,
+    #[serde(default)]
+    pub hosts: Option<Vec<Instance>>,
+}
+
+/// The fields every response carries.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BaseResponse {
+    #[serde(default)]
+    result_code: i64,
+    #[serde(default)]
+    error_code: i64,
+}
+
+/// One HTTP/2 connection with its bi-stream open.
+pub(crate) struct Conn {
+    registry: String,
+    /// `host:port` of the gRPC server.
+    pub addr: String,
+    grpc: tonic::client::Grpc<Channel>,
+    /// Set by the reader once the bi-stream ended.
+    closed: Arc<Closed>,
+    /// Held for its `Drop`: ends the bi-stream (and so the reader).
+    _outbox: mpsc::Sender<Payload>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct Closed {
+    done: AtomicBool,
+    notify: Notify,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl Conn {
+    /// Connect to `addr` (the gRPC `host:port`), check the server, open the
+    /// bi-stream as a client of `namespace`; pushes go to `pushes`.
+    pub async fn connect(
+        registry: &str,
+        addr: &str,
+        tls: Option<&RegistryTls>,
+        namespace: &str,
+        deadline: Duration,
+        headers: Headers,
+        pushes: PushSink,
+    ) -> Result<Conn, RegistryError> {
+        let unreachable = |reason: String| RegistryError::Unreachable {
+            registry: registry.to_string(),
+            reason: format!("connect {addr}: {reason}"),
+        };
+        let channel = tokio::time::timeout(deadline, channel(registry, addr, tls, deadline))
+            .await
+            .map_err(|_| unreachable(format!("timed out after {deadline:?}")))??;
+        let grpc = tonic::client::Grpc::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let (outbox, rx) = mpsc::channel::<Payload>(OUTBOX);
+        let closed = Arc::new(Closed::default());
+        let mut conn = Conn {
+            registry: registry.to_string(),
+            addr: addr.to_string(),
+            grpc,
+            closed: closed.clone(),
+            _outbox: outbox.clone(),
+            reader: tokio::spawn(async {}),
+        };
+        conn.request("ServerCheckRequest", json!({}), Vec::new(), deadline).await?;
+        // The bi-stream: its first message sets the connection up.
+        let setup = json!({
+            "clientVersion": CLIENT_VERSION,
+            "tenant": namespace,
+            "labels": {"source": "sdk", "module": "naming"},
+            "abilities": {
+                "remoteAbility": {"supportRemoteConnection": true},
+                "configAbility": {"supportRemoteMetrics": false},
+                "namingAbility": {"supportDeltaPush": false, "supportRemoteMetric": false}
+            },
+        });
+        outbox
+            .send(payload("ConnectionSetupRequest", "internal", setup, Vec::new()))
+            .await
+            .map_err(|_| unreachable("bi-stream closed".into()))?;
+        let stream = tokio_stream_from(rx);
+        let mut grpc = conn.grpc.clone();
+        grpc.ready().await.map_err(|e| unreachable(e.to_string()))?;
+        let path = PathAndQuery::from_static(BI_STREAM_PATH);
+        let open = grpc.streaming(tonic::Request::new(stream), path, codec());
+        let inbound = tokio::time::timeout(deadline, open)
+            .await
+            .map_err(|_| unreachable(format!("bi-stream: timed out after {deadline:?}")))?
+            .map_err(|s| unreachable(format!("bi-stream: {}", s.message())))?
+            .into_inner();
+        conn.reader = tokio::spawn(read_stream(registry.to_string(), inbound, outbox, pushes, closed));
+        // The server registers the bi-stream asynchronously, and refuses
+        // requests on the connection until it has (rnacos and Nacos answer
+        // 301, "unregistered"): a subscription made before would be lost.
+        let registered = async {
+            loop {
+                match conn.request("HealthCheckRequest", json!({}), headers.clone(), deadline).await {
+                    Ok(_) => return Ok(()),
+                    Err(RegistryError::Status { status: UNREGISTERED, .. }) if !conn.is_closed() => {
+                        tokio::time::sleep(REGISTER_POLL).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        tokio::time::timeout(deadline, registered)
+            .await
+            .map_err(|_| unreachable(format!("the server did not register the connection within {deadline:?}")))??;
+        Ok(conn)
+    }
+
+    /// Whether the bi-stream ended (the connection is gone).
+    pub fn is_closed(&self) -> bool {
+        self.closed.done.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the bi-stream ended.
+    pub async fn closed(&self) {
+        loop {
+            let notified = self.closed.notify.notified();
+            if self.is_closed() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// One unary request of class `kind` with body `body`: the body of a
+    /// successful response. A refused request is a `Status` error with the
+    /// server's error code.
+    pub async fn request(
+        &self,
+        kind: &str,
+        body: Value,
+        headers: Headers,
+        deadline: Duration,
+    ) -> Result<Vec<u8>, RegistryError> {
+        let what = kind.trim_end_matches("Request");
+        let unreachable = |reason: String| RegistryError::Unreachable {
+            registry: self.registry.clone(),
+            reason: format!("{what}: {reason}"),
+        };
+        let module = if kind.starts_with("Service") || kind.starts_with("Subscribe") { "naming" } else { "internal" };
+        let mut grpc = self.grpc.clone();
+        let call = async {
+            grpc.ready().await.map_err(|e| unreachable(e.to_string()))?;
+            let request = tonic::Request::new(payload(kind, module, body, headers));
+            grpc.unary(request, PathAndQuery::from_static(REQUEST_PATH), codec())
+                .await
+                .map_err(|s| unreachable(format!("{:?}: {}", s.code(), s.message())))
+        };
+        let response = tokio::time::timeout(deadline, call)
+            .await
+            .map_err(|_| unreachable(format!("timed out after {deadline:?}")))??
+            .into_inner();
+        let bytes = response.body.map(|b| b.value).unwrap_or_default();
+        let bad = |reason: String| RegistryError::BadResponse {
+            registry: self.registry.clone(),
+            what: what.to_string(),
+            reason,
+        };
+        let base: BaseResponse = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+        let kind = response.metadata.map(|m| m.r#type).unwrap_or_default();
+        if base.result_code != 200 || kind == "ErrorResponse" {
+            let code = if base.error_code > 0 { base.error_code } else { base.result_code };
+            return Err(RegistryError::Status {
+                registry: self.registry.clone(),
+                what: what.to_string(),
+                status: u16::try_from(code).ok().filter(|c| (100..600).contains(c)).unwrap_or(500),
+            });
+        }
+        Ok(bytes)
+    }
+}
+
+fn codec() -> tonic_prost::ProstCodec<Payload, Payload> {
+    tonic_prost::ProstCodec::default()
+}
+
+/// A request payload: the JSON body with its `requestId`, `module` and
+/// headers (the headers ride in the metadata, as the Nacos clients send
+/// them).
+fn payload(kind: &str, module: &str, mut body: Value, headers: Headers) -> Payload {
+    static SEQ: AtomicU64 = AtomicU64::new(1);
+    let mut map: HashMap<String, String> = headers.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    map.insert("app".into(), "meshbridge".into());
+    if let Some(obj) = body.as_object_mut() {
+        obj.entry("requestId").or_insert_with(|| SEQ.fetch_add(1, Ordering::Relaxed).to_string().into());
+        obj.entry("module").or_insert_with(|| module.into());
+        obj.entry("headers").or_insert_with(|| json!({}));
+    }
+    answer(kind, body, map)
+}
+
+/// A payload of class `kind` carrying `body` as is.
+fn answer(kind: &str, body: Value, headers: HashMap<String, String>) -> Payload {
+    Payload {
+        metadata: Some(Metadata { r#type: kind.to_string(), headers, client_ip: String::new() }),
+        body: Some(prost_types::Any { type_url: String::new(), value: body.to_string().into_bytes() }),
+    }
+}
+
+fn tokio_stream_from(rx: mpsc::Receiver<Payload>) -> impl futures::Stream<Item = Payload> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) })
+}
+
+/// Read what the server sends on the bi-stream: pushes are answered and
+/// handed on, connection checks answered; a `ConnectResetRequest` or the
+/// end of the stream closes the connection.
+async fn read_stream(
+    registry: String,
+    mut inbound: tonic::Streaming<Payload>,
+    outbox: mpsc::Sender<Payload>,
+    pushes: PushSink,
+    closed: Arc<Closed>,
+) {
+    loop {
+        let message = match inbound.next().await {
+            Some(Ok(message)) => message,
+            Some(Err(status)) => {
+                debug!(registry, code = ?status.code(), "nacos bi-stream failed");
+                break;
+            }
+            None => break,
+        };
+        let kind = message.metadata.as_ref().map(|m| m.r#type.as_str()).unwrap_or_default().to_string();
+        let body: Value =
+            message.body.as_ref().and_then(|b| serde_json::from_slice(&b.value).ok()).unwrap_or(Value::Null);
+        let request_id = body.get("requestId").cloned().unwrap_or(Value::Null);
+        let ok = |kind: &str| {
+            answer(kind, json!({"resultCode": 200, "errorCode": 0, "requestId": request_id}), HashMap::new())
+        };
+        let reply = match kind.as_str() {
+            "NotifySubscriberRequest" => {
+                match decode_push(&body) {
+                    Some(push) => pushes(push),
+                    None => debug!(registry, "nacos push without a service name ignored"),
+                }
+                Some(ok("NotifySubscriberResponse"))
+            }
+            "ClientDetectionRequest" => Some(ok("ClientDetectionResponse")),
+            "ConnectResetRequest" => {
+                debug!(registry, "nacos server asked to reconnect");
+                break;
+            }
+            // Answers to our setup, unknown requests: nothing to say.
+            _ => None,
+        };
+        if let Some(reply) = reply
+            && outbox.try_send(reply).is_err()
+        {
+            debug!(registry, "nacos bi-stream outbox full or closed");
+            break;
+        }
+    }
+    closed.done.store(true, Ordering::SeqCst);
+    closed.notify.notify_waiters();
+}
+
+/// The service and instances of a `NotifySubscriberRequest`.
+pub(crate) fn decode_push(body: &Value) -> Option<Push> {
+    let info: ServiceInfo = serde_json::from_value(body.get("serviceInfo")?.clone()).ok()?;
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string);
+    let name = text(body.get("serviceName")).or(info.name.clone())?;
+    let group = text(body.get("groupName")).or(info.group_name.clone());
+    let key = match (name.split_once("@@"), group) {
+        (Some((g, n)), _) => ServiceKey::new(g, n),
+        (None, Some(g)) => ServiceKey::new(g, name),
+        (None, None) => ServiceKey::new(super::decode::DEFAULT_GROUP, name),
+    };
+    Some(Push { key, instances: info.hosts.unwrap_or_default() })
+}
+
+/// A channel of exactly one HTTP/2 connection to `addr`, over TLS with
+/// `tls`.
+async fn channel(
+    registry: &str,
+    addr: &str,
+    tls: Option<&RegistryTls>,
+    deadline: Duration,
+) -> Result<Channel, RegistryError> {
+    let unreachable = |reason: String| RegistryError::Unreachable {
+        registry: registry.to_string(),
+        reason: format!("connect {addr}: {reason}"),
+    };
+    let config =
+        |reason: String| RegistryError::Config { registry: registry.to_string(), field: "registryTls".into(), reason };
+    let uri: Uri = format!("http://{addr}").parse().map_err(|e| unreachable(format!("{e}")))?;
+    let endpoint = Endpoint::from(uri)
+        .connect_timeout(deadline)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(KEEPALIVE)
+        .keep_alive_timeout(deadline)
+        .keep_alive_while_idle(true);
+    let Some(tls) = tls else {
+        return endpoint
+            .connect()
+            .await
+            .map_err(|e| unreachable(crate::tls::tls_failure(&e).unwrap_or(error_chain(&e))));
+    };
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let name = crate::tls::server_name(tls, host).map_err(config)?;
+    let connector = tokio_rustls::TlsConnector::from(crate::tls::client_config(tls, &[b"h2"]).map_err(config)?);
+    let target = addr.to_string();
+    let connect = tower::service_fn(move |_: Uri| {
+        let (connector, name, target) = (connector.clone(), name.clone(), target.clone());
+        async move {
+            let tcp = tokio::net::TcpStream::connect(&target).await?;
+            tcp.set_nodelay(true)?;
+            let stream = connector.connect(name, tcp).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+        }
+    });
+    endpoint
+        .connect_with_connector(connect)
+        .await
+        .map_err(|e| unreachable(crate::tls::tls_failure(&e).unwrap_or(error_chain(&e))))
+}
+
+/// An error and its causes, on one line.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn payload_field_numbers_match_the_nacos_proto() {
+        let p = answer("X", json!({"a": 1}), HashMap::from([("k".to_string(), "v".to_string())]));
+        let bytes = p.encode_to_vec();
+        // Field 2 (metadata, length-delimited) first, then field 3 (body).
+        assert_eq!(bytes[0], (2 << 3) | 2);
+        let meta_len = bytes[1] as usize;
+        assert_eq!(bytes[2 + meta_len], (3 << 3) | 2);
+        // Inside metadata: type is field 3, headers field 7.
+        assert_eq!(bytes[2], (3 << 3) | 2);
+        assert!(bytes[2..2 + meta_len].contains(&((7 << 3) | 2)));
+        assert_eq!(Payload::decode(bytes.as_slice()).unwrap(), p);
+    }
+
+    #[test]
+    fn requests_carry_id_module_and_headers() {
+        let p = payload("ServiceListRequest", "naming", json!({"pageNo": 1}), vec![("accessToken", "t".into())]);
+        let meta = p.metadata.unwrap();
+        assert_eq!(meta.r#type, "ServiceListRequest");
+        assert_eq!(meta.headers.get("accessToken").map(String::as_str), Some("t"));
+        let body: Value = serde_json::from_slice(&p.body.unwrap().value).unwrap();
+        assert_eq!(body["module"], "naming");
+        assert_eq!(body["pageNo"], 1);
+        assert!(body["requestId"].is_string());
+    }
+
+    #[test]
+    fn pushes_name_their_service() {
+        let body = json!({"serviceName": "web", "groupName": "g1", "serviceInfo": {"name": "web", "hosts": [{"ip": "10.0.0.1", "port": 80}]}});
+        let push = decode_push(&body).unwrap();
+        assert_eq!(push.key, ServiceKey::new("g1", "web"));
+        assert_eq!(push.instances.len(), 1);
+        let grouped = json!({"serviceInfo": {"name": "g2@@api", "hosts": null}});
+        assert_eq!(decode_push(&grouped).unwrap(), Push { key: ServiceKey::new("g2", "api"), instances: vec![] });
+        assert!(decode_push(&json!({"serviceInfo": {}})).is_none());
+        assert!(decode_push(&json!({})).is_none());
+    }
+}
