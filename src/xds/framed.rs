@@ -133,6 +133,16 @@ impl<M: Frames + Send + 'static> Body for FramedBody<M> {
     }
 }
 
+/// `message` as one uncompressed gRPC frame (tests).
+#[cfg(test)]
+pub(crate) fn framed(message: &impl prost::Message) -> Vec<u8> {
+    let body = message.encode_to_vec();
+    let mut out = vec![0];
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,14 +183,6 @@ mod tests {
             type_url: "type.googleapis.com/t".into(),
             nonce: nonce.into(),
         }
-    }
-
-    fn framed(message: &impl Message) -> Vec<u8> {
-        let body = message.encode_to_vec();
-        let mut out = vec![0];
-        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        out.extend_from_slice(&body);
-        out
     }
 
     fn status_of(trailers: &HeaderMap) -> (String, String) {

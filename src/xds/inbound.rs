@@ -136,17 +136,10 @@ impl<D: Message + Default> Stream for Requests<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::xds::framed::framed;
     use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
     use futures::StreamExt;
     use hyper::body::Frame;
-
-    fn framed(message: &impl Message) -> Vec<u8> {
-        let body = message.encode_to_vec();
-        let mut out = vec![0];
-        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        out.extend_from_slice(&body);
-        out
-    }
 
     /// A body that yields `chunks` as data frames.
     struct Chunks(std::collections::VecDeque<Vec<u8>>);

@@ -11,6 +11,7 @@
 pub mod child;
 pub mod consul;
 pub mod follow;
+pub mod inproc;
 pub mod peer;
 pub mod procfs;
 pub mod registry;

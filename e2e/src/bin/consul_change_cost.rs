@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use meshbridge_e2e::bench::consul::ConsulDev;
-use meshbridge_e2e::bench::procfs::HARNESS_THREAD;
+use meshbridge_e2e::bench::inproc::{others_cpu, runtimes, until_idle};
 use meshbridge_e2e::recorder::Recorder;
 use meshbridge_registries::consul::{ConsulWatcher, answers_read};
 use meshbridge_registries::{RegistryKind, RegistrySpec};
@@ -39,10 +39,6 @@ use serde_json::{Value, json};
 const PER: usize = 10;
 /// Operations per `/v1/txn` call (Consul's limit is 64).
 const TXN_OPS: usize = 64;
-/// The watcher counts as idle once its threads used less than this in
-/// [`IDLE_STEP`].
-const IDLE_CPU: Duration = Duration::from_micros(500);
-const IDLE_STEP: Duration = Duration::from_millis(150);
 
 fn host(i: usize) -> String {
     format!("svc-{i}.dc1.consul")
@@ -65,29 +61,8 @@ fn check_op(i: usize, j: usize, status: &str) -> Value {
 /// What the watcher used so far: (CPU of every thread but the harness's,
 /// Consul answers, their body bytes).
 fn watcher_usage() -> (Duration, u64, u64) {
-    let mut ns = 0u64;
     let (answers, bytes) = answers_read();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return (Duration::ZERO, answers, bytes) };
-    for task in tasks.flatten() {
-        if std::fs::read_to_string(task.path().join("comm")).unwrap_or_default().trim() == HARNESS_THREAD {
-            continue;
-        }
-        let sched = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
-        ns += sched.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    }
-    (Duration::from_nanos(ns), answers, bytes)
-}
-
-async fn idle() {
-    let mut last = watcher_usage().0;
-    loop {
-        tokio::time::sleep(IDLE_STEP).await;
-        let now = watcher_usage().0;
-        if now.saturating_sub(last) < IDLE_CPU {
-            return;
-        }
-        last = now;
-    }
+    (others_cpu(), answers, bytes)
 }
 
 struct Harness {
@@ -156,18 +131,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
-    let harness = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name(HARNESS_THREAD)
-        .thread_keep_alive(Duration::from_secs(86_400))
-        .enable_all()
-        .build()?;
-    let watcher_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("watcher")
-        .thread_keep_alive(Duration::from_secs(86_400))
-        .enable_all()
-        .build()?;
+    let (harness, watcher_rt) = runtimes()?;
     let mb = watcher_rt.handle().clone();
     harness.block_on(async move { tokio::spawn(run(n, rounds, checks, distinct, mb)).await? })
 }
@@ -193,7 +157,7 @@ async fn run(n: usize, rounds: usize, checks: bool, distinct: bool, mb: tokio::r
     let count = |r: &Recorder, i: usize| r.endpoints(&host(i)).map_or(0, |e| e.len());
     rec.until("full sync", |r| r.hosts().len() >= n && (0..n).all(|i| count(r, i) == PER)).await;
     eprintln!("consul_change_cost: watcher synced in {:.1}s", t.elapsed().as_secs_f64());
-    idle().await;
+    until_idle().await;
 
     let kinds = ["check fails", "check passes", "instance deregistered", "instance registered"];
     let mut tallies: BTreeMap<usize, Tally> = BTreeMap::new();
@@ -230,7 +194,7 @@ async fn run(n: usize, rounds: usize, checks: bool, distinct: bool, mb: tokio::r
             }
             rec.until(kind, |r| count(r, i) == want).await;
             let latency = started.elapsed();
-            idle().await;
+            until_idle().await;
             let (cpu1, answers1, bytes1) = watcher_usage();
             let tally = tallies.entry(k).or_default();
             tally.latency.push(latency);

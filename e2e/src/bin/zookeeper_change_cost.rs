@@ -20,46 +20,17 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use meshbridge_e2e::bench::procfs::{HARNESS_THREAD, Proc};
+use meshbridge_e2e::bench::inproc::{others_cpu, runtimes, until_idle};
+use meshbridge_e2e::bench::procfs::Proc;
 use meshbridge_e2e::bench::registry::{Kind, Registry};
 use meshbridge_e2e::recorder::Recorder;
 use meshbridge_registries::zookeeper::ZookeeperWatcher;
 use meshbridge_registries::{RegistryKind, RegistrySpec};
 
 const PER: usize = 10;
-/// The watcher counts as idle once its threads used less than this in
-/// [`IDLE_STEP`].
-const IDLE_CPU: Duration = Duration::from_micros(500);
-const IDLE_STEP: Duration = Duration::from_millis(150);
 
 fn host(i: usize) -> String {
     format!("providers:com.bench.Svc{i}:1.0.0:.zookeeper")
-}
-
-/// On-CPU time of every thread but the harness's.
-fn watcher_cpu() -> Duration {
-    let mut ns = 0u64;
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Duration::ZERO };
-    for task in tasks.flatten() {
-        if std::fs::read_to_string(task.path().join("comm")).unwrap_or_default().trim() == HARNESS_THREAD {
-            continue;
-        }
-        let sched = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
-        ns += sched.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    }
-    Duration::from_nanos(ns)
-}
-
-async fn idle() {
-    let mut last = watcher_cpu();
-    loop {
-        tokio::time::sleep(IDLE_STEP).await;
-        let now = watcher_cpu();
-        if now.saturating_sub(last) < IDLE_CPU {
-            return;
-        }
-        last = now;
-    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -81,18 +52,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
-    let harness = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name(HARNESS_THREAD)
-        .thread_keep_alive(Duration::from_secs(86_400))
-        .enable_all()
-        .build()?;
-    let watcher_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("watcher")
-        .thread_keep_alive(Duration::from_secs(86_400))
-        .enable_all()
-        .build()?;
+    let (harness, watcher_rt) = runtimes()?;
     let mb = watcher_rt.handle().clone();
     let resync = Duration::from_secs(resync_secs.max(1));
     harness.block_on(async move { tokio::spawn(run(n, changes.min(n), resync, resync_rounds, mb)).await? })
@@ -118,23 +78,23 @@ async fn run(
         Ok(Recorder::start(Box::new(watcher), Duration::from_secs(600)))
     };
     // Changes first, under a watcher whose resync never comes.
-    let (cpu0, t) = (watcher_cpu(), Instant::now());
+    let (cpu0, t) = (others_cpu(), Instant::now());
     let mut rec = start(Duration::from_secs(3600))?;
     rec.until("full sync", |r| r.hosts().len() >= n && (0..n).all(|i| count(r, i) == PER)).await;
-    let (sync_took, sync_cpu) = (t.elapsed(), watcher_cpu().saturating_sub(cpu0));
+    let (sync_took, sync_cpu) = (t.elapsed(), others_cpu().saturating_sub(cpu0));
     let rss_sync = Proc::me().memory().rss;
-    idle().await;
+    until_idle().await;
 
     let (mut latency, mut cpu) = (Vec::new(), Duration::ZERO);
     for k in 0..changes {
         // The bench's order: the first n changes each touch a new service.
-        let before = watcher_cpu();
+        let before = others_cpu();
         let started = Instant::now();
         let i = reg.change(k, n, PER).await?;
         rec.until("the change", |r| count(r, i) == PER - 1).await;
         latency.push(started.elapsed());
-        idle().await;
-        cpu += watcher_cpu().saturating_sub(before);
+        until_idle().await;
+        cpu += others_cpu().saturating_sub(before);
     }
     latency.sort();
     drop(rec);
@@ -142,11 +102,11 @@ async fn run(
     // Then resyncs with nothing changing, under a watcher of their own.
     let mut rec = start(resync)?;
     rec.until("full sync", |r| r.hosts().len() >= n).await;
-    idle().await;
+    until_idle().await;
     let mark = rec.mark();
-    let before = watcher_cpu();
+    let before = others_cpu();
     rec.idle(resync * rounds as u32 + resync / 2).await;
-    let resync_cpu = watcher_cpu().saturating_sub(before) / rounds.max(1) as u32;
+    let resync_cpu = others_cpu().saturating_sub(before) / rounds.max(1) as u32;
     let snapshots = rec.snapshots_since(mark);
     for e in rec.errors_since(mark) {
         eprintln!("zookeeper_change_cost: error during the resyncs: {e}");
