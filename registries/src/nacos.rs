@@ -187,11 +187,6 @@ enum End {
     Servers(Vec<String>),
     /// The client is beyond repair (tokens refused right after login).
     Reconnect,
-    /// The server answers again after an outage, but the client has not
-    /// reconnected ([`Api::stale`]): a new client connects at once. Our gRPC
-    /// client reconnects by itself and never reports this; the rule stays
-    /// for any client that cannot.
-    Stale,
 }
 
 impl NacosWatcher {
@@ -279,9 +274,6 @@ impl NacosWatcher {
                 End::Reconnect => {
                     warn!("credentials refused right after login: new client");
                     tokio::time::sleep(backoff.next()).await;
-                }
-                End::Stale => {
-                    info!("nacos accepts connections again but the client has not reconnected: new client");
                 }
             }
         }
@@ -681,16 +673,9 @@ impl<A: Api> Session<A> {
     /// sync only.
     /// - Its credentials are refused again and again although each call
     ///   logged in afresh: its own state is stale.
-    /// - The server is back from an outage and this client has not
-    ///   reconnected ([`Api::stale`]).
     fn replace_client(&self) -> Option<End> {
-        if !A::PUSH {
-            return None;
-        }
-        if self.ctx.health.auth_failures.load(Ordering::SeqCst) >= AUTH_FAILURES_BEFORE_RECONNECT {
-            return Some(End::Reconnect);
-        }
-        self.api.stale().then_some(End::Stale)
+        let refused = self.ctx.health.auth_failures.load(Ordering::SeqCst) >= AUTH_FAILURES_BEFORE_RECONNECT;
+        (A::PUSH && refused).then_some(End::Reconnect)
     }
 
     /// Push clients: [`CONCURRENCY`] readers of pushed services, and exactly

@@ -35,12 +35,6 @@ pub(crate) trait Api: Send + Sync + 'static {
     fn reachable_again(&self) -> impl Future<Output = ()> + Send {
         std::future::pending()
     }
-    /// The server answers again after an outage, but this client has not
-    /// reconnected to it yet: a new client would. No client reports this
-    /// now (our gRPC client reconnects by itself).
-    fn stale(&self) -> bool {
-        false
-    }
 }
 
 /// A request refused for its credentials.
