@@ -26,6 +26,32 @@ pub struct Envoy {
     _dir: TempDir,
 }
 
+/// Which of its statistics Envoy keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stats {
+    /// Envoy's default: every statistic of every cluster (about 110 a
+    /// cluster: 1.1 million at 10,000 clusters).
+    All,
+    /// What Istio's bootstrap (and so Higress's gateway) keeps by default:
+    /// an inclusion list of the server, cluster manager, listener manager
+    /// and xDS cluster statistics, none per upstream cluster.
+    Istio,
+}
+
+/// The `stats_config` block for [`Stats::Istio`]: the prefixes of Istio's
+/// `requiredEnvoyStatsMatcherInclusionPrefixes`, with this bootstrap's xDS
+/// cluster (`xds`) for Istio's `cluster.xds-grpc`.
+const ISTIO_STATS: &str = r#"stats_config:
+  stats_matcher:
+    inclusion_list:
+      patterns:
+        - prefix: cluster_manager
+        - prefix: listener_manager
+        - prefix: server
+        - prefix: cluster.xds.
+        - prefix: wasm
+"#;
+
 /// Where Envoy's listeners come from.
 #[derive(Debug, Clone, Copy)]
 pub enum Listeners<'a> {
@@ -130,11 +156,22 @@ impl Envoy {
         Envoy::start_with(xds, mode, Listeners::Static { route_cluster }, free_port()).await
     }
 
+    /// Like [`Envoy::start`], keeping only the statistics `stats` names.
+    pub async fn start_with_stats(
+        xds: SocketAddr,
+        mode: AdsMode,
+        route_cluster: &str,
+        stats: Stats,
+    ) -> anyhow::Result<Envoy> {
+        let listeners = Listeners::Static { route_cluster };
+        Envoy::start_inner(&[xds], mode, listeners, free_port(), stats).await
+    }
+
     /// Like [`Envoy::start`], with an xDS cluster of several endpoints (the
     /// replicas behind one xDS address); Envoy reconnects to another when
     /// its stream breaks.
     pub async fn start_replicas(xds: &[SocketAddr], mode: AdsMode, route_cluster: &str) -> anyhow::Result<Envoy> {
-        Envoy::start_inner(xds, mode, Listeners::Static { route_cluster }, free_port()).await
+        Envoy::start_inner(xds, mode, Listeners::Static { route_cluster }, free_port(), Stats::All).await
     }
 
     /// Start Envoy as a standalone gateway: listeners and routes come over
@@ -149,7 +186,7 @@ impl Envoy {
         listeners: Listeners<'_>,
         listen_port: u16,
     ) -> anyhow::Result<Envoy> {
-        Envoy::start_inner(&[xds], mode, listeners, listen_port).await
+        Envoy::start_inner(&[xds], mode, listeners, listen_port, Stats::All).await
     }
 
     async fn start_inner(
@@ -157,6 +194,7 @@ impl Envoy {
         mode: AdsMode,
         listeners: Listeners<'_>,
         listen_port: u16,
+        stats: Stats,
     ) -> anyhow::Result<Envoy> {
         let admin_port = free_port();
         let node_id = format!("e2e-{}", std::process::id());
@@ -170,6 +208,9 @@ impl Envoy {
                 more.port()
             );
             yaml.insert_str(at, &entry);
+        }
+        if stats == Stats::Istio {
+            yaml.push_str(ISTIO_STATS);
         }
         Envoy::start_bootstrap(&yaml, admin_port, listen_port).await
     }

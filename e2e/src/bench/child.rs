@@ -10,6 +10,7 @@
 //! stream is number 1 (`RUST_LOG` below). Every other stream logs at info
 //! as usual, which is nothing per change.
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -27,6 +28,10 @@ use crate::process::ChildGuard;
 /// The child's log filter: info everywhere, debug (its `ACK` lines) for
 /// xDS stream 1 only, which is the real Envoy's.
 pub const LOG_FILTER: &str = "info,meshbridge::xds[ads{stream=1}]=debug";
+/// Directives added to [`LOG_FILTER`] for an investigation (e.g.
+/// `meshbridge_registries::consul=debug`). They cost the child CPU: leave
+/// it unset for figures.
+pub const LOG_EXTRA_ENV: &str = "MESHBRIDGE_BENCH_LOG_FILTER";
 /// How long the child may take to listen.
 const START_LIMIT: Duration = Duration::from_secs(60);
 
@@ -97,7 +102,7 @@ pub struct Meshbridge {
     pub xds_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub proc: Proc,
-    eds_ack: Arc<Mutex<Option<Instant>>>,
+    eds: Arc<Mutex<Eds>>,
     http: reqwest::Client,
     guard: ChildGuard,
 }
@@ -111,17 +116,17 @@ impl Meshbridge {
             .arg("--config-dir")
             .arg(config_dir)
             .args(["--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
-            .env("RUST_LOG", LOG_FILTER)
+            .env("RUST_LOG", log_filter())
             .envs(env.iter().map(|(k, v)| (k, v)));
         let file = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
         let (mut guard, stderr) = ChildGuard::spawn_piped_stderr("meshbridge", cmd, log)?;
         let pid = guard.id().context("meshbridge child without a pid")?;
-        let eds_ack = Arc::new(Mutex::new(None));
+        let eds = Arc::new(Mutex::new(Eds::default()));
         let (tx, rx) = mpsc::channel();
-        let ack = eds_ack.clone();
+        let stamps = eds.clone();
         std::thread::Builder::new()
             .name("mb-stderr".into())
-            .spawn(move || read_stderr(stderr, file, tx, &ack))
+            .spawn(move || read_stderr(stderr, file, tx, &stamps))
             .context("spawn the stderr reader")?;
         let deadline = Instant::now() + START_LIMIT;
         let serving = loop {
@@ -141,7 +146,7 @@ impl Meshbridge {
             xds_addr: addr("xds_addr")?,
             admin_addr: addr("admin_addr")?,
             proc: Proc::pid(pid),
-            eds_ack,
+            eds,
             http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?,
             guard,
         })
@@ -157,8 +162,15 @@ impl Meshbridge {
 
     /// When the real Envoy's last EDS ACK line arrived, if after `since`.
     pub fn envoy_ack_after(&self, since: Instant) -> Option<Instant> {
-        let at = *self.eds_ack.lock().unwrap_or_else(PoisonError::into_inner);
-        at.filter(|t| *t > since)
+        let eds = self.eds.lock().unwrap_or_else(PoisonError::into_inner);
+        eds.ack.filter(|t| *t > since)
+    }
+
+    /// Envoy's own part of its last EDS ACK, if that came after `since`:
+    /// from the line saying the response went out to the ACK's line.
+    pub fn envoy_own_after(&self, since: Instant) -> Option<Duration> {
+        let eds = self.eds.lock().unwrap_or_else(PoisonError::into_inner);
+        eds.ack.filter(|t| *t > since).and(eds.own)
     }
 
     pub fn is_running(&mut self) -> bool {
@@ -171,23 +183,67 @@ impl Meshbridge {
     }
 }
 
+/// When the real Envoy's EDS responses went out and were ACKed, as the
+/// child's stream 1 logs them.
+#[derive(Debug, Default)]
+pub struct Eds {
+    /// EDS responses sent and not yet ACKed, by nonce.
+    sent: HashMap<String, Instant>,
+    /// The last ACK line's arrival.
+    ack: Option<Instant>,
+    /// The last ACK's time since its response's `sent` line.
+    own: Option<Duration>,
+}
+
+/// Unanswered nonces kept at most (Envoy ACKs or NACKs each one).
+const SENT_KEPT: usize = 1024;
+
+impl Eds {
+    /// Stamp an EDS response or ACK line that arrived `at`; whether it was one.
+    fn on_line(&mut self, line: &str, at: Instant) -> bool {
+        if !line.contains(ENDPOINT_TYPE) {
+            return false;
+        }
+        let nonce = field(line, "nonce").map(|n| n.trim_matches('"'));
+        if line.contains(": ACK ") {
+            let sent = nonce.and_then(|n| self.sent.remove(n));
+            self.ack = Some(at);
+            self.own = sent.map(|t| at - t);
+            true
+        } else if line.contains(": sent ") {
+            if self.sent.len() >= SENT_KEPT {
+                self.sent.clear();
+            }
+            if let Some(n) = nonce {
+                self.sent.insert(n.to_string(), at);
+            }
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// Copy the child's stderr to `log`; send the `serving` line to `serving`
-/// and stamp each EDS ACK line (only Envoy's stream logs them) on arrival.
-fn read_stderr(
-    stderr: ChildStderr,
-    mut log: std::fs::File,
-    serving: mpsc::Sender<String>,
-    ack: &Mutex<Option<Instant>>,
-) {
+/// and stamp each EDS response and ACK line (only Envoy's stream logs
+/// them) on arrival.
+fn read_stderr(stderr: ChildStderr, mut log: std::fs::File, serving: mpsc::Sender<String>, eds: &Mutex<Eds>) {
     for line in BufReader::new(stderr).lines() {
         let Ok(line) = line else { break };
         let at = Instant::now();
-        if line.contains(": ACK ") && line.contains(ENDPOINT_TYPE) {
-            *ack.lock().unwrap_or_else(PoisonError::into_inner) = Some(at);
-        } else if line.contains(" serving ") && line.contains("xds_addr=") {
+        let stamped = eds.lock().unwrap_or_else(PoisonError::into_inner).on_line(&line, at);
+        if !stamped && line.contains(" serving ") && line.contains("xds_addr=") {
             let _ = serving.send(line.clone());
         }
         let _ = writeln!(log, "{line}");
+    }
+}
+
+/// [`LOG_FILTER`] plus the directives in [`LOG_EXTRA_ENV`], if any.
+fn log_filter() -> String {
+    match std::env::var(LOG_EXTRA_ENV) {
+        Ok(extra) if !extra.trim().is_empty() => format!("{LOG_FILTER},{extra}"),
+        _ => LOG_FILTER.to_string(),
     }
 }
 
@@ -200,6 +256,30 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn envoys_own_time_runs_from_the_response_to_its_ack() {
+        let sent = format!(
+            "2026-11-24T00:12:03Z DEBUG ads{{stream=1}}: meshbridge::xds::delta: sent delta response type_url=\"{ENDPOINT_TYPE}\" nonce=\"103\" size=1 removed=0"
+        );
+        let other = format!(
+            "2026-11-24T00:12:03Z DEBUG ads{{stream=1}}: meshbridge::xds::delta: sent delta response type_url=\"{ENDPOINT_TYPE}\" nonce=\"104\" size=1 removed=0"
+        );
+        let ack = format!(
+            "2026-11-24T00:12:03Z DEBUG ads{{stream=1}}: meshbridge::xds::delta: ACK type_url=\"{ENDPOINT_TYPE}\" nonce=103"
+        );
+        let t0 = Instant::now();
+        let mut eds = Eds::default();
+        assert!(eds.on_line(&sent, t0));
+        assert!(eds.on_line(&other, t0 + Duration::from_millis(5)));
+        assert!(!eds.on_line("INFO meshbridge::run: serving xds_addr=127.0.0.1:1", t0));
+        assert_eq!(eds.ack, None);
+        assert!(eds.on_line(&ack, t0 + Duration::from_millis(7)));
+        assert_eq!(eds.ack, Some(t0 + Duration::from_millis(7)));
+        // Timed from its own response (nonce 103), not the later one.
+        assert_eq!(eds.own, Some(Duration::from_millis(7)));
+        assert_eq!(eds.sent.len(), 1);
+    }
 
     #[test]
     fn fields_are_read_from_a_text_log_line() {

@@ -10,6 +10,9 @@ use super::registry::Kind;
 #[derive(Debug, Clone, Default)]
 pub struct Peer {
     pub meshbridge_ms: Vec<f64>,
+    /// Of `meshbridge_ms`, Envoy's own: meshbridge's EDS response sent →
+    /// Envoy's ACK.
+    pub envoy_own_ms: Vec<f64>,
     pub dns_ms: Vec<f64>,
     pub note: Option<String>,
 }
@@ -45,6 +48,8 @@ pub struct Row {
     pub changes: usize,
     pub done: usize,
     pub envoy_ms: Vec<f64>,
+    /// Of `envoy_ms`, Envoy's own: meshbridge's EDS response sent → ACK.
+    pub envoy_own_ms: Vec<f64>,
     pub bare_ms: Vec<f64>,
     pub diff_ms: Vec<f64>,
     pub fanout_ms: Vec<f64>,
@@ -76,6 +81,7 @@ impl Row {
             changes: 0,
             done: 0,
             envoy_ms: Vec::new(),
+            envoy_own_ms: Vec::new(),
             bare_ms: Vec::new(),
             diff_ms: Vec::new(),
             fanout_ms: Vec::new(),
@@ -140,20 +146,21 @@ pub fn render(rows: &[Row]) -> String {
     let _ = writeln!(o, "\n## Single-instance changes (p50 / p99, ms)\n");
     let _ = writeln!(
         o,
-        "| registry | services | changes ok (refused) | Envoy EDS applied | bare client notified | difference | last of fan-out | CPU/change (ms) | bytes/change SotW | delta | MCP |"
+        "| registry | services | changes ok (refused) | Envoy EDS applied | of it Envoy's own (sent → ACK) | bare client notified | difference | last of fan-out | CPU/change (ms) | bytes/change SotW | delta | MCP |"
     );
-    let _ = writeln!(o, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let _ = writeln!(o, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in rows {
         let [s, d, m] = r.bytes_per_change;
         let _ = writeln!(
             o,
-            "| {} | {} | {}/{} ({}) | {} | {} | {} | {} | {:.2} | {s:.0} | {d:.0} | {m:.0} |",
+            "| {} | {} | {}/{} ({}) | {} | {} | {} | {} | {} | {:.2} | {s:.0} | {d:.0} | {m:.0} |",
             r.kind.name(),
             r.services,
             r.done,
             r.changes,
             r.change_errors,
             p(&r.envoy_ms),
+            p(&r.envoy_own_ms),
             p(&r.bare_ms),
             p(&r.diff_ms),
             p(&r.fanout_ms),
@@ -178,9 +185,11 @@ fn peer_table(o: &mut String, rows: &[Row]) {
         return;
     }
     let _ = writeln!(o, "\n## Failing health check: meshbridge vs Envoy STRICT_DNS on Consul DNS (ms)\n");
-    let _ =
-        writeln!(o, "| services | rounds | meshbridge → Envoy (p50 / max) | STRICT_DNS (p50 / max) | ratio of p50s |");
-    let _ = writeln!(o, "| --- | --- | --- | --- | --- |");
+    let _ = writeln!(
+        o,
+        "| services | rounds | meshbridge → Envoy (p50 / max) | of it Envoy's own (p50 / max) | STRICT_DNS (p50 / max) | ratio of p50s |"
+    );
+    let _ = writeln!(o, "| --- | --- | --- | --- | --- | --- |");
     for (r, peer) in peers {
         let pm = |v: &[f64]| match (quantile(v, 0.5), quantile(v, 1.0)) {
             (Some(a), Some(b)) => format!("{a:.1} / {b:.1}"),
@@ -193,9 +202,10 @@ fn peer_table(o: &mut String, rows: &[Row]) {
         let rounds = peer.dns_ms.len();
         let _ = writeln!(
             o,
-            "| {} | {rounds} | {} | {} | {ratio} |{}",
+            "| {} | {rounds} | {} | {} | {} | {ratio} |{}",
             r.services,
             pm(&peer.meshbridge_ms),
+            pm(&peer.envoy_own_ms),
             pm(&peer.dns_ms),
             peer.note.as_deref().map(|n| format!(" {n}")).unwrap_or_default()
         );

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use meshbridge_e2e::bench::{Options, child, registry::Kind, run_blocking};
+use meshbridge_e2e::envoy::Stats;
 
 const USAGE: &str = "usage: bench [--sizes 1000,10000] [--instances 10] [--changes 200] [--fanout 100] \
 [--registries consul,nacos,nacos1,zookeeper] [--peer-rounds 5] [--sync-timeout-secs 300] \
-[--meshbridge-env KEY=VALUE,...]";
+[--meshbridge-env KEY=VALUE,...] [--envoy-stats istio|all]";
 
 fn list<T>(v: &str, parse: impl Fn(&str) -> Option<T>) -> anyhow::Result<Vec<T>> {
     v.split(',').map(|s| parse(s.trim()).with_context(|| format!("bad list item {s:?}"))).collect()
@@ -36,6 +37,13 @@ fn parse(args: &[String]) -> anyhow::Result<Options> {
             "--sync-timeout-secs" => o.sync_timeout = Duration::from_secs(num()? as u64),
             "--meshbridge-env" => {
                 o.meshbridge_env = list(value, |kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))?
+            }
+            "--envoy-stats" => {
+                o.envoy_stats = match value.as_str() {
+                    "istio" => Stats::Istio,
+                    "all" => Stats::All,
+                    _ => bail!("--envoy-stats: istio or all, not {value}"),
+                }
             }
             _ => bail!("unknown flag {flag}\n{USAGE}"),
         }
