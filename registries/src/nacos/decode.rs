@@ -8,6 +8,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
+use crate::shared::intern;
 use crate::labels;
 use crate::model::{Endpoint, Protocol, Service, ServicePort};
 use crate::names::host_part;
@@ -167,7 +168,7 @@ pub(crate) fn endpoints(instances: Vec<Instance>) -> Endpoints {
         }
         let (labels, dropped) = labels::keep_valid(instance.metadata);
         out.dropped_labels += dropped;
-        out.endpoints.push(Endpoint { address: address.to_string(), port, weight: weight(instance.weight), labels });
+        out.endpoints.push(Endpoint { address: address.to_string(), port, weight: weight(instance.weight), labels: intern(labels) });
     }
     // Most votes wins; a tie goes to the lowest protocol, so the result does
     // not depend on the order Nacos listed the instances in.
@@ -325,7 +326,7 @@ mod tests {
         ]);
         let got = endpoints(vec![i]);
         let want = BTreeMap::from([("app.kubernetes.io/name".into(), "web".into()), ("version".into(), "v1".into())]);
-        assert_eq!(got.endpoints[0].labels, want);
+        assert_eq!(*got.endpoints[0].labels, want);
         assert_eq!(got.dropped_labels, 2);
     }
 
