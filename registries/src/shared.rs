@@ -73,9 +73,11 @@ impl<T: Serialize> Serialize for Shared<T> {
     }
 }
 
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Shared<T> {
+/// Read values are interned: services read back from a state dump share
+/// their labels as the watchers' own do.
+impl<'de, T: Deserialize<'de> + Internable> Deserialize<'de> for Shared<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        T::deserialize(d).map(|v| Shared(Arc::new(v)))
+        T::deserialize(d).map(intern)
     }
 }
 
@@ -183,9 +185,10 @@ mod tests {
         assert_eq!(serde_json::to_string(&a).expect("json"), r#"{"shared-test-a":1}"#);
         let back: PortMap = serde_json::from_str(r#"{"shared-test-a":1}"#).expect("parse");
         assert_eq!(back, a);
+        assert!(Arc::ptr_eq(&back.0, &a.0), "read values are interned");
         // Once nobody holds a value, a new one is made (and the old entry swept).
         let weak = Arc::downgrade(&a.0);
-        drop((a, b));
+        drop((a, b, back));
         assert!(weak.upgrade().is_none(), "the table holds no strong reference");
         for i in 0..200 {
             intern(m(&format!("shared-test-sweep-{i}")));

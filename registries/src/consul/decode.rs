@@ -8,10 +8,10 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use serde::Deserialize;
 
-use crate::shared::intern;
 use crate::labels;
 use crate::model::{Endpoint, Protocol, Service, ServicePort};
 use crate::names::host_part;
+use crate::shared::intern;
 use crate::spec::RegistrySpec;
 
 /// Consul registers itself as a service; it is never a mesh service.

@@ -26,12 +26,12 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 use tracing::debug;
 
-use crate::shared::intern;
 use crate::fixed::wants_tls;
 use crate::labels;
 use crate::model::{Endpoint, Protocol, Service, ServicePort, Tls};
 use crate::names::host_part;
 use crate::select::Selection;
+use crate::shared::intern;
 use crate::spec::RegistrySpec;
 
 /// `InstanceInfo.InstanceStatus`. `toEnum` maps anything else to UNKNOWN.

@@ -8,10 +8,10 @@ use std::fmt;
 
 use serde::Deserialize;
 
-use crate::shared::intern;
 use crate::labels;
 use crate::model::{Endpoint, Protocol, Service, ServicePort};
 use crate::names::host_part;
+use crate::shared::intern;
 use crate::spec::RegistrySpec;
 
 pub(crate) const DEFAULT_GROUP: &str = "DEFAULT_GROUP";
@@ -168,7 +168,12 @@ pub(crate) fn endpoints(instances: Vec<Instance>) -> Endpoints {
         }
         let (labels, dropped) = labels::keep_valid(instance.metadata);
         out.dropped_labels += dropped;
-        out.endpoints.push(Endpoint { address: address.to_string(), port, weight: weight(instance.weight), labels: intern(labels) });
+        out.endpoints.push(Endpoint {
+            address: address.to_string(),
+            port,
+            weight: weight(instance.weight),
+            labels: intern(labels),
+        });
     }
     // Most votes wins; a tie goes to the lowest protocol, so the result does
     // not depend on the order Nacos listed the instances in.

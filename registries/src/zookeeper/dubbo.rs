@@ -11,9 +11,9 @@ use std::net::Ipv6Addr;
 
 use percent_encoding::percent_decode_str;
 
-use crate::shared::intern;
 use crate::labels;
 use crate::model::Endpoint;
+use crate::shared::intern;
 
 /// The only scheme Higress reads under `/dubbo` (its parser cuts the
 /// `providers/dubbo://` prefix); `tri://` or `rest://` providers are skipped.

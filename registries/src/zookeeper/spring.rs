@@ -15,9 +15,9 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::shared::intern;
 use crate::labels;
 use crate::model::{Endpoint, Protocol};
+use crate::shared::intern;
 
 /// One instance, ready for the mesh.
 #[derive(Debug, Clone, PartialEq)]
