@@ -64,7 +64,7 @@ async fn instances_follow_registrations_and_ttl_checks() {
     assert_eq!(web.ports.len(), 1);
     assert_eq!((web.ports[0].number, web.ports[0].name.as_str()), (8082, "http-8082"));
     let labels = BTreeMap::from([("version".to_string(), "v1".to_string())]);
-    let a = Endpoint { address: "127.0.0.2".into(), port: 8082, weight: 3, labels };
+    let a = Endpoint { address: "127.0.0.2".into(), port: 8082, weight: 3, labels: labels.into() };
     assert_eq!(web.endpoints, vec![a]);
     assert!(rec.since(0).any(|e| matches!(e, Event::Healthy)));
 

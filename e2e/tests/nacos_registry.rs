@@ -73,7 +73,7 @@ async fn follows_instances(kind: RegistryKind) {
     assert_eq!(web.endpoints.len(), 1);
     assert_eq!(web.endpoints[0].weight, 3);
     let labels = BTreeMap::from([("version".to_string(), "v1".to_string())]);
-    assert_eq!(web.endpoints[0].labels, labels, "invalid label values are dropped");
+    assert_eq!(*web.endpoints[0].labels, labels, "invalid label values are dropped");
     assert!(rec.since(0).any(|e| matches!(e, Event::Healthy)));
 
     let b = Instance::new("web", "127.0.0.3", 8081);

@@ -86,7 +86,7 @@ async fn dubbo_providers_follow_nodes() {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-    let want = Endpoint { address: "127.0.0.2".into(), port: 20880, weight: 5, labels };
+    let want = Endpoint { address: "127.0.0.2".into(), port: 20880, weight: 5, labels: labels.into() };
     assert_eq!(greeter.endpoints, vec![want]);
     assert!(stats.dropped_labels() >= 1, "methods=a,b is not a label value");
     assert_eq!(rec.endpoints(ORDERS_V1_BLUE), Some(vec!["127.0.0.3:20881".to_string()]));
@@ -143,7 +143,7 @@ async fn spring_cloud_instances_under_services_and_a_custom_path() {
     let all = rec.snapshot_since(0).unwrap().clone();
     assert_eq!(all.iter().map(|s| s.host.as_str()).collect::<Vec<_>>(), [BILLING, ORDERS]);
     assert_eq!((all[0].ports[0].name.as_str(), all[1].ports[0].name.as_str()), ("grpc-9090", "http-8080"));
-    assert_eq!(all[1].endpoints[0].labels, BTreeMap::from([("zone".to_string(), "a".to_string())]));
+    assert_eq!(*all[1].endpoints[0].labels, BTreeMap::from([("zone".to_string(), "a".to_string())]));
     assert_eq!(all[0].endpoints[0].labels.get("protocol").map(String::as_str), Some("grpc"));
 
     // Curator's updateService rewrites an instance in place.

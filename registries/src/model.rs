@@ -1,9 +1,10 @@
 //! Neutral service records: what every registry reports, whatever its kind.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+
+use crate::shared::{Labels, reshare};
 
 /// Application protocol of a service port, in Istio's vocabulary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
@@ -74,7 +75,8 @@ pub struct Endpoint {
     pub port: u16,
     /// Load-balancing weight, at least 1.
     pub weight: u32,
-    pub labels: BTreeMap<String, String>,
+    /// Shared between endpoints with equal labels ([`Service::new`]).
+    pub labels: Labels,
 }
 
 /// A service as one registry reports it. Every field is ordered so that
@@ -104,6 +106,9 @@ impl Service {
     /// Build a service with one port, sorting endpoints so that equal
     /// contents give equal values whatever order the registry used.
     pub fn new(host: impl Into<String>, ports: Vec<ServicePort>, mut endpoints: Vec<Endpoint>) -> Self {
+        for e in &mut endpoints {
+            e.labels = reshare(std::mem::take(&mut e.labels));
+        }
         endpoints.sort();
         endpoints.dedup();
         let mut ports = ports;

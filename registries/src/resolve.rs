@@ -65,13 +65,12 @@ pub(crate) async fn endpoints(endpoints: Vec<Endpoint>) -> (Vec<Endpoint>, usize
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
 
     use super::*;
 
     #[tokio::test]
     async fn resolve_keeps_ips_and_expands_names() {
-        let ep = |a: &str| Endpoint { address: a.into(), port: 80, weight: 1, labels: BTreeMap::new() };
+        let ep = |a: &str| Endpoint { address: a.into(), port: 80, weight: 1, labels: Default::default() };
         let (out, dropped) =
             endpoints(vec![ep("10.0.0.1"), ep("::1"), ep("localhost"), ep("no-such-host.invalid")]).await;
         assert_eq!(out[0].address, "10.0.0.1");
@@ -83,7 +82,7 @@ mod tests {
 
     #[tokio::test]
     async fn ips_are_written_the_canonical_way() {
-        let ep = Endpoint { address: "0:0::1".into(), port: 80, weight: 1, labels: BTreeMap::new() };
+        let ep = Endpoint { address: "0:0::1".into(), port: 80, weight: 1, labels: Default::default() };
         assert_eq!(endpoints(vec![ep]).await.0[0].address, "::1");
         assert!(matches!(lookup("no-such-host.invalid", 80).await, Err(Unresolved::Failed(_))));
     }

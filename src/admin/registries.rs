@@ -5,7 +5,6 @@
 //! `null`. `endpoint` is the spec's `domain:port` and never carries
 //! credentials; `lastError` has every credential of the spec scrubbed.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -98,7 +97,7 @@ pub struct EndpointView {
     pub address: String,
     pub port: u16,
     pub weight: u32,
-    pub labels: BTreeMap<String, String>,
+    pub labels: meshbridge_registries::Labels,
     /// Why this instance counts as healthy, per registry type.
     pub health_source: &'static str,
 }

@@ -170,8 +170,8 @@ pub struct WorkloadEntry {
     pub address: String,
     /// Port name → the endpoint's own port.
     pub ports: PortMap,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Shared::is_empty")]
+    pub labels: Labels,
     pub weight: u32,
 }
 

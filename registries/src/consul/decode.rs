@@ -11,6 +11,7 @@ use serde::Deserialize;
 use crate::labels;
 use crate::model::{Endpoint, Protocol, Service, ServicePort};
 use crate::names::host_part;
+use crate::shared::intern;
 use crate::spec::RegistrySpec;
 
 /// Consul registers itself as a service; it is never a mesh service.
@@ -205,7 +206,7 @@ fn endpoint_of(entry: HealthEntry) -> Option<Endpoint> {
         _ => 1,
     };
     let (labels, _) = labels::keep_valid(service.meta.unwrap_or_default());
-    Some(Endpoint { address, port, weight, labels })
+    Some(Endpoint { address, port, weight, labels: intern(labels) })
 }
 
 /// The services to watch: every catalog entry but Consul itself, and when a
@@ -312,7 +313,7 @@ mod tests {
         assert_eq!(eps[0].port, 8081);
         assert_eq!(eps[0].weight, 5);
         // Keys or values Kubernetes would reject are dropped, not the endpoint.
-        assert_eq!(eps[0].labels, BTreeMap::from([("version".to_string(), "v1".to_string())]));
+        assert_eq!(*eps[0].labels, BTreeMap::from([("version".to_string(), "v1".to_string())]));
         assert_eq!(eps[1].address, "10.1.0.2");
         assert_eq!(eps[1].weight, 1, "a zero passing weight means 1");
         assert!(eps[1].labels.is_empty());
@@ -441,7 +442,7 @@ mod tests {
     }
 
     fn ep(port: u16) -> Endpoint {
-        Endpoint { address: "10.0.0.1".into(), port, weight: 1, labels: BTreeMap::new() }
+        Endpoint { address: "10.0.0.1".into(), port, weight: 1, labels: Default::default() }
     }
 
     #[test]

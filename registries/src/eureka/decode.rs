@@ -31,6 +31,7 @@ use crate::labels;
 use crate::model::{Endpoint, Protocol, Service, ServicePort, Tls};
 use crate::names::host_part;
 use crate::select::Selection;
+use crate::shared::intern;
 use crate::spec::RegistrySpec;
 
 /// `InstanceInfo.InstanceStatus`. `toEnum` maps anything else to UNKNOWN.
@@ -337,7 +338,7 @@ fn endpoint_of(i: &Instance, secure: bool) -> Option<Endpoint> {
     let ip: IpAddr = i.ip_addr.as_deref()?.parse().ok()?;
     let port = if secure { i.secure_port } else { i.port }.filter(|p| p.enabled && p.number != 0)?;
     let (labels, _) = labels::keep_valid(&i.metadata);
-    Some(Endpoint { address: ip.to_string(), port: port.number, weight: 1, labels })
+    Some(Endpoint { address: ip.to_string(), port: port.number, weight: 1, labels: intern(labels) })
 }
 
 /// Mesh host of an app: `{app}.eureka`, lower case, `_` replaced.

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use crate::labels;
 use crate::model::{Endpoint, Protocol, Service, ServicePort};
 use crate::names::host_part;
+use crate::shared::intern;
 use crate::spec::RegistrySpec;
 
 pub(crate) const DEFAULT_GROUP: &str = "DEFAULT_GROUP";
@@ -167,7 +168,12 @@ pub(crate) fn endpoints(instances: Vec<Instance>) -> Endpoints {
         }
         let (labels, dropped) = labels::keep_valid(instance.metadata);
         out.dropped_labels += dropped;
-        out.endpoints.push(Endpoint { address: address.to_string(), port, weight: weight(instance.weight), labels });
+        out.endpoints.push(Endpoint {
+            address: address.to_string(),
+            port,
+            weight: weight(instance.weight),
+            labels: intern(labels),
+        });
     }
     // Most votes wins; a tie goes to the lowest protocol, so the result does
     // not depend on the order Nacos listed the instances in.
@@ -325,7 +331,7 @@ mod tests {
         ]);
         let got = endpoints(vec![i]);
         let want = BTreeMap::from([("app.kubernetes.io/name".into(), "web".into()), ("version".into(), "v1".into())]);
-        assert_eq!(got.endpoints[0].labels, want);
+        assert_eq!(*got.endpoints[0].labels, want);
         assert_eq!(got.dropped_labels, 2);
     }
 

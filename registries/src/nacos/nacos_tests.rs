@@ -373,7 +373,7 @@ fn grpc_port_is_the_http_port_plus_1000() {
 
 #[tokio::test]
 async fn host_names_resolve_and_bad_ones_drop_alone() {
-    let ep = |a: &str| Endpoint { address: a.into(), port: 80, weight: 1, labels: BTreeMap::new() };
+    let ep = |a: &str| Endpoint { address: a.into(), port: 80, weight: 1, labels: Default::default() };
     let decoded = Endpoints {
         endpoints: vec![ep("10.0.0.1"), ep("localhost"), ep("no-such-host.invalid")],
         ..Default::default()

@@ -13,6 +13,7 @@ use percent_encoding::percent_decode_str;
 
 use crate::labels;
 use crate::model::Endpoint;
+use crate::shared::intern;
 
 /// The only scheme Higress reads under `/dubbo` (its parser cuts the
 /// `providers/dubbo://` prefix); `tri://` or `rest://` providers are skipped.
@@ -184,7 +185,7 @@ pub(crate) fn provider(interface: &str, node: &str) -> Result<Provider, UrlError
     }
     let (mut labels, invalid) = labels::keep_valid(single);
     labels.insert(PROTOCOL_LABEL.0.to_string(), PROTOCOL_LABEL.1.to_string());
-    let endpoint = Endpoint { address: url.host, port: url.port, weight, labels };
+    let endpoint = Endpoint { address: url.host, port: url.port, weight, labels: intern(labels) };
     Ok(Provider { host, endpoint, dropped_labels: invalid + repeated, serving })
 }
 

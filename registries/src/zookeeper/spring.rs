@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use crate::labels;
 use crate::model::{Endpoint, Protocol};
+use crate::shared::intern;
 
 /// One instance, ready for the mesh.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,7 +92,7 @@ pub(crate) fn parse_instance(data: &[u8]) -> Result<Instance, InstanceError> {
     let tls = ssl || named.is_some_and(is_tls_protocol);
     let (labels, invalid): (BTreeMap<String, String>, usize) = labels::keep_valid(pairs);
     Ok(Instance {
-        endpoint: Endpoint { address, port, weight: 1, labels },
+        endpoint: Endpoint { address, port, weight: 1, labels: intern(labels) },
         protocol,
         tls,
         dropped_labels: invalid + non_string,
@@ -142,7 +143,7 @@ mod tests {
         assert_eq!((i.endpoint.address.as_str(), i.endpoint.port, i.endpoint.weight), ("10.0.0.7", 8080, 1));
         assert_eq!(i.protocol, None, "no protocol in metadata: the service default applies");
         let want = BTreeMap::from([("instance_status".into(), "UP".into()), ("zone".into(), "a".into())]);
-        assert_eq!(i.endpoint.labels, want);
+        assert_eq!(*i.endpoint.labels, want);
         assert_eq!(i.dropped_labels, 2, "a value with a space and a number");
     }
 
@@ -211,7 +212,7 @@ mod tests {
             let i = parse_instance(json.to_string().as_bytes()).unwrap();
             prop_assert_eq!(i.endpoint.address, address);
             prop_assert_eq!(i.endpoint.port, port);
-            prop_assert_eq!(i.endpoint.labels, metadata);
+            prop_assert_eq!(&*i.endpoint.labels, &metadata);
             prop_assert_eq!(i.dropped_labels, 0);
         }
     }

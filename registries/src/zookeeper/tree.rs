@@ -403,7 +403,7 @@ mod tests {
     }
 
     fn ep(address: &str, port: u16) -> Endpoint {
-        Endpoint { address: address.into(), port, weight: 1, labels: BTreeMap::new() }
+        Endpoint { address: address.into(), port, weight: 1, labels: Default::default() }
     }
 
     fn member(host: &str, address: &str, port: u16, protocol: Option<Protocol>) -> Member {
