@@ -34,6 +34,10 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo deny (licenses, bans, sources; advisories need a database we cannot fetch here)"
+# cargo-deny runs `cargo metadata` offline, which needs every locked crate,
+# including those only other platforms build (a fresh machine's builds
+# fetched only this one's): fetch them first (a no-op once cached).
+cargo fetch --locked --quiet
 # Duplicate versions are warnings (deny.toml); a license or source problem fails.
 "$MESHBRIDGE_CARGO_DENY_BIN" deny --offline check --hide-inclusion-graph licenses bans sources
 echo "== cargo test"
