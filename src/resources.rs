@@ -8,16 +8,21 @@
 //!   `r` finds what changed since without comparing every resource;
 //! - a type version kept up to date per change (an XOR of per-resource
 //!   hashes), so a response never hashes the whole type;
-//! - the whole type encoded once, on first use, as the `resources` field of
-//!   a SotW response ([`TypeResources::encoded_all`]), so every SotW stream
-//!   that wants the whole type (an istiod fleet on an MCP collection, Envoys
-//!   on CDS) shares one encoding per revision.
+//! - the whole type encoded on first use as the `resources` field of a SotW
+//!   response ([`TypeResources::encoded_all`]), in parts by name range, so
+//!   every SotW stream that wants the whole type (an istiod fleet on an MCP
+//!   collection, Envoys on CDS) shares one encoding per revision, and a
+//!   change re-encodes only its part ([`encoded`]).
 //!
 //! A leaf module: translation writes it, `xds` reads it.
 
 use std::sync::Arc;
 
 use envoy_types::pb::google::protobuf::Any;
+
+mod encoded;
+
+pub use encoded::{EncodedResources, PART_BYTES};
 
 /// An xDS or MCP resource ready to send: its name, content-hash version and
 /// body. Names and versions are shared (`Arc<str>`) with every stream that
@@ -78,76 +83,9 @@ pub struct TypeResources {
     log_floor: u64,
     /// XOR over the resources of `hash64(name, 0, version)`.
     version: u64,
-    /// Every resource encoded, filled on first use. Clones share it until
-    /// one of them changes, which gives that one a new, empty cell.
-    encoded: Arc<std::sync::OnceLock<EncodedResources>>,
-}
-
-/// Resources already encoded as the repeated `resources` field (number 2)
-/// of an `envoy.service.discovery.v3.DiscoveryResponse`: each entry is the
-/// field's key, length and `google.protobuf.Any`. Cheap to clone (shared).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct EncodedResources {
-    bytes: Arc<Vec<u8>>,
-    count: usize,
-}
-
-/// An encoding held by a [`prost::bytes::Bytes`].
-struct SharedEncoding(Arc<Vec<u8>>);
-
-impl AsRef<[u8]> for SharedEncoding {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-/// `DiscoveryResponse.resources`.
-const RESOURCES_FIELD: u32 = 2;
-
-impl EncodedResources {
-    /// Encode `bodies` in order: one pass to size the buffer, one to fill it.
-    pub fn encode<'a>(bodies: impl Iterator<Item = &'a Any> + Clone) -> EncodedResources {
-        use prost::encoding::message;
-        let len: usize = bodies.clone().map(|a| message::encoded_len(RESOURCES_FIELD, a)).sum();
-        let mut bytes = Vec::with_capacity(len);
-        let mut count = 0;
-        for a in bodies {
-            message::encode(RESOURCES_FIELD, a, &mut bytes);
-            count += 1;
-        }
-        EncodedResources { bytes: Arc::new(bytes), count }
-    }
-
-    /// Append one resource (copies the encoding if it is shared).
-    pub fn push(&mut self, body: &Any) {
-        prost::encoding::message::encode(RESOURCES_FIELD, body, Arc::make_mut(&mut self.bytes));
-        self.count += 1;
-    }
-
-    /// The encoded field entries, shared (no copy): what a response body
-    /// sends.
-    pub fn shared(&self) -> prost::bytes::Bytes {
-        prost::bytes::Bytes::from_owner(SharedEncoding(self.bytes.clone()))
-    }
-
-    /// The encoded field entries.
-    pub fn bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-
-    /// How many resources.
-    pub fn len(&self) -> usize {
-        self.count
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-
-    /// True if both share one encoding (not merely equal bytes).
-    pub fn shares(&self, other: &EncodedResources) -> bool {
-        Arc::ptr_eq(&self.bytes, &other.bytes)
-    }
+    /// Every resource encoded, in parts by name range, each filled on first
+    /// use. Clones share the parts; a change empties only its own part.
+    parts: encoded::Parts,
 }
 
 impl Default for TypeResources {
@@ -159,7 +97,7 @@ impl Default for TypeResources {
             log: imbl::Vector::new(),
             log_floor: 0,
             version: 0,
-            encoded: Arc::default(),
+            parts: encoded::Parts::default(),
         }
     }
 }
@@ -206,13 +144,13 @@ impl TypeResources {
         format!("{:016x}", self.version)
     }
 
-    /// Every resource, in name order, encoded for a SotW response: done once
-    /// per state of the map and shared by its clones, so N streams that want
-    /// the whole type cost one encoding, not N.
+    /// Every resource, in name order, encoded for a SotW response: each
+    /// part of it is encoded once per state of the map and shared by its
+    /// clones, so N streams that want the whole type cost one encoding, not
+    /// N, and a change re-encodes only the part (about [`PART_BYTES`]) that
+    /// holds it.
     pub fn encoded_all(&self) -> EncodedResources {
-        self.encoded
-            .get_or_init(|| EncodedResources::encode(self.iter().map(|r| &r.body).collect::<Vec<_>>().into_iter()))
-            .clone()
+        self.parts.encoded(&self.by_name)
     }
 
     /// True if `self` and `other` are states of one history (one is a
@@ -304,8 +242,9 @@ impl TypeResources {
     }
 
     fn log_change(&mut self, revision: u64, name: Arc<str>) {
-        // Every change comes through here: the encoding no longer holds.
-        self.encoded = Arc::default();
+        // Every change comes through here: the part of the encoding that
+        // holds `name` no longer holds.
+        self.parts.changed(&name);
         debug_assert!(self.log.last().is_none_or(|(r, _)| *r <= revision), "revisions only grow");
         self.log.push_back((revision, name));
         let cap = MIN_LOG.max(2 * self.by_name.len());
@@ -386,7 +325,7 @@ mod tests {
         assert!(a.clone().encoded_all().shares(&enc), "clones share one encoding");
         // The bytes are the `resources` field prost would write, in name order.
         let msg = DiscoveryResponse { resources: a.iter().map(|r| r.body.clone()).collect(), ..Default::default() };
-        assert_eq!(enc.bytes(), msg.encode_to_vec());
+        assert_eq!(enc.to_vec(), msg.encode_to_vec());
         // A changed clone encodes its own state; the original keeps its own.
         let mut b = a.clone();
         assert!(!b.insert(2, res("a", b"1")), "no change");
@@ -397,6 +336,95 @@ mod tests {
         b.remove(4, "c");
         assert!(!b.encoded_all().shares(&enc), "a new state is encoded anew");
         assert_eq!(b.encoded_all(), enc, "with the same bytes for the same content");
+    }
+
+    /// What prost writes for the `resources` field of every resource.
+    fn plain(t: &TypeResources) -> Vec<u8> {
+        use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
+        use prost::Message;
+        DiscoveryResponse { resources: t.iter().map(|r| r.body.clone()).collect(), ..Default::default() }
+            .encode_to_vec()
+    }
+
+    /// A resource of about 1 KiB.
+    fn big(i: usize, fill: u8) -> Resource {
+        res(&format!("svc-{i:05}"), &[fill; 1000])
+    }
+
+    #[test]
+    fn a_change_re_encodes_only_its_part() {
+        let mut t = TypeResources::default();
+        for i in 0..3000 {
+            t.insert(1, big(i, 0));
+        }
+        let first = t.encoded_all();
+        assert_eq!(first.to_vec(), plain(&t));
+        assert_eq!(first.len(), 3000);
+        // About 3 MB in parts of about PART_BYTES.
+        let chunks = first.chunks().len();
+        assert!(chunks >= first.encoded_len() / PART_BYTES, "{chunks} chunks");
+        assert!(first.chunks().iter().all(|c| c.len() < PART_BYTES + 2048));
+
+        let mut next = t.clone();
+        next.insert(2, big(1234, 1));
+        let second = next.encoded_all();
+        assert_eq!(second.to_vec(), plain(&next));
+        let chunks = second.chunks().len();
+        let shared = second.shared_chunks(&first);
+        assert!(shared + 3 >= chunks, "only the changed part is new: {shared} of {chunks} shared");
+        assert!(t.encoded_all().shares(&first), "the earlier state keeps its encoding");
+
+        // The next change to the same part shares everything else again.
+        let mut third = next.clone();
+        third.insert(3, big(1235, 1));
+        let enc = third.encoded_all();
+        assert_eq!(enc.to_vec(), plain(&third));
+        assert!(enc.shared_chunks(&second) + 2 >= enc.chunks().len());
+    }
+
+    #[test]
+    fn parts_stay_correct_and_few_under_churn() {
+        let mut t = TypeResources::default();
+        for i in 0..2000 {
+            t.insert(1, big(i * 2, 0));
+        }
+        t.encoded_all();
+        // A fixed pseudo-random walk of inserts, updates and removals,
+        // encoding after each.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for rev in 2..600u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = (x % 4200) as usize;
+            match x % 3 {
+                0 => {
+                    t.remove(rev, &format!("svc-{i:05}"));
+                }
+                _ => {
+                    t.insert(rev, big(i, (rev % 250) as u8));
+                }
+            }
+            if rev % 7 == 0 {
+                let enc = t.encoded_all();
+                assert_eq!(enc.to_vec(), plain(&t), "revision {rev}");
+                assert_eq!(enc.len(), t.len());
+            }
+        }
+        // Removing everything but one leaves few parts, and an empty type
+        // encodes to nothing.
+        let names: Vec<Arc<str>> = t.names().cloned().collect();
+        for (k, n) in names.iter().enumerate().skip(1) {
+            t.remove(1000 + k as u64, n);
+            if k % 50 == 0 {
+                t.encoded_all();
+            }
+        }
+        assert_eq!(t.encoded_all().to_vec(), plain(&t));
+        assert!(t.parts.count() <= 4, "{} parts for one resource", t.parts.count());
+        t.remove(5000, &names[0]);
+        assert!(t.encoded_all().is_empty());
+        assert_eq!(t.encoded_all().encoded_len(), 0);
     }
 
     #[test]

@@ -31,9 +31,15 @@ const PREFIX: usize = 5;
 
 /// A message as the chunks of its gRPC frame.
 pub(super) trait Frames: Message {
-    /// Push the frame of `self`, whose encoding is `len` bytes long.
-    fn frames(&self, len: usize, out: &mut VecDeque<Bytes>);
+    /// Push the next chunks of the frame of `self`, whose encoding is `len`
+    /// bytes long; `at` is the caller's cursor, 0 at the start, kept between
+    /// calls. True once the whole frame has been pushed.
+    fn frames(&self, len: usize, at: &mut usize, out: &mut VecDeque<Bytes>) -> bool;
 }
+
+/// About how much of a delta response is encoded at a time: the body
+/// encodes the next part only when h2 has taken the last one.
+pub(super) const DELTA_PART_BYTES: usize = 256 * 1024;
 
 fn prefix(buf: &mut BytesMut, len: usize) {
     buf.put_u8(0);
@@ -41,31 +47,39 @@ fn prefix(buf: &mut BytesMut, len: usize) {
     buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
 }
 
+/// A delta response is encoded a part at a time, as h2 takes them: a
+/// client's first response holds every cluster or every endpoint (several
+/// MB at 10k services), and 100 Envoys reconnecting at once each held
+/// theirs whole in memory until sent.
 impl Frames for super::response::DeltaResponse {
-    fn frames(&self, len: usize, out: &mut VecDeque<Bytes>) {
-        let mut buf = BytesMut::with_capacity(PREFIX + len);
-        prefix(&mut buf, len);
-        self.encode_raw(&mut buf);
+    fn frames(&self, len: usize, at: &mut usize, out: &mut VecDeque<Bytes>) -> bool {
+        let mut buf = BytesMut::with_capacity((PREFIX + len).min(DELTA_PART_BYTES + DELTA_PART_BYTES / 8));
+        if *at == 0 {
+            prefix(&mut buf, len);
+        }
+        let done = self.encode_part(at, DELTA_PART_BYTES, &mut buf);
         out.push_back(buf.freeze());
+        done
     }
 }
 
+/// A SotW response is its own few bytes around the shared encoding: all of
+/// it at once.
 impl Frames for SotwResponse {
-    fn frames(&self, len: usize, out: &mut VecDeque<Bytes>) {
-        let shared = self.resources.shared();
-        let own = len - shared.len();
+    fn frames(&self, len: usize, _at: &mut usize, out: &mut VecDeque<Bytes>) -> bool {
+        let shared = self.resources.chunks();
+        let own = len - self.resources.encoded_len();
         let mut head = BytesMut::with_capacity(PREFIX + own);
         prefix(&mut head, len);
         self.encode_head(&mut head);
         let mut tail = head.split_off(head.len());
         self.encode_tail(&mut tail);
         out.push_back(head.freeze());
-        if !shared.is_empty() {
-            out.push_back(shared);
-        }
+        out.extend(shared.iter().cloned());
         if !tail.is_empty() {
             out.push_back(tail.freeze());
         }
+        true
     }
 }
 
@@ -75,14 +89,19 @@ impl Frames for SotwResponse {
 pub(super) struct FramedBody<M> {
     stream: BoxStream<M>,
     queue: VecDeque<Bytes>,
+    /// A message partly framed: the message, its length and its cursor.
+    current: Option<(M, usize, usize)>,
     max_message: usize,
     /// The trailers went out.
     done: bool,
 }
 
+/// The message is never pinned (it is only read, by reference).
+impl<M> Unpin for FramedBody<M> {}
+
 impl<M> FramedBody<M> {
     pub fn new(stream: BoxStream<M>, max_message: usize) -> Self {
-        FramedBody { stream, queue: VecDeque::new(), max_message, done: false }
+        FramedBody { stream, queue: VecDeque::new(), current: None, max_message, done: false }
     }
 
     fn end(&mut self, status: Status) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
@@ -107,6 +126,12 @@ impl<M: Frames + Send + 'static> Body for FramedBody<M> {
             if let Some(chunk) = this.queue.pop_front() {
                 return Poll::Ready(Some(Ok(Frame::data(chunk))));
             }
+            if let Some((message, len, at)) = this.current.as_mut() {
+                if message.frames(*len, at, &mut this.queue) {
+                    this.current = None;
+                }
+                continue;
+            }
             if this.done {
                 return Poll::Ready(None);
             }
@@ -120,7 +145,7 @@ impl<M: Frames + Send + 'static> Body for FramedBody<M> {
                             this.max_message
                         )));
                     }
-                    message.frames(len, &mut this.queue);
+                    this.current = Some((message, len, 0));
                 }
                 Some(Err(status)) => return this.end(status),
                 None => return this.end(Status::ok("")),
@@ -204,11 +229,14 @@ mod tests {
     fn a_sotw_response_sends_its_shared_encoding_without_a_copy() {
         let a = sotw("1");
         let (data, _) = drain(FramedBody::new(stream(vec![Ok(a.clone())]), 1 << 20));
-        let shared = a.resources.bytes();
-        assert!(
-            data.iter().any(|d| d.as_ptr() == shared.as_ptr() && d.len() == shared.len()),
-            "the resources went out as the shared buffer itself"
-        );
+        let shared = a.resources.chunks();
+        assert!(!shared.is_empty());
+        for chunk in shared {
+            assert!(
+                data.iter().any(|d| d.as_ptr() == chunk.as_ptr() && d.len() == chunk.len()),
+                "the resources went out as the shared buffers themselves"
+            );
+        }
     }
 
     #[test]
@@ -221,6 +249,38 @@ mod tests {
         };
         let (data, trailers) = drain(FramedBody::new(stream(vec![Ok(r.clone())]), 1 << 20));
         assert_eq!(data.concat(), framed(&r));
+        assert_eq!(status_of(&trailers[0]).0, "0");
+    }
+
+    #[test]
+    fn a_large_delta_response_is_encoded_a_part_at_a_time() {
+        use crate::resources::Resource;
+        use std::sync::Arc;
+        // About 2 MB: eight parts or so.
+        let resources: Vec<Arc<Resource>> = (0..2000u32)
+            .map(|i| {
+                let body = Any { type_url: "type.googleapis.com/t".into(), value: vec![(i % 200) as u8; 1000] };
+                Arc::new(Resource::new(format!("r{i:05}"), body))
+            })
+            .collect();
+        let r = DeltaResponse {
+            resources,
+            type_url: "t".into(),
+            nonce: "n".into(),
+            removed_resources: vec!["gone".into()],
+        };
+        let mut body = FramedBody::new(stream(vec![Ok(r.clone()), Ok(r.clone())]), 64 << 20);
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        // The first poll encodes the first part only.
+        let Poll::Ready(Some(Ok(first))) = Pin::new(&mut body).poll_frame(&mut cx) else { panic!("a frame") };
+        let first = first.into_data().expect("data");
+        assert!(first.len() >= DELTA_PART_BYTES && first.len() < DELTA_PART_BYTES + 2048, "{}", first.len());
+        assert!(body.queue.is_empty(), "nothing encoded ahead of h2");
+        let (rest, trailers) = drain(body);
+        let sent = [vec![first], rest].concat();
+        assert!(sent.len() > 2 * (r.encoded_len() / DELTA_PART_BYTES));
+        assert_eq!(sent.concat(), [framed(&r), framed(&r)].concat());
         assert_eq!(status_of(&trailers[0]).0, "0");
     }
 

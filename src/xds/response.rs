@@ -94,7 +94,9 @@ impl SotwResponse {
 impl Message for SotwResponse {
     fn encode_raw(&self, buf: &mut impl BufMut) {
         self.encode_head(buf);
-        buf.put_slice(self.resources.bytes());
+        for chunk in self.resources.chunks() {
+            buf.put_slice(chunk);
+        }
         self.encode_tail(buf);
     }
 
@@ -124,7 +126,7 @@ impl Message for SotwResponse {
     fn encoded_len(&self) -> usize {
         let s = |tag, v: &String| if v.is_empty() { 0 } else { string::encoded_len(tag, v) };
         s(VERSION_INFO, &self.version_info)
-            + self.resources.bytes().len()
+            + self.resources.encoded_len()
             + s(TYPE_URL, &self.type_url)
             + s(NONCE, &self.nonce)
     }
@@ -182,20 +184,37 @@ fn put_str(tag: u32, v: &str, buf: &mut impl BufMut) {
     }
 }
 
-impl Message for DeltaResponse {
-    fn encode_raw(&self, buf: &mut impl BufMut) {
-        for r in &self.resources {
+impl DeltaResponse {
+    /// Encode from resource `*at` on until `buf` holds at least `budget`
+    /// bytes, moving `*at` past what was written; the other fields go after
+    /// the last resource. True once the whole message is written: called
+    /// until then, the parts concatenated are [`Message::encode_raw`]'s bytes.
+    pub fn encode_part(&self, at: &mut usize, budget: usize, buf: &mut impl BufMut) -> bool {
+        let start = buf.remaining_mut();
+        while let Some(r) = self.resources.get(*at) {
+            if start - buf.remaining_mut() >= budget {
+                return false;
+            }
             prost::encoding::encode_key(DELTA_RESOURCES, WireType::LengthDelimited, buf);
             prost::encoding::encode_varint(resource_len(r) as u64, buf);
             put_str(RESOURCE_VERSION, &r.version, buf);
             message::encode(RESOURCE_BODY, &r.body, buf);
             put_str(RESOURCE_NAME, &r.name, buf);
+            *at += 1;
         }
         put_str(DELTA_TYPE_URL, &self.type_url, buf);
         put_str(DELTA_NONCE, &self.nonce, buf);
         for name in &self.removed_resources {
             string::encode(DELTA_REMOVED, name, buf);
         }
+        true
+    }
+}
+
+impl Message for DeltaResponse {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        let mut at = 0;
+        self.encode_part(&mut at, usize::MAX, buf);
     }
 
     /// Decoding is for tests (the server only encodes): fields this type
