@@ -60,14 +60,48 @@ impl Names {
         self.ends.push(self.text.len());
     }
 
-    /// Read one length-delimited name from `buf` (prost's own string
-    /// decoding, into a reused buffer: no allocation per name).
+    /// Read one length-delimited name from `buf`, with no allocation per
+    /// name. A name that lies whole in the buffer's current chunk (nearly
+    /// always: tonic hands over one contiguous message) is checked as UTF-8
+    /// where it lies and copied once; anything else (a name split across
+    /// chunks, a wrong wire type, bad UTF-8, a short buffer) takes prost's
+    /// own string decoding, which also gives prost's errors.
     fn merge(&mut self, wire_type: WireType, buf: &mut impl Buf, ctx: DecodeContext) -> Result<(), DecodeError> {
+        if wire_type == WireType::LengthDelimited {
+            let chunk = buf.chunk();
+            if let Some((len, head)) = peek_varint(chunk)
+                && let Some(bytes) = usize::try_from(len).ok().and_then(|len| chunk.get(head..head.checked_add(len)?))
+                && let Ok(name) = std::str::from_utf8(bytes)
+            {
+                self.text.push_str(name);
+                self.ends.push(self.text.len());
+                let used = head + bytes.len();
+                buf.advance(used);
+                return Ok(());
+            }
+        }
         string::merge(wire_type, &mut self.scratch, buf, ctx)?;
         self.text.push_str(&self.scratch);
         self.ends.push(self.text.len());
         Ok(())
     }
+}
+
+/// A varint at the start of `bytes`: its value and length, or `None` if it
+/// does not end within them (or within the 10 bytes a varint may take).
+fn peek_varint(bytes: &[u8]) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    for (i, b) in bytes.iter().take(10).enumerate() {
+        if i == 9 && *b > 1 {
+            // Past 64 bits: prost's decoding says so.
+            return None;
+        }
+        value |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return Some((value, i + 1));
+        }
+    }
+    None
 }
 
 impl PartialEq for Names {
@@ -151,5 +185,28 @@ mod tests {
         assert!(DiscoveryRequest::decode(bad.as_slice()).is_err());
         // A length past the end is refused.
         assert!(SotwRequest::decode(&bad[..bad.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn names_split_across_chunks_decode_the_same() {
+        let plain = DiscoveryRequest {
+            resource_names: (0..50).map(|i| format!("outbound|80||svc-{i}.example")).collect(),
+            type_url: "t".into(),
+            ..Default::default()
+        };
+        let bytes = plain.encode_to_vec();
+        let whole = SotwRequest::decode(bytes.as_slice()).expect("decode");
+        // Every split point: a name (or its length) may straddle the chunks.
+        for cut in 0..bytes.len() {
+            let (a, b) = bytes.split_at(cut);
+            let split = SotwRequest::decode(a.chain(b)).expect("decode a split buffer");
+            assert_eq!(split, whole, "cut at {cut}");
+        }
+        // A length varint longer than 64 bits is refused, as prost does.
+        let mut bad = Vec::new();
+        encode_key(RESOURCE_NAMES, WireType::LengthDelimited, &mut bad);
+        bad.extend_from_slice(&[0x81, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x02, b'a']);
+        assert!(DiscoveryRequest::decode(bad.as_slice()).is_err());
+        assert!(SotwRequest::decode(bad.as_slice()).is_err());
     }
 }
