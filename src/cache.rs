@@ -365,6 +365,12 @@ impl Cache {
             .collect()
     }
 
+    /// Every registry's key and status, in key order: no per-service work
+    /// (the publisher asks on every change, at 10k services).
+    pub fn status_list(&self) -> Vec<(RegistryKey, RegistryStatus)> {
+        self.lock().registries.iter().map(|(k, e)| (k.clone(), e.status.clone())).collect()
+    }
+
     /// Every registry, in key order, as the admin API reports it.
     pub fn registries(&self) -> Vec<RegistryReport> {
         let state = self.lock();
