@@ -291,6 +291,7 @@ async fn changes(
     let mut waited: Vec<bool> = vec![true; all.len()];
     let before_all: Vec<Tally> = all.iter().map(|f| f.tally()).collect();
     let cpu_a = mb.proc.cpu();
+    let split_a = mb.proc.cpu_user_sys();
     let mut misses = 0;
     for k in 0..total {
         let bare = reg.watch(k % n, CHANGE_LIMIT).await;
@@ -366,6 +367,12 @@ async fn changes(
     row.changes = total;
     let done = row.done.max(1) as f64;
     row.cpu_per_change_ms = (mb.proc.cpu() - cpu_a) * 1e3 / done;
+    let split_b = mb.proc.cpu_user_sys();
+    row.notes.push(format!(
+        "CPU per change: user {:.2} ms, system {:.2} ms",
+        (split_b.0 - split_a.0) * 1e3 / done,
+        (split_b.1 - split_a.1) * 1e3 / done
+    ));
     let bytes = |i: usize| (all[i].tally().bytes - before_all[i].bytes) as f64 / done;
     row.bytes_per_change = [bytes(0), bytes(1), bytes(2)];
     Ok(())

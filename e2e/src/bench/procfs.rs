@@ -15,14 +15,19 @@ pub const HARNESS_THREAD: &str = "bench-harness";
 /// reported `USER_HZ` = 100 to user space on every architecture since 2.6.
 const TICKS_PER_SEC: f64 = 100.0;
 
-/// utime + stime (seconds) from one `/proc/.../stat` line. The command name
-/// (field 2) may hold spaces, so fields are counted after its `)`.
+/// utime + stime (seconds) from one `/proc/.../stat` line.
 fn stat_cpu(stat: &str) -> Option<f64> {
+    stat_user_sys(stat).map(|(user, sys)| user + sys)
+}
+
+/// (utime, stime) in seconds from one `/proc/.../stat` line. The command
+/// name (field 2) may hold spaces, so fields are counted after its `)`.
+fn stat_user_sys(stat: &str) -> Option<(f64, f64)> {
     let rest = &stat[stat.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     // After ")": state is field 3, so utime (14) and stime (15) are at 11, 12.
-    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 / TICKS_PER_SEC)
+    let ticks = |i: usize| f.get(i)?.parse::<u64>().ok();
+    Some((ticks(11)? as f64 / TICKS_PER_SEC, ticks(12)? as f64 / TICKS_PER_SEC))
 }
 
 /// CPU seconds used so far by the whole bench process.
@@ -60,6 +65,11 @@ impl Proc {
     /// (seconds, in 10 ms ticks).
     pub fn cpu(&self) -> f64 {
         stat_cpu(&self.read("stat")).unwrap_or(0.0)
+    }
+
+    /// [`cpu`](Self::cpu) as (user, system) seconds.
+    pub fn cpu_user_sys(&self) -> (f64, f64) {
+        stat_user_sys(&self.read("stat")).unwrap_or_default()
     }
 
     pub fn memory(&self) -> Memory {
@@ -130,6 +140,7 @@ mod tests {
     fn stat_cpu_skips_a_command_with_spaces() {
         let line = "42 (a b) S 1 2 3 4 5 6 7 8 9 10 250 150 0 0";
         assert_eq!(stat_cpu(line), Some(4.0));
+        assert_eq!(stat_user_sys(line), Some((2.5, 1.5)));
     }
 
     #[test]
