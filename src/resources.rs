@@ -150,7 +150,7 @@ impl TypeResources {
     /// N, and a change re-encodes only the part (about [`PART_BYTES`]) that
     /// holds it.
     pub fn encoded_all(&self) -> EncodedResources {
-        self.parts.encoded(&self.by_name)
+        self.parts.encoded(&self.by_name, |r| &r.body)
     }
 
     /// True if `self` and `other` are states of one history (one is a

@@ -18,8 +18,6 @@ use std::sync::{Arc, OnceLock};
 use envoy_types::pb::google::protobuf::Any;
 use prost::bytes::Bytes;
 
-use super::Resource;
-
 /// `DiscoveryResponse.resources` (envoy/service/discovery/v3/discovery.proto).
 const RESOURCES_FIELD: u32 = 2;
 
@@ -162,12 +160,13 @@ impl Parts {
     /// Every resource of `by_name` encoded in name order: each part is
     /// encoded at most once per state and shared with the states before and
     /// after it that did not change it.
-    pub fn encoded(&self, by_name: &imbl::OrdMap<Arc<str>, Arc<Resource>>) -> EncodedResources {
+    /// `body` gives a resource's message (the map is the caller's).
+    pub fn encoded<V: Clone>(&self, by_name: &imbl::OrdMap<Arc<str>, V>, body: fn(&V) -> &Any) -> EncodedResources {
         let mut out = EncodedResources::default();
         let mut iter = self.cells.iter().peekable();
         while let Some((lo, cell)) = iter.next() {
             let hi = iter.peek().map(|(k, _)| &***k);
-            let enc = cell.get_or_init(|| encode_range(by_name, lo, hi));
+            let enc = cell.get_or_init(|| encode_range(by_name, body, lo, hi));
             for p in &enc.pieces {
                 out.append(p.bytes.clone(), p.count);
             }
@@ -242,7 +241,12 @@ fn absorbable(cell: &Cell) -> bool {
 
 /// Encode the resources named from `lo` (inclusive) to `hi` (exclusive), in
 /// pieces of about [`PART_BYTES`].
-fn encode_range(by_name: &imbl::OrdMap<Arc<str>, Arc<Resource>>, lo: &str, hi: Option<&str>) -> Encoded {
+fn encode_range<V: Clone>(
+    by_name: &imbl::OrdMap<Arc<str>, V>,
+    body: fn(&V) -> &Any,
+    lo: &str,
+    hi: Option<&str>,
+) -> Encoded {
     let upper = hi.map_or(Bound::Unbounded, Bound::Excluded);
     let mut out = Encoded::default();
     let mut buf: Vec<u8> = Vec::new();
@@ -252,7 +256,7 @@ fn encode_range(by_name: &imbl::OrdMap<Arc<str>, Arc<Resource>>, lo: &str, hi: O
         if first.is_none() {
             first = Some(name.clone());
         }
-        prost::encoding::message::encode(RESOURCES_FIELD, &r.body, &mut buf);
+        prost::encoding::message::encode(RESOURCES_FIELD, body(r), &mut buf);
         count += 1;
         if buf.len() >= PART_BYTES {
             out.close(&mut first, &mut buf, &mut count);
