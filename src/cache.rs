@@ -353,21 +353,10 @@ impl Cache {
         view
     }
 
-    pub fn statuses(&self) -> Vec<(RegistryKey, RegistryStatus, usize, usize)> {
-        let state = self.lock();
-        state
-            .registries
-            .iter()
-            .map(|(k, e)| {
-                let endpoints = e.services.values().map(|s| s.endpoints.len()).sum();
-                (k.clone(), e.status.clone(), e.services.len(), endpoints)
-            })
-            .collect()
-    }
-
     /// Every registry's key and status, in key order: no per-service work
     /// (the publisher asks on every change, at 10k services).
-    pub fn status_list(&self) -> Vec<(RegistryKey, RegistryStatus)> {
+    /// Counts are in [`registries`](Self::registries).
+    pub fn statuses(&self) -> Vec<(RegistryKey, RegistryStatus)> {
         self.lock().registries.iter().map(|(k, e)| (k.clone(), e.status.clone())).collect()
     }
 
@@ -576,7 +565,7 @@ mod tests {
         let view = cache.view();
         assert_eq!(view.revision, rev, "an error must not change content");
         assert_eq!(view.services["web.dc1.consul"].service.endpoints.len(), 2);
-        let (_, status, _, _) = &cache.statuses()[0];
+        let (_, status) = &cache.statuses()[0];
         assert!(!status.healthy);
         assert_eq!(status.consecutive_failures, 1);
 

@@ -32,7 +32,7 @@ pub fn counts(status: &RegistryStatus) -> bool {
 
 /// Registries the served config lacks, in key order.
 pub fn missing(cache: &Cache) -> Vec<RegistryKey> {
-    cache.status_list().into_iter().filter(|(_, status)| !counts(status)).map(|(key, _)| key).collect()
+    cache.statuses().into_iter().filter(|(_, status)| !counts(status)).map(|(key, _)| key).collect()
 }
 
 /// The publisher's side of the gate.
