@@ -211,22 +211,11 @@ async fn three_hundred_services_on_a_few_connections_with_the_default_limit() {
 async fn a_refused_connection_says_connection_limit_reached() {
     let consul = Consul::start_with_hcl("limits { http_max_conns_per_client = 4 }").await.expect("start consul");
     consul.register(json!({"ID": "web-1", "Name": "web", "Address": "127.0.0.2", "Port": 80})).await.unwrap();
-    // Another client on this host holds every allowed connection.
-    let mut held = Vec::new();
-    for _ in 0..4 {
-        held.push(tokio::net::TcpStream::connect(("127.0.0.1", consul.http_port)).await.unwrap());
-    }
-    // Wait until Consul counts them: a fresh connection is hung up on.
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let mut probe = tokio::net::TcpStream::connect(("127.0.0.1", consul.http_port)).await.unwrap();
-        let mut byte = [0u8; 1];
-        let read = tokio::time::timeout(Duration::from_millis(500), probe.read(&mut byte)).await;
-        if matches!(read, Ok(Ok(0) | Err(_))) {
-            break;
-        }
-        assert!(Instant::now() < until, "consul never enforced its connection limit");
-    }
+    // Another client on this host holds every allowed connection. Consul
+    // may still count a connection the harness closed a moment ago (the
+    // registration's), and hang up on one of ours instead: so keep opening
+    // until Consul hangs up on a fresh one while all of ours stay open.
+    let held = fill_connection_limit(consul.http_port, 4).await;
     let watcher = ConsulWatcher::new(spec(consul.http_port)).unwrap().with_wait(WAIT);
     let mut rec: Recorder = Recorder::start(Box::new(watcher), Duration::from_secs(15));
     rec.until("a connection-limit error", |r| {
@@ -241,6 +230,40 @@ async fn a_refused_connection_says_connection_limit_reached() {
     // The other client lets go: the watcher syncs.
     drop(held);
     rec.until("web served", |r| r.view.contains_key("web.dc1.consul")).await;
+}
+
+/// Open connections to Consul until it holds `limit` of ours and hangs up on
+/// the next one at once. A connection Consul has hung up on is let go and
+/// replaced, so the result is `limit` connections Consul counts.
+async fn fill_connection_limit(port: u16, limit: usize) -> Vec<tokio::net::TcpStream> {
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut held: Vec<tokio::net::TcpStream> = Vec::new();
+    loop {
+        assert!(Instant::now() < until, "consul never enforced its connection limit ({} held)", held.len());
+        let mut probe = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let refused = hung_up(&mut probe, Duration::from_millis(500)).await;
+        // Consul hangs up on a refused connection at once, so any of ours it
+        // refused is closed by now.
+        let mut open = Vec::with_capacity(held.len());
+        for mut conn in held {
+            if !hung_up(&mut conn, Duration::from_millis(20)).await {
+                open.push(conn);
+            }
+        }
+        held = open;
+        if !refused {
+            held.push(probe);
+        } else if held.len() >= limit {
+            return held;
+        }
+    }
+}
+
+/// Whether the peer closed `conn` (or reset it) within `wait`; the harness
+/// never sends on these, so any read that returns is a hang-up.
+async fn hung_up(conn: &mut tokio::net::TcpStream, wait: Duration) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(tokio::time::timeout(wait, conn.read(&mut byte)).await, Ok(Ok(0) | Err(_)))
 }
 
 /// When Consul allows fewer connections than the cap (other clients hold the
