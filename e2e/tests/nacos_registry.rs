@@ -55,6 +55,42 @@ fn eps(list: &[&str]) -> Option<Vec<String>> {
     Some(list.iter().map(|s| s.to_string()).collect())
 }
 
+/// A service registered after the watcher listed is served within a probe
+/// period (5 s), although the refresh interval is a minute: the probe
+/// counts the services and lists again when the count moved.
+async fn new_service_within_a_probe_period(kind: RegistryKind) {
+    let nacos = rnacos(Options::default()).await;
+    nacos.register(&Instance::new("web", "127.0.0.2", 8082)).await.unwrap();
+    let mut spec = spec(kind, &nacos);
+    spec.nacos_refresh_interval = Some(Duration::from_secs(60));
+    let mut rec = watch(spec);
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+    let started = Instant::now();
+    nacos.register(&Instance::new("cart", "127.0.0.3", 8083)).await.unwrap();
+    let cart = "cart.DEFAULT-GROUP.public.nacos";
+    rec.until("the new service", |r| r.endpoints(cart) == eps(&["127.0.0.3:8083"])).await;
+    let took = started.elapsed();
+    println!("FIGURE nacos_new_service kind={kind} ms={}", took.as_millis());
+    assert!(took < Duration::from_secs(10), "{took:?}: not the probe");
+    if kind == GRPC {
+        // Its instances are pushed from now on (rnacos keeps the service,
+        // empty: the count does not move, and HTTP waits for the refresh).
+        nacos.deregister(&Instance::new("cart", "127.0.0.3", 8083)).await.unwrap();
+        rec.until("the service empty", |r| r.endpoints(cart).is_none_or(|e| e.is_empty())).await;
+    }
+    assert!(rec.errors_since(0).is_empty(), "{}", rec.dump());
+}
+
+#[tokio::test]
+async fn grpc_new_service_within_a_probe_period() {
+    new_service_within_a_probe_period(GRPC).await;
+}
+
+#[tokio::test]
+async fn http_new_service_within_a_probe_period() {
+    new_service_within_a_probe_period(HTTP).await;
+}
+
 /// Register, scale out, reweigh, relabel, disable, deregister to empty.
 async fn follows_instances(kind: RegistryKind) {
     let nacos = rnacos(Options::default()).await;

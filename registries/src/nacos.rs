@@ -32,7 +32,12 @@
 //!   [`pushed`]): no task per service;
 //! - a health probe, a real one-item service list call (for gRPC after a TCP
 //!   connect to the gRPC port, which fails at once while the server is
-//!   down), every min(refresh, 5 s) and before every full sync; the gRPC
+//!   down), every min(refresh, 5 s) and before every full sync. Its answer
+//!   counts the first group's services: a count other than the last
+//!   listing's lists again and reads only the new services, so a new
+//!   service is served within 5 s, not a refresh interval (Nacos pushes
+//!   nothing for a new service; a swap of one service for another between
+//!   two probes waits for the refresh). The gRPC
 //!   client also checks its connection itself and reconnects on its own,
 //!   and a reconnect triggers a probe (and so the recovery resync) at once;
 //! - with `nacosAddressServer`, the server list is re-read every refresh
@@ -57,7 +62,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -209,6 +214,7 @@ impl NacosWatcher {
             sink,
             state: Mutex::default(),
             seq: AtomicU64::new(0),
+            listed: AtomicUsize::new(usize::MAX),
             selection: Mutex::new(self.selector.current()),
         });
         let auth = Arc::new(self.auth);
@@ -303,6 +309,11 @@ struct Ctx {
     state: Mutex<State>,
     /// Numbers answers in the order they were asked for.
     seq: AtomicU64,
+    /// How many services the first group held at the last listing (or the
+    /// probe's count that listing was made for): a probe that counts
+    /// otherwise lists again at once, so a new service is read within a
+    /// probe period, not a refresh interval. `usize::MAX` before any.
+    listed: AtomicUsize,
     /// Which services are read and subscribed to.
     selection: Mutex<Selection>,
 }
@@ -346,8 +357,11 @@ impl Ctx {
         api.probe(&self.groups[0]).await?;
         let mut keys = BTreeSet::new();
         let selection = self.selection.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        for group in &self.groups {
+        for (i, group) in self.groups.iter().enumerate() {
             let names = api.list_services(group).await?;
+            if i == 0 {
+                self.listed.store(names.len(), Ordering::Relaxed);
+            }
             let listed = names.into_iter().filter(|n| is_watched(n)).map(|n| ServiceKey::new(group.clone(), n));
             keys.extend(listed.filter(|key| selection.is_all() || selection.wants(&self.naming.host(key))));
         }
@@ -623,9 +637,19 @@ impl<A: Api> Session<A> {
 
     async fn probe(&mut self) -> Option<End> {
         match self.api.probe(&self.ctx.groups[0]).await {
-            Ok(()) => {
+            Ok(count) => {
                 self.ctx.health.ok();
-                None
+                if count == self.ctx.listed.load(Ordering::Relaxed) {
+                    return None;
+                }
+                // Services came or went: list again and read only the new
+                // ones (Nacos announces neither).
+                debug!(count, "the service count changed, listing again");
+                let end = self.list_again().await;
+                // A listing capped short of the count is not asked for again
+                // and again: the count is explained.
+                self.ctx.listed.store(count, Ordering::Relaxed);
+                end
             }
             Err(e) => {
                 self.ctx.health.fail(&e);
@@ -640,6 +664,21 @@ impl<A: Api> Session<A> {
         let subscribed = &self.subscribed;
         let keep = |key: &ServiceKey| subscribed.get(key) == Some(&true);
         match self.ctx.refresh(&*self.api, &keep).await {
+            Ok(()) => {
+                self.reconcile().await;
+                None
+            }
+            Err(e) => {
+                self.ctx.health.fail(&e);
+                self.replace_client()
+            }
+        }
+    }
+
+    /// List again, read the services not tracked yet, drop the ones gone;
+    /// the others are kept unread.
+    async fn list_again(&mut self) -> Option<End> {
+        match self.ctx.refresh(&*self.api, &|_| true).await {
             Ok(()) => {
                 self.reconcile().await;
                 None

@@ -14,8 +14,9 @@ pub(crate) trait Api: Send + Sync + 'static {
     fn list_services(&self, group: &str) -> impl Future<Output = Result<Vec<String>, RegistryError>> + Send;
     /// Every instance of a service, healthy or not.
     fn instances(&self, key: &ServiceKey) -> impl Future<Output = Result<Vec<Instance>, RegistryError>> + Send;
-    /// A cheap real call, to tell whether the server answers.
-    fn probe(&self, group: &str) -> impl Future<Output = Result<(), RegistryError>> + Send;
+    /// A cheap real call, to tell whether the server answers: how many
+    /// services `group` holds, as the server counts them.
+    fn probe(&self, group: &str) -> impl Future<Output = Result<usize, RegistryError>> + Send;
 
     /// Whether the server pushes changes to subscribers.
     const PUSH: bool = false;

@@ -359,13 +359,24 @@ impl Api for GrpcApi {
         service_hosts(&s.registry, "ServiceQuery", &bytes)
     }
 
-    async fn probe(&self, group: &str) -> Result<(), RegistryError> {
+    async fn probe(&self, group: &str) -> Result<usize, RegistryError> {
+        #[derive(Deserialize)]
+        struct Count {
+            #[serde(default)]
+            count: i64,
+        }
         let s = &self.shared;
         let body = json!({
             "namespace": s.namespace, "groupName": group, "serviceName": "",
             "pageNo": 1, "pageSize": 1, "selector": "",
         });
-        s.call("ServiceListRequest", body, None, s.call_timeout()).await.map(drop)
+        let bytes = s.call("ServiceListRequest", body, None, s.call_timeout()).await?;
+        let answer: Count = serde_json::from_slice(&bytes).map_err(|e| RegistryError::BadResponse {
+            registry: s.registry.clone(),
+            what: "ServiceList".into(),
+            reason: e.to_string(),
+        })?;
+        Ok(usize::try_from(answer.count).unwrap_or(0))
     }
 
     const PUSH: bool = true;

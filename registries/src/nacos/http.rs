@@ -175,8 +175,8 @@ impl Api for HttpApi {
         decode_instance_list(&body).map_err(|e| self.bad(INSTANCE_LIST, e.to_string()))
     }
 
-    async fn probe(&self, group: &str) -> Result<(), RegistryError> {
-        self.service_page(group, 1, 1).await.map(drop)
+    async fn probe(&self, group: &str) -> Result<usize, RegistryError> {
+        self.service_page(group, 1, 1).await.map(|(_, count)| count)
     }
 }
 

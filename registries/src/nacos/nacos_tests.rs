@@ -83,8 +83,9 @@ impl Api for FakeApi {
         Ok(data.get(&key.group).and_then(|s| s.get(&key.name)).cloned().unwrap_or_default())
     }
 
-    async fn probe(&self, _: &str) -> Result<(), RegistryError> {
-        self.check()
+    async fn probe(&self, group: &str) -> Result<usize, RegistryError> {
+        self.check()?;
+        Ok(self.data.lock().unwrap().get(group).map_or(0, |s| s.len()))
     }
 }
 
@@ -104,6 +105,7 @@ fn ctx(groups: &[&str]) -> (Arc<Ctx>, mpsc::UnboundedReceiver<Event>) {
         sink,
         state: Mutex::default(),
         seq: AtomicU64::new(0),
+        listed: AtomicUsize::new(usize::MAX),
         selection: Mutex::new(crate::select::Selection::all()),
     };
     (Arc::new(ctx), rx)
@@ -246,7 +248,7 @@ impl Api for PushFake {
     async fn instances(&self, key: &ServiceKey) -> Result<Vec<Instance>, RegistryError> {
         self.0.instances(key).await
     }
-    async fn probe(&self, group: &str) -> Result<(), RegistryError> {
+    async fn probe(&self, group: &str) -> Result<usize, RegistryError> {
         self.0.probe(group).await
     }
     const PUSH: bool = true;
@@ -341,6 +343,54 @@ async fn push_clients_read_only_new_services_between_full_reads() {
     assert_eq!(all[1].endpoints[0].address, "10.0.0.9");
     assert_eq!(reads("web"), 2);
     run.abort();
+}
+
+/// A new service is read within a probe period (5 s), not a refresh
+/// interval: the probe counts the services, and a count that differs from
+/// the last listing's lists again and reads only the new services. Both for
+/// push (gRPC) and polling (HTTP) clients.
+#[tokio::test(start_paused = true)]
+async fn a_changed_service_count_lists_again_within_a_probe_period() {
+    async fn check<A: Api>(api: Arc<A>, fake: Arc<FakeApi>) {
+        let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
+        let Ok(mut ctx) = Arc::try_unwrap(ctx) else { panic!("one owner") };
+        ctx.refresh = Duration::from_secs(600);
+        let session = Session::new_shared(api, Arc::new(ctx));
+        let current = vec!["127.0.0.1:8848".to_string()];
+        let (s, c) = (Servers::Fixed(current.clone()), current);
+        let run = tokio::spawn(async move { session.run(&s, &c, &mut crate::Selector::all()).await });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(hosts(updates(&drain(&mut rx))[0]).len(), 1);
+
+        fake.set("DEFAULT_GROUP", "api", vec![instance("10.0.0.3", 81)]);
+        tokio::time::sleep(MAX_PROBE + Duration::from_millis(10)).await;
+        let events = drain(&mut rx);
+        let ups = updates(&events);
+        assert_eq!(ups.len(), 1, "{events:?}");
+        assert!(matches!(ups[0], Update::Upsert(s) if s.host == "api.DEFAULT-GROUP.public.nacos"), "{ups:?}");
+        let reads = |name: &str| fake.reads.lock().unwrap().get(name).copied().unwrap_or(0);
+        assert_eq!((reads("web"), reads("api")), (1, 1), "only the new service is read");
+
+        fake.delete("DEFAULT_GROUP", "api");
+        tokio::time::sleep(MAX_PROBE).await;
+        let events = drain(&mut rx);
+        assert_eq!(updates(&events), vec![&Update::Remove("api.DEFAULT-GROUP.public.nacos".into())]);
+
+        // The same count: nothing is listed or read until the refresh.
+        tokio::time::sleep(MAX_PROBE * 3).await;
+        assert!(updates(&drain(&mut rx)).is_empty());
+        assert_eq!(reads("web"), 1);
+        run.abort();
+    }
+    for push in [true, false] {
+        let fake = Arc::new(FakeApi::default());
+        fake.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
+        if push {
+            check(Arc::new(PushFake(fake.clone())), fake).await;
+        } else {
+            check(fake.clone(), fake).await;
+        }
+    }
 }
 
 /// A push announcing the endpoints already sent is not read, and counts as
