@@ -22,7 +22,7 @@ use envoy_types::pb::google::protobuf::Any;
 
 mod encoded;
 
-pub use encoded::{EncodedResources, PART_BYTES};
+pub use encoded::{Body, EncodedResources, PART_BYTES};
 
 /// An xDS or MCP resource ready to send: its name, content-hash version and
 /// body. Names and versions are shared (`Arc<str>`) with every stream that
@@ -31,20 +31,20 @@ pub use encoded::{EncodedResources, PART_BYTES};
 pub struct Resource {
     pub name: Arc<str>,
     pub version: Arc<str>,
-    pub body: Any,
+    pub body: Body,
 }
 
 impl Resource {
     /// Wrap a message, versioning it by the hash of its encoding.
     pub fn new(name: impl Into<Arc<str>>, body: Any) -> Resource {
         let version = content_hash(&body.value).into();
-        Resource { name: name.into(), version, body }
+        Resource { name: name.into(), version, body: Body::new(body) }
     }
 
     /// A resource with a version computed by the caller (MCP resources hash
     /// what Pilot sees, not their creation time).
     pub fn with_version(name: impl Into<Arc<str>>, version: impl Into<Arc<str>>, body: Any) -> Resource {
-        Resource { name: name.into(), version: version.into(), body }
+        Resource { name: name.into(), version: version.into(), body: Body::new(body) }
     }
 }
 
@@ -324,7 +324,7 @@ mod tests {
         assert_eq!(enc.len(), 2);
         assert!(a.clone().encoded_all().shares(&enc), "clones share one encoding");
         // The bytes are the `resources` field prost would write, in name order.
-        let msg = DiscoveryResponse { resources: a.iter().map(|r| r.body.clone()).collect(), ..Default::default() };
+        let msg = DiscoveryResponse { resources: a.iter().map(|r| r.body.to_any()).collect(), ..Default::default() };
         assert_eq!(enc.to_vec(), msg.encode_to_vec());
         // A changed clone encodes its own state; the original keeps its own.
         let mut b = a.clone();
@@ -342,7 +342,7 @@ mod tests {
     fn plain(t: &TypeResources) -> Vec<u8> {
         use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
         use prost::Message;
-        DiscoveryResponse { resources: t.iter().map(|r| r.body.clone()).collect(), ..Default::default() }
+        DiscoveryResponse { resources: t.iter().map(|r| r.body.to_any()).collect(), ..Default::default() }
             .encode_to_vec()
     }
 
@@ -380,6 +380,42 @@ mod tests {
         let enc = third.encoded_all();
         assert_eq!(enc.to_vec(), plain(&third));
         assert!(enc.shared_chunks(&second) + 2 >= enc.chunks().len());
+    }
+
+    /// True if `body`'s value lies inside one of `enc`'s chunks.
+    fn held_in(body: &Body, enc: &EncodedResources) -> bool {
+        let v = body.value();
+        let (start, end) = (v.as_ptr() as usize, v.as_ptr() as usize + v.len());
+        enc.chunks().iter().any(|c| c.as_ptr() as usize <= start && end <= c.as_ptr() as usize + c.len())
+    }
+
+    #[test]
+    fn once_encoded_the_bodies_are_held_in_the_encoding() {
+        let mut t = TypeResources::default();
+        for i in 0..1000 {
+            t.insert(1, big(i, 0));
+        }
+        let kept: Vec<Arc<Resource>> = t.iter().cloned().collect();
+        assert!(!kept.iter().any(|r| held_in(&r.body, &EncodedResources::default())));
+        let first = t.encoded_all();
+        assert!(t.iter().all(|r| held_in(&r.body, &first)), "every body is a slice of the encoding");
+        // The bytes are the same, where they live is not.
+        assert!(t.iter().all(|r| r.body.value() == [0u8; 1000][..]));
+        assert_eq!(first.to_vec(), plain(&t));
+
+        // A change: its part is encoded anew, and the bodies in it move to
+        // the new part, so the old part is held only by the old state.
+        let mut next = t.clone();
+        next.insert(2, big(500, 7));
+        let second = next.encoded_all();
+        assert_eq!(second.to_vec(), plain(&next));
+        assert!(next.iter().all(|r| held_in(&r.body, &second)));
+        let moved = next.iter().filter(|r| !held_in(&r.body, &first)).count();
+        assert!(moved > 1 && moved < 400, "only the changed part's bodies moved: {moved}");
+        // The old state still encodes to its own bytes.
+        assert_eq!(t.encoded_all().to_vec(), plain(&t));
+        assert_eq!(t["svc-00500"].body.value(), [0u8; 1000][..]);
+        assert_eq!(next["svc-00500"].body.value(), [7u8; 1000][..]);
     }
 
     #[test]

@@ -126,7 +126,7 @@ fn run(objects: &[IstioObject]) -> GatewayOutput {
 }
 
 fn decode<M: Message + Default>(r: &Resource) -> M {
-    M::decode(r.body.value.as_slice()).unwrap()
+    M::decode(r.body.value()).unwrap()
 }
 
 fn route_config(out: &GatewayOutput, name: &str) -> RouteConfiguration {
@@ -423,7 +423,7 @@ fn https_listener_with_a_known_secret() {
     // Secret (served over SDS to authenticated clients) carries the key,
     // and nothing that could be logged does.
     assert!(!format!("{secrets:?}").contains("TESTKEY"));
-    let has_key = |r: &Resource| r.body.value.windows(KEY.len()).any(|w| w == KEY.as_bytes());
+    let has_key = |r: &Resource| r.body.value().windows(KEY.len()).any(|w| w == KEY.as_bytes());
     assert!(!out.listeners.iter().any(has_key), "a key in a listener");
     let names: Vec<&str> = out.secrets.iter().map(|r| &*r.name).collect();
     assert_eq!(names, [format!("{GW_NS}/web-cert")]);
@@ -559,7 +559,7 @@ fn listener_rds_names_match_route_configurations() {
     let route_names: Vec<&str> = out.routes.iter().map(|r| &*r.name).collect();
     assert_eq!(route_names, ["http.10080", "http.80", "https.10443"]);
     for r in &out.listeners {
-        assert_eq!(r.body.type_url, envoy::LISTENER_TYPE);
+        assert_eq!(r.body.type_url(), envoy::LISTENER_TYPE);
         let listener: Listener = decode(r);
         assert_eq!(listener.name, *r.name);
         assert!(!listener.filter_chains.is_empty());
@@ -583,7 +583,7 @@ fn listener_rds_names_match_route_configurations() {
         }
     }
     for r in &out.routes {
-        assert_eq!(r.body.type_url, envoy::ROUTE_TYPE);
+        assert_eq!(r.body.type_url(), envoy::ROUTE_TYPE);
     }
 }
 

@@ -141,7 +141,7 @@ fn translate_all(view: &View, proxies: &[ProxySpec], registry_proxies: BTreeMap<
 }
 
 fn decoded<M: Message + Default>(set: &ConfigSet, type_url: &str, names: &[&str]) -> BTreeMap<String, M> {
-    names.iter().map(|n| (n.to_string(), M::decode(set.envoy[type_url][*n].body.value.as_slice()).unwrap())).collect()
+    names.iter().map(|n| (n.to_string(), M::decode(set.envoy[type_url][*n].body.value()).unwrap())).collect()
 }
 
 #[test]

@@ -61,10 +61,8 @@ fn service_entry_json() {
 #[test]
 fn envoy_clusters() {
     let set = config_set(&view(vec![(consul(), web()), (consul(), grpc())]));
-    let clusters: BTreeMap<&str, Cluster> = set.envoy[envoy::CLUSTER_TYPE]
-        .iter()
-        .map(|r| (&*r.name, Cluster::decode(r.body.value.as_slice()).unwrap()))
-        .collect();
+    let clusters: BTreeMap<&str, Cluster> =
+        set.envoy[envoy::CLUSTER_TYPE].iter().map(|r| (&*r.name, Cluster::decode(r.body.value()).unwrap())).collect();
     insta::assert_debug_snapshot!(clusters);
 }
 
@@ -72,7 +70,7 @@ fn envoy_clusters() {
 fn envoy_load_assignments_keep_each_endpoint_port_and_weight() {
     let set = config_set(&view(vec![(consul(), web())]));
     let cla = &set.envoy[envoy::ENDPOINT_TYPE]["outbound|8080||web.dc1.consul"];
-    let cla = ClusterLoadAssignment::decode(cla.body.value.as_slice()).unwrap();
+    let cla = ClusterLoadAssignment::decode(cla.body.value()).unwrap();
     insta::assert_debug_snapshot!(cla);
 }
 
@@ -127,7 +125,7 @@ fn tls_services_get_a_destination_rule_and_a_tls_socket() {
         .iter()
         .map(|r| {
             let n = &*r.name;
-            let socket = Cluster::decode(r.body.value.as_slice()).unwrap().transport_socket;
+            let socket = Cluster::decode(r.body.value()).unwrap().transport_socket;
             let tls = socket.map(|s| {
                 let Some(ConfigType::TypedConfig(any)) = s.config_type else { panic!("{n}: no typed config") };
                 assert_eq!(
@@ -199,7 +197,7 @@ spec:
 
     // The standalone gateway routes to both clusters (no 503).
     let route = set.envoy[envoy::ROUTE_TYPE].iter().next().expect("a route configuration");
-    let route = RouteConfiguration::decode(route.body.value.as_slice()).unwrap();
+    let route = RouteConfiguration::decode(route.body.value()).unwrap();
     let Some(Action::Route(action)) = &route.virtual_hosts[0].routes[0].action else {
         panic!("not a route: {route:?}")
     };

@@ -171,7 +171,7 @@ pub(crate) fn framed(message: &impl prost::Message) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::EncodedResources;
+    use crate::resources::{Body as ResourceBody, EncodedResources};
     use crate::xds::response::DeltaResponse;
     use envoy_types::pb::google::protobuf::Any;
 
@@ -200,11 +200,12 @@ mod tests {
     }
 
     fn sotw(nonce: &str) -> SotwResponse {
-        let anys: Vec<Any> =
-            (0..3u8).map(|i| Any { type_url: format!("type.googleapis.com/t{i}"), value: vec![i; 40] }).collect();
+        let bodies: Vec<ResourceBody> = (0..3u8)
+            .map(|i| ResourceBody::new(Any { type_url: format!("type.googleapis.com/t{i}"), value: vec![i; 40] }))
+            .collect();
         SotwResponse {
             version_info: "v1".into(),
-            resources: EncodedResources::encode(anys.iter()),
+            resources: EncodedResources::encode(bodies.iter()),
             type_url: "type.googleapis.com/t".into(),
             nonce: nonce.into(),
         }

@@ -34,7 +34,7 @@ use prost::bytes::{Buf, BufMut};
 use prost::encoding::{DecodeContext, WireType, message, skip_field, string};
 use prost::{DecodeError, Message};
 
-use crate::resources::{EncodedResources, Resource};
+use crate::resources::{Body, EncodedResources, Resource};
 
 /// `DiscoveryResponse` field numbers (envoy/service/discovery/v3/discovery.proto).
 const VERSION_INFO: u32 = 1;
@@ -114,7 +114,7 @@ impl Message for SotwResponse {
             RESOURCES => {
                 let mut any = Any::default();
                 message::merge(wire_type, &mut any, buf, ctx)?;
-                self.resources.push(&any);
+                self.resources.push(&Body::new(any));
                 Ok(())
             }
             TYPE_URL => string::merge(wire_type, &mut self.type_url, buf, ctx),
@@ -169,7 +169,7 @@ impl DeltaResponse {
 /// number order, as prost does: version, resource, name).
 fn resource_len(r: &Resource) -> usize {
     let s = |tag, v: &str| if v.is_empty() { 0 } else { string_len(tag, v) };
-    s(RESOURCE_NAME, &r.name) + s(RESOURCE_VERSION, &r.version) + message::encoded_len(RESOURCE_BODY, &r.body)
+    s(RESOURCE_NAME, &r.name) + s(RESOURCE_VERSION, &r.version) + r.body.field_len(RESOURCE_BODY)
 }
 
 fn string_len(tag: u32, v: &str) -> usize {
@@ -198,7 +198,7 @@ impl DeltaResponse {
             prost::encoding::encode_key(DELTA_RESOURCES, WireType::LengthDelimited, buf);
             prost::encoding::encode_varint(resource_len(r) as u64, buf);
             put_str(RESOURCE_VERSION, &r.version, buf);
-            message::encode(RESOURCE_BODY, &r.body, buf);
+            r.body.encode_field(RESOURCE_BODY, buf);
             put_str(RESOURCE_NAME, &r.name, buf);
             *at += 1;
         }
@@ -280,7 +280,7 @@ mod tests {
         };
         let ours = SotwResponse {
             version_info: "v1".into(),
-            resources: EncodedResources::encode(anys.iter()),
+            resources: EncodedResources::encode(anys.iter().cloned().map(Body::new).collect::<Vec<_>>().iter()),
             type_url: "type.googleapis.com/t".into(),
             nonce: "7".into(),
         };
@@ -303,7 +303,7 @@ mod tests {
                 .map(|r| XdsResource {
                     name: r.name.to_string(),
                     version: r.version.to_string(),
-                    resource: Some(r.body.clone()),
+                    resource: Some(r.body.to_any()),
                     ..Default::default()
                 })
                 .collect(),

@@ -24,7 +24,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
-use envoy_types::pb::google::protobuf::Any;
 use tracing::{debug, warn};
 
 use super::clients::NACK_DETAIL_BYTES;
@@ -33,7 +32,7 @@ use super::request::SotwRequest;
 use super::response::SotwResponse;
 use super::tracker::Tracker;
 use super::{ClientHandle, Subscription, is_full_state, push_order};
-use crate::resources::EncodedResources;
+use crate::resources::{Body, EncodedResources};
 use crate::translate::ConfigSet;
 use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE};
 
@@ -194,7 +193,7 @@ impl SotwStream {
             (false, _) => EncodedResources::default(),
             (true, true) if st.tracker.sub().wildcard => now.encoded_all(),
             (true, true) => {
-                EncodedResources::encode(st.tracker.wanted(now).map(|r| &r.body).collect::<Vec<&Any>>().into_iter())
+                EncodedResources::encode(st.tracker.wanted(now).map(|r| &r.body).collect::<Vec<&Body>>().into_iter())
             }
             (true, false) => EncodedResources::encode(changes.upserts.iter().map(|r| &r.body)),
         };

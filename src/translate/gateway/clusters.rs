@@ -130,7 +130,7 @@ fn subset_cluster(
     let mut cluster = envoy::clusters(svc)
         .into_iter()
         .find(|r| *r.name == *base)
-        .and_then(|r| Cluster::decode(r.body.value.as_slice()).ok())
+        .and_then(|r| Cluster::decode(r.body.value()).ok())
         .ok_or_else(broken)?;
     cluster.name = name.to_string();
     if let Some(eds) = cluster.eds_cluster_config.as_mut() {
@@ -150,7 +150,7 @@ fn subset_cluster(
     let mut cla = envoy::load_assignments(&matching)
         .into_iter()
         .find(|r| *r.name == *base)
-        .and_then(|r| ClusterLoadAssignment::decode(r.body.value.as_slice()).ok())
+        .and_then(|r| ClusterLoadAssignment::decode(r.body.value()).ok())
         .ok_or_else(broken)?;
     cla.cluster_name = name.to_string();
 
