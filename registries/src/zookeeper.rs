@@ -74,7 +74,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use zookeeper_client as zk;
 
 use self::read::{Read, Reader};
-use self::tree::{Naming, Sent, ServiceKey, Touch, Tree};
+use self::tree::{Naming, Sent, SentHosts, ServiceKey, Touch, Tree};
 use self::watches::Watches;
 use crate::health::Health;
 use crate::model::Service;
@@ -526,7 +526,7 @@ struct View {
 
 /// What is kept of one ZooKeeper service once sent.
 struct Kept {
-    hosts: BTreeMap<String, Sent>,
+    hosts: SentHosts,
     /// See `Read::Present::version`.
     version: Option<i64>,
 }
@@ -564,7 +564,7 @@ impl View {
     fn apply(&mut self, tree: &Tree, key: ServiceKey, read: Read) {
         match read {
             Read::Gone => {
-                for host in self.sent.remove(&key).into_iter().flat_map(|kept| kept.hosts.into_keys()) {
+                for host in self.sent.remove(&key).into_iter().flat_map(|kept| kept.hosts.into_hosts()) {
                     info!(service = %key.name, %host, "service node gone");
                     self.sink.update(Update::Remove(host));
                 }
@@ -575,16 +575,16 @@ impl View {
                 self.malformed_seen = seen;
                 let old = self.sent.get(&key).map(|k| &k.hosts);
                 let new = self.render(tree, &key, members, old);
-                let mut kept = BTreeMap::new();
+                let mut kept = Vec::with_capacity(new.len());
                 for (host, service) in new {
                     let sent = Sent::of(&service);
                     if old.and_then(|o| o.get(&host)) != Some(&sent) {
                         debug!(%host, endpoints = service.endpoints.len(), "service changed");
                         self.sink.update(Update::Upsert(service));
                     }
-                    kept.insert(host, sent);
+                    kept.push((host, sent));
                 }
-                self.sent.insert(key, Kept { hosts: kept, version });
+                self.sent.insert(key, Kept { hosts: kept.into_iter().collect(), version });
             }
         }
     }
@@ -595,7 +595,7 @@ impl View {
         tree: &Tree,
         key: &ServiceKey,
         members: Vec<tree::Member>,
-        last: Option<&BTreeMap<String, Sent>>,
+        last: Option<&SentHosts>,
     ) -> BTreeMap<String, Service> {
         let mut hosts = self.naming.render(tree, key, members, last);
         if !self.selection.is_all() {

@@ -218,6 +218,38 @@ impl Sent {
     }
 }
 
+/// What was sent of one ZooKeeper service, per host, in host order. A
+/// sorted list rather than a map: a service has one host or a few, and a
+/// `BTreeMap`'s first node alone takes about 1 KB (10 MB at 10k services,
+/// heaptrack; BENCHMARKS.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct SentHosts(Box<[(String, Sent)]>);
+
+impl SentHosts {
+    pub fn get(&self, host: &str) -> Option<&Sent> {
+        self.0.binary_search_by(|(h, _)| h.as_str().cmp(host)).ok().map(|i| &self.0[i].1)
+    }
+
+    pub fn hosts(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().map(|(h, _)| h)
+    }
+
+    pub fn into_hosts(self) -> impl Iterator<Item = String> {
+        self.0.into_iter().map(|(h, _)| h)
+    }
+}
+
+/// The last entry of a host named twice wins, as in a map.
+impl FromIterator<(String, Sent)> for SentHosts {
+    fn from_iter<I: IntoIterator<Item = (String, Sent)>>(iter: I) -> SentHosts {
+        let mut all: Vec<(String, Sent)> = iter.into_iter().collect();
+        all.reverse();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all.dedup_by(|later, earlier| later.0 == earlier.0);
+        SentHosts(all.into_boxed_slice())
+    }
+}
+
 fn digest(service: &Service) -> (u64, u64) {
     let (mut a, mut b) = (DefaultHasher::new(), DefaultHasher::new());
     b.write_u8(0x5a);
@@ -256,14 +288,14 @@ impl Naming {
         tree: &Tree,
         key: &ServiceKey,
         members: Vec<Member>,
-        last: Option<&BTreeMap<String, Sent>>,
+        last: Option<&SentHosts>,
     ) -> BTreeMap<String, Service> {
         let kind = tree.kind(key);
         let mut by_host: BTreeMap<String, Vec<Member>> = BTreeMap::new();
         if kind == Kind::Spring {
             by_host.entry(tree.spring_host(key)).or_default();
         }
-        for host in last.into_iter().flat_map(BTreeMap::keys) {
+        for host in last.into_iter().flat_map(SentHosts::hosts) {
             by_host.entry(host.clone()).or_default();
         }
         for m in members {
@@ -386,8 +418,21 @@ mod tests {
         assert_eq!(t.classify(9, "/x"), Touch::Nothing);
     }
 
-    fn sent(hosts: &BTreeMap<String, Service>) -> BTreeMap<String, Sent> {
+    fn sent(hosts: &BTreeMap<String, Service>) -> SentHosts {
         hosts.iter().map(|(host, s)| (host.clone(), Sent::of(s))).collect()
+    }
+
+    #[test]
+    fn sent_hosts_find_each_host_and_the_last_of_a_repeat() {
+        let of = |port| Sent::of(&Service::new("h", vec![], vec![ep("10.0.0.1", port)]));
+        let hosts: SentHosts =
+            [("b".to_string(), of(1)), ("a".to_string(), of(2)), ("b".to_string(), of(3))].into_iter().collect();
+        assert_eq!(hosts.hosts().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(hosts.get("a"), Some(&of(2)));
+        assert_eq!(hosts.get("b"), Some(&of(3)), "the last wins, as in a map");
+        assert_eq!(hosts.get("c"), None);
+        assert_eq!(SentHosts::default().get("a"), None);
+        assert_eq!(hosts.into_hosts().collect::<Vec<_>>(), ["a", "b"]);
     }
 
     #[test]
