@@ -474,6 +474,28 @@ struct RegistrySink {
     generation: u64,
 }
 
+impl RegistrySink {
+    /// Record a failed call; an `outage` (the registry, not one part of it)
+    /// also starts or continues the unreachable period.
+    fn failed(&self, error: &RegistryError, outage: bool) {
+        let metrics = &self.cache.metrics;
+        self.cache.with_entry(&self.key, self.generation, |entry, _| {
+            let kind = error.kind();
+            let labels = RegistryErrorLabels { name: self.key.name.clone(), r#type: self.key.kind.as_str(), kind };
+            metrics.errors.get_or_create(&labels).inc();
+            entry.error_kinds.insert(kind);
+            entry.status.healthy = false;
+            if outage {
+                entry.status.unreachable_since.get_or_insert_with(SystemTime::now);
+                entry.status.consecutive_failures += 1;
+            }
+            entry.status.last_error = Some(scrub(&error.to_string(), &entry.secrets));
+            entry.status.last_error_time = Some(SystemTime::now());
+            false
+        });
+    }
+}
+
 impl Sink for RegistrySink {
     fn update(&self, update: Update) {
         let full = matches!(update, Update::Snapshot(_));
@@ -508,19 +530,14 @@ impl Sink for RegistrySink {
     fn error(&self, error: &RegistryError) {
         // The watcher logs the failure itself; this is the cache's side of it.
         debug!(registry = %self.key, kind = error.kind(), %error, "registry call failed; keeping last known services");
-        let metrics = &self.cache.metrics;
-        self.cache.with_entry(&self.key, self.generation, |entry, _| {
-            let kind = error.kind();
-            let labels = RegistryErrorLabels { name: self.key.name.clone(), r#type: self.key.kind.as_str(), kind };
-            metrics.errors.get_or_create(&labels).inc();
-            entry.error_kinds.insert(kind);
-            entry.status.healthy = false;
-            entry.status.unreachable_since.get_or_insert_with(SystemTime::now);
-            entry.status.last_error = Some(scrub(&error.to_string(), &entry.secrets));
-            entry.status.last_error_time = Some(SystemTime::now());
-            entry.status.consecutive_failures += 1;
-            false
-        });
+        self.failed(error, true);
+    }
+
+    /// Not healthy, but the registry answers: no `unreachable_since`, so
+    /// `--max-stale` never withdraws a registry for one unreadable service.
+    fn degraded(&self, error: &RegistryError) {
+        debug!(registry = %self.key, kind = error.kind(), %error, "part of the registry unreadable; keeping its last known state");
+        self.failed(error, false);
     }
 
     fn synced(&self, took: Duration) {

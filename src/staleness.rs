@@ -11,7 +11,8 @@
 //!
 //! "Unreachable" is measured from the first failed call after the last
 //! success (or, for a registry loaded from the dump that has not answered,
-//! from the load). Services keep their ports with no endpoints, so clusters
+//! from the load). A registry that answers but cannot read one service is
+//! degraded (`Sink::degraded`), not unreachable: it is never withdrawn. Services keep their ports with no endpoints, so clusters
 //! stay and requests get a fast 503. The registry's next full answer
 //! restores them.
 
@@ -77,7 +78,13 @@ mod tests {
         };
         let d = cache.attach(&down);
         d.update(Update::Snapshot(vec![svc("a.consul")]));
-        cache.attach(&up).update(Update::Snapshot(vec![svc("b.consul")]));
+        let u = cache.attach(&up);
+        u.update(Update::Snapshot(vec![svc("b.consul")]));
+        // One service of `up` cannot be read: unhealthy, but it answers, so
+        // it is never withdrawn for staleness.
+        let part =
+            RegistryError::Status { registry: "up".into(), what: "GET /v1/health/service/b".into(), status: 500 };
+        u.degraded(&part);
         d.error(&RegistryError::Unreachable { registry: "down".into(), reason: "refused".into() });
         let max = Duration::from_secs(30);
         assert_eq!(enforce(&cache, max, SystemTime::now()), 0, "not yet");
@@ -87,5 +94,9 @@ mod tests {
         let view = cache.view();
         assert!(view.services["a.consul"].service.endpoints.is_empty());
         assert_eq!(view.services["b.consul"].service.endpoints.len(), 1);
+        let up_status = cache.statuses().into_iter().find(|(k, _)| *k == up).expect("up").1;
+        assert!(!up_status.healthy, "degraded is not healthy");
+        assert_eq!((up_status.unreachable_since, up_status.consecutive_failures), (None, 0));
+        assert!(up_status.last_error.is_some_and(|e| e.contains("500")));
     }
 }

@@ -75,7 +75,7 @@ impl Health {
     /// so the next success is no recovery.
     pub fn fail_part(&self, e: &RegistryError) {
         warn!(error = %e, kind = e.kind(), "{} read failed; skipping it", self.watcher);
-        self.sink.error(e);
+        self.sink.degraded(e);
     }
 
     /// Whether some part cannot be read. While it is, successes are not

@@ -32,6 +32,12 @@ pub trait Sink: Send + Sync + 'static {
     fn healthy(&self);
     /// A call to the registry failed. The last known services stay.
     fn error(&self, error: &RegistryError);
+    /// One part of the registry (a service) cannot be read while the
+    /// registry itself answers: the registry is not healthy, but this is no
+    /// outage (nothing makes its endpoints stale). An error by default.
+    fn degraded(&self, error: &RegistryError) {
+        self.error(error);
+    }
     /// A full sync (every service read and sent as one [`Update::Snapshot`])
     /// took `took`. For metrics; watchers without full syncs never call it.
     fn synced(&self, took: Duration) {
