@@ -583,7 +583,7 @@ impl<A: Api> Session<A> {
                     let end = if !A::PUSH || self.refreshes >= FULL_READ_EVERY {
                         self.resync().await
                     } else {
-                        self.refresh().await
+                        self.refresh(false).await
                     };
                     if let Some(end) = end {
                         return end;
@@ -645,7 +645,7 @@ impl<A: Api> Session<A> {
                 // Services came or went: list again and read only the new
                 // ones (Nacos announces neither).
                 debug!(count, "the service count changed, listing again");
-                let end = self.list_again().await;
+                let end = self.refresh(true).await;
                 // A listing capped short of the count is not asked for again
                 // and again: the count is explained.
                 self.ctx.listed.store(count, Ordering::Relaxed);
@@ -658,27 +658,14 @@ impl<A: Api> Session<A> {
         }
     }
 
-    /// Push clients between full reads: list again, read the new and the
-    /// unsubscribed services.
-    async fn refresh(&mut self) -> Option<End> {
+    /// List again, read the services not tracked yet, drop the ones gone.
+    /// With `only_new` (the probe's count moved) every tracked service is
+    /// kept unread; otherwise (push clients between full reads) the
+    /// unsubscribed ones are read too.
+    async fn refresh(&mut self, only_new: bool) -> Option<End> {
         let subscribed = &self.subscribed;
-        let keep = |key: &ServiceKey| subscribed.get(key) == Some(&true);
+        let keep = |key: &ServiceKey| only_new || subscribed.get(key) == Some(&true);
         match self.ctx.refresh(&*self.api, &keep).await {
-            Ok(()) => {
-                self.reconcile().await;
-                None
-            }
-            Err(e) => {
-                self.ctx.health.fail(&e);
-                self.replace_client()
-            }
-        }
-    }
-
-    /// List again, read the services not tracked yet, drop the ones gone;
-    /// the others are kept unread.
-    async fn list_again(&mut self) -> Option<End> {
-        match self.ctx.refresh(&*self.api, &|_| true).await {
             Ok(()) => {
                 self.reconcile().await;
                 None

@@ -315,8 +315,10 @@ fn service_hosts(registry: &str, what: &str, bytes: &[u8]) -> Result<Vec<Instanc
     Ok(answer.service_info.and_then(|i| i.hosts).unwrap_or_default())
 }
 
-impl Api for GrpcApi {
-    async fn list_services(&self, group: &str) -> Result<Vec<String>, RegistryError> {
+impl GrpcApi {
+    /// One page of `group`'s service names, and how many services the
+    /// server counts in all.
+    async fn service_page(&self, group: &str, page: usize, size: usize) -> Result<(Vec<String>, usize), RegistryError> {
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Page {
@@ -326,22 +328,28 @@ impl Api for GrpcApi {
             service_names: Option<Vec<String>>,
         }
         let s = &self.shared;
+        let body = json!({
+            "namespace": s.namespace, "groupName": group, "serviceName": "",
+            "pageNo": page, "pageSize": size, "selector": "",
+        });
+        let bytes = s.call("ServiceListRequest", body, None, s.call_timeout()).await?;
+        let page: Page = serde_json::from_slice(&bytes).map_err(|e| RegistryError::BadResponse {
+            registry: s.registry.clone(),
+            what: "ServiceList".into(),
+            reason: e.to_string(),
+        })?;
+        Ok((page.service_names.unwrap_or_default(), usize::try_from(page.count).unwrap_or(0)))
+    }
+}
+
+impl Api for GrpcApi {
+    async fn list_services(&self, group: &str) -> Result<Vec<String>, RegistryError> {
         let mut all = Vec::new();
         for page in 1..=MAX_PAGES {
-            let body = json!({
-                "namespace": s.namespace, "groupName": group, "serviceName": "",
-                "pageNo": page, "pageSize": PAGE_SIZE, "selector": "",
-            });
-            let bytes = s.call("ServiceListRequest", body, None, s.call_timeout()).await?;
-            let page: Page = serde_json::from_slice(&bytes).map_err(|e| RegistryError::BadResponse {
-                registry: s.registry.clone(),
-                what: "ServiceList".into(),
-                reason: e.to_string(),
-            })?;
-            let names = page.service_names.unwrap_or_default();
+            let (names, count) = self.service_page(group, page, PAGE_SIZE).await?;
             let last = names.len() < PAGE_SIZE;
             all.extend(names);
-            if last || all.len() >= usize::try_from(page.count).unwrap_or(0) {
+            if last || all.len() >= count {
                 break;
             }
         }
@@ -360,23 +368,7 @@ impl Api for GrpcApi {
     }
 
     async fn probe(&self, group: &str) -> Result<usize, RegistryError> {
-        #[derive(Deserialize)]
-        struct Count {
-            #[serde(default)]
-            count: i64,
-        }
-        let s = &self.shared;
-        let body = json!({
-            "namespace": s.namespace, "groupName": group, "serviceName": "",
-            "pageNo": 1, "pageSize": 1, "selector": "",
-        });
-        let bytes = s.call("ServiceListRequest", body, None, s.call_timeout()).await?;
-        let answer: Count = serde_json::from_slice(&bytes).map_err(|e| RegistryError::BadResponse {
-            registry: s.registry.clone(),
-            what: "ServiceList".into(),
-            reason: e.to_string(),
-        })?;
-        Ok(usize::try_from(answer.count).unwrap_or(0))
+        self.service_page(group, 1, 1).await.map(|(_, count)| count)
     }
 
     const PUSH: bool = true;
