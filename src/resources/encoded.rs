@@ -132,12 +132,6 @@ impl std::fmt::Debug for Body {
     }
 }
 
-impl From<Any> for Body {
-    fn from(any: Any) -> Body {
-        Body::new(any)
-    }
-}
-
 /// About how many bytes one part holds. Large enough that a 14 MB type is
 /// a few dozen parts (a response is a few dozen chunks), small enough that
 /// re-encoding one costs well under a millisecond.
