@@ -179,7 +179,7 @@ impl Shared {
         body: serde_json::Value,
         resource: Option<&str>,
         deadline: Duration,
-    ) -> Result<Vec<u8>, RegistryError> {
+    ) -> Result<bytes::Bytes, RegistryError> {
         self.auth.ensure(&self.servers).await?;
         let Some(conn) = self.conn.borrow().clone().filter(|c| !c.is_closed()) else {
             let why = self.last_error.lock().unwrap_or_else(PoisonError::into_inner).clone();
