@@ -15,7 +15,7 @@ use meshbridge_e2e::envoy::Stats;
 
 const USAGE: &str = "usage: bench [--sizes 1000,10000] [--instances 10] [--changes 200] [--fanout 100] \
 [--registries consul,nacos,nacos1,zookeeper] [--peer-rounds 5] [--sync-timeout-secs 300] \
-[--meshbridge-env KEY=VALUE,...] [--envoy-stats istio|all]";
+[--meshbridge-env KEY=VALUE,...] [--envoy-stats istio|all] [--idle-secs 5]";
 
 fn list<T>(v: &str, parse: impl Fn(&str) -> Option<T>) -> anyhow::Result<Vec<T>> {
     v.split(',').map(|s| parse(s.trim()).with_context(|| format!("bad list item {s:?}"))).collect()
@@ -35,6 +35,7 @@ fn parse(args: &[String]) -> anyhow::Result<Options> {
             "--registries" => o.registries = list(value, Kind::parse)?,
             "--peer-rounds" => o.peer_rounds = num()?,
             "--sync-timeout-secs" => o.sync_timeout = Duration::from_secs(num()? as u64),
+            "--idle-secs" => o.idle = Duration::from_secs(num()? as u64),
             "--meshbridge-env" => {
                 o.meshbridge_env = list(value, |kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))?
             }
