@@ -12,9 +12,9 @@
 //! "Unreachable" is measured from the first failed call after the last
 //! success (or, for a registry loaded from the dump that has not answered,
 //! from the load). A registry that answers but cannot read one service is
-//! degraded (`Sink::degraded`), not unreachable: it is never withdrawn. Services keep their ports with no endpoints, so clusters
-//! stay and requests get a fast 503. The registry's next full answer
-//! restores them.
+//! degraded (`Sink::degraded`), not unreachable: it is never withdrawn.
+//! Services keep their ports with no endpoints, so clusters stay and
+//! requests get a fast 503. The registry's next full answer restores them.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

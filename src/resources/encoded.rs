@@ -57,7 +57,11 @@ impl Body {
 
     /// The length of the `Any` message.
     pub fn encoded_len(&self) -> usize {
-        let value = self.value.lock().unwrap_or_else(PoisonError::into_inner).len();
+        self.any_len(self.value.lock().unwrap_or_else(PoisonError::into_inner).len())
+    }
+
+    /// The length of the `Any` of this type URL and a value of `value` bytes.
+    fn any_len(&self, value: usize) -> usize {
         bytes_field_len(ANY_TYPE_URL, self.type_url.len()) + bytes_field_len(ANY_VALUE, value)
     }
 
@@ -82,9 +86,8 @@ impl Body {
 
     /// Field `tag` holding the `Any` of this type URL and `value`.
     fn write_field(&self, tag: u32, value: &[u8], buf: &mut impl BufMut) {
-        let len = bytes_field_len(ANY_TYPE_URL, self.type_url.len()) + bytes_field_len(ANY_VALUE, value.len());
         encode_key(tag, WireType::LengthDelimited, buf);
-        encode_varint(len as u64, buf);
+        encode_varint(self.any_len(value.len()) as u64, buf);
         put_bytes(ANY_TYPE_URL, self.type_url.as_bytes(), buf);
         put_bytes(ANY_VALUE, value, buf);
     }

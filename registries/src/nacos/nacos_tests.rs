@@ -111,6 +111,13 @@ fn ctx(groups: &[&str]) -> (Arc<Ctx>, mpsc::UnboundedReceiver<Event>) {
     (Arc::new(ctx), rx)
 }
 
+/// Run `session` as a task against one fixed server.
+fn spawn_session<A: Api>(session: Session<A>) -> tokio::task::JoinHandle<End> {
+    let current = vec!["127.0.0.1:8848".to_string()];
+    let servers = Servers::Fixed(current.clone());
+    tokio::spawn(async move { session.run(&servers, &current, &mut crate::Selector::all()).await })
+}
+
 fn drain(rx: &mut mpsc::UnboundedReceiver<Event>) -> Vec<Event> {
     std::iter::from_fn(|| rx.try_recv().ok()).collect()
 }
@@ -213,11 +220,7 @@ async fn session_keeps_endpoints_through_an_outage_and_resyncs_after() {
     let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
     let api = Arc::new(FakeApi::default());
     api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
-    let servers = Servers::Fixed(vec!["127.0.0.1:8848".into()]);
-    let session = Session::new_shared(api.clone(), ctx.clone());
-    let task = tokio::spawn(async move {
-        session.run(&servers, &["127.0.0.1:8848".to_string()], &mut crate::Selector::all()).await;
-    });
+    let task = spawn_session(Session::new_shared(api.clone(), ctx.clone()));
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(hosts(updates(&drain(&mut rx))[0]), vec![(WEB.to_string(), 1)]);
 
@@ -258,13 +261,10 @@ impl Api for PushFake {
 /// reconnects by itself, and a new client could do no better.
 #[tokio::test(start_paused = true)]
 async fn a_failing_push_client_is_not_replaced() {
-    let current = vec!["127.0.0.1:8848".to_string()];
     let fake = Arc::new(FakeApi::default());
     fake.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
     let (ctx, _rx) = ctx(&["DEFAULT_GROUP"]);
-    let session = Session::new(PushFake(fake.clone()), ctx);
-    let (s, c) = (Servers::Fixed(current.clone()), current.clone());
-    let run = tokio::spawn(async move { session.run(&s, &c, &mut crate::Selector::all()).await });
+    let run = spawn_session(Session::new(PushFake(fake.clone()), ctx));
     // Failing (down, or hung): the same client goes on.
     tokio::time::sleep(Duration::from_millis(10)).await;
     fake.down.store(true, Ordering::SeqCst);
@@ -275,16 +275,12 @@ async fn a_failing_push_client_is_not_replaced() {
 
 #[tokio::test(start_paused = true)]
 async fn refused_tokens_rebuild_a_client_that_worked_only() {
-    let servers = Servers::Fixed(vec!["127.0.0.1:8848".into()]);
-    let current = vec!["127.0.0.1:8848".to_string()];
     let fake = Arc::new(FakeApi::default());
     fake.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
 
     // Worked, then refused: the session ends for a new client.
     let (ctx1, _rx) = ctx(&["DEFAULT_GROUP"]);
-    let session = Session::new(PushFake(fake.clone()), ctx1);
-    let (s, c) = (Servers::Fixed(current.clone()), current.clone());
-    let run = tokio::spawn(async move { session.run(&s, &c, &mut crate::Selector::all()).await });
+    let run = spawn_session(Session::new(PushFake(fake.clone()), ctx1));
     tokio::time::sleep(Duration::from_millis(10)).await;
     *fake.refuse_all.lock().unwrap() = Some(403);
     let end = tokio::time::timeout(Duration::from_secs(10), run).await.expect("session ends").unwrap();
@@ -292,8 +288,7 @@ async fn refused_tokens_rebuild_a_client_that_worked_only() {
 
     // Never worked: keeps trying with the same client, errors only.
     let (ctx2, mut rx) = ctx(&["DEFAULT_GROUP"]);
-    let session = Session::new(PushFake(fake.clone()), ctx2);
-    let run = tokio::spawn(async move { session.run(&servers, &current, &mut crate::Selector::all()).await });
+    let run = spawn_session(Session::new(PushFake(fake.clone()), ctx2));
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert!(!run.is_finished());
     run.abort();
@@ -312,10 +307,7 @@ async fn push_clients_read_only_new_services_between_full_reads() {
     fake.set("DEFAULT_GROUP", "cart", vec![instance("10.0.0.2", 80)]);
     let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
     let refresh = ctx.refresh;
-    let session = Session::new(PushFake(fake.clone()), ctx);
-    let current = vec!["127.0.0.1:8848".to_string()];
-    let (s, c) = (Servers::Fixed(current.clone()), current);
-    let run = tokio::spawn(async move { session.run(&s, &c, &mut crate::Selector::all()).await });
+    let run = spawn_session(Session::new(PushFake(fake.clone()), ctx));
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(hosts(updates(&drain(&mut rx))[0]).len(), 2);
 
@@ -355,10 +347,7 @@ async fn a_changed_service_count_lists_again_within_a_probe_period() {
         let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
         let Ok(mut ctx) = Arc::try_unwrap(ctx) else { panic!("one owner") };
         ctx.refresh = Duration::from_secs(600);
-        let session = Session::new_shared(api, Arc::new(ctx));
-        let current = vec!["127.0.0.1:8848".to_string()];
-        let (s, c) = (Servers::Fixed(current.clone()), current);
-        let run = tokio::spawn(async move { session.run(&s, &c, &mut crate::Selector::all()).await });
+        let run = spawn_session(Session::new_shared(api, Arc::new(ctx)));
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(hosts(updates(&drain(&mut rx))[0]).len(), 1);
 
