@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 use meshbridge_registries::{RegistryError, RegistryKind, RegistrySpec, Secret, Service, Sink, Update};
 use serde::Serialize;
 use tokio::sync::watch;
-use tracing::debug;
+use tracing::{debug, warn};
 
 pub mod metrics;
 
@@ -504,6 +504,9 @@ impl Sink for RegistrySink {
             metrics.events.get_or_create(&RegistryLabels::from(&self.key)).inc();
             let now = SystemTime::now();
             if full {
+                // Present (at 0) from the first snapshot on, so that "no
+                // drift" is a value, not a missing series.
+                let _ = metrics.drift_corrected.get_or_create(&RegistryLabels::from(&self.key));
                 entry.status.ready = true;
                 entry.status.stale = false;
                 entry.status.withdrawn = false;
@@ -538,6 +541,22 @@ impl Sink for RegistrySink {
     fn degraded(&self, error: &RegistryError) {
         debug!(registry = %self.key, kind = error.kind(), %error, "part of the registry unreadable; keeping its last known state");
         self.failed(error, false);
+    }
+
+    fn drift(&self, hosts: &[String]) {
+        const NAMED: usize = 20;
+        let named: Vec<&str> = hosts.iter().take(NAMED).map(String::as_str).collect();
+        warn!(
+            registry = %self.key,
+            count = hosts.len(),
+            services = ?named,
+            "a periodic full read corrected services the watcher had missed changes to"
+        );
+        let metrics = &self.cache.metrics;
+        self.cache.with_entry(&self.key, self.generation, |_, _| {
+            metrics.drift_corrected.get_or_create(&RegistryLabels::from(&self.key)).inc_by(hosts.len() as u64);
+            false
+        });
     }
 
     fn synced(&self, took: Duration) {
@@ -663,6 +682,20 @@ mod tests {
         assert_eq!(report.status.last_error.as_deref(), Some("a: unreachable: echoed <redacted> back"));
         let labels = RegistryErrorLabels { name: "a".into(), r#type: "consul", kind: "unreachable" };
         assert_eq!(cache.metrics().errors.get_or_create(&labels).get(), 1);
+    }
+
+    #[test]
+    fn drift_is_zero_from_the_first_snapshot_and_counts_each_service() {
+        let cache = Cache::new();
+        let sink = cache.attach(&key("a"));
+        let labels = RegistryLabels::from(&key("a"));
+        assert!(cache.metrics().drift_corrected.get(&labels).is_none());
+        sink.update(Update::Snapshot(vec![]));
+        assert_eq!(cache.metrics().drift_corrected.get(&labels).map(|c| c.get()), Some(0), "present at 0");
+        sink.drift(&["web.dc1.consul".to_string(), "api.dc1.consul".to_string()]);
+        assert_eq!(cache.metrics().drift_corrected.get(&labels).map(|c| c.get()), Some(2));
+        cache.remove(&key("a"));
+        assert!(cache.metrics().drift_corrected.get(&labels).is_none(), "forgotten with the registry");
     }
 
     #[test]

@@ -67,6 +67,11 @@ impl Metrics {
             "Duration of each registry's full syncs",
             reg.sync_duration,
         );
+        r.register(
+            "meshbridge_registry_drift_corrected",
+            "Services a registry's periodic full read found changed although change detection had already seen past the change (missed changes, corrected)",
+            reg.drift_corrected,
+        );
         let xds = clients.metrics().clone();
         r.register("meshbridge_xds_pushes", "xDS responses sent, by type URL and mode", xds.pushes);
         r.register("meshbridge_xds_push_bytes", "Encoded size of the xDS responses sent", xds.push_bytes);

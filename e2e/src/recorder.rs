@@ -18,6 +18,8 @@ pub enum Event {
     Update(Update),
     Healthy,
     Error(RegistryError),
+    /// [`Sink::drift`]: services a periodic full read corrected.
+    Drift(Vec<String>),
 }
 
 struct ChannelSink(mpsc::UnboundedSender<(Instant, Event)>);
@@ -31,6 +33,9 @@ impl Sink for ChannelSink {
     }
     fn error(&self, error: &RegistryError) {
         let _ = self.0.send((Instant::now(), Event::Error(error.clone())));
+    }
+    fn drift(&self, hosts: &[String]) {
+        let _ = self.0.send((Instant::now(), Event::Drift(hosts.to_vec())));
     }
 }
 
@@ -148,6 +153,11 @@ impl<V: View> Recorder<V> {
 
     pub fn snapshots_since(&self, mark: usize) -> usize {
         self.updates_since(mark).iter().filter(|u| matches!(u, Update::Snapshot(_))).count()
+    }
+
+    /// Every service a [`Sink::drift`] call named since `mark`.
+    pub fn drift_since(&self, mark: usize) -> Vec<&String> {
+        self.since(mark).filter_map(|e| if let Event::Drift(h) = e { Some(h) } else { None }).flatten().collect()
     }
 
     pub fn healthy_since(&self, mark: usize) -> bool {

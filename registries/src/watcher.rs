@@ -43,6 +43,14 @@ pub trait Sink: Send + Sync + 'static {
     fn synced(&self, took: Duration) {
         let _ = took;
     }
+    /// A periodic full read found `hosts` different from what the watcher
+    /// had sent, although every change to them was older than what its
+    /// change detection had already seen: a change it missed, corrected
+    /// now (the update follows). A correct watcher never calls this; it is
+    /// counted and logged so that a miss is visible, not silent.
+    fn drift(&self, hosts: &[String]) {
+        let _ = hosts;
+    }
 }
 
 /// A running registry watcher. `run` returns only when the watcher cannot

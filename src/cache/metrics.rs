@@ -1,5 +1,5 @@
-//! What the cache's sinks record per registry: events, errors and full-sync
-//! durations. Registered by [`crate::metrics::Metrics`]; a leaf module, so
+//! What the cache's sinks record per registry: events, errors, full-sync
+//! durations and corrected drift. Registered by [`crate::metrics::Metrics`]; a leaf module, so
 //! the cache depends on no other part for its metrics.
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -36,6 +36,8 @@ pub struct RegistryMetrics {
     pub events: Family<RegistryLabels, Counter>,
     pub errors: Family<RegistryErrorLabels, Counter>,
     pub sync_duration: HistogramFamily<RegistryLabels>,
+    /// Services a periodic full read corrected: changes the watcher missed.
+    pub drift_corrected: Family<RegistryLabels, Counter>,
 }
 
 impl Default for RegistryMetrics {
@@ -44,6 +46,7 @@ impl Default for RegistryMetrics {
             events: Family::default(),
             errors: Family::default(),
             sync_duration: Family::new_with_constructor(sync_histogram),
+            drift_corrected: Family::default(),
         }
     }
 }
@@ -53,6 +56,7 @@ impl RegistryMetrics {
     pub fn forget<'a>(&self, labels: &RegistryLabels, error_kinds: impl IntoIterator<Item = &'a &'static str>) {
         self.events.remove(labels);
         self.sync_duration.remove(labels);
+        self.drift_corrected.remove(labels);
         for kind in error_kinds {
             self.errors.remove(&RegistryErrorLabels { name: labels.name.clone(), r#type: labels.r#type, kind });
         }
