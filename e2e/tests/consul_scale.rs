@@ -271,11 +271,12 @@ async fn hung_up(conn: &mut tokio::net::TcpStream, wait: Duration) -> bool {
 /// failing call after call.
 #[tokio::test]
 async fn a_partly_used_limit_shrinks_the_watcher_instead_of_flapping() {
-    let consul = Consul::start_with_hcl("limits { http_max_conns_per_client = 4 }").await.expect("start consul");
+    let consul = Consul::start_with_hcl("limits { http_max_conns_per_client = 6 }").await.expect("start consul");
     for i in 0..20 {
         consul.register(service(i)).await.unwrap();
     }
-    // Another client on this host holds one of the four.
+    // Another client on this host holds one of the six: the watcher has
+    // five, its four detectors and one read.
     let held = tokio::net::TcpStream::connect(("127.0.0.1", consul.http_port)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let watcher = ConsulWatcher::new(spec(consul.http_port)).unwrap().with_wait(WAIT);
@@ -284,7 +285,7 @@ async fn a_partly_used_limit_shrinks_the_watcher_instead_of_flapping() {
     let is_limit = |e: &&RegistryError| matches!(e, RegistryError::ConnectionLimit { .. });
     assert!(rec.errors_since(0).iter().any(is_limit), "the limit is reported:\n{}", rec.dump());
 
-    // From now on: no error, changes still arrive, at most 3 connections.
+    // From now on: no error, changes still arrive, at most 5 connections.
     // The other client lets go of its connection, which the watcher no
     // longer tries to take, so the harness (a client too) can use it.
     let mark = rec.mark();
@@ -296,6 +297,6 @@ async fn a_partly_used_limit_shrinks_the_watcher_instead_of_flapping() {
     rec.until("svc-4 empty", |r| r.view[&host(4)].endpoints.is_empty()).await;
     rec.idle(WAIT * 2).await;
     assert!(rec.errors_since(mark).is_empty(), "no flapping:\n{}", rec.dump());
-    assert!(sampler.most() <= 3, "{} connections", sampler.most());
+    assert!(sampler.most() <= 5, "{} connections", sampler.most());
     assert!(rec.healthy_since(mark) || rec.updates_since(mark).iter().any(|u| matches!(u, Update::Upsert(_))));
 }

@@ -5,34 +5,39 @@
 //! own pool so that the connection cap is a hard bound, and direct control
 //! over blocking-query `index`/`wait`) drives:
 //!
-//! - two **change detectors**, blocking queries on `/v1/catalog/services`
-//!   (which services exist, with their tags) and `/v1/health/state/critical`
-//!   (followed by `/v1/health/state/warning`): only the checks that fail,
-//!   folded into one fingerprint per service and per node, so a check
-//!   change costs bytes in proportion to the failing checks, not to every
-//!   check in the datacenter;
-//! - **targeted reads** of `/v1/health/service/:name` for only the services
-//!   a detector named: new or retagged services, services whose checks
-//!   started or stopped failing, and the services on a node whose node
-//!   checks did;
-//! - a **sweep** for catalog changes no detector can name (an instance added
-//!   or removed in a service that stays, with or without checks; an
-//!   instance re-registered on another port): Consul keeps one index per
-//!   service, so the sweep asks each service for its index alone (an empty
-//!   answer) and reads only those that moved. The probes go in batches
-//!   pipelined on one connection each (HTTP/1.1 pipelining: one write, the
-//!   answers' heads parsed in order; anything odd falls back to one request
-//!   at a time), on up to the read slots less one connections at once, the
-//!   services that changed most recently first. Consul 1.8 offers nothing
-//!   narrower: its `filter` has no `ModifyIndex`, `/v1/catalog/services`
-//!   ignores `filter`, and no endpoint gives several services' indexes at
-//!   once. A catalog change counts as named when a read since the previous
-//!   catalog answer returned an index at least as new, and the sweep for an
-//!   unnamed change stops at the first service it finds that new (about
-//!   half the probes on average); so a service-only write that lands
-//!   between two catalog answers together with a later write to another
-//!   service is left to the next periodic sweep, which probes every service
-//!   every refresh interval and ends with a snapshot;
+//! - four **change detectors**, blocking queries on `/v1/catalog/services`
+//!   (which services exist, with their tags; its index moves on every write
+//!   to any service's instances), `/v1/catalog/nodes` (every node with the
+//!   index of its last change), `/v1/health/state/critical` and
+//!   `/v1/health/state/warning` (Consul wakes each only for checks entering
+//!   or leaving its state): only the checks that fail, folded into one
+//!   fingerprint per service and per node, so a check change costs bytes in
+//!   proportion to the failing checks, not to every check in the
+//!   datacenter;
+//! - **targeted reads** of `/v1/health/service/:name` for the services a
+//!   detector named: new or retagged services, services whose checks
+//!   started or stopped failing, the services on a node whose node checks
+//!   did, and the services on a node that changed (address, tagged
+//!   addresses, meta), came or went;
+//! - a **sweep** after every move of the catalog index: one answer can
+//!   stand for many writes (a burst, a `/v1/txn`, a node deregistered) and
+//!   names none of the services whose instances changed, so the sweep asks
+//!   every service for its index alone (an empty answer) and reads all
+//!   those that moved, as it finds them. Consul keeps one index per
+//!   service; Consul 1.8 offers nothing narrower: its `filter` has no
+//!   `ModifyIndex`, `/v1/catalog/services` ignores `filter`, and no
+//!   endpoint gives several services' indexes at once. The probes go in
+//!   batches pipelined on one connection each (HTTP/1.1 pipelining: one
+//!   write, the answers' heads parsed in order; anything odd falls back to
+//!   one request at a time), on up to the read slots less one connections
+//!   at once, the services that changed most recently first. The changes
+//!   of a burst share a sweep (it starts once the catalog is quiet for
+//!   50 ms, at most 250 ms after the first); a change during a sweep gets
+//!   one more right after it, and a sweep that followed another with no
+//!   rest rests as long as it took. Every `consulRefreshInterval` a sweep
+//!   ends with a snapshot, and counts as drift ([`Sink::drift`]) each
+//!   service it found changed although the detectors had seen past the
+//!   change (none, in a correct watcher);
 //! - with a [`Selector`] (`meshbridgeWatch`), only the selected services are
 //!   tracked, read and swept; the detectors still see every name, so a
 //!   service that becomes selected (a new route) is read at once, and one
@@ -43,8 +48,8 @@
 //!
 //! Every call borrows one connection of a pool of at most the connection
 //! cap ([`DEFAULT_MAX_CONNS`], `MESHBRIDGE_CONSUL_MAX_CONNS`), so the watcher
-//! never holds more connections than that: the two detectors hold two, and
-//! reads share the rest. Consul's default `limits.http_max_conns_per_client`
+//! never holds more connections than that: the four detectors hold four,
+//! and reads and sweeps share the rest. Consul's default `limits.http_max_conns_per_client`
 //! is 200, shared by every client on this host.
 //!
 //! With `registryTls` the pool's connections are TLS (tokio-rustls, ALPN
@@ -74,7 +79,7 @@ use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use self::client::answers_read;
-use self::client::{Client, Indexed, next_index};
+use self::client::{CheckState, Client, Indexed, next_index};
 use self::ctx::Ctx;
 use self::decode::{CheckPrints, Naming};
 use self::supervisor::{Event, Supervisor};
@@ -98,15 +103,15 @@ const MIN_QUERY_GAP: Duration = Duration::from_millis(50);
 /// for `wait` without a word from Consul, so without the probe an outage
 /// could go unnoticed (and `healthy` stay stale) for that long.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
-/// The connection cap unless configured: 2 detectors and 6 reads, far under
+/// The connection cap unless configured: 4 detectors and 6 reads, far under
 /// Consul's default 200 per client address.
-pub const DEFAULT_MAX_CONNS: usize = 8;
-/// The smallest usable cap: 2 detectors and 1 read.
-pub const MIN_MAX_CONNS: usize = 3;
+pub const DEFAULT_MAX_CONNS: usize = 10;
+/// The smallest usable cap: 4 detectors and 1 read.
+pub const MIN_MAX_CONNS: usize = 5;
 /// Environment variable that sets the connection cap when the spec does not.
 pub const MAX_CONNS_ENV: &str = "MESHBRIDGE_CONSUL_MAX_CONNS";
-/// Connections the two detectors hold.
-const DETECTORS: usize = 2;
+/// Connections the four detectors hold.
+const DETECTORS: usize = 4;
 
 /// Watches one Consul datacenter. Built by [`crate::watcher_for`].
 pub struct ConsulWatcher {
@@ -233,7 +238,10 @@ impl ConsulWatcher {
         };
         let (tx, rx) = mpsc::channel(64);
         background.spawn(watch_catalog(ctx.clone(), first.catalog.index, tx.clone()).in_current_span());
-        background.spawn(watch_checks(ctx.clone(), first.checks.index, tx.clone()).in_current_span());
+        for (state, checks) in CheckState::ALL.into_iter().zip(&first.checks) {
+            background.spawn(watch_checks(ctx.clone(), state, checks.index, tx.clone()).in_current_span());
+        }
+        background.spawn(watch_nodes(ctx.clone(), first.nodes.index, tx.clone()).in_current_span());
         let mut sup = Supervisor::new(ctx.clone(), tx, selector, selection);
         sup.apply_sync(first);
         // Failures before the first snapshot need no recovery resync.
@@ -319,11 +327,18 @@ async fn watch_catalog(ctx: Arc<Ctx>, index: u64, tx: mpsc::Sender<Event>) {
     detect(ctx, "catalog", index, tx, query, Event::Catalog).await;
 }
 
-async fn watch_checks(ctx: Arc<Ctx>, index: u64, tx: mpsc::Sender<Event>) {
-    let query = |ctx: Arc<Ctx>, index: u64| -> Answer<CheckPrints> {
-        Box::pin(async move { ctx.client.failing_checks(index, ctx.wait).await })
+async fn watch_checks(ctx: Arc<Ctx>, state: CheckState, index: u64, tx: mpsc::Sender<Event>) {
+    let query = move |ctx: Arc<Ctx>, index: u64| -> Answer<CheckPrints> {
+        Box::pin(async move { ctx.client.checks_in(state, index, ctx.wait).await })
     };
-    detect(ctx, "checks", index, tx, query, Event::Checks).await;
+    detect(ctx, state.name(), index, tx, query, move |answer| Event::Checks(state, answer)).await;
+}
+
+async fn watch_nodes(ctx: Arc<Ctx>, index: u64, tx: mpsc::Sender<Event>) {
+    let query = |ctx: Arc<Ctx>, index: u64| -> Answer<BTreeMap<String, u64>> {
+        Box::pin(async move { ctx.client.catalog_nodes(index, ctx.wait).await })
+    };
+    detect(ctx, "nodes", index, tx, query, Event::Nodes).await;
 }
 
 /// Ask Consul for its leader every [`PROBE_EVERY`], so that health is fresh
@@ -351,7 +366,7 @@ mod tests {
     fn connection_cap_from_the_environment() {
         assert_eq!(parse_max_conns("c", None), Ok(DEFAULT_MAX_CONNS));
         assert_eq!(parse_max_conns("c", Some(" 16 ".into())), Ok(16));
-        for bad in ["2", "0", "-1", "many", ""] {
+        for bad in ["4", "0", "-1", "many", ""] {
             let err = parse_max_conns("c", Some(bad.into())).unwrap_err();
             assert!(err.to_string().contains(MAX_CONNS_ENV), "{err}");
         }

@@ -21,7 +21,7 @@ use serde::Deserialize;
 use tokio::io::AsyncReadExt;
 use tracing::debug;
 
-use super::decode::{CheckPrints, Instances, decode_catalog, decode_checks_into, decode_health};
+use super::decode::{CheckPrints, Instances, decode_catalog, decode_checks_into, decode_health, decode_nodes};
 use super::pool::{Pool, PoolTls};
 use crate::body::{Capped, MAX_BODY_BYTES, collect_capped, too_large};
 use crate::spec::RegistrySpec;
@@ -72,6 +72,31 @@ pub(crate) struct Client {
 pub(crate) struct Indexed<T> {
     pub value: T,
     pub index: u64,
+}
+
+/// A failing check state, each watched by its own blocking query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CheckState {
+    Critical,
+    Warning,
+}
+
+impl CheckState {
+    pub const ALL: [CheckState; 2] = [CheckState::Critical, CheckState::Warning];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckState::Critical => "critical",
+            CheckState::Warning => "warning",
+        }
+    }
+
+    fn path(self) -> &'static str {
+        match self {
+            CheckState::Critical => "/v1/health/state/critical",
+            CheckState::Warning => "/v1/health/state/warning",
+        }
+    }
 }
 
 /// What `GET /v1/agent/self` tells about the agent.
@@ -192,25 +217,43 @@ impl Client {
         Ok(Indexed { value, index })
     }
 
-    /// The checks that do not pass: `GET /v1/health/state/critical`,
-    /// blocking when `index > 0`, then `GET /v1/health/state/warning`, folded
-    /// into per-service and per-node fingerprints. Both are answered from
-    /// Consul's status index, so the bytes and the work grow with the checks
-    /// that fail, not with every check (`/v1/health/state/any` is about 360
-    /// bytes per check: 36 MB at 10k services × 10 instances). Consul wakes
-    /// the critical query on every write to the checks table (a check
-    /// turning `warning` included), so the warning read follows each answer.
-    /// Filtering `/v1/health/state/any` instead (`Status != "passing"`)
-    /// answers the same but makes Consul evaluate every check (0.5–0.8 s at
-    /// 100k checks), and Consul 1.8's filter has neither `ModifyIndex` nor
-    /// `>` to ask only for recent changes.
-    pub async fn failing_checks(&self, index: u64, wait: Duration) -> Result<Indexed<CheckPrints>, RegistryError> {
-        let what = "/v1/health/state/critical";
-        let (body, index) = self.blocking(what, &["v1", "health", "state", "critical"], &[], index, wait).await?;
+    /// `GET /v1/catalog/nodes` (node -> `ModifyIndex`), blocking when
+    /// `index > 0`. A node's address, tagged addresses or meta change moves
+    /// only the nodes table and the indexes of the services on it, not
+    /// `/v1/catalog/services`, so this is the only answer that names it.
+    pub async fn catalog_nodes(
+        &self,
+        index: u64,
+        wait: Duration,
+    ) -> Result<Indexed<BTreeMap<String, u64>>, RegistryError> {
+        let what = "/v1/catalog/nodes";
+        let (body, index) = self.blocking(what, &["v1", "catalog", "nodes"], &[], index, wait).await?;
+        let value = decode_nodes(&body).map_err(|e| self.bad(what, e.to_string()))?;
+        Ok(Indexed { value, index })
+    }
+
+    /// The checks in `state` (`critical` or `warning`): `GET
+    /// /v1/health/state/:state`, blocking when `index > 0`, folded into
+    /// per-service and per-node fingerprints. Answered from Consul's status
+    /// index, so the bytes and the work grow with the checks that fail, not
+    /// with every check (`/v1/health/state/any` is about 360 bytes per check:
+    /// 36 MB at 10k services × 10 instances). Consul wakes a state's query
+    /// when a check enters or leaves that state, and only then (measured on
+    /// 1.8.7: a check turning `warning` does not wake the `critical` query,
+    /// whose index does not move either), so each failing state needs its
+    /// own blocking query. Filtering `/v1/health/state/any` instead
+    /// (`Status != "passing"`) answers the same but makes Consul evaluate
+    /// every check (0.5–0.8 s at 100k checks), and Consul 1.8's filter has
+    /// neither `ModifyIndex` nor `>` to ask only for recent changes.
+    pub async fn checks_in(
+        &self,
+        state: CheckState,
+        index: u64,
+        wait: Duration,
+    ) -> Result<Indexed<CheckPrints>, RegistryError> {
+        let what = state.path();
+        let (body, index) = self.blocking(what, &["v1", "health", "state", state.name()], &[], index, wait).await?;
         let mut value = CheckPrints::default();
-        decode_checks_into(&mut value, &body).map_err(|e| self.bad(what, e.to_string()))?;
-        let what = "/v1/health/state/warning";
-        let (body, _) = self.blocking(what, &["v1", "health", "state", "warning"], &[], 0, Duration::ZERO).await?;
         decode_checks_into(&mut value, &body).map_err(|e| self.bad(what, e.to_string()))?;
         Ok(Indexed { value, index })
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub(crate) use super::client::is_outage;
-use super::client::{Client, Indexed};
+use super::client::{CheckState, Client, Indexed};
 use super::decode::{CheckPrints, Instances, Naming, select_services};
 use crate::health::Health;
 use crate::resolve;
@@ -37,10 +37,12 @@ pub(crate) struct Read {
 }
 
 /// The result of a full, non-blocking read of the catalog (every service
-/// the tag filter keeps), the checks and every selected service.
+/// the tag filter keeps), the nodes, the checks and every selected service.
 pub(crate) struct FullSync {
     pub(super) catalog: Indexed<BTreeMap<String, Vec<String>>>,
-    pub(super) checks: Indexed<CheckPrints>,
+    pub(super) nodes: Indexed<BTreeMap<String, u64>>,
+    /// The critical checks, then the warning ones ([`CheckState::ALL`]).
+    pub(super) checks: [Indexed<CheckPrints>; 2],
     pub(super) reads: Vec<Read>,
 }
 
@@ -80,14 +82,17 @@ impl Ctx {
         catalog.iter().filter(move |(name, _)| all || selection.wants(&naming.host(name)))
     }
 
-    /// Catalog, checks, then every selected service, `read_slots` at a time. A
+    /// Catalog, nodes, checks, then every selected service, `read_slots` at a time. A
     /// service whose answer is bad is kept in the result (skipped later); a
     /// failure to reach Consul fails the whole sync.
     pub(super) async fn full_sync(&self, selection: &Selection) -> Result<FullSync, RegistryError> {
         use futures::StreamExt;
         let started = std::time::Instant::now();
         let catalog = self.client.catalog_services(0, self.wait).await?;
-        let checks = self.client.failing_checks(0, self.wait).await?;
+        let nodes = self.client.catalog_nodes(0, self.wait).await?;
+        let critical = self.client.checks_in(CheckState::Critical, 0, self.wait).await?;
+        let warning = self.client.checks_in(CheckState::Warning, 0, self.wait).await?;
+        let checks = [critical, warning];
         let catalog = Indexed { value: self.watched(catalog.value), index: catalog.index };
         let names: Vec<String> = self.selected(&catalog.value, selection).map(|(n, _)| n.clone()).collect();
         let reads: Vec<Read> =
@@ -97,6 +102,6 @@ impl Ctx {
         }
         self.health.ok();
         self.sink.synced(started.elapsed());
-        Ok(FullSync { catalog, checks, reads })
+        Ok(FullSync { catalog, nodes, checks, reads })
     }
 }

@@ -111,6 +111,31 @@ pub(crate) fn decode_catalog(body: &[u8]) -> Result<BTreeMap<String, Vec<String>
     Ok(raw.into_iter().map(|(name, tags)| (name, tags.unwrap_or_default())).collect())
 }
 
+/// One element of `GET /v1/catalog/nodes`: its name and the index of its
+/// last change (address, tagged addresses, meta, ID).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct NodeIndexJson<'a> {
+    #[serde(default, borrow)]
+    node: Cow<'a, str>,
+    #[serde(default)]
+    modify_index: u64,
+}
+
+/// Decode `GET /v1/catalog/nodes`: node name -> `ModifyIndex`.
+pub(crate) fn decode_nodes(body: &[u8]) -> Result<BTreeMap<String, u64>, serde_json::Error> {
+    let nodes: Vec<NodeIndexJson<'_>> = serde_json::from_slice(body)?;
+    Ok(nodes.into_iter().map(|n| (n.node.into_owned(), n.modify_index)).collect())
+}
+
+/// The nodes that differ between two `GET /v1/catalog/nodes` answers:
+/// added, removed, or changed since (a moved `ModifyIndex`).
+pub(crate) fn changed_nodes(old: &BTreeMap<String, u64>, new: &BTreeMap<String, u64>) -> BTreeSet<String> {
+    let moved = new.iter().filter(|(node, index)| old.get(*node) != Some(*index)).map(|(node, _)| node);
+    let gone = old.keys().filter(|node| !new.contains_key(*node));
+    moved.chain(gone).cloned().collect()
+}
+
 /// Decode `GET /v1/health/service/:name` into endpoints. Addresses may still
 /// be host names here; the caller resolves them. Only instances whose checks
 /// all pass are endpoints (what `?passing` would filter server-side; a
@@ -274,6 +299,20 @@ impl Naming {
 mod tests {
     use super::*;
     use crate::spec::RegistryKind;
+
+    #[test]
+    fn nodes_decode_and_diff_by_modify_index() {
+        let body = br#"[{"ID": "", "Node": "n1", "Address": "10.0.0.1", "TaggedAddresses": null, "Meta": null,
+                          "CreateIndex": 13, "ModifyIndex": 13},
+                         {"Node": "n2", "Address": "10.0.0.9", "ModifyIndex": 16}]"#;
+        let old = decode_nodes(body).unwrap();
+        assert_eq!(old, BTreeMap::from([("n1".to_string(), 13), ("n2".to_string(), 16)]));
+        assert!(changed_nodes(&old, &old).is_empty());
+        let new = BTreeMap::from([("n2".to_string(), 17), ("n3".to_string(), 18)]);
+        let names: Vec<String> = changed_nodes(&old, &new).into_iter().collect();
+        assert_eq!(names, ["n1", "n2", "n3"], "gone, moved, new");
+        assert!(decode_nodes(b"{").is_err());
+    }
 
     const HEALTH: &str = r#"[
       {"Node": {"Node": "n1", "Address": "10.0.0.1"},

@@ -8,49 +8,57 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info};
 
-use super::client::Indexed;
+use super::client::{CheckState, Indexed};
 use super::ctx::{Ctx, FullSync, Read, is_outage};
-use super::decode::{CheckPrints, dirty_services};
+use super::decode::{CheckPrints, changed_nodes, dirty_services};
 use crate::model::Service;
 use crate::retry::Backoff;
 use crate::select::{Selection, Selector};
 use crate::watcher::{RegistryError, Update};
 use crate::worker::{last_port, on_worker_exit};
 
-/// How long a catalog change no read has accounted for waits for the
-/// health detector and its reads before a sweep looks for it. Registering
-/// an instance with checks moves the catalog and the checks at the same
-/// index; this leaves that targeted read time to arrive first. It ends
-/// early once the health detector answered at or past that index and no
-/// read is pending, and a sweep that starts anyway stops as soon as a
-/// targeted read accounts for its index, so it can be short.
-const EXPLAIN_GRACE: Duration = Duration::from_millis(50);
-/// Index probes pipelined per request batch on one connection. Small
-/// enough that the batches in flight when a sweep finds its change (one
-/// per part) waste few probes, large enough to cut the per-request work.
+/// A catalog change waits this long for the next one before its sweep
+/// starts, so that the changes of one burst (a rollout, a transaction
+/// sent as several calls) share one sweep.
+const SWEEP_QUIET: Duration = Duration::from_millis(50);
+/// ...but no longer than this after the first change no sweep has covered,
+/// so that steady churn still gets swept.
+const SWEEP_MAX_DEFER: Duration = Duration::from_millis(250);
+/// Index probes pipelined per request batch on one connection.
 const PROBE_BATCH: usize = 16;
-/// Services that changed most recently, probed first by a sweep for an
-/// unnamed change (rolling deploys and autoscalers touch the same service
-/// again and again).
+/// Services that changed most recently, probed first by a sweep (rolling
+/// deploys and autoscalers touch the same service again and again).
 const RECENT_CHANGED: usize = 32;
+/// How long after a detector reported an index every detector is taken to
+/// have seen the writes up to it: a periodic sweep counts a service that
+/// moved at or before an index seen this long before the watcher last had
+/// nothing pending as drift (a change detection missed).
+const SETTLE: Duration = Duration::from_secs(2);
 /// A far-away instant for timers that are off.
 const NEVER: Duration = Duration::from_secs(86_400 * 365);
+/// How soon a catalog index that went backwards is followed by a resync.
+const INDEX_RESET_RESYNC: Duration = Duration::from_millis(200);
 
 /// What the loops tell the supervisor.
 pub(crate) enum Event {
     /// The catalog detector's answer (tag filter applied).
     Catalog(Indexed<BTreeMap<String, Vec<String>>>),
-    /// The health detector's answer.
-    Checks(Indexed<CheckPrints>),
-    /// A read finished; `targeted` ones were started by [`Supervisor::want_read`].
-    Read { read: Read, targeted: bool },
-    /// A sweep finished; `periodic` sweeps end with a snapshot.
-    SweepDone { periodic: bool, ok: bool },
+    /// A health detector's answer: the checks in one failing state.
+    Checks(CheckState, Indexed<CheckPrints>),
+    /// The nodes detector's answer: node -> `ModifyIndex`.
+    Nodes(Indexed<BTreeMap<String, u64>>),
+    /// A read finished.
+    Read(Read),
+    /// Services a sweep found moved, with the index each has now (0: the
+    /// probe was refused; the read says why).
+    Moved(Vec<(String, u64)>),
+    /// A sweep finished (`ok`: it probed every service).
+    SweepDone { ok: bool },
 }
 
 /// One watched service.
@@ -69,8 +77,17 @@ struct Tracked {
     failing: Option<RegistryError>,
 }
 
-/// How soon a catalog index that went backwards is followed by a resync.
-const INDEX_RESET_RESYNC: Duration = Duration::from_millis(200);
+/// The sweep running now.
+struct Running {
+    started: Instant,
+    /// It ends with a snapshot and counts drift.
+    periodic: bool,
+    /// Services that moved at or before this index should have been read
+    /// already ([`Supervisor::settled`] when the sweep started).
+    settled: u64,
+    /// It started right after the previous sweep, with no rest.
+    follows: bool,
+}
 
 pub(crate) struct Supervisor {
     ctx: Arc<Ctx>,
@@ -86,38 +103,42 @@ pub(crate) struct Supervisor {
     /// reaches it: a detector answer older than the sync was asked before
     /// it, and must not undo it.
     sync_floor: u64,
-    prints: CheckPrints,
+    /// The last answer of each health detector, by [`CheckState::ALL`].
+    prints: [CheckPrints; 2],
+    /// The last nodes answer: node -> `ModifyIndex`.
+    nodes: BTreeMap<String, u64>,
     /// Reads and sweeps. Dropping the supervisor aborts them.
     tasks: JoinSet<()>,
-    /// Targeted reads in flight, and whether another is wanted after.
+    /// Reads in flight, and whether another is wanted after.
     in_flight: HashMap<String, bool>,
     queue: VecDeque<String>,
     queued: HashSet<String>,
-    /// The highest index a read returned since the last catalog answer.
-    read_max_index: u64,
-    /// A catalog index no read has accounted for, and when to sweep for it.
-    unexplained: Option<(u64, Instant)>,
-    sweeping: bool,
+    /// A catalog change no sweep has covered yet: when the first came, and
+    /// when the sweep for it is due.
+    unswept: Option<(Instant, Instant)>,
+    running: Option<Running>,
+    /// A catalog change came while a sweep ran: sweep again after it.
     sweep_again: bool,
-    /// When the running sweep started, and when a sweep for an unnamed
-    /// change may start: sweeps rest at least as long as the last one took,
-    /// so churn of check-less instances costs Consul at most half its time
-    /// in index probes.
-    sweep_started: Instant,
+    /// A periodic sweep is owed (its tick came while a sweep ran).
+    periodic_owed: bool,
+    /// When the next sweep may start: a sweep that followed another with
+    /// no rest rests as long as it took, so steady churn costs Consul at
+    /// most two thirds of its time in probes.
     sweep_not_before: Instant,
-    /// A sweep for an unnamed change is due at this instant.
+    /// When the last sweep ended, and how long it took.
+    last_sweep: Option<(Instant, Duration)>,
+    /// A sweep is due at this instant (pacing).
     sweep_due: Option<Instant>,
-    /// The running sweep for an unnamed change: the index it looks for and
-    /// how to stop it once a targeted read has accounted for that index.
-    sweep_cancel: Option<(u64, Arc<Notify>)>,
-    /// The index of the health detector's last answer.
-    checks_index: u64,
     /// Services with an update sent most recently, newest first.
     recent: VecDeque<String>,
-    /// The newest catalog index an unnamed-change sweep looks for: it stops
-    /// once a probe finds a service at least this new (the rule that names
-    /// a change for targeted reads too). `None`: sweep everything.
-    sweep_target: Option<u64>,
+    /// Detector answers' indexes (rising) with when they came, for
+    /// [`Supervisor::settled`].
+    seen: VecDeque<(Instant, u64)>,
+    /// Every change at or before this index has been read.
+    settled: u64,
+    /// Services a periodic sweep found moved at or before its settled
+    /// index, read now: a changed answer is drift.
+    suspects: HashSet<String>,
     /// When failing services are read again.
     retry_at: Option<Instant>,
     retry_backoff: Backoff,
@@ -137,22 +158,23 @@ impl Supervisor {
             selection,
             catalog_index: 0,
             sync_floor: 0,
-            prints: CheckPrints::default(),
+            prints: Default::default(),
+            nodes: BTreeMap::new(),
             tasks: JoinSet::new(),
             in_flight: HashMap::new(),
             queue: VecDeque::new(),
             queued: HashSet::new(),
-            read_max_index: 0,
-            unexplained: None,
-            sweeping: false,
+            unswept: None,
+            running: None,
             sweep_again: false,
-            sweep_started: Instant::now(),
+            periodic_owed: false,
             sweep_not_before: Instant::now(),
+            last_sweep: None,
             sweep_due: None,
-            sweep_cancel: None,
-            checks_index: 0,
             recent: VecDeque::new(),
-            sweep_target: None,
+            seen: VecDeque::new(),
+            settled: 0,
+            suspects: HashSet::new(),
             retry_at: None,
             retry_backoff: Backoff::default(),
             resync_at: None,
@@ -170,7 +192,13 @@ impl Supervisor {
             tokio::select! {
                 Some(event) = rx.recv() => self.on_event(event),
                 () = self.selector.changed() => self.on_selection(),
-                _ = ticker.tick() => self.start_sweep(true),
+                _ = ticker.tick() => {
+                    // Settle first: the sweep this tick asks for is pending
+                    // work, and what was idle until now is settled.
+                    self.note_if_idle();
+                    self.periodic_owed = true;
+                    self.want_sweep();
+                }
                 () = self.ctx.health.recovered.notified() => {
                     info!("consul answers again, resyncing");
                     self.resync_at.get_or_insert_with(Instant::now);
@@ -179,11 +207,12 @@ impl Supervisor {
                 Some(done) = self.tasks.join_next() => on_worker_exit("consul", done),
                 Some(done) = background.join_next() => on_worker_exit("consul", done),
             }
+            self.note_if_idle();
         }
     }
 
     fn next_timer(&self) -> Instant {
-        [self.unexplained.map(|(_, at)| at), self.retry_at, self.resync_at, self.sweep_due]
+        [self.unswept.map(|(_, due)| due), self.retry_at, self.resync_at, self.sweep_due]
             .into_iter()
             .flatten()
             .min()
@@ -202,27 +231,19 @@ impl Supervisor {
             debug!(services = failing.len(), "reading failing services again");
             failing.into_iter().for_each(|name| self.want_read(name));
         }
-        if let Some((index, at)) = self.unexplained
-            && at <= now
-        {
-            if !self.in_flight.is_empty() || !self.queue.is_empty() {
-                self.unexplained = Some((index, now + EXPLAIN_GRACE));
-            } else {
-                debug!(index, "catalog changed with no service named: sweeping");
-                self.unexplained = None;
-                self.sweep_target = Some(self.sweep_target.map_or(index, |t| t.max(index)));
-                self.want_sweep();
-            }
+        if self.unswept.is_some_and(|(_, due)| due <= now) {
+            self.unswept = None;
+            self.want_sweep();
         }
         if self.sweep_due.is_some_and(|at| at <= now) {
             self.sweep_due = None;
-            self.start_sweep(false);
+            self.start_sweep();
         }
     }
 
-    /// A sweep for an unnamed change, as soon as the pacing allows.
+    /// A sweep as soon as the pacing allows (after the running one).
     fn want_sweep(&mut self) {
-        if self.sweeping {
+        if self.running.is_some() {
             self.sweep_again = true;
         } else {
             let at = self.sweep_not_before.max(Instant::now());
@@ -250,7 +271,7 @@ impl Supervisor {
     }
 
     pub fn apply_sync(&mut self, sync: FullSync) {
-        let FullSync { catalog, checks, reads } = sync;
+        let FullSync { catalog, nodes, checks, reads } = sync;
         let mut old = std::mem::take(&mut self.services);
         for (name, tags) in self.ctx.selected(&catalog.value, &self.selection) {
             let mut tracked = old.remove(name).unwrap_or_default();
@@ -263,13 +284,19 @@ impl Supervisor {
         }
         self.catalog_index = catalog.index;
         self.sync_floor = catalog.index;
-        self.prints = checks.value;
-        self.read_max_index = 0;
-        self.unexplained = None;
+        let check_index = checks.iter().map(|c| c.index).min().unwrap_or(0);
+        self.prints = checks.map(|c| c.value);
+        self.nodes = nodes.value;
+        self.unswept = None;
+        self.suspects.clear();
+        // Every change up to what the sync read is in it; a later sweep
+        // must not count those as missed.
+        self.seen.clear();
+        self.settled = self.settled.max(catalog.index.min(nodes.index).min(check_index));
         let mut all: Vec<Service> = self.services.values().filter_map(|t| t.sent.clone()).collect();
         all.sort();
         info!(services = all.len(), index = self.catalog_index, "full sync");
-        self.after_reads();
+        self.update_degraded();
         self.ctx.sink.update(Update::Snapshot(all));
         self.report_failing();
     }
@@ -277,13 +304,14 @@ impl Supervisor {
     fn on_event(&mut self, event: Event) {
         match event {
             Event::Catalog(answer) => self.on_catalog(answer),
-            Event::Checks(answer) => self.on_checks(answer),
-            Event::Read { read, targeted } => {
-                if targeted && self.in_flight.remove(&read.name) == Some(true) {
+            Event::Checks(state, answer) => self.on_checks(state, answer),
+            Event::Nodes(answer) => self.on_nodes(answer),
+            Event::Read(read) => {
+                if self.in_flight.remove(&read.name) == Some(true) {
                     self.want_read(read.name.clone());
                 }
                 let emitted = self.apply_read(read, true);
-                self.after_reads();
+                self.update_degraded();
                 if emitted && self.ctx.health.is_degraded() {
                     // The update marked the registry healthy in the cache.
                     if let Some(e) = self.services.values().find_map(|t| t.failing.as_ref()) {
@@ -292,22 +320,8 @@ impl Supervisor {
                 }
                 self.start_reads();
             }
-            Event::SweepDone { periodic, ok } => {
-                self.sweeping = false;
-                self.sweep_cancel = None;
-                let now = Instant::now();
-                self.sweep_not_before = now + now.duration_since(self.sweep_started);
-                if periodic && ok {
-                    let mut all: Vec<Service> = self.services.values().filter_map(|t| t.sent.clone()).collect();
-                    all.sort();
-                    debug!(services = all.len(), "periodic snapshot");
-                    self.ctx.sink.update(Update::Snapshot(all));
-                    self.report_failing();
-                }
-                if std::mem::take(&mut self.sweep_again) {
-                    self.want_sweep();
-                }
-            }
+            Event::Moved(moved) => self.on_moved(moved),
+            Event::SweepDone { ok } => self.on_sweep_done(ok),
         }
     }
 
@@ -324,25 +338,40 @@ impl Supervisor {
         }
         self.sync_floor = 0;
         self.catalog = answer.value;
-        let named = self.set_members("service left the catalog");
-        if !named && answer.index != self.catalog_index && self.read_max_index < answer.index {
-            let at = Instant::now() + EXPLAIN_GRACE;
-            self.unexplained = Some((answer.index, at));
-            self.grace_over_if_checks_answered();
+        self.set_members("service left the catalog");
+        if answer.index != self.catalog_index {
+            // One answer can stand for many writes (a burst, a transaction,
+            // a node deregistered), and the catalog names none of the
+            // services whose instances they changed: only a sweep of every
+            // service finds them all.
+            self.catalog_moved();
         }
         self.catalog_index = answer.index;
-        self.read_max_index = 0;
+        self.note_seen(answer.index);
         self.update_degraded();
+    }
+
+    /// Schedule the sweep for a catalog change: after [`SWEEP_QUIET`] with
+    /// no other change, at most [`SWEEP_MAX_DEFER`] after the first; at
+    /// once after the running sweep, if one runs.
+    fn catalog_moved(&mut self) {
+        if self.running.is_some() {
+            self.sweep_again = true;
+            return;
+        }
+        let now = Instant::now();
+        let first = self.unswept.map_or(now, |(first, _)| first);
+        self.unswept = Some((first, (now + SWEEP_QUIET).min(first + SWEEP_MAX_DEFER)));
     }
 
     /// Track exactly the selected services of the last catalog: remove the
     /// others (sending a removal for what was sent, saying `why`), read the
-    /// new and retagged ones. Returns whether any service was named.
-    fn set_members(&mut self, why: &str) -> bool {
+    /// new and retagged ones.
+    fn set_members(&mut self, why: &str) {
         let selected: BTreeMap<&String, &Vec<String>> = self.ctx.selected(&self.catalog, &self.selection).collect();
         let gone: Vec<String> = self.services.keys().filter(|n| !selected.contains_key(n)).cloned().collect();
-        let mut named = !gone.is_empty();
         for name in gone {
+            self.suspects.remove(&name);
             if let Some(Tracked { sent: Some(service), .. }) = self.services.remove(&name) {
                 info!(service = %name, host = %service.host, "{why}");
                 self.ctx.sink.update(Update::Remove(service.host));
@@ -362,9 +391,7 @@ impl Supervisor {
                 }
             }
         }
-        named |= !read.is_empty();
         read.into_iter().for_each(|name| self.want_read(name));
-        named
     }
 
     /// The referenced set changed: read the newly selected services now,
@@ -377,30 +404,105 @@ impl Supervisor {
         self.update_degraded();
     }
 
-    fn on_checks(&mut self, answer: Indexed<CheckPrints>) {
-        let old = std::mem::replace(&mut self.prints, answer.value);
+    fn on_checks(&mut self, state: CheckState, answer: Indexed<CheckPrints>) {
+        let prints = &mut self.prints[state as usize];
+        let old = std::mem::replace(prints, answer.value);
         let nodes = self.services.iter().map(|(name, t)| (name.as_str(), &t.nodes));
-        let dirty = dirty_services(&old, &self.prints, nodes);
-        debug!(index = answer.index, services = dirty.len(), "checks changed");
-        self.checks_index = answer.index;
+        let dirty = dirty_services(&old, prints, nodes);
+        debug!(state = state.name(), index = answer.index, services = dirty.len(), "checks changed");
         for name in dirty {
             if self.services.contains_key(&name) {
                 self.want_read(name);
             }
         }
-        self.grace_over_if_checks_answered();
+        self.note_seen(answer.index);
     }
 
-    /// The health detector answered at or past the unexplained catalog
-    /// index and no read is pending: no targeted read is coming to account
-    /// for it, so the sweep need not wait out the grace.
-    fn grace_over_if_checks_answered(&mut self) {
-        if let Some((index, at)) = self.unexplained
-            && self.checks_index >= index
+    /// A node's address, tagged addresses or meta changed, or a node came
+    /// or went: read every service with an instance on it. Consul moves
+    /// those services' indexes but not the catalog's, so nothing else
+    /// would name them.
+    fn on_nodes(&mut self, answer: Indexed<BTreeMap<String, u64>>) {
+        let changed = changed_nodes(&self.nodes, &answer.value);
+        self.nodes = answer.value;
+        if !changed.is_empty() {
+            let hit: Vec<String> = self
+                .services
+                .iter()
+                .filter(|(_, t)| !t.nodes.is_disjoint(&changed))
+                .map(|(name, _)| name.clone())
+                .collect();
+            debug!(index = answer.index, nodes = changed.len(), services = hit.len(), "nodes changed");
+            hit.into_iter().for_each(|name| self.want_read(name));
+        }
+        self.note_seen(answer.index);
+    }
+
+    /// A sweep found these services moved: read them. A periodic sweep's
+    /// find at or before the index every detector had already covered is a
+    /// drift suspect: its read, if it changes anything, was a missed change.
+    fn on_moved(&mut self, moved: Vec<(String, u64)>) {
+        let settled = self.running.as_ref().filter(|r| r.periodic).map(|r| r.settled);
+        for (name, index) in moved {
+            let Some(tracked) = self.services.get(&name) else { continue };
+            if let Some(settled) = settled
+                && index > tracked.index
+                && index <= settled
+                && tracked.failing.is_none()
+            {
+                self.suspects.insert(name.clone());
+            }
+            self.want_read(name);
+        }
+    }
+
+    fn on_sweep_done(&mut self, ok: bool) {
+        let Some(run) = self.running.take() else { return };
+        let now = Instant::now();
+        let took = now.duration_since(run.started);
+        self.last_sweep = Some((now, took));
+        self.sweep_not_before = if run.follows { now + took } else { now };
+        if run.periodic {
+            if ok {
+                let mut all: Vec<Service> = self.services.values().filter_map(|t| t.sent.clone()).collect();
+                all.sort();
+                debug!(services = all.len(), ?took, "periodic snapshot");
+                self.ctx.sink.update(Update::Snapshot(all));
+                self.report_failing();
+            } else {
+                self.periodic_owed = true;
+            }
+        }
+        if std::mem::take(&mut self.sweep_again) || self.periodic_owed {
+            self.want_sweep();
+        }
+    }
+
+    /// Remember that a detector reported `index` now.
+    fn note_seen(&mut self, index: u64) {
+        if self.seen.back().is_none_or(|(_, last)| index > *last) {
+            self.seen.push_back((Instant::now(), index));
+        }
+    }
+
+    /// With nothing pending (no change unswept, no sweep, no read), every
+    /// change a detector reported at least [`SETTLE`] ago has been read.
+    fn note_if_idle(&mut self) {
+        let idle = self.unswept.is_none()
+            && self.running.is_none()
+            && self.sweep_due.is_none()
             && self.in_flight.is_empty()
             && self.queue.is_empty()
+            && self.resync_at.is_none();
+        if !idle {
+            return;
+        }
+        let Some(before) = Instant::now().checked_sub(SETTLE) else { return };
+        while let Some(&(at, index)) = self.seen.front()
+            && at <= before
         {
-            self.unexplained = Some((index, at.min(Instant::now())));
+            self.settled = self.settled.max(index);
+            self.seen.pop_front();
         }
     }
 
@@ -424,7 +526,7 @@ impl Supervisor {
             self.tasks.spawn(
                 async move {
                     let read = ctx.read(name).await;
-                    let _ = tx.send(Event::Read { read, targeted: true }).await;
+                    let _ = tx.send(Event::Read(read)).await;
                 }
                 .in_current_span(),
             );
@@ -443,7 +545,7 @@ impl Supervisor {
         tracked.seq = read.seq;
         match read.result {
             Ok(answer) => {
-                self.read_max_index = self.read_max_index.max(answer.index);
+                let suspect = self.suspects.remove(&read.name);
                 tracked.index = answer.index;
                 tracked.nodes = answer.value.nodes;
                 tracked.failing = None;
@@ -452,6 +554,9 @@ impl Supervisor {
                 if tracked.sent.as_ref() != Some(&service) {
                     tracked.sent = Some(service.clone());
                     if emit {
+                        if suspect {
+                            self.ctx.sink.drift(std::slice::from_ref(&service.host));
+                        }
                         self.recent.retain(|n| n != &read.name);
                         self.recent.push_front(read.name.clone());
                         self.recent.truncate(RECENT_CHANGED);
@@ -479,24 +584,6 @@ impl Supervisor {
         }
     }
 
-    /// After reads: account for a pending catalog change, keep `degraded`
-    /// true while any service fails, and schedule their retry.
-    fn after_reads(&mut self) {
-        if let Some((index, _)) = self.unexplained
-            && self.read_max_index >= index
-        {
-            self.unexplained = None;
-        }
-        if let Some((target, cancel)) = &self.sweep_cancel
-            && self.read_max_index >= *target
-        {
-            debug!(target, "a read accounted for the sweep's change: stopping it");
-            cancel.notify_one();
-            self.sweep_cancel = None;
-        }
-        self.update_degraded();
-    }
-
     fn update_degraded(&mut self) {
         let failing = self.services.values().any(|t| t.failing.is_some());
         let was = self.ctx.health.is_degraded();
@@ -522,34 +609,33 @@ impl Supervisor {
         }
     }
 
-    /// Ask every service for its index and read those that moved.
-    fn start_sweep(&mut self, periodic: bool) {
-        if self.sweeping {
+    /// Probe every service for its index and read those that moved. Every
+    /// sweep is whole: it cannot know how many services one catalog answer
+    /// stands for. The one that pays off a periodic tick ends with a
+    /// snapshot and counts drift.
+    fn start_sweep(&mut self) {
+        if self.running.is_some() {
             self.sweep_again = true;
             return;
         }
-        // A periodic sweep probes every service, whatever it finds.
-        let target = if periodic { None } else { self.sweep_target };
-        self.sweep_target = None;
-        self.sweeping = true;
-        self.sweep_started = Instant::now();
-        let cancel = Arc::new(Notify::new());
-        self.sweep_cancel = target.map(|t| (t, cancel.clone()));
-        let (order, first) = self.sweep_order(periodic);
-        let sweep = sweep(self.ctx.clone(), self.tx.clone(), order, first, target, periodic, cancel);
+        let now = Instant::now();
+        let periodic = std::mem::take(&mut self.periodic_owed);
+        // Any catalog change so far is covered by this sweep.
+        self.unswept = None;
+        let follows = self.last_sweep.is_some_and(|(end, took)| now < end + took);
+        self.running = Some(Running { started: now, periodic, settled: self.settled, follows });
+        let (order, first) = self.sweep_order();
+        let sweep = sweep(self.ctx.clone(), self.tx.clone(), order, first);
         self.tasks.spawn(sweep.in_current_span());
     }
 
     /// What a sweep probes, in order, and how many of the first are the
-    /// services changed most recently (for an unnamed change only; then
-    /// the others in catalog order).
-    fn sweep_order(&self, periodic: bool) -> (Vec<(String, u64)>, usize) {
+    /// services changed most recently; then the others in catalog order.
+    fn sweep_order(&self) -> (Vec<(String, u64)>, usize) {
         let mut order = Vec::with_capacity(self.services.len());
-        if !periodic {
-            for name in &self.recent {
-                if let Some(t) = self.services.get(name) {
-                    order.push((name.clone(), t.index));
-                }
+        for name in &self.recent {
+            if let Some(t) = self.services.get(name) {
+                order.push((name.clone(), t.index));
             }
         }
         let first = order.len();
@@ -566,98 +652,55 @@ impl Supervisor {
 }
 
 /// A sweep: probe `order` in batches of [`PROBE_BATCH`] pipelined probes,
-/// on up to the read slots less one (left for targeted reads) connections
-/// at once, and read the services whose index moved. Its first `first`
+/// on up to the read slots less one (left for reads) connections at once,
+/// and hand the services whose index moved to the supervisor as each batch
+/// answers, so their reads run while the sweep goes on. Its first `first`
 /// services (the recently changed) go alone in one batch before the rest.
-/// Stops at an outage, when `cancel` is notified, or once a probe finds an
-/// index at least `target`; the batches still in flight are then dropped
-/// (their connections closed, so Consul stops answering them) before the
-/// change is read.
-async fn sweep(
-    ctx: Arc<Ctx>,
-    tx: mpsc::Sender<Event>,
-    order: Vec<(String, u64)>,
-    first: usize,
-    target: Option<u64>,
-    periodic: bool,
-    cancel: Arc<Notify>,
-) {
+/// Stops at an outage.
+async fn sweep(ctx: Arc<Ctx>, tx: mpsc::Sender<Event>, order: Vec<(String, u64)>, first: usize) {
     let parts = ctx.read_slots.saturating_sub(1).max(1);
     let first = first.min(order.len());
     let head = (first > 0).then(|| order[..first].to_vec());
     let rest: Vec<Vec<(String, u64)>> = order[first..].chunks(PROBE_BATCH).map(<[_]>::to_vec).collect();
-    let probe = |batch| probe_batch(ctx.clone(), batch, target);
+    let probe = |batch| probe_batch(ctx.clone(), batch);
     let head = futures::stream::iter(head).map(probe).buffer_unordered(1);
     let rest = futures::stream::iter(rest).map(probe).buffer_unordered(parts);
     let mut probes = head.chain(rest);
-    let mut ok = true;
-    let mut reads = 0usize;
-    let mut found = Vec::new();
-    loop {
-        let next = tokio::select! {
-            biased;
-            () = cancel.notified() => break,
-            next = probes.next() => next,
-        };
-        let Some(result) = next else { break };
-        let moved = match result {
-            Ok(moved) => moved,
+    let (mut ok, mut moved_total) = (true, 0usize);
+    while let Some(result) = probes.next().await {
+        match result {
+            Ok(moved) if moved.is_empty() => {}
+            Ok(moved) => {
+                moved_total += moved.len();
+                if tx.send(Event::Moved(moved)).await.is_err() {
+                    return;
+                }
+            }
             Err(e) => {
                 ctx.health.fail(&e);
                 ok = false;
                 break;
             }
-        };
-        if moved.iter().any(|(_, is_target)| *is_target) {
-            debug!(target, "sweep found the change");
-            found = moved;
-            break;
-        }
-        // An older change: read it while the batches in flight wait.
-        if !read_moved(&ctx, &tx, moved, &mut reads).await {
-            return;
         }
     }
     drop(probes);
-    if !read_moved(&ctx, &tx, found, &mut reads).await {
-        return;
-    }
-    debug!(reads, ok, periodic, "sweep done");
-    let _ = tx.send(Event::SweepDone { periodic, ok }).await;
+    debug!(probed = order.len(), moved = moved_total, ok, "sweep done");
+    let _ = tx.send(Event::SweepDone { ok }).await;
 }
 
-/// Read the `moved` services, the change looked for first, and hand each
-/// read to the supervisor. False once the supervisor is gone.
-async fn read_moved(ctx: &Ctx, tx: &mpsc::Sender<Event>, mut moved: Vec<(String, bool)>, reads: &mut usize) -> bool {
-    moved.sort_by_key(|(_, is_target)| !is_target);
-    for (name, _) in moved {
-        *reads += 1;
-        let read = ctx.read(name).await;
-        if tx.send(Event::Read { read, targeted: false }).await.is_err() {
-            return false;
-        }
-    }
-    true
-}
-
-/// Probe one batch: the services whose index moved, each with whether it
-/// is the change a sweep looks for (an index at least `target`). A refused
-/// probe counts as moved (its read says what is wrong); an outage fails
-/// the batch.
-async fn probe_batch(
-    ctx: Arc<Ctx>,
-    batch: Vec<(String, u64)>,
-    target: Option<u64>,
-) -> Result<Vec<(String, bool)>, RegistryError> {
+/// Probe one batch: the services whose index moved, with the index each has
+/// now. A refused probe counts as moved, with index 0 (its read says what
+/// is wrong); an outage fails the batch.
+async fn probe_batch(ctx: Arc<Ctx>, batch: Vec<(String, u64)>) -> Result<Vec<(String, u64)>, RegistryError> {
     let names: Vec<&str> = batch.iter().map(|(n, _)| n.as_str()).collect();
     let indexes = ctx.client.service_indexes(&names).await;
     let mut moved = Vec::new();
     for ((name, known), result) in batch.iter().zip(indexes) {
         match result {
             Ok(now) if now == *known => {}
-            Ok(now) => moved.push((name.clone(), target.is_some_and(|t| now >= t))),
+            Ok(now) => moved.push((name.clone(), now)),
             Err(e) if is_outage(&e) => return Err(e),
-            Err(_) => moved.push((name.clone(), false)),
+            Err(_) => moved.push((name.clone(), 0)),
         }
     }
     Ok(moved)

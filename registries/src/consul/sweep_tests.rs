@@ -10,12 +10,24 @@ use super::*;
 use crate::spec::RegistrySpec;
 use crate::watcher::Sink;
 
-struct NullSink;
+/// Records the hosts of upserts and of drift calls.
+#[derive(Default)]
+struct NullSink {
+    upserts: std::sync::Mutex<Vec<String>>,
+    drift: std::sync::Mutex<Vec<String>>,
+}
 
 impl Sink for NullSink {
-    fn update(&self, _: Update) {}
+    fn update(&self, update: Update) {
+        if let Update::Upsert(s) = update {
+            self.upserts.lock().unwrap().push(s.host);
+        }
+    }
     fn healthy(&self) {}
     fn error(&self, _: &RegistryError) {}
+    fn drift(&self, hosts: &[String]) {
+        self.drift.lock().unwrap().extend_from_slice(hosts);
+    }
 }
 
 /// What the fake saw.
@@ -82,14 +94,18 @@ async fn fake(index: impl Fn(&str) -> u64 + Send + Sync + 'static, close_every: 
 }
 
 fn ctx(port: u16, cap: usize) -> Arc<Ctx> {
+    ctx_with(port, cap, Arc::new(NullSink::default()))
+}
+
+fn ctx_with(port: u16, cap: usize, sink: Arc<NullSink>) -> Arc<Ctx> {
     let spec = RegistrySpec::new(crate::RegistryKind::Consul, "c", "127.0.0.1", port);
-    let sink: Arc<dyn Sink> = Arc::new(NullSink);
+    let sink: Arc<dyn Sink> = sink;
     Arc::new(Ctx {
         client: super::super::client::Client::new(&spec, cap).unwrap(),
         naming: super::super::decode::Naming::new(&spec, "dc1"),
         tag: None,
         wait: Duration::from_secs(1),
-        read_slots: cap - 2,
+        read_slots: cap - 4,
         sink: sink.clone(),
         health: crate::health::Health::new(sink, "consul"),
         seq: AtomicU64::new(0),
@@ -100,30 +116,19 @@ fn order(n: usize) -> Vec<(String, u64)> {
     (0..n).map(|i| (format!("s{i}"), 1)).collect()
 }
 
-/// Runs a sweep; returns the services it read and whether it ended well.
-async fn run_sweep(
-    ctx: Arc<Ctx>,
-    order: Vec<(String, u64)>,
-    target: Option<u64>,
-    cancel: Arc<Notify>,
-) -> (Vec<String>, bool) {
-    run_sweep_first(ctx, order, 0, target, cancel).await
-}
-
-async fn run_sweep_first(
-    ctx: Arc<Ctx>,
-    order: Vec<(String, u64)>,
-    first: usize,
-    target: Option<u64>,
-    cancel: Arc<Notify>,
-) -> (Vec<String>, bool) {
+/// Runs a sweep; returns the services it found moved (with their index)
+/// and whether it ended well.
+async fn run_sweep(ctx: Arc<Ctx>, order: Vec<(String, u64)>, first: usize) -> (Vec<(String, u64)>, bool) {
     let (tx, mut rx) = mpsc::channel(16);
-    tokio::spawn(sweep(ctx, tx, order, first, target, target.is_none(), cancel));
-    let mut read = Vec::new();
+    tokio::spawn(sweep(ctx, tx, order, first));
+    let mut moved = Vec::new();
     loop {
         match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("sweep hangs") {
-            Some(Event::Read { read: r, .. }) => read.push(r.name),
-            Some(Event::SweepDone { ok, .. }) => return (read, ok),
+            Some(Event::Moved(m)) => moved.extend(m),
+            Some(Event::SweepDone { ok }) => {
+                moved.sort();
+                return (moved, ok);
+            }
             Some(_) => {}
             None => panic!("sweep dropped its sender"),
         }
@@ -131,126 +136,184 @@ async fn run_sweep_first(
 }
 
 #[tokio::test]
-async fn a_parallel_sweep_stops_every_part_at_the_change() {
-    // s300 of 2,000 moved to index 99: the change looked for.
-    let (port, seen) = fake(|name| if name == "s300" { 99 } else { 1 }, None).await;
-    let ctx = ctx(port, 8);
-    let (read, ok) = run_sweep(ctx, order(2000), Some(99), Arc::new(Notify::new())).await;
+async fn a_sweep_finds_every_moved_service_not_only_the_first() {
+    // A burst: three services moved, at different indexes, far apart.
+    let moved_at = |name: &str| match name {
+        "s5" => 7,
+        "s300" => 99,
+        "s1999" => 42,
+        _ => 1,
+    };
+    let (port, seen) = fake(moved_at, None).await;
+    let (moved, ok) = run_sweep(ctx(port, 8), order(2000), 0).await;
     assert!(ok);
-    assert_eq!(read, vec!["s300".to_string()]);
-    let probes = seen.probes.load(Ordering::SeqCst);
-    // Up to the change's batch, plus at most the batches in flight on the
-    // other parts: far from all 2,000.
-    let parts = 8 - 2 - 1;
-    assert!(probes <= 304 + parts * PROBE_BATCH, "{probes} probes");
-    // The parts' connections and the read's.
-    let most = seen.max_open.load(Ordering::SeqCst);
-    assert!(most <= parts + 1, "{most} connections");
+    let want: Vec<(String, u64)> = [("s1999", 42), ("s300", 99), ("s5", 7)].map(|(n, i)| (n.to_string(), i)).into();
+    assert_eq!(moved, want);
+    assert_eq!(seen.probes.load(Ordering::SeqCst), 2000, "every service probed");
+    assert_eq!(seen.reads.load(Ordering::SeqCst), 0, "the supervisor reads, not the sweep");
+    // The parts' connections, pipelined and reused across batches.
+    let parts = 8 - 4 - 1;
+    assert!(seen.max_open.load(Ordering::SeqCst) <= parts, "{}", seen.max_open.load(Ordering::SeqCst));
     assert!(seen.connections.load(Ordering::SeqCst) > 1, "the parts run on several connections");
 }
 
 #[tokio::test]
-async fn recent_changes_alone_first_find_a_repeat_change_with_one_batch() {
-    let (port, seen) = fake(|name| if name == "s1500" { 99 } else { 1 }, None).await;
+async fn recent_changes_go_alone_in_the_first_batch() {
+    let (port, _) = fake(|name| if name == "s1500" { 99 } else { 1 }, None).await;
     let mut order = order(2000);
     let recent = order.remove(1500);
     order.insert(0, recent);
-    let (read, ok) = run_sweep_first(ctx(port, 8), order, 1, Some(99), Arc::new(Notify::new())).await;
-    assert!(ok);
-    assert_eq!(read, vec!["s1500".to_string()]);
-    assert_eq!(seen.probes.load(Ordering::SeqCst), 1, "the recent batch alone");
-}
-
-#[tokio::test]
-async fn a_periodic_sweep_probes_all_and_reads_every_moved_service() {
-    let (port, seen) = fake(|name| if name == "s5" || name == "s777" { 7 } else { 1 }, None).await;
-    let (mut read, ok) = run_sweep(ctx(port, 8), order(1000), None, Arc::new(Notify::new())).await;
-    read.sort();
-    assert!(ok);
-    assert_eq!(read, vec!["s5".to_string(), "s777".to_string()]);
-    assert_eq!(seen.probes.load(Ordering::SeqCst), 1000);
-    assert_eq!(seen.reads.load(Ordering::SeqCst), 2);
-    // Pipelined: far fewer connections than probes, reused across batches.
-    assert!(seen.connections.load(Ordering::SeqCst) <= 8, "{}", seen.connections.load(Ordering::SeqCst));
-}
-
-#[tokio::test]
-async fn a_cancelled_sweep_stops() {
-    let (port, seen) = fake(|_| 1, None).await;
-    let cancel = Arc::new(Notify::new());
-    cancel.notify_one();
-    let (read, ok) = run_sweep(ctx(port, 8), order(5000), Some(99), cancel).await;
-    assert!(read.is_empty() && ok);
-    assert!(seen.probes.load(Ordering::SeqCst) < 5000, "{}", seen.probes.load(Ordering::SeqCst));
+    let (tx, mut rx) = mpsc::channel(16);
+    tokio::spawn(sweep(ctx(port, 8), tx, order, 1));
+    // The first thing the sweep says is the recent service: its batch of
+    // one answers before any other is asked.
+    match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap() {
+        Some(Event::Moved(m)) => assert_eq!(m, vec![("s1500".to_string(), 99)]),
+        _ => panic!("the recent service first"),
+    }
 }
 
 #[tokio::test]
 async fn a_server_that_closes_connections_is_still_swept_whole() {
     // Every connection is closed after 5 answers: the batches end early and
     // their probes go one at a time.
-    let (port, seen) = fake(|name| if name == "s90" { 3 } else { 1 }, Some(5)).await;
-    let (read, ok) = run_sweep(ctx(port, 4), order(100), None, Arc::new(Notify::new())).await;
+    let (port, seen) = fake(|name| if name == "s90" || name == "s3" { 3 } else { 1 }, Some(5)).await;
+    let (moved, ok) = run_sweep(ctx(port, 5), order(100), 0).await;
     assert!(ok);
-    assert_eq!(read, vec!["s90".to_string()]);
+    assert_eq!(moved, vec![("s3".to_string(), 3), ("s90".to_string(), 3)]);
     assert!(seen.probes.load(Ordering::SeqCst) >= 100);
-    assert!(seen.max_open.load(Ordering::SeqCst) <= 4);
+    assert!(seen.max_open.load(Ordering::SeqCst) <= 5);
 }
 
 #[test]
 fn recent_changes_are_swept_first() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let _guard = rt.enter();
-    let (tx, _rx) = mpsc::channel(1);
-    let mut selector = Selector::all();
-    let selection = selector.current();
-    let mut sup = Supervisor::new(ctx(1, 8), tx, selector, selection);
+    let mut sup = supervisor(ctx(1, 8));
     for i in 0..5 {
         sup.services.insert(format!("s{i}"), Tracked { index: i, ..Tracked::default() });
     }
     sup.recent = VecDeque::from(["s3".to_string(), "gone".to_string(), "s1".to_string()]);
-    let names = |(o, first): (Vec<(String, u64)>, usize)| (o.into_iter().map(|(n, _)| n).collect::<Vec<_>>(), first);
-    assert_eq!(
-        names(sup.sweep_order(false)),
-        (vec!["s3", "s1", "s0", "s2", "s4"].into_iter().map(String::from).collect(), 2)
-    );
-    assert_eq!(names(sup.sweep_order(true)).0, ["s0", "s1", "s2", "s3", "s4"], "periodic: catalog order");
+    let (order, first) = sup.sweep_order();
+    let names: Vec<&str> = order.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!((names, first), (vec!["s3", "s1", "s0", "s2", "s4"], 2));
 }
 
-fn supervisor() -> Supervisor {
-    let (tx, _rx) = mpsc::channel(8);
+fn supervisor(ctx: Arc<Ctx>) -> Supervisor {
+    let (tx, rx) = mpsc::channel(8);
+    std::mem::forget(rx);
     let mut selector = Selector::all();
     let selection = selector.current();
-    Supervisor::new(ctx(1, 8), tx, selector, selection)
+    Supervisor::new(ctx, tx, selector, selection)
 }
 
 #[tokio::test]
-async fn the_grace_ends_once_the_health_detector_answered_past_the_change() {
-    let checks = |index| Indexed { value: CheckPrints::default(), index };
-    let mut sup = supervisor();
-    let later = Instant::now() + EXPLAIN_GRACE;
-    sup.unexplained = Some((50, later));
-    sup.on_checks(checks(49));
-    assert_eq!(sup.unexplained, Some((50, later)), "an older answer: a read may still name it");
-    // A read pending may account for it (an instance registered with a
-    // failing check moves the catalog and the checks at the same index).
-    sup.in_flight.insert("s".into(), false);
-    sup.on_checks(checks(50));
-    assert_eq!(sup.unexplained, Some((50, later)), "a read is pending");
-    sup.in_flight.clear();
-    sup.on_checks(checks(51));
-    assert!(sup.unexplained.is_some_and(|(_, at)| at <= Instant::now()), "nothing can name it: sweep now");
+async fn every_catalog_change_is_swept_and_a_burst_shares_one_sweep() {
+    let mut sup = supervisor(ctx(1, 8));
+    let catalog = |index| Indexed { value: BTreeMap::from([("web".to_string(), vec![])]), index };
+    sup.on_catalog(catalog(10));
+    sup.unswept = None;
+    // A new service named by the catalog does not excuse the sweep: the
+    // same write (a transaction) may have changed others.
+    let mut named = catalog(11);
+    named.value.insert("api".into(), vec![]);
+    sup.on_catalog(named);
+    let (first, due) = sup.unswept.expect("swept although a service was named");
+    assert!(due <= first + SWEEP_QUIET);
+    // The next change of the burst moves the sweep on, but never past the
+    // cap from the first.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    sup.on_catalog(catalog(12));
+    let (first2, due2) = sup.unswept.unwrap();
+    assert_eq!(first2, first);
+    assert!(due2 > due && due2 <= first + SWEEP_MAX_DEFER);
+    // While a sweep runs, a change asks for one more after it.
+    sup.unswept = None;
+    sup.running = Some(Running { started: Instant::now(), periodic: false, settled: 0, follows: false });
+    sup.on_catalog(catalog(13));
+    assert!(sup.sweep_again && sup.unswept.is_none());
 }
 
 #[tokio::test]
-async fn a_read_that_accounts_for_the_change_stops_its_sweep() {
-    let mut sup = supervisor();
-    let cancel = Arc::new(Notify::new());
-    sup.sweep_cancel = Some((50, cancel.clone()));
-    sup.read_max_index = 49;
-    sup.after_reads();
-    assert!(sup.sweep_cancel.is_some());
-    sup.read_max_index = 50;
-    sup.after_reads();
-    assert!(sup.sweep_cancel.is_none());
-    tokio::time::timeout(Duration::from_secs(1), cancel.notified()).await.expect("the sweep is told to stop");
+async fn a_node_change_reads_the_services_on_that_node() {
+    let mut sup = supervisor(ctx(1, 8));
+    let on = |nodes: &[&str]| Tracked { nodes: nodes.iter().map(|n| n.to_string()).collect(), ..Tracked::default() };
+    sup.services.insert("a".into(), on(&["n1"]));
+    sup.services.insert("b".into(), on(&["n2", "n3"]));
+    sup.services.insert("c".into(), on(&["n3"]));
+    sup.nodes = BTreeMap::from([("n1".into(), 5), ("n2".into(), 5), ("n3".into(), 5)]);
+    // The read slots are taken, so what is wanted stays queued to be seen.
+    for i in 0..5 {
+        sup.in_flight.insert(format!("busy{i}"), false);
+    }
+    sup.on_nodes(Indexed { value: BTreeMap::from([("n1".into(), 5), ("n2".into(), 9), ("n3".into(), 5)]), index: 9 });
+    assert_eq!(sup.queue, ["b"], "n2's address changed");
+    sup.queue.clear();
+    sup.queued.clear();
+    sup.on_nodes(Indexed { value: BTreeMap::from([("n1".into(), 5), ("n2".into(), 9)]), index: 10 });
+    let mut queued: Vec<&String> = sup.queue.iter().collect();
+    queued.sort();
+    assert_eq!(queued, ["b", "c"], "n3 went");
+}
+
+#[tokio::test]
+async fn back_to_back_sweeps_rest_every_other_time() {
+    let mut sup = supervisor(ctx(1, 8));
+    let took = Duration::from_millis(400);
+    let ended = |sup: &mut Supervisor, follows| {
+        sup.running = Some(Running { started: Instant::now() - took, periodic: false, settled: 0, follows });
+        sup.on_sweep_done(true);
+    };
+    ended(&mut sup, false);
+    assert!(sup.sweep_not_before <= Instant::now(), "the first follow-up starts at once");
+    ended(&mut sup, true);
+    assert!(sup.sweep_not_before >= Instant::now() + took - Duration::from_millis(50), "a follow-up rests after");
+}
+
+#[tokio::test]
+async fn a_periodic_sweep_counts_only_missed_changes_as_drift() {
+    // Consul's answer for every read: one instance of each service.
+    let health = r#"[{"Node":{"Node":"n1","Address":"10.0.0.1"},"Service":{"Service":"x","Address":"10.0.0.1","Port":80},"Checks":[]}]"#;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = conn.read(&mut buf).await
+                    && n > 0
+                {
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\nX-Consul-Index: 30\r\nContent-Length: {}\r\n\r\n{health}",
+                        health.len()
+                    );
+                    if conn.write_all(resp.as_bytes()).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let sink = Arc::new(NullSink::default());
+    let (tx, mut rx) = mpsc::channel(8);
+    let mut selector = Selector::all();
+    let selection = selector.current();
+    let mut sup = Supervisor::new(ctx_with(port, 8, sink.clone()), tx, selector, selection);
+    for name in ["missed", "racing", "failing"] {
+        sup.services.insert(name.into(), Tracked { index: 10, ..Tracked::default() });
+    }
+    sup.services.get_mut("failing").unwrap().failing =
+        Some(RegistryError::BadResponse { registry: "c".into(), what: "x".into(), reason: "bad".into() });
+    // Everything up to index 20 had been seen and handled when the
+    // periodic sweep started.
+    sup.running = Some(Running { started: Instant::now(), periodic: true, settled: 20, follows: false });
+    sup.on_moved(vec![("missed".into(), 15), ("racing".into(), 25), ("failing".into(), 15)]);
+    for _ in 0..3 {
+        let Some(Event::Read(read)) = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap() else {
+            panic!("a read")
+        };
+        sup.on_event(Event::Read(read));
+    }
+    assert_eq!(sink.upserts.lock().unwrap().len(), 3, "all three changed");
+    assert_eq!(*sink.drift.lock().unwrap(), ["missed.dc1.consul"], "only the change that should have been read");
 }
