@@ -11,6 +11,7 @@ pub mod backend;
 pub mod bench;
 pub mod consul;
 pub mod consul_fake;
+pub mod convergence;
 pub mod dns_fake;
 pub mod envoy;
 pub mod eureka_fake;
