@@ -28,34 +28,16 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail, ensure};
-use meshbridge_e2e::bench::consul::ConsulDev;
+use anyhow::{Context, bail};
+use meshbridge_e2e::bench::consul::{ConsulDev, PER, check_op, instance_ops};
 use meshbridge_e2e::bench::inproc::{others_cpu, runtimes, until_idle};
 use meshbridge_e2e::recorder::Recorder;
 use meshbridge_registries::consul::{ConsulWatcher, answers_read};
 use meshbridge_registries::{RegistryKind, RegistrySpec};
 use serde_json::{Value, json};
 
-const PER: usize = 10;
-/// Operations per `/v1/txn` call (Consul's limit is 64).
-const TXN_OPS: usize = 64;
-
 fn host(i: usize) -> String {
     format!("svc-{i}.dc1.consul")
-}
-
-fn instance_ops(i: usize, j: usize, checks: bool, status: &str) -> Vec<Value> {
-    let mut ops = vec![json!({"Service": {"Verb": "set", "Node": format!("node-{j}"),
-        "Service": {"ID": format!("svc-{i}-{j}"), "Service": format!("svc-{i}"), "Port": 8080}}})];
-    if checks {
-        ops.push(check_op(i, j, status));
-    }
-    ops
-}
-
-fn check_op(i: usize, j: usize, status: &str) -> Value {
-    json!({"Check": {"Verb": "set", "Check": {"Node": format!("node-{j}"), "CheckID": format!("chk-{i}-{j}"),
-        "Name": "bench", "Status": status, "ServiceID": format!("svc-{i}-{j}"), "ServiceName": format!("svc-{i}")}}})
 }
 
 /// What the watcher used so far: (CPU of every thread but the harness's,
@@ -63,44 +45,6 @@ fn check_op(i: usize, j: usize, status: &str) -> Value {
 fn watcher_usage() -> (Duration, u64, u64) {
     let (answers, bytes) = answers_read();
     (others_cpu(), answers, bytes)
-}
-
-struct Harness {
-    http: reqwest::Client,
-    url: String,
-}
-
-impl Harness {
-    async fn put(&self, path: &str, body: Value) -> anyhow::Result<()> {
-        let resp = self.http.put(format!("{}{path}", self.url)).json(&body).send().await?;
-        let status = resp.status();
-        let text = resp.text().await.unwrap_or_default();
-        ensure!(status.is_success(), "PUT {path}: {status}: {text}");
-        Ok(())
-    }
-
-    async fn fill(&self, n: usize, checks: bool) -> anyhow::Result<()> {
-        // One node more than instances: `--pattern distinct` adds one there.
-        for j in 0..=PER {
-            let node = json!({"Node": format!("node-{j}"), "Address": format!("10.1.0.{}", j + 1)});
-            self.put("/v1/catalog/register", node).await?;
-        }
-        let ops: Vec<Value> =
-            (0..n).flat_map(|i| (0..PER).flat_map(move |j| instance_ops(i, j, checks, "passing"))).collect();
-        // Eight calls at a time: far under Consul's 200 connections per client.
-        let batches: Vec<Value> = ops.chunks(TXN_OPS).map(|c| Value::from(c.to_vec())).collect();
-        for group in batches.chunks(8) {
-            let mut set = tokio::task::JoinSet::new();
-            for body in group.iter().cloned() {
-                let (http, url) = (self.http.clone(), self.url.clone());
-                set.spawn(async move { Harness { http, url }.put("/v1/txn", body).await });
-            }
-            while let Some(done) = set.join_next().await {
-                done??;
-            }
-        }
-        Ok(())
-    }
 }
 
 #[derive(Default)]
@@ -138,9 +82,8 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(n: usize, rounds: usize, checks: bool, distinct: bool, mb: tokio::runtime::Handle) -> anyhow::Result<()> {
     let consul = ConsulDev::start().await?;
-    let h = Harness { http: reqwest::Client::new(), url: consul.url() };
     let t = Instant::now();
-    h.fill(n, checks).await?;
+    consul.fill(n, checks).await?;
     eprintln!(
         "consul_change_cost: {n} services × {PER} (checks: {checks}) registered in {:.1}s",
         t.elapsed().as_secs_f64()
@@ -184,13 +127,13 @@ async fn run(n: usize, rounds: usize, checks: bool, distinct: bool, mb: tokio::r
             let (cpu0, answers0, bytes0) = watcher_usage();
             let started = Instant::now();
             match k {
-                0 => h.put("/v1/txn", json!([check_op(i, 0, "critical")])).await?,
-                1 => h.put("/v1/txn", json!([check_op(i, 0, "passing")])).await?,
+                0 => consul.put("/v1/txn", Some(json!([check_op(i, 0, "critical")]))).await?,
+                1 => consul.put("/v1/txn", Some(json!([check_op(i, 0, "passing")]))).await?,
                 2 => {
-                    h.put("/v1/catalog/deregister", json!({"Node": "node-0", "ServiceID": format!("svc-{i}-0")}))
-                        .await?
+                    let dereg = json!({"Node": "node-0", "ServiceID": format!("svc-{i}-0")});
+                    consul.put("/v1/catalog/deregister", Some(dereg)).await?
                 }
-                _ => h.put("/v1/txn", Value::from(instance_ops(i, j, checks, "passing"))).await?,
+                _ => consul.put("/v1/txn", Some(Value::from(instance_ops(i, j, checks, "passing")))).await?,
             }
             rec.until(kind, |r| count(r, i) == want).await;
             let latency = started.elapsed();
