@@ -445,6 +445,9 @@ impl Supervisor {
         let settled = self.running.as_ref().filter(|r| r.periodic).map(|r| r.settled);
         for (name, index) in moved {
             let Some(tracked) = self.services.get(&name) else { continue };
+            if index != 0 && index <= tracked.index && tracked.failing.is_none() {
+                continue; // read at that index or later since the sweep began
+            }
             if let Some(settled) = settled
                 && index > tracked.index
                 && index <= settled
@@ -462,16 +465,17 @@ impl Supervisor {
         let took = now.duration_since(run.started);
         self.last_sweep = Some((now, took));
         self.sweep_not_before = if run.follows { now + took } else { now };
+        if !ok {
+            // Consul failed: the recovery resync reads everything again.
+            self.sweep_again = false;
+            return;
+        }
         if run.periodic {
-            if ok {
-                let mut all: Vec<Service> = self.services.values().filter_map(|t| t.sent.clone()).collect();
-                all.sort();
-                debug!(services = all.len(), ?took, "periodic snapshot");
-                self.ctx.sink.update(Update::Snapshot(all));
-                self.report_failing();
-            } else {
-                self.periodic_owed = true;
-            }
+            let mut all: Vec<Service> = self.services.values().filter_map(|t| t.sent.clone()).collect();
+            all.sort();
+            debug!(services = all.len(), ?took, "periodic snapshot");
+            self.ctx.sink.update(Update::Snapshot(all));
+            self.report_failing();
         }
         if std::mem::take(&mut self.sweep_again) || self.periodic_owed {
             self.want_sweep();

@@ -271,6 +271,16 @@ async fn back_to_back_sweeps_rest_every_other_time() {
 }
 
 #[tokio::test]
+async fn a_sweep_cut_short_by_an_outage_is_not_retried_in_a_loop() {
+    let mut sup = supervisor(ctx(1, 8));
+    sup.running = Some(Running { started: Instant::now(), periodic: true, settled: 0, follows: false });
+    sup.sweep_again = true;
+    sup.on_sweep_done(false);
+    // The recovery resync reads everything once Consul answers again.
+    assert!(sup.running.is_none() && sup.sweep_due.is_none() && !sup.sweep_again);
+}
+
+#[tokio::test]
 async fn a_periodic_sweep_counts_only_missed_changes_as_drift() {
     // Consul's answer for every read: one instance of each service.
     let health = r#"[{"Node":{"Node":"n1","Address":"10.0.0.1"},"Service":{"Service":"x","Address":"10.0.0.1","Port":80},"Checks":[]}]"#;
