@@ -39,6 +39,8 @@ const RECENT_CHANGED: usize = 32;
 /// moved at or before an index seen this long before the watcher last had
 /// nothing pending as drift (a change detection missed).
 const SETTLE: Duration = Duration::from_secs(2);
+/// Detector indexes remembered for [`Supervisor::settled`].
+const SEEN_MAX: usize = 4096;
 /// A far-away instant for timers that are off.
 const NEVER: Duration = Duration::from_secs(86_400 * 365);
 /// How soon a catalog index that went backwards is followed by a resync.
@@ -87,6 +89,13 @@ struct Running {
     settled: u64,
     /// It started right after the previous sweep, with no rest.
     follows: bool,
+    /// How far it goes; shared with the sweep task.
+    ctl: Arc<std::sync::Mutex<SweepCtl>>,
+    /// Services in its order.
+    len: usize,
+    /// [`Supervisor::members`] when it started: a service added since is
+    /// not in its order, so it cannot be extended to cover it.
+    members: u64,
 }
 
 pub(crate) struct Supervisor {
@@ -117,8 +126,11 @@ pub(crate) struct Supervisor {
     /// when the sweep for it is due.
     unswept: Option<(Instant, Instant)>,
     running: Option<Running>,
-    /// A catalog change came while a sweep ran: sweep again after it.
+    /// A catalog change came while a sweep ran and it could not be
+    /// extended: sweep again after it.
     sweep_again: bool,
+    /// Counts services added to the tracked set.
+    members: u64,
     /// A periodic sweep is owed (its tick came while a sweep ran).
     periodic_owed: bool,
     /// When the next sweep may start: a sweep that followed another with
@@ -167,6 +179,7 @@ impl Supervisor {
             unswept: None,
             running: None,
             sweep_again: false,
+            members: 0,
             periodic_owed: false,
             sweep_not_before: Instant::now(),
             last_sweep: None,
@@ -273,6 +286,7 @@ impl Supervisor {
     pub fn apply_sync(&mut self, sync: FullSync) {
         let FullSync { catalog, nodes, checks, reads } = sync;
         let mut old = std::mem::take(&mut self.services);
+        self.members += 1;
         for (name, tags) in self.ctx.selected(&catalog.value, &self.selection) {
             let mut tracked = old.remove(name).unwrap_or_default();
             tracked.tags = tags.clone();
@@ -355,8 +369,15 @@ impl Supervisor {
     /// no other change, at most [`SWEEP_MAX_DEFER`] after the first; at
     /// once after the running sweep, if one runs.
     fn catalog_moved(&mut self) {
-        if self.running.is_some() {
-            self.sweep_again = true;
+        if let Some(run) = &self.running {
+            // The sweep running now probes what it has not reached yet
+            // after the change: extend it by a lap from there, the
+            // services changed most recently first.
+            let extended = run.members == self.members && {
+                let urgent = self.recent_order();
+                run.ctl.lock().unwrap_or_else(|e| e.into_inner()).extend(run.len, urgent)
+            };
+            self.sweep_again |= !extended;
             return;
         }
         let now = Instant::now();
@@ -387,6 +408,7 @@ impl Supervisor {
                 }
                 None => {
                     self.services.insert(name.clone(), Tracked { tags: tags.clone(), ..Tracked::default() });
+                    self.members += 1;
                     read.push(name.clone());
                 }
             }
@@ -486,6 +508,11 @@ impl Supervisor {
     fn note_seen(&mut self, index: u64) {
         if self.seen.back().is_none_or(|(_, last)| index > *last) {
             self.seen.push_back((Instant::now(), index));
+        }
+        // Churn with never a moment idle: forget the oldest, which only
+        // makes the drift count more cautious.
+        if self.seen.len() > SEEN_MAX {
+            self.seen.pop_front();
         }
     }
 
@@ -627,21 +654,31 @@ impl Supervisor {
         // Any catalog change so far is covered by this sweep.
         self.unswept = None;
         let follows = self.last_sweep.is_some_and(|(end, took)| now < end + took);
-        self.running = Some(Running { started: now, periodic, settled: self.settled, follows });
         let (order, first) = self.sweep_order();
-        let sweep = sweep(self.ctx.clone(), self.tx.clone(), order, first);
+        let ctl = Arc::new(std::sync::Mutex::new(SweepCtl::new(order.len())));
+        self.running = Some(Running {
+            started: now,
+            periodic,
+            settled: self.settled,
+            follows,
+            ctl: ctl.clone(),
+            len: order.len(),
+            members: self.members,
+        });
+        let sweep = sweep(self.ctx.clone(), self.tx.clone(), order, first, ctl);
         self.tasks.spawn(sweep.in_current_span());
+    }
+
+    /// The services changed most recently, newest first, with their index.
+    fn recent_order(&self) -> Vec<(String, u64)> {
+        self.recent.iter().filter_map(|name| Some((name.clone(), self.services.get(name)?.index))).collect()
     }
 
     /// What a sweep probes, in order, and how many of the first are the
     /// services changed most recently; then the others in catalog order.
     fn sweep_order(&self) -> (Vec<(String, u64)>, usize) {
         let mut order = Vec::with_capacity(self.services.len());
-        for name in &self.recent {
-            if let Some(t) = self.services.get(name) {
-                order.push((name.clone(), t.index));
-            }
-        }
+        order.extend(self.recent_order());
         let first = order.len();
         let recent: HashSet<&str> = order.iter().map(|(n, _)| n.as_str()).collect();
         let rest: Vec<(String, u64)> = self
@@ -655,21 +692,99 @@ impl Supervisor {
     }
 }
 
+/// What the supervisor and a running sweep share: how far the sweep goes
+/// and what it probes first. A sweep covers positions `0..end` of its
+/// order taken round and round (position `p` is `order[p % len]`), so a
+/// catalog change while it runs extends it by one lap from the next
+/// position it starts: every service then gets a probe started after the
+/// change, and none is probed twice for nothing.
+#[derive(Default)]
+pub(crate) struct SweepCtl {
+    /// The next position a batch starts at.
+    next: usize,
+    /// Where the sweep stops.
+    end: usize,
+    /// Batches to probe before the next position (the services changed
+    /// most recently, when a change extends the sweep).
+    urgent: VecDeque<Vec<(String, u64)>>,
+    /// The sweep has started its last batch: extending it is too late.
+    closed: bool,
+}
+
+impl SweepCtl {
+    fn new(len: usize) -> SweepCtl {
+        SweepCtl { end: len, ..SweepCtl::default() }
+    }
+
+    /// Cover every service once more, from the next position on, `urgent`
+    /// first. False if the sweep is past extending.
+    pub(crate) fn extend(&mut self, len: usize, urgent: Vec<(String, u64)>) -> bool {
+        if self.closed {
+            return false;
+        }
+        self.end = self.end.max(self.next + len);
+        if !urgent.is_empty() {
+            self.urgent.push_back(urgent);
+        }
+        true
+    }
+
+    /// The next batch of `order`, its first `first` (the recently changed)
+    /// alone at the start of each lap; `None` (and closed) once done.
+    fn next_batch(&mut self, order: &[(String, u64)], first: usize) -> Option<Vec<(String, u64)>> {
+        if let Some(batch) = self.urgent.pop_front() {
+            return Some(batch);
+        }
+        let len = order.len();
+        if len == 0 || self.next >= self.end {
+            self.closed = true;
+            return None;
+        }
+        let lap = self.next % len;
+        let stop = if lap < first { first } else { (lap + PROBE_BATCH).min(len) };
+        let take = (stop - lap).min(self.end - self.next);
+        self.next += take;
+        Some(order[lap..lap + take].to_vec())
+    }
+}
+
 /// A sweep: probe `order` in batches of [`PROBE_BATCH`] pipelined probes,
 /// on up to the read slots less one (left for reads) connections at once,
-/// and hand the services whose index moved to the supervisor as each batch
-/// answers, so their reads run while the sweep goes on. Its first `first`
-/// services (the recently changed) go alone in one batch before the rest.
-/// Stops at an outage.
-async fn sweep(ctx: Arc<Ctx>, tx: mpsc::Sender<Event>, order: Vec<(String, u64)>, first: usize) {
+/// for as long as `ctl` says, and hand the services whose index moved to
+/// the supervisor as each batch answers, so their reads run while the
+/// sweep goes on. Its first `first` services (the recently changed) go
+/// alone in a batch. A lap that follows another (the sweep was extended)
+/// starts after a rest of half the last lap, so that steady churn costs
+/// Consul at most two thirds of its time in probes. Stops at an outage.
+async fn sweep(
+    ctx: Arc<Ctx>,
+    tx: mpsc::Sender<Event>,
+    order: Vec<(String, u64)>,
+    first: usize,
+    ctl: Arc<std::sync::Mutex<SweepCtl>>,
+) {
     let parts = ctx.read_slots.saturating_sub(1).max(1);
-    let first = first.min(order.len());
-    let head = (first > 0).then(|| order[..first].to_vec());
-    let rest: Vec<Vec<(String, u64)>> = order[first..].chunks(PROBE_BATCH).map(<[_]>::to_vec).collect();
-    let probe = |batch| probe_batch(ctx.clone(), batch);
-    let head = futures::stream::iter(head).map(probe).buffer_unordered(1);
-    let rest = futures::stream::iter(rest).map(probe).buffer_unordered(parts);
-    let mut probes = head.chain(rest);
+    let len = order.len();
+    let first = first.min(len);
+    let order = Arc::new(order);
+    let batches = futures::stream::unfold(Instant::now(), |lap_started| {
+        let (order, ctl) = (order.clone(), ctl.clone());
+        async move {
+            let mut lap_started = lap_started;
+            let at_lap = {
+                let c = ctl.lock().unwrap_or_else(|e| e.into_inner());
+                len > 0 && c.next > 0 && c.next % len == 0 && c.next < c.end && c.urgent.is_empty()
+            };
+            if at_lap {
+                tokio::time::sleep(lap_started.elapsed() / 2).await;
+                lap_started = Instant::now();
+            }
+            let batch = ctl.lock().unwrap_or_else(|e| e.into_inner()).next_batch(&order, first)?;
+            Some((batch, lap_started))
+        }
+    });
+    let probes = batches.map(|batch| probe_batch(ctx.clone(), batch)).buffer_unordered(parts);
+    let mut probes = std::pin::pin!(probes);
     let (mut ok, mut moved_total) = (true, 0usize);
     while let Some(result) = probes.next().await {
         match result {
@@ -688,7 +803,9 @@ async fn sweep(ctx: Arc<Ctx>, tx: mpsc::Sender<Event>, order: Vec<(String, u64)>
         }
     }
     drop(probes);
-    debug!(probed = order.len(), moved = moved_total, ok, "sweep done");
+    let probed = ctl.lock().unwrap_or_else(|e| e.into_inner()).next;
+    ctl.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+    debug!(services = len, probed, moved = moved_total, ok, "sweep done");
     let _ = tx.send(Event::SweepDone { ok }).await;
 }
 

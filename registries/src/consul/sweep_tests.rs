@@ -116,11 +116,22 @@ fn order(n: usize) -> Vec<(String, u64)> {
     (0..n).map(|i| (format!("s{i}"), 1)).collect()
 }
 
+fn ctl(len: usize) -> Arc<std::sync::Mutex<SweepCtl>> {
+    Arc::new(std::sync::Mutex::new(SweepCtl::new(len)))
+}
+
+/// A sweep the supervisor says is running, as `start_sweep` would record it.
+fn running(sup: &Supervisor, started: Instant, periodic: bool, settled: u64, follows: bool) -> Running {
+    let len = sup.services.len();
+    Running { started, periodic, settled, follows, ctl: ctl(len), len, members: sup.members }
+}
+
 /// Runs a sweep; returns the services it found moved (with their index)
 /// and whether it ended well.
 async fn run_sweep(ctx: Arc<Ctx>, order: Vec<(String, u64)>, first: usize) -> (Vec<(String, u64)>, bool) {
     let (tx, mut rx) = mpsc::channel(16);
-    tokio::spawn(sweep(ctx, tx, order, first));
+    let ctl = ctl(order.len());
+    tokio::spawn(sweep(ctx, tx, order, first, ctl));
     let mut moved = Vec::new();
     loop {
         match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("sweep hangs") {
@@ -164,7 +175,8 @@ async fn recent_changes_go_alone_in_the_first_batch() {
     let recent = order.remove(1500);
     order.insert(0, recent);
     let (tx, mut rx) = mpsc::channel(16);
-    tokio::spawn(sweep(ctx(port, 8), tx, order, 1));
+    let ctl = ctl(order.len());
+    tokio::spawn(sweep(ctx(port, 8), tx, order, 1, ctl));
     // The first thing the sweep says is the recent service: its batch of
     // one answers before any other is asked.
     match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap() {
@@ -183,6 +195,33 @@ async fn a_server_that_closes_connections_is_still_swept_whole() {
     assert_eq!(moved, vec![("s3".to_string(), 3), ("s90".to_string(), 3)]);
     assert!(seen.probes.load(Ordering::SeqCst) >= 100);
     assert!(seen.max_open.load(Ordering::SeqCst) <= 5);
+}
+
+#[test]
+fn an_extended_sweep_covers_every_service_once_from_where_it_was() {
+    let order: Vec<(String, u64)> = (0..40).map(|i| (format!("s{i}"), 1)).collect();
+    let names = |b: Vec<(String, u64)>| b.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+    let mut c = SweepCtl::new(order.len());
+    // The 3 recent ones alone, then batches of 16 up to the lap's end.
+    assert_eq!(names(c.next_batch(&order, 3).unwrap()), ["s0", "s1", "s2"]);
+    assert_eq!(c.next_batch(&order, 3).unwrap().len(), PROBE_BATCH);
+    assert_eq!(c.next, 3 + PROBE_BATCH);
+    // A change now: every service once more from position 19, recent first.
+    assert!(c.extend(order.len(), vec![("s0".into(), 1)]));
+    assert_eq!(names(c.next_batch(&order, 3).unwrap()), ["s0"]);
+    let mut seen = Vec::new();
+    while let Some(batch) = c.next_batch(&order, 3) {
+        seen.extend(names(batch));
+    }
+    // The rest of the first lap (s19..s39), then s0..s18 of the second.
+    assert_eq!(seen.len(), 40);
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 40, "each service once");
+    assert_eq!(seen[0], "s19");
+    assert_eq!(seen.last().map(String::as_str), Some("s18"));
+    assert!(c.closed && !c.extend(order.len(), vec![]), "too late once done");
 }
 
 #[test]
@@ -227,11 +266,28 @@ async fn every_catalog_change_is_swept_and_a_burst_shares_one_sweep() {
     let (first2, due2) = sup.unswept.unwrap();
     assert_eq!(first2, first);
     assert!(due2 > due && due2 <= first + SWEEP_MAX_DEFER);
-    // While a sweep runs, a change asks for one more after it.
+    // While a sweep runs, a change extends it by a lap from where it is.
     sup.unswept = None;
-    sup.running = Some(Running { started: Instant::now(), periodic: false, settled: 0, follows: false });
+    let run = running(&sup, Instant::now(), false, 0, false);
+    run.ctl.lock().unwrap().next = 1;
+    sup.running = Some(run);
     sup.on_catalog(catalog(13));
-    assert!(sup.sweep_again && sup.unswept.is_none());
+    assert!(!sup.sweep_again && sup.unswept.is_none());
+    let (ctl, len) = sup.running.as_ref().map(|r| (r.ctl.clone(), r.len)).unwrap();
+    assert_eq!((len, ctl.lock().unwrap().end), (1, 1 + 1), "one lap of the service from the next position");
+    // A service added since the sweep began is not in its order: one more
+    // sweep after it, then.
+    let mut more = catalog(14);
+    more.value.extend([("api".to_string(), vec![]), ("db".to_string(), vec![])]);
+    sup.on_catalog(more);
+    assert!(sup.sweep_again);
+    // Too late to extend a sweep that has started its last batch.
+    sup.sweep_again = false;
+    let run = running(&sup, Instant::now(), false, 0, false);
+    run.ctl.lock().unwrap().closed = true;
+    sup.running = Some(run);
+    sup.on_catalog(catalog(15));
+    assert!(sup.sweep_again);
 }
 
 #[tokio::test]
@@ -261,7 +317,7 @@ async fn back_to_back_sweeps_rest_every_other_time() {
     let mut sup = supervisor(ctx(1, 8));
     let took = Duration::from_millis(400);
     let ended = |sup: &mut Supervisor, follows| {
-        sup.running = Some(Running { started: Instant::now() - took, periodic: false, settled: 0, follows });
+        sup.running = Some(running(sup, Instant::now() - took, false, 0, follows));
         sup.on_sweep_done(true);
     };
     ended(&mut sup, false);
@@ -273,7 +329,7 @@ async fn back_to_back_sweeps_rest_every_other_time() {
 #[tokio::test]
 async fn a_sweep_cut_short_by_an_outage_is_not_retried_in_a_loop() {
     let mut sup = supervisor(ctx(1, 8));
-    sup.running = Some(Running { started: Instant::now(), periodic: true, settled: 0, follows: false });
+    sup.running = Some(running(&sup, Instant::now(), true, 0, false));
     sup.sweep_again = true;
     sup.on_sweep_done(false);
     // The recovery resync reads everything once Consul answers again.
@@ -316,7 +372,7 @@ async fn a_periodic_sweep_counts_only_missed_changes_as_drift() {
         Some(RegistryError::BadResponse { registry: "c".into(), what: "x".into(), reason: "bad".into() });
     // Everything up to index 20 had been seen and handled when the
     // periodic sweep started.
-    sup.running = Some(Running { started: Instant::now(), periodic: true, settled: 20, follows: false });
+    sup.running = Some(running(&sup, Instant::now(), true, 20, false));
     sup.on_moved(vec![("missed".into(), 15), ("racing".into(), 25), ("failing".into(), 15)]);
     for _ in 0..3 {
         let Some(Event::Read(read)) = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap() else {
