@@ -16,12 +16,25 @@
 //! Names carry the process id; namespaces left by a test process that died
 //! (SIGKILL) are removed by the next [`Netns::create`].
 //!
+//! A test client can live in the namespace too, without a process of its
+//! own: [`Netns::dial`] opens TCP connections from inside it (a thread
+//! joins the namespace with `setns`, and a socket stays in the namespace it
+//! was made in), to a server on the host bound to [`Netns::host_ip`]. The
+//! server then sees a peer that is neither loopback nor any address of this
+//! machine's real interfaces, and nothing is bound where the network can
+//! reach it.
+//!
 //! Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and `ip` from iproute2.
 
 use std::ffi::OsStr;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::process::Command;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+
+use meshbridge::testing::pki::Dial;
+use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
 
 use anyhow::{Context, bail};
 
@@ -120,6 +133,28 @@ impl Netns {
         &self.name
     }
 
+    /// The host's end of the link. A server on the host bound here is
+    /// reached from inside the namespace (and, for a client on the host
+    /// that only needs a peer address that is not loopback, from here: an
+    /// address this test made, on no real interface).
+    pub fn host_ip(&self) -> Ipv4Addr {
+        self.host_ip
+    }
+
+    /// Run `f` on a thread that has joined the namespace: sockets it opens
+    /// live there, whichever thread uses them later.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+        in_namespace(&self.name, f)
+    }
+
+    /// TCP connections to `addr` opened from inside the namespace (their
+    /// source is [`Host::ip`] of [`Netns::host`]), for the test clients of
+    /// `meshbridge::testing` (`pki::channel_dialed`, `pki::tls_channel_dialed`).
+    pub fn dial(&self, addr: SocketAddr) -> Dial {
+        let name = self.name.clone();
+        Arc::new(move || in_namespace(&name, || TcpStream::connect(addr)).map_err(std::io::Error::other)?)
+    }
+
     /// Partition: the namespace's end of the link goes down.
     pub fn cut(&self) -> anyhow::Result<()> {
         ip(&["-n", &self.name, "link", "set", &self.ns_if, "down"])
@@ -137,6 +172,24 @@ impl Drop for Netns {
         let _ = Command::new("ip").args(["link", "del", &self.host_if]).output();
         let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
+}
+
+/// Run `f` on a new thread joined to namespace `name` (`setns(2)` on
+/// `/run/netns/NAME`, where `ip netns add` mounts it; it changes only the
+/// calling thread's namespace, so the thread is one of its own).
+fn in_namespace<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+    let path = format!("/run/netns/{name}");
+    let file = std::fs::File::open(&path).with_context(|| format!("open {path}"))?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                move_into_link_name_space(file.as_fd(), Some(LinkNameSpaceType::Network))
+                    .with_context(|| format!("setns {path}"))?;
+                Ok(f())
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("a thread in namespace {name} panicked"))?
+    })
 }
 
 fn ip(args: &[&str]) -> anyhow::Result<()> {
