@@ -140,21 +140,43 @@ impl Drop for TestPki {
     }
 }
 
-/// A tonic connector that dials `addr` over TLS with `config`, checking
-/// the server certificate against `server_name`.
-#[derive(Clone)]
-pub struct TlsConnector {
-    pub addr: SocketAddr,
-    pub server_name: ServerName<'static>,
-    pub config: Arc<rustls::ClientConfig>,
+/// How a test client opens its TCP connections: from here by default
+/// ([`dial_to`]), or from elsewhere, such as inside a network namespace
+/// (the e2e crate's `Netns::dial`). Called on the blocking pool.
+pub type Dial = Arc<dyn Fn() -> std::io::Result<std::net::TcpStream> + Send + Sync>;
+
+/// Connections to `addr` from this process's network namespace.
+pub fn dial_to(addr: SocketAddr) -> Dial {
+    Arc::new(move || std::net::TcpStream::connect(addr))
 }
 
-type TlsIo = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+/// A TCP connection opened by `dial`, for tokio.
+pub async fn dialed(dial: &Dial) -> std::io::Result<tokio::net::TcpStream> {
+    let dial = dial.clone();
+    let tcp = tokio::task::spawn_blocking(move || dial()).await.map_err(std::io::Error::other)??;
+    tcp.set_nonblocking(true)?;
+    tokio::net::TcpStream::from_std(tcp)
+}
 
-impl tonic::codegen::Service<Uri> for TlsConnector {
-    type Response = TlsIo;
+/// A tonic connector that opens its connections with `dial`, over TLS
+/// with `config` when it is set, checking the server certificate against
+/// `server_name`.
+#[derive(Clone)]
+pub struct Connector {
+    pub dial: Dial,
+    pub tls: Option<(ServerName<'static>, Arc<rustls::ClientConfig>)>,
+}
+
+type Io = hyper_util::rt::TokioIo<Pin<Box<dyn Stream>>>;
+
+/// A connection, plain or TLS.
+pub trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send> Stream for T {}
+
+impl tonic::codegen::Service<Uri> for Connector {
+    type Response = Io;
     type Error = std::io::Error;
-    type Future = Pin<Box<dyn std::future::Future<Output = Result<TlsIo, std::io::Error>> + Send>>;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<Io, std::io::Error>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
         std::task::Poll::Ready(Ok(()))
@@ -163,9 +185,12 @@ impl tonic::codegen::Service<Uri> for TlsConnector {
     fn call(&mut self, _: Uri) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
-            let tcp = tokio::net::TcpStream::connect(this.addr).await?;
-            let tls = tokio_rustls::TlsConnector::from(this.config).connect(this.server_name, tcp).await?;
-            Ok(hyper_util::rt::TokioIo::new(tls))
+            let tcp = dialed(&this.dial).await?;
+            let stream: Pin<Box<dyn Stream>> = match this.tls {
+                None => Box::pin(tcp),
+                Some((name, config)) => Box::pin(tokio_rustls::TlsConnector::from(config).connect(name, tcp).await?),
+            };
+            Ok(hyper_util::rt::TokioIo::new(stream))
         })
     }
 }
@@ -176,10 +201,24 @@ pub async fn tls_channel(
     server_name: &str,
     config: rustls::ClientConfig,
 ) -> anyhow::Result<tonic::transport::Channel> {
-    let connector =
-        TlsConnector { addr, server_name: ServerName::try_from(server_name.to_string())?, config: Arc::new(config) };
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{server_name}:{}", addr.port()))?;
-    Ok(endpoint.connect_with_connector(connector).await?)
+    tls_channel_dialed(dial_to(addr), server_name, config).await
+}
+
+/// A gRPC channel over TLS on connections opened by `dial`.
+pub async fn tls_channel_dialed(
+    dial: Dial,
+    server_name: &str,
+    config: rustls::ClientConfig,
+) -> anyhow::Result<tonic::transport::Channel> {
+    let tls = Some((ServerName::try_from(server_name.to_string())?, Arc::new(config)));
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{server_name}"))?;
+    Ok(endpoint.connect_with_connector(Connector { dial, tls }).await?)
+}
+
+/// A plaintext gRPC channel on connections opened by `dial`.
+pub async fn channel_dialed(dial: Dial) -> anyhow::Result<tonic::transport::Channel> {
+    let endpoint = tonic::transport::Endpoint::from_static("http://xds.test");
+    Ok(endpoint.connect_with_connector(Connector { dial, tls: None }).await?)
 }
 
 /// An Ingress for `host` (all paths to `destination`, a Higress
@@ -228,14 +267,3 @@ stringData:
 
 /// The SDS name of the Secret [`tls_ingress_yaml`] writes.
 pub const TLS_INGRESS_SECRET: &str = "shop/shop-cert";
-
-/// This machine's address on its default-route interface: a peer that
-/// connects from it is not loopback, so it is not trusted as one.
-pub fn non_loopback_ip() -> anyhow::Result<IpAddr> {
-    // A UDP "connect" sends nothing; it only picks the source address.
-    let sock = std::net::UdpSocket::bind("0.0.0.0:0")?;
-    sock.connect("10.255.255.255:9").or_else(|_| sock.connect("8.8.8.8:53"))?;
-    let ip = sock.local_addr()?.ip();
-    anyhow::ensure!(!ip.is_loopback() && !ip.is_unspecified(), "no non-loopback interface address (got {ip})");
-    Ok(ip)
-}

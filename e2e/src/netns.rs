@@ -16,12 +16,25 @@
 //! Names carry the process id; namespaces left by a test process that died
 //! (SIGKILL) are removed by the next [`Netns::create`].
 //!
+//! A test client can live in the namespace too, without a process of its
+//! own: [`Netns::dial`] opens TCP connections from inside it (a thread
+//! joins the namespace with `setns`, and a socket stays in the namespace it
+//! was made in), to a server on the host bound to [`Netns::host_ip`]. The
+//! server then sees a peer that is neither loopback nor any address of this
+//! machine's real interfaces, and nothing is bound where the network can
+//! reach it.
+//!
 //! Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and `ip` from iproute2.
 
 use std::ffi::OsStr;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::process::Command;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+
+use meshbridge::testing::pki::Dial;
+use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
 
 use anyhow::{Context, bail};
 
@@ -65,14 +78,6 @@ impl Host {
     }
 }
 
-/// Why a namespace could not be made.
-#[derive(Debug)]
-pub enum Unavailable {
-    /// `ip netns add` was refused (EPERM): this environment does not allow
-    /// network namespaces, and the scenario cannot run here.
-    NotPermitted(String),
-}
-
 /// A namespace and its veth pair; both are removed when dropped.
 pub struct Netns {
     name: String,
@@ -83,10 +88,10 @@ pub struct Netns {
 }
 
 impl Netns {
-    /// Make a namespace with a veth pair and a fresh /30. `Ok(Err(_))` only
-    /// when `ip netns add` itself is not permitted; any other failure is an
-    /// error.
-    pub fn create() -> anyhow::Result<Result<Netns, Unavailable>> {
+    /// Make a namespace with a veth pair and a fresh /30. Any failure is an
+    /// error, not permitted (no root) included: a test that needs a
+    /// namespace fails without one, it never passes without running.
+    pub fn create() -> anyhow::Result<Netns> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         remove_orphans();
         let pid = std::process::id();
@@ -97,16 +102,15 @@ impl Netns {
         let (host_ip, ns_ip) = free_subnet(pid, seq)?;
         let out = Command::new("ip").args(["netns", "add", &name]).output().context("run `ip netns add`")?;
         if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-            if is_not_permitted(&stderr) {
-                return Ok(Err(Unavailable::NotPermitted(format!("`ip netns add {name}`: {stderr}"))));
-            }
-            bail!("`ip netns add {name}`: {stderr}");
+            bail!(
+                "`ip netns add {name}`: {} (network namespaces need root: CAP_NET_ADMIN and CAP_SYS_ADMIN)",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
         // From here on, Drop cleans up whatever was made.
         let ns = Netns { name, host_if, ns_if, host_ip, ns_ip };
         ns.setup()?;
-        Ok(Ok(ns))
+        Ok(ns)
     }
 
     fn setup(&self) -> anyhow::Result<()> {
@@ -129,6 +133,28 @@ impl Netns {
         &self.name
     }
 
+    /// The host's end of the link. A server on the host bound here is
+    /// reached from inside the namespace (and, for a client on the host
+    /// that only needs a peer address that is not loopback, from here: an
+    /// address this test made, on no real interface).
+    pub fn host_ip(&self) -> Ipv4Addr {
+        self.host_ip
+    }
+
+    /// Run `f` on a thread that has joined the namespace: sockets it opens
+    /// live there, whichever thread uses them later.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+        in_namespace(&self.name, f)
+    }
+
+    /// TCP connections to `addr` opened from inside the namespace (their
+    /// source is [`Host::ip`] of [`Netns::host`]), for the test clients of
+    /// `meshbridge::testing` (`pki::channel_dialed`, `pki::tls_channel_dialed`).
+    pub fn dial(&self, addr: SocketAddr) -> Dial {
+        let name = self.name.clone();
+        Arc::new(move || in_namespace(&name, || TcpStream::connect(addr)).map_err(std::io::Error::other)?)
+    }
+
     /// Partition: the namespace's end of the link goes down.
     pub fn cut(&self) -> anyhow::Result<()> {
         ip(&["-n", &self.name, "link", "set", &self.ns_if, "down"])
@@ -148,9 +174,22 @@ impl Drop for Netns {
     }
 }
 
-/// The one place `ip`'s error text is read: EPERM from `ip netns add`.
-fn is_not_permitted(stderr: &str) -> bool {
-    stderr.contains("Operation not permitted")
+/// Run `f` on a new thread joined to namespace `name` (`setns(2)` on
+/// `/run/netns/NAME`, where `ip netns add` mounts it; it changes only the
+/// calling thread's namespace, so the thread is one of its own).
+fn in_namespace<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+    let path = format!("/run/netns/{name}");
+    let file = std::fs::File::open(&path).with_context(|| format!("open {path}"))?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                move_into_link_name_space(file.as_fd(), Some(LinkNameSpaceType::Network))
+                    .with_context(|| format!("setns {path}"))?;
+                Ok(f())
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("a thread in namespace {name} panicked"))?
+    })
 }
 
 fn ip(args: &[&str]) -> anyhow::Result<()> {
@@ -204,11 +243,5 @@ mod tests {
         assert_eq!(subnet(0), (Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 18, 0, 2)));
         assert_eq!(subnet(SUBNETS - 1), (Ipv4Addr::new(198, 19, 255, 253), Ipv4Addr::new(198, 19, 255, 254)));
         assert_eq!(subnet(SUBNETS), subnet(0));
-    }
-
-    #[test]
-    fn eperm_is_recognised() {
-        assert!(is_not_permitted("mount --make-shared /run/netns failed: Operation not permitted"));
-        assert!(!is_not_permitted("Cannot create namespace file \"/run/netns/x\": File exists"));
     }
 }

@@ -12,6 +12,7 @@
 
 use std::future::Future;
 use std::io::Write;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -22,6 +23,7 @@ use meshbridge::testing::exposition;
 use meshbridge::translate::envoy::CLUSTER_TYPE;
 use meshbridge_e2e::consul::Consul;
 use meshbridge_e2e::free_port;
+use meshbridge_e2e::netns::Netns;
 use meshbridge_registries::Secret;
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -325,10 +327,14 @@ async fn credentials_never_shown_or_logged() {
 async fn non_loopback_admin_requires_the_token() {
     logs();
     let dir = tempfile::tempdir().unwrap();
+    // Not loopback, and on no real interface: the host's end of a network
+    // namespace's link.
+    let ns = Netns::create().expect("a network namespace (this test needs root)");
+    let ip = ns.host_ip();
     let args = RunArgs {
         config_dir: Some(dir.path().into()),
         xds_addr: "127.0.0.1:0".parse().unwrap(),
-        admin_addr: "0.0.0.0:0".parse().unwrap(),
+        admin_addr: SocketAddr::new(ip.into(), 0),
         ..RunArgs::loopback(dir.path())
     };
     let http = reqwest::Client::new();
@@ -341,7 +347,7 @@ async fn non_loopback_admin_requires_the_token() {
     )
     .await
     .unwrap();
-    let base = format!("http://127.0.0.1:{}", app.admin_addr.port());
+    let base = format!("http://{}", app.admin_addr);
     for path in ["/ready", "/healthz"] {
         assert_eq!(http.get(format!("{base}{path}")).send().await.unwrap().status(), 200, "{path} must stay open");
     }
@@ -358,7 +364,7 @@ async fn non_loopback_admin_requires_the_token() {
 
     // Without a token: protected endpoints refuse and say how to fix it.
     let app = App::start(args).await.unwrap();
-    let base = format!("http://127.0.0.1:{}", app.admin_addr.port());
+    let base = format!("http://{}", app.admin_addr);
     assert_eq!(http.get(format!("{base}/ready")).send().await.unwrap().status(), 200);
     let resp = http.get(format!("{base}/v1/registries")).send().await.unwrap();
     assert_eq!(resp.status(), 401);

@@ -7,8 +7,8 @@
 //!
 //! Faults last `MESHBRIDGE_FAULT_SECS` seconds (default 10, for CI);
 //! `e2e/faults.sh` runs them with 60. Partitions need network namespaces
-//! (root): a scenario skips, saying why, only when `ip netns add` itself is
-//! refused with EPERM. Needs `source e2e/env.sh consul envoy zookeeper rnacos`.
+//! (root): without them a partition scenario fails, saying why; it never
+//! passes without running. Needs `source e2e/env.sh consul envoy zookeeper rnacos`.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -18,7 +18,7 @@ use meshbridge_e2e::consul::Consul;
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::faults::{DETECT_BOUND, RATE, RESYNC_BOUND, Registry, launch, mcp_bridge, signal, until};
 use meshbridge_e2e::load::{Load, fault_secs};
-use meshbridge_e2e::netns::{Host, Netns, Unavailable};
+use meshbridge_e2e::netns::{Host, Netns};
 use meshbridge_registries::RegistryKind;
 use serde_json::json;
 
@@ -52,13 +52,7 @@ fn resynced(reg: &Registry, app: &App, since: SystemTime) -> bool {
 async fn partitioned(kind: RegistryKind) {
     let _serial = SERIAL.lock().await;
     // Declared first, so dropped last: the servers in it are killed first.
-    let ns = match Netns::create().expect("make a network namespace") {
-        Ok(ns) => ns,
-        Err(Unavailable::NotPermitted(why)) => {
-            println!("SKIPPED registry partitioned ({kind}): network namespaces are not permitted here: {why}");
-            return;
-        }
-    };
+    let ns = Netns::create().expect("make a network namespace (the partition scenarios need root)");
     let reg = Registry::start(kind, ns.host()).await.expect("start the registry in the namespace");
     let (_config, _state, app, envoy) = serve(&reg, &[]).await;
     let fault = fault_secs(10);

@@ -1,7 +1,7 @@
 //! A real Envoy gets an Ingress's TLS key over SDS, and serves HTTPS with
 //! it, when meshbridge trusts it: over mTLS (the deploy/examples bootstrap,
-//! to meshbridge on this machine's non-loopback address, so loopback trust
-//! plays no part), or from loopback. Certificates are made at test time by
+//! to meshbridge on the host's end of a network namespace's link, an address
+//! that is not loopback, so loopback trust plays no part), or from loopback. Certificates are made at test time by
 //! the openssl CLI.
 
 use std::net::{IpAddr, SocketAddr};
@@ -14,6 +14,7 @@ use meshbridge::xds::{XdsLimits, XdsTlsArgs};
 use meshbridge_e2e::backend::Backend;
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::free_port;
+use meshbridge_e2e::netns::Netns;
 
 const HOST: &str = "shop.example.com";
 /// The name meshbridge's serving certificate carries (the bootstrap's `sni`).
@@ -123,7 +124,10 @@ async fn envoy_over_mtls(s: &Setup, xds: SocketAddr, client: &Issued) -> Envoy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mtls_envoy_gets_its_key_over_sds_and_serves_https() {
-    let ip: IpAddr = pki::non_loopback_ip().expect("this test needs a non-loopback interface address");
+    // An address that is not loopback and on no real interface: the host's
+    // end of a namespace's link. Envoy (on the host) connects to it.
+    let ns = Netns::create().expect("a network namespace (this test needs root)");
+    let ip = IpAddr::V4(ns.host_ip());
     let s = setup().await;
     let server = s.pki.server("xds", &[XDS_NAME], &[ip]).unwrap();
     let client = s.pki.issue("envoy", &["URI:spiffe://cluster.local/ns/gateway/sa/envoy".into()]).unwrap();
@@ -161,10 +165,13 @@ async fn loopback_envoy_gets_its_key_over_sds_and_serves_https() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plaintext_envoy_from_elsewhere_gets_the_listener_but_no_key() {
-    let ip: IpAddr = pki::non_loopback_ip().expect("this test needs a non-loopback interface address");
+    // An address that is not loopback and on no real interface: the host's
+    // end of a namespace's link. Envoy (on the host) connects to it.
+    let ns = Netns::create().expect("a network namespace (this test needs root)");
+    let ip = IpAddr::V4(ns.host_ip());
     let s = setup().await;
     let app = launch(&s, SocketAddr::new(ip, 0), XdsTlsArgs::default()).await;
-    // deploy/examples/envoy-bootstrap.yaml, pointed at the interface address.
+    // deploy/examples/envoy-bootstrap.yaml, pointed at that address.
     let text = std::fs::read_to_string(repo().join("deploy/examples/envoy-bootstrap.yaml")).unwrap();
     let admin_port = free_port();
     let text = replace(

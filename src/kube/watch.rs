@@ -241,6 +241,10 @@ pub(crate) struct Assembler {
     ingress_class: String,
     builder: Builder,
     objects: HashMap<ObjectKey, Parsed>,
+    /// Objects serialized and parsed so far: the cost test checks that an
+    /// edit of one object parses one, however many there are.
+    #[cfg(test)]
+    pub(crate) parses: usize,
 }
 
 /// One object as last parsed. Unchanged objects (same uid and
@@ -255,7 +259,13 @@ struct Parsed {
 
 impl Assembler {
     pub(crate) fn new(ingress_class: String) -> Self {
-        Assembler { ingress_class, builder: Builder::default(), objects: HashMap::new() }
+        Assembler {
+            ingress_class,
+            builder: Builder::default(),
+            objects: HashMap::new(),
+            #[cfg(test)]
+            parses: 0,
+        }
     }
 
     fn observe(&mut self, stores: &Stores) -> Observed {
@@ -371,6 +381,10 @@ impl Assembler {
         let known = self.objects.get(key).is_some_and(|p| p.version.is_some() && p.version == version);
         if known {
             return;
+        }
+        #[cfg(test)]
+        {
+            self.parses += 1;
         }
         let (kind, ns, name) = key;
         let result = parse_object(&format!("{kind} {ns}/{name}"), value());

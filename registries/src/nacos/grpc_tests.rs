@@ -1,7 +1,8 @@
 //! The gRPC client against a real rnacos (`MESHBRIDGE_RNACOS_BIN`, see
 //! `e2e/env.sh`): connect, list, read, subscribe, a push, a reconnect after
-//! the server restarts. Without the variable these tests say so and pass
-//! (the e2e suite runs the same client through the watcher).
+//! the server restarts. Without the variable (or with a path that does not
+//! exist) they fail and name it: `e2e/test.sh` sources rnacos, so CI always
+//! runs them.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -34,18 +35,26 @@ fn free_pair() -> u16 {
     }
 }
 
+/// The rnacos binary `e2e/setup.sh` installed, as `e2e`'s `binary_from_env`
+/// finds it (that crate depends on this one, so it cannot be used here).
+fn rnacos_bin() -> String {
+    const VAR: &str = "MESHBRIDGE_RNACOS_BIN";
+    let Ok(bin) = std::env::var(VAR) else {
+        panic!("{VAR} is not set: run `source e2e/env.sh rnacos` (it installs the server)");
+    };
+    assert!(std::path::Path::new(&bin).exists(), "{VAR}={bin} does not exist: run e2e/setup.sh");
+    bin
+}
+
 impl Rnacos {
-    async fn start() -> Option<Rnacos> {
-        let Ok(bin) = std::env::var("MESHBRIDGE_RNACOS_BIN") else {
-            eprintln!("MESHBRIDGE_RNACOS_BIN unset: skipping (source e2e/env.sh rnacos)");
-            return None;
-        };
+    async fn start() -> Rnacos {
+        let bin = rnacos_bin();
         let http = free_pair();
         let dir = std::env::temp_dir().join(format!("meshbridge-grpc-test-{}-{http}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut r = Rnacos { child: None, http, dir, bin };
         r.spawn().await;
-        Some(r)
+        r
     }
 
     async fn spawn(&mut self) {
@@ -125,7 +134,7 @@ async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut f: im
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_reads_subscribes_and_receives_pushes_from_rnacos() {
-    let Some(nacos) = Rnacos::start().await else { return };
+    let nacos = Rnacos::start().await;
     nacos.register("web", "10.0.0.1").await;
     nacos.register("api", "10.0.0.9").await;
     let api = client(&nacos).await;
@@ -166,7 +175,7 @@ async fn lists_reads_subscribes_and_receives_pushes_from_rnacos() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnects_after_a_restart_and_subscribes_again() {
-    let Some(mut nacos) = Rnacos::start().await else { return };
+    let mut nacos = Rnacos::start().await;
     nacos.register("web", "10.0.0.1").await;
     let api = client(&nacos).await;
     let web = ServiceKey::new(DEFAULT_GROUP, "web");

@@ -321,9 +321,9 @@ fn tokio_stream_from(rx: mpsc::Receiver<Payload>) -> impl futures::Stream<Item =
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) })
 }
 
-/// Read what the server sends on the bi-stream: pushes are answered and
-/// handed on, connection checks answered; a `ConnectResetRequest` or the
-/// end of the stream closes the connection.
+/// Read what the server sends on the bi-stream and answer every request
+/// (see [`ServerRequest`]); a `ConnectResetRequest` or the end of the
+/// stream closes the connection, and the session connects again.
 async fn read_stream(
     registry: String,
     mut inbound: tonic::Streaming<Payload>,
@@ -342,31 +342,34 @@ async fn read_stream(
         };
         let kind = message.metadata.as_ref().map(|m| m.r#type.as_str()).unwrap_or_default();
         let body = message.body.as_ref().map(|b| &b.value[..]).unwrap_or_default();
-        let ok = |kind: &str, request_id: Value| {
-            answer(kind, json!({"resultCode": 200, "errorCode": 0, "requestId": request_id}), HashMap::new())
-        };
-        // Only what is answered is decoded, straight into its fields: the
-        // server pushes every service once after its subscription (10k
-        // pushes at 10k services), and rnacos again whenever its health
-        // checks of persistent instances touch one (15–20 a second at 10k,
-        // at rest).
-        let reply = match kind {
-            "NotifySubscriberRequest" => {
+        let request = ServerRequest::read(kind, body);
+        let reply = request.answer();
+        let reset = match request {
+            ServerRequest::Push(push, _) => {
                 trace!(registry, bytes = body.len(), "nacos push");
-                let (push, request_id) = decode_push(body);
                 match push {
                     Ok(push) => pushes(push),
                     Err(reason) => debug!(registry, reason, "nacos push ignored"),
                 }
-                Some(ok("NotifySubscriberResponse", request_id))
+                false
             }
-            "ClientDetectionRequest" => Some(ok("ClientDetectionResponse", request_id(body))),
-            "ConnectResetRequest" => {
+            ServerRequest::Detection(_) => false,
+            ServerRequest::Reset(_) => {
                 debug!(registry, "nacos server asked to reconnect");
-                break;
+                true
             }
-            // Answers to our setup, unknown requests: nothing to say.
-            _ => None,
+            ServerRequest::SetupAck => {
+                debug!(registry, "nacos server acknowledged the connection setup");
+                false
+            }
+            ServerRequest::Unknown(request_id) => {
+                debug!(registry, kind, %request_id, "nacos server request not known: answered with an error");
+                false
+            }
+            ServerRequest::NotARequest => {
+                debug!(registry, kind, "nacos bi-stream message that is not a request ignored");
+                false
+            }
         };
         if let Some(reply) = reply
             && outbox.try_send(reply).is_err()
@@ -374,9 +377,90 @@ async fn read_stream(
             debug!(registry, "nacos bi-stream outbox full or closed");
             break;
         }
+        if reset {
+            // Answered first, as the Java client does; the answer is sent
+            // if the stream still runs when the session drops this
+            // connection.
+            break;
+        }
     }
     closed.done.store(true, Ordering::SeqCst);
     closed.notify.notify_waiters();
+}
+
+/// One message the server sent on the bi-stream, and how the client answers
+/// it, as the Java client does (`GrpcClient.bindRequestStream`, the
+/// `ServerRequestHandler`s of `RpcClient` and `NamingGrpcClientProxy`):
+/// every `ServerRequest` gets a response carrying its `requestId`.
+#[derive(Debug)]
+pub(crate) enum ServerRequest {
+    /// `NotifySubscriberRequest`: the service's instances (or why they could
+    /// not be read); answered `NotifySubscriberResponse` either way.
+    Push(Result<Push, String>, Value),
+    /// `ClientDetectionRequest`: the server checks the client is alive;
+    /// answered `ClientDetectionResponse`.
+    Detection(Value),
+    /// `ConnectResetRequest`: answered `ConnectResetResponse`, then the
+    /// connection is closed and the session connects again. (The Java
+    /// client may switch to the `serverIp`/`serverPort` it names; the
+    /// session goes on with its own server list.)
+    Reset(Value),
+    /// `SetupAckRequest` (Nacos 2.3+): the server's abilities after a setup
+    /// that carried an `abilityTable` (ours does not). The server sends it
+    /// without waiting for an answer (`sendRequestNoAck`) and the Java
+    /// client sends none: an answer would reach the server as the ack of an
+    /// unknown request, which it logs as a warning.
+    SetupAck,
+    /// Any other request (config pushes, fuzzy-watch notifications, metric
+    /// queries: what a naming client never asked for, or a newer server's
+    /// requests): answered with an `ErrorResponse` carrying its
+    /// `requestId`, so the server does not wait for its timeout.
+    Unknown(Value),
+    /// A response (`…Response`): the server answers our requests on the
+    /// unary call, so nothing is owed; ignored, as the Java client does.
+    NotARequest,
+}
+
+impl ServerRequest {
+    /// Decode the message of class `kind` with JSON `body`: only what is
+    /// needed to answer it. A push is decoded straight into its fields:
+    /// the server pushes every service once after its subscription (10k
+    /// pushes at 10k services), and rnacos again whenever its health checks
+    /// of persistent instances touch one (15–20 a second at 10k, at rest).
+    pub(crate) fn read(kind: &str, body: &[u8]) -> ServerRequest {
+        match kind {
+            "NotifySubscriberRequest" => {
+                let (push, request_id) = decode_push(body);
+                ServerRequest::Push(push, request_id)
+            }
+            "ClientDetectionRequest" => ServerRequest::Detection(request_id(body)),
+            "ConnectResetRequest" => ServerRequest::Reset(request_id(body)),
+            "SetupAckRequest" => ServerRequest::SetupAck,
+            _ if kind.ends_with("Response") => ServerRequest::NotARequest,
+            _ => ServerRequest::Unknown(request_id(body)),
+        }
+    }
+
+    /// The answer owed to the server, if any.
+    pub(crate) fn answer(&self) -> Option<Payload> {
+        let ok = |kind: &str, request_id: &Value| {
+            answer(kind, json!({"resultCode": 200, "errorCode": 0, "requestId": request_id}), HashMap::new())
+        };
+        match self {
+            ServerRequest::Push(_, id) => Some(ok("NotifySubscriberResponse", id)),
+            ServerRequest::Detection(id) => Some(ok("ClientDetectionResponse", id)),
+            ServerRequest::Reset(id) => Some(ok("ConnectResetResponse", id)),
+            // `ErrorResponse.build(NacosException.CLIENT_ERROR, …)`: result
+            // code 500 (`ResponseCode.FAIL`), error code -500.
+            ServerRequest::Unknown(id) => Some(answer(
+                "ErrorResponse",
+                json!({"resultCode": 500, "errorCode": -500, "message": "request not supported by this client",
+                       "requestId": id}),
+                HashMap::new(),
+            )),
+            ServerRequest::SetupAck | ServerRequest::NotARequest => None,
+        }
+    }
 }
 
 /// The fields of a `NotifySubscriberRequest` a push is read from.
@@ -545,5 +629,53 @@ mod tests {
         let (decoded, id) = decode_push(b"not json");
         assert!(decoded.is_err());
         assert_eq!(id, Value::Null);
+    }
+
+    /// The class and JSON body of the answer to a server's `kind` request.
+    fn answered(kind: &str, body: Value) -> Option<(String, Value)> {
+        let reply = ServerRequest::read(kind, &serde_json::to_vec(&body).unwrap()).answer()?;
+        let body = serde_json::from_slice(&reply.body.unwrap().value).unwrap();
+        Some((reply.metadata.unwrap().r#type, body))
+    }
+
+    #[test]
+    fn every_server_request_is_answered_with_its_request_id() {
+        let push = json!({"requestId": "1", "serviceName": "web", "serviceInfo": {"name": "web", "hosts": []}});
+        let ok = |id: &str| json!({"resultCode": 200, "errorCode": 0, "requestId": id});
+        assert_eq!(answered("NotifySubscriberRequest", push), Some(("NotifySubscriberResponse".into(), ok("1"))));
+        assert_eq!(
+            answered("ClientDetectionRequest", json!({"requestId": "2", "module": "internal"})),
+            Some(("ClientDetectionResponse".into(), ok("2")))
+        );
+        let reset = json!({"requestId": "3", "serverIp": "10.0.0.2", "serverPort": "8848", "module": "internal"});
+        assert_eq!(answered("ConnectResetRequest", reset), Some(("ConnectResetResponse".into(), ok("3"))));
+        // Requests a naming client never asked for, and one from a server
+        // newer than this client: an error, with the id.
+        for kind in
+            ["ConfigChangeNotifyRequest", "NamingFuzzyWatchSyncRequest", "ClientConfigMetricRequest", "NextRequest"]
+        {
+            let (class, body) = answered(kind, json!({"requestId": "4", "module": "x"})).expect(kind);
+            assert_eq!(class, "ErrorResponse", "{kind}");
+            assert_eq!(
+                body,
+                json!({"resultCode": 500, "errorCode": -500, "message": "request not supported by this client", "requestId": "4"})
+            );
+        }
+        // A body that is not JSON still gets an answer (no id to give).
+        let reply = ServerRequest::read("NextRequest", b"not json").answer().unwrap();
+        let body: Value = serde_json::from_slice(&reply.body.unwrap().value).unwrap();
+        assert_eq!(body["requestId"], Value::Null);
+    }
+
+    #[test]
+    fn setup_acks_and_responses_are_not_answered_and_a_reset_closes() {
+        let abilities = json!({"requestId": "5", "abilityTable": {"supportPersistentInstanceByGrpc": true}});
+        assert!(matches!(
+            ServerRequest::read("SetupAckRequest", abilities.to_string().as_bytes()),
+            ServerRequest::SetupAck
+        ));
+        assert_eq!(answered("SetupAckRequest", abilities), None);
+        assert_eq!(answered("ServerCheckResponse", json!({"requestId": "6", "resultCode": 200})), None);
+        assert!(matches!(ServerRequest::read("ConnectResetRequest", b"{}"), ServerRequest::Reset(Value::Null)));
     }
 }

@@ -1,8 +1,9 @@
 //! TLS and mTLS on the xDS server, and who gets private keys: only a
 //! client with a verified certificate, or one on loopback. The certificates
-//! are made at test time by the openssl CLI; the unauthenticated clients
-//! connect through this machine's non-loopback interface address, so they
-//! are not trusted as loopback.
+//! are made at test time by the openssl CLI. The clients that must not be
+//! trusted as loopback run inside a network namespace the test makes
+//! (`meshbridge_e2e::netns`, root): meshbridge listens on the host's end of
+//! its link and they connect from the other end.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -12,10 +13,11 @@ use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{DownstreamTlsContext, Secret, secret};
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
-use meshbridge::testing::pki::{self, Issued, TLS_INGRESS_SECRET, TestPki};
+use meshbridge::testing::pki::{self, Dial, Issued, TLS_INGRESS_SECRET, TestPki};
 use meshbridge::testing::{DeltaClient, SotwClient};
 use meshbridge::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE, SECRET_TYPE};
 use meshbridge::xds::{XdsLimits, XdsTls, XdsTlsArgs};
+use meshbridge_e2e::netns::Netns;
 use prost::Message;
 
 const HOST: &str = "shop.example.com";
@@ -52,6 +54,14 @@ fn fixture(server_ips: &[IpAddr]) -> Fixture {
     let ingress_yaml = pki::tls_ingress_yaml(HOST, "echo.static:80", &ingress).unwrap();
     std::fs::write(dir.path().join("shop.yaml"), ingress_yaml).unwrap();
     Fixture { pki, ingress, server, client, dir }
+}
+
+/// A network namespace for clients that are not loopback, and the address
+/// meshbridge listens on for them (the host's end of its link).
+fn outside() -> (Netns, IpAddr) {
+    let ns = Netns::create().expect("a network namespace for the clients (these tests need root)");
+    let ip = IpAddr::V4(ns.host_ip());
+    (ns, ip)
 }
 
 impl Fixture {
@@ -139,6 +149,14 @@ async fn fetch_all_sotw(client: &mut SotwClient) -> (Vec<DiscoveryResponse>, Dis
     (all, sds)
 }
 
+/// Whether a channel (or its connection) was refused, or no stream opens on it.
+async fn refused(channel: anyhow::Result<tonic::transport::Channel>) -> bool {
+    match channel {
+        Err(_) => true,
+        Ok(channel) => SotwClient::on(channel).await.is_err(),
+    }
+}
+
 fn key_of(resp_secret: &Secret) -> String {
     let Some(secret::Type::TlsCertificate(cert)) = &resp_secret.r#type else { panic!("not a TLS certificate") };
     let Some(envoy_types::pb::envoy::config::core::v3::data_source::Specifier::InlineString(key)) =
@@ -155,14 +173,14 @@ fn contains(haystack: &[u8], needle: &str) -> bool {
 
 #[tokio::test]
 async fn an_unauthenticated_client_gets_listeners_and_no_key() {
-    let ip = pki::non_loopback_ip().expect("this test needs a non-loopback interface address");
+    let (ns, ip) = outside();
     let f = fixture(&[ip]);
     let app = launch(f.dir.path(), ip, XdsTlsArgs::default()).await.unwrap();
     ready(&app).await;
     assert!(!app.xds_addr.ip().is_loopback());
     let marker = f.key_marker();
 
-    let mut sotw = SotwClient::connect(app.xds_addr).await.unwrap();
+    let mut sotw = SotwClient::on(pki::channel_dialed(ns.dial(app.xds_addr)).await.unwrap()).await.unwrap();
     let (all, sds) = fetch_all_sotw(&mut sotw).await;
     assert_sds_listener(&all[1]);
     assert!(sds.resources.is_empty(), "a Secret went to an unauthenticated client");
@@ -174,7 +192,7 @@ async fn an_unauthenticated_client_gets_listeners_and_no_key() {
     assert!(!gateways.resources.is_empty(), "the Gateway goes to Pilot all the same");
 
     // Delta, with SDS by name and by wildcard.
-    let mut delta = DeltaClient::connect(app.xds_addr).await.unwrap();
+    let mut delta = DeltaClient::on(pki::channel_dialed(ns.dial(app.xds_addr)).await.unwrap()).await.unwrap();
     for type_url in [LISTENER_TYPE, SECRET_TYPE] {
         delta.send(DeltaClient::subscribe(type_url, &[TLS_INGRESS_SECRET, "*"])).await;
         let resp = delta.recv().await;
@@ -196,6 +214,10 @@ async fn an_unauthenticated_client_gets_listeners_and_no_key() {
         assert_eq!(c["auth"], "plaintext", "{c}");
         assert_eq!(c["secretsWithheld"], true, "{c}");
     }
+    // Both came from inside the namespace.
+    let inside = ns.host().ip.to_string();
+    let snap = app.clients.snapshot();
+    assert!(snap.iter().all(|c| c.peer.starts_with(&format!("{inside}:"))), "not from {inside}: {snap:?}");
     assert!(!xdsz.to_string().contains(&marker));
     drop((sotw, delta));
     app.stop().await;
@@ -227,7 +249,7 @@ async fn loopback_clients_get_the_key_over_sds() {
 
 #[tokio::test]
 async fn mtls_clients_get_the_key_and_others_are_refused() {
-    let ip = pki::non_loopback_ip().expect("this test needs a non-loopback interface address");
+    let (ns, ip) = outside();
     let f = fixture(&[ip]);
     let app = launch(f.dir.path(), ip, f.tls_args(true)).await.unwrap();
     ready(&app).await;
@@ -235,7 +257,7 @@ async fn mtls_clients_get_the_key_and_others_are_refused() {
 
     // A verified client certificate: SotW and delta both get the key.
     let config = f.pki.client_config(Some(&f.client)).unwrap();
-    let channel = pki::tls_channel(app.xds_addr, "meshbridge.test", config).await.unwrap();
+    let channel = pki::tls_channel_dialed(ns.dial(app.xds_addr), "meshbridge.test", config).await.unwrap();
     let mut sotw = SotwClient::on(channel.clone()).await.unwrap();
     let (all, sds) = fetch_all_sotw(&mut sotw).await;
     assert_sds_listener(&all[1]);
@@ -254,24 +276,25 @@ async fn mtls_clients_get_the_key_and_others_are_refused() {
 
     // TLS without a client certificate is refused: no stream opens.
     let config = f.pki.client_config(None).unwrap();
-    let refused = match pki::tls_channel(app.xds_addr, "meshbridge.test", config).await {
-        Err(_) => true,
-        Ok(channel) => SotwClient::on(channel).await.is_err(),
-    };
-    assert!(refused, "a client without a certificate opened a stream");
+    assert!(
+        refused(pki::tls_channel_dialed(ns.dial(app.xds_addr), "meshbridge.test", config).await).await,
+        "a client without a certificate opened a stream"
+    );
     // Plaintext to a TLS port gets nothing either.
-    assert!(SotwClient::connect(app.xds_addr).await.is_err());
+    assert!(
+        refused(pki::channel_dialed(ns.dial(app.xds_addr)).await).await,
+        "plaintext to the TLS port opened a stream"
+    );
     // A certificate from another CA is refused too.
     let other = TestPki::new("other-ca").unwrap();
     let stranger = other.issue("stranger", &["DNS:stranger".into()]).unwrap();
     let mut config = f.pki.client_config(None).unwrap();
     let wrong = other.client_config(Some(&stranger)).unwrap();
     config.client_auth_cert_resolver = wrong.client_auth_cert_resolver.clone();
-    let refused = match pki::tls_channel(app.xds_addr, "meshbridge.test", config).await {
-        Err(_) => true,
-        Ok(channel) => SotwClient::on(channel).await.is_err(),
-    };
-    assert!(refused, "a certificate from another CA opened a stream");
+    assert!(
+        refused(pki::tls_channel_dialed(ns.dial(app.xds_addr), "meshbridge.test", config).await).await,
+        "a certificate from another CA opened a stream"
+    );
     assert_eq!(app.clients.snapshot().len(), 2);
     drop((sotw, delta));
     app.stop().await;
@@ -279,12 +302,12 @@ async fn mtls_clients_get_the_key_and_others_are_refused() {
 
 #[tokio::test]
 async fn server_only_tls_is_not_authentication() {
-    let ip = pki::non_loopback_ip().expect("this test needs a non-loopback interface address");
+    let (ns, ip) = outside();
     let f = fixture(&[ip]);
     let app = launch(f.dir.path(), ip, f.tls_args(false)).await.unwrap();
     ready(&app).await;
     let config = f.pki.client_config(None).unwrap();
-    let channel = pki::tls_channel(app.xds_addr, "meshbridge.test", config).await.unwrap();
+    let channel = pki::tls_channel_dialed(ns.dial(app.xds_addr), "meshbridge.test", config).await.unwrap();
     let mut sotw = SotwClient::on(channel).await.unwrap();
     let (all, sds) = fetch_all_sotw(&mut sotw).await;
     assert_sds_listener(&all[1]);
@@ -329,8 +352,8 @@ async fn bad_tls_files_are_startup_errors_naming_flag_and_path() {
 }
 
 /// The certificate the server at `addr` presents in a handshake.
-async fn presented(addr: SocketAddr, config: rustls::ClientConfig) -> Vec<u8> {
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+async fn presented(dial: &Dial, config: rustls::ClientConfig) -> Vec<u8> {
+    let tcp = pki::dialed(dial).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("meshbridge.test").unwrap();
     let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp).await.unwrap();
     tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
@@ -343,7 +366,7 @@ fn der(pem: &Path) -> Vec<u8> {
 
 #[tokio::test]
 async fn rotated_files_are_picked_up_and_a_bad_rotation_keeps_the_last_good() {
-    let ip = pki::non_loopback_ip().expect("this test needs a non-loopback interface address");
+    let (ns, ip) = outside();
     let f = fixture(&[ip]);
     let next = f.pki.server("xds2", &["meshbridge.test"], &[ip]).unwrap();
     // The server reads copies the test rotates, as a mounted Secret is.
@@ -374,17 +397,21 @@ async fn rotated_files_are_picked_up_and_a_bad_rotation_keeps_the_last_good() {
     install(&f.server);
     let app = launch(f.dir.path(), ip, args).await.unwrap();
     let config = || f.pki.client_config(Some(&f.client)).unwrap();
-    assert_eq!(presented(app.xds_addr, config()).await, der(&f.server.cert));
+    assert_eq!(presented(&ns.dial(app.xds_addr), config()).await, der(&f.server.cert));
     install(&next);
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(presented(app.xds_addr, config()).await, der(&next.cert), "rotation not picked up");
+    assert_eq!(presented(&ns.dial(app.xds_addr), config()).await, der(&next.cert), "rotation not picked up");
     // Half a rotation (the new certificate with the old key) does not load:
     // the last good pair stays in force.
     std::fs::copy(&f.server.cert, &cert).unwrap();
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(presented(app.xds_addr, config()).await, der(&next.cert), "a broken pair replaced the good one");
+    assert_eq!(
+        presented(&ns.dial(app.xds_addr), config()).await,
+        der(&next.cert),
+        "a broken pair replaced the good one"
+    );
     // A stream still opens and is served.
-    let channel = pki::tls_channel(app.xds_addr, "meshbridge.test", config()).await.unwrap();
+    let channel = pki::tls_channel_dialed(ns.dial(app.xds_addr), "meshbridge.test", config()).await.unwrap();
     let mut sotw = SotwClient::on(channel).await.unwrap();
     sotw.send(SotwClient::request(CLUSTER_TYPE, &[], "", "")).await;
     assert_eq!(sotw.recv().await.type_url, CLUSTER_TYPE);
@@ -394,7 +421,7 @@ async fn rotated_files_are_picked_up_and_a_bad_rotation_keeps_the_last_good() {
 
 #[tokio::test]
 async fn optional_client_certificates_admit_istiod_without_keys() {
-    let ip = pki::non_loopback_ip().expect("this test needs a non-loopback interface address");
+    let (ns, ip) = outside();
     let f = fixture(&[ip]);
     let args = XdsTlsArgs { xds_client_cert_optional: true, ..f.tls_args(true) };
     let app = launch(f.dir.path(), ip, args).await.unwrap();
@@ -404,7 +431,7 @@ async fn optional_client_certificates_admit_istiod_without_keys() {
     // Like istiod's `xds://` config source (TLS, no client certificate): MCP
     // and listeners, no Secret.
     let config = f.pki.client_config(None).unwrap();
-    let channel = pki::tls_channel(app.xds_addr, "meshbridge.test", config).await.unwrap();
+    let channel = pki::tls_channel_dialed(ns.dial(app.xds_addr), "meshbridge.test", config).await.unwrap();
     let mut pilot = SotwClient::on(channel).await.unwrap();
     let (all, sds) = fetch_all_sotw(&mut pilot).await;
     assert!(sds.resources.is_empty());
@@ -413,7 +440,7 @@ async fn optional_client_certificates_admit_istiod_without_keys() {
 
     // An Envoy with its certificate gets the key on the same server.
     let config = f.pki.client_config(Some(&f.client)).unwrap();
-    let channel = pki::tls_channel(app.xds_addr, "meshbridge.test", config).await.unwrap();
+    let channel = pki::tls_channel_dialed(ns.dial(app.xds_addr), "meshbridge.test", config).await.unwrap();
     let mut envoy = SotwClient::on(channel).await.unwrap();
     let (_, sds) = fetch_all_sotw(&mut envoy).await;
     assert_eq!(sds.resources.len(), 1);
@@ -426,11 +453,10 @@ async fn optional_client_certificates_admit_istiod_without_keys() {
     let stranger = other.issue("stranger", &["DNS:stranger".into()]).unwrap();
     let mut config = f.pki.client_config(None).unwrap();
     config.client_auth_cert_resolver = other.client_config(Some(&stranger)).unwrap().client_auth_cert_resolver.clone();
-    let refused = match pki::tls_channel(app.xds_addr, "meshbridge.test", config).await {
-        Err(_) => true,
-        Ok(channel) => SotwClient::on(channel).await.is_err(),
-    };
-    assert!(refused, "a certificate from another CA opened a stream");
+    assert!(
+        refused(pki::tls_channel_dialed(ns.dial(app.xds_addr), "meshbridge.test", config).await).await,
+        "a certificate from another CA opened a stream"
+    );
     let only = XdsTlsArgs { xds_client_cert_optional: true, ..f.tls_args(false) };
     assert!(XdsTls::load(&only).unwrap_err().to_string().contains("--xds-client-cert-optional needs"));
     drop((pilot, envoy));
@@ -440,7 +466,7 @@ async fn optional_client_certificates_admit_istiod_without_keys() {
 #[tokio::test]
 async fn stalled_tls_handshakes_are_closed_and_hold_no_one_else() {
     use tokio::io::AsyncReadExt;
-    let ip = pki::non_loopback_ip().expect("this test needs a non-loopback interface address");
+    let (ns, ip) = outside();
     let f = fixture(&[ip]);
     let mut args = RunArgs::loopback(f.dir.path());
     args.xds_addr = SocketAddr::new(ip, 0);
@@ -456,12 +482,13 @@ async fn stalled_tls_handshakes_are_closed_and_hold_no_one_else() {
     .unwrap();
     // More silent connections than handshakes may run at once.
     let mut silent = Vec::new();
+    let dial = ns.dial(app.xds_addr);
     for _ in 0..300 {
-        silent.push(tokio::net::TcpStream::connect(app.xds_addr).await.unwrap());
+        silent.push(pki::dialed(&dial).await.unwrap());
     }
     // A real client is served meanwhile...
     let config = f.pki.client_config(Some(&f.client)).unwrap();
-    let channel = pki::tls_channel(app.xds_addr, "meshbridge.test", config).await.unwrap();
+    let channel = pki::tls_channel_dialed(ns.dial(app.xds_addr), "meshbridge.test", config).await.unwrap();
     let mut sotw = SotwClient::on(channel).await.unwrap();
     sotw.send(SotwClient::request(CLUSTER_TYPE, &[], "", "")).await;
     assert_eq!(sotw.recv().await.type_url, CLUSTER_TYPE);
