@@ -753,9 +753,9 @@ impl SweepCtl {
 /// for as long as `ctl` says, and hand the services whose index moved to
 /// the supervisor as each batch answers, so their reads run while the
 /// sweep goes on. Its first `first` services (the recently changed) go
-/// alone in a batch. A lap that follows another (the sweep was extended)
-/// starts after a rest of half the last lap, so that steady churn costs
-/// Consul at most two thirds of its time in probes. Stops at an outage.
+/// alone in a batch. Laps (the sweep was extended) go in pairs with a rest
+/// of half a pair between, so that steady churn costs Consul at most two
+/// thirds of its time in probes. Stops at an outage.
 async fn sweep(
     ctx: Arc<Ctx>,
     tx: mpsc::Sender<Event>,
@@ -767,20 +767,23 @@ async fn sweep(
     let len = order.len();
     let first = first.min(len);
     let order = Arc::new(order);
-    let batches = futures::stream::unfold(Instant::now(), |lap_started| {
+    // Laps go in pairs: the second of a pair starts at once (a burst that
+    // straddles the first lap's start is covered without delay), and the
+    // first of the next pair after a rest half as long as the pair took.
+    let batches = futures::stream::unfold(Instant::now(), |pair_started| {
         let (order, ctl) = (order.clone(), ctl.clone());
         async move {
-            let mut lap_started = lap_started;
-            let at_lap = {
+            let mut pair_started = pair_started;
+            let new_pair = {
                 let c = ctl.lock().unwrap_or_else(|e| e.into_inner());
-                len > 0 && c.next > 0 && c.next % len == 0 && c.next < c.end && c.urgent.is_empty()
+                len > 0 && c.next > 0 && c.next % (2 * len) == 0 && c.next < c.end && c.urgent.is_empty()
             };
-            if at_lap {
-                tokio::time::sleep(lap_started.elapsed() / 2).await;
-                lap_started = Instant::now();
+            if new_pair {
+                tokio::time::sleep(pair_started.elapsed() / 2).await;
+                pair_started = Instant::now();
             }
             let batch = ctl.lock().unwrap_or_else(|e| e.into_inner()).next_batch(&order, first)?;
-            Some((batch, lap_started))
+            Some((batch, pair_started))
         }
     });
     let probes = batches.map(|batch| probe_batch(ctx.clone(), batch)).buffer_unordered(parts);
