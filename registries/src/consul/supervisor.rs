@@ -805,7 +805,6 @@ async fn sweep(
             }
         }
     }
-    drop(probes);
     let probed = ctl.lock().unwrap_or_else(|e| e.into_inner()).next;
     ctl.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
     debug!(services = len, probed, moved = moved_total, ok, "sweep done");
