@@ -6,14 +6,29 @@
 //!
 //! `MESHBRIDGE_CONVERGENCE_SEED` replays a seed; `MESHBRIDGE_CONVERGENCE_BURSTS`
 //! sets how many bursts a test runs (default [`DEFAULT_BURSTS`]).
+//!
+//! Two ways to drive it: a test's own loop over [`Bursts`] (Consul), or
+//! [`run`], which drives a [`Registry`] (generate one operation, apply it,
+//! read the truth) against a [`View`] ([`AdminView`], or [`RecorderView`]
+//! for a watcher run alone) and compares only services with endpoints
+//! ([`non_empty`]: watchers keep an authoritative empty service where a
+//! registry may drop the name, and an empty service routes nowhere either
+//! way). [`envoy_converges`] compares a real Envoy's EDS at the end.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
 use std::fmt::Write as _;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use anyhow::Context;
 use meshbridge::run::App;
+use meshbridge_registries::Service;
 use serde_json::Value;
+
+use crate::envoy::Envoy;
+use crate::recorder::Recorder;
 
 /// Bursts per test unless `MESHBRIDGE_CONVERGENCE_BURSTS` says otherwise.
 pub const DEFAULT_BURSTS: usize = 100;
@@ -63,6 +78,16 @@ impl Rng {
 
     pub fn pick<'a, T>(&mut self, items: &'a [T]) -> Option<&'a T> {
         if items.is_empty() { None } else { items.get(self.below(items.len() as u64) as usize) }
+    }
+
+    /// Uniform in `0..n` (`n > 0`), as an index.
+    pub fn index(&mut self, n: usize) -> usize {
+        self.below(n as u64) as usize
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + self.index(hi - lo + 1)
     }
 }
 
@@ -186,6 +211,15 @@ impl Bursts {
         Rng::new(self.seed)
     }
 
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Record one burst's convergence time (for a loop that waits itself).
+    pub fn record(&mut self, took: Duration) {
+        self.took.push(took);
+    }
+
     /// The next burst's number, while any are left.
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Option<usize> {
@@ -253,4 +287,283 @@ pub fn diff(want: &Truth, got: &Truth) -> String {
         }
     }
     out
+}
+
+/// Only the services with endpoints, each's endpoints sorted.
+pub fn non_empty(mut truth: Truth) -> Truth {
+    truth.retain(|_, endpoints| !endpoints.is_empty());
+    for endpoints in truth.values_mut() {
+        endpoints.sort();
+    }
+    truth
+}
+
+/// Add one endpoint of `host` to `truth` ([`non_empty`] sorts).
+pub fn push(truth: &mut Truth, host: &str, endpoint: String) {
+    truth.entry(host.to_string()).or_default().push(endpoint);
+}
+
+/// The registry half of a [`run`].
+#[allow(async_fn_in_trait)]
+pub trait Registry {
+    /// One operation, printed with a burst that fails.
+    type Op: Debug;
+    /// The next operation, from the test's own model of what exists.
+    fn next_op(&mut self, rng: &mut Rng) -> Self::Op;
+    /// Apply `op` to the server (no waiting beyond its own answer).
+    async fn apply(&mut self, op: &Self::Op) -> anyhow::Result<()>;
+    /// The server's truth, read from the server.
+    async fn truth(&mut self) -> anyhow::Result<Truth>;
+}
+
+/// meshbridge's half of a [`run`].
+#[allow(async_fn_in_trait)]
+pub trait View {
+    /// meshbridge's view of the registry.
+    async fn read(&mut self) -> anyhow::Result<Truth>;
+    /// Services the watcher reported as drift so far.
+    async fn drift(&mut self) -> anyhow::Result<u64>;
+}
+
+impl View for AdminView {
+    async fn read(&mut self) -> anyhow::Result<Truth> {
+        AdminView::read(self).await
+    }
+
+    async fn drift(&mut self) -> anyhow::Result<u64> {
+        self.drift_corrected().await?.with_context(|| format!("/metrics has no drift series for {}", self.registry))
+    }
+}
+
+/// A watcher run alone, its sink calls folded by a [`Recorder`]; drift is
+/// what it told `Sink::drift`.
+pub struct RecorderView {
+    pub recorder: Recorder,
+    labels: Vec<String>,
+}
+
+impl RecorderView {
+    /// Compares the endpoint labels named in `labels`.
+    pub fn new(recorder: Recorder, labels: &[&str]) -> RecorderView {
+        RecorderView { recorder, labels: labels.iter().map(|l| l.to_string()).collect() }
+    }
+
+    /// Services as [`AdminView::read`] writes them.
+    pub fn truth_of<'a>(&self, services: impl IntoIterator<Item = &'a Service>) -> Truth {
+        let mut truth = Truth::new();
+        for s in services {
+            let endpoints = truth.entry(s.host.clone()).or_default();
+            for e in &s.endpoints {
+                let labels: Vec<(&str, &str)> =
+                    self.labels.iter().filter_map(|k| Some((k.as_str(), e.labels.get(k)?.as_str()))).collect();
+                endpoints.push(endpoint(&e.address, e.port.into(), e.weight.into(), &labels));
+            }
+            endpoints.sort();
+        }
+        truth
+    }
+}
+
+impl View for RecorderView {
+    async fn read(&mut self) -> anyhow::Result<Truth> {
+        // Take in what the watcher sent so far, without waiting.
+        self.recorder.idle(Duration::ZERO).await;
+        Ok(self.truth_of(self.recorder.view.values()))
+    }
+
+    async fn drift(&mut self) -> anyhow::Result<u64> {
+        self.recorder.idle(Duration::ZERO).await;
+        Ok(self.recorder.drift_since(0).len() as u64)
+    }
+}
+
+/// How a [`run`] goes.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Names the registry in the seed and `FIGURE` lines.
+    pub name: String,
+    /// Operations per burst: 1..=max_ops.
+    pub max_ops: usize,
+    /// How long a burst may take to converge.
+    pub deadline: Duration,
+    /// How long the state before the first burst may take.
+    pub initial_deadline: Duration,
+    /// Pause after a burst converged, before the next one: spreads the
+    /// bursts over a watcher's periodic read, so that the read races them.
+    pub pause: Duration,
+}
+
+impl Options {
+    pub fn new(name: &str, deadline: Duration) -> Options {
+        Options {
+            name: name.into(),
+            max_ops: 8,
+            deadline,
+            initial_deadline: Duration::from_secs(30),
+            pause: Duration::ZERO,
+        }
+    }
+}
+
+/// Poll both sides until their services with endpoints agree: the time it
+/// took and the truth then, or the difference once `deadline` passed.
+pub async fn converge<R: Registry, V: View>(
+    registry: &mut R,
+    view: &mut V,
+    deadline: Duration,
+) -> Result<(Duration, Truth), String> {
+    let start = Instant::now();
+    loop {
+        let want = non_empty(registry.truth().await.map_err(|e| format!("reading the registry: {e:#}"))?);
+        let got = non_empty(view.read().await.map_err(|e| format!("reading meshbridge: {e:#}"))?);
+        if got == want {
+            return Ok((start.elapsed(), want));
+        }
+        if start.elapsed() > deadline {
+            return Err(diff(&want, &got));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Run the bursts: 1..=`max_ops` operations each, back to back, then wait
+/// for agreement; panics with the seed, the burst, its operations and the
+/// diverging services, or when the watcher reported drift. Prints the
+/// `FIGURE` line. Returns the registry's truth after the last burst.
+pub async fn run<R: Registry, V: View>(registry: &mut R, view: &mut V, opts: &Options) -> Truth {
+    let mut bursts = Bursts::from_env(&opts.name);
+    let mut rng = bursts.rng();
+    let seed = bursts.seed();
+    if let Err(diverging) = converge(registry, view, opts.initial_deadline).await {
+        panic!(
+            "{}: seed={seed}: the initial state did not converge within {:?}\n{diverging}",
+            opts.name, opts.initial_deadline
+        );
+    }
+    let mut last = Truth::new();
+    while let Some(n) = bursts.next() {
+        let size = rng.range(1, opts.max_ops);
+        let mut ops = Vec::with_capacity(size);
+        for _ in 0..size {
+            let op = registry.next_op(&mut rng);
+            if let Err(e) = registry.apply(&op).await {
+                panic!("{}: seed={seed}: burst {n}: applying {op:?}: {e:#}", opts.name);
+            }
+            ops.push(op);
+        }
+        match converge(registry, view, opts.deadline).await {
+            Ok((took, truth)) => {
+                bursts.record(took);
+                last = truth;
+            }
+            Err(diverging) => panic!(
+                "{}: seed={seed}: burst {n} did not converge within {:?}\noperations:\n{}\ndiverging services:\n{diverging}",
+                opts.name,
+                opts.deadline,
+                ops.iter().map(|op| format!("  {op:?}")).collect::<Vec<_>>().join("\n"),
+            ),
+        }
+        tokio::time::sleep(opts.pause).await;
+    }
+    bursts.report();
+    let drift = view.drift().await.unwrap_or_else(|e| panic!("{}: reading drift: {e:#}", opts.name));
+    assert_eq!(drift, 0, "{}: seed={seed}: a periodic read corrected {drift} services the watcher missed", opts.name);
+    last
+}
+
+/// `addr:port` of every member of every cluster Envoy's `/clusters` lists
+/// whose name `cluster_host` maps to a host (e.g. strips `outbound|p||`).
+pub async fn envoy_members(envoy: &Envoy, cluster_host: impl Fn(&str) -> Option<String>) -> Truth {
+    let body = envoy.admin("/clusters").await.unwrap_or_default();
+    let mut truth = Truth::new();
+    let mut seen = BTreeSet::new();
+    for line in body.lines() {
+        let mut parts = line.split("::");
+        let (Some(cluster), Some(member)) = (parts.next(), parts.next()) else { continue };
+        if member.parse::<SocketAddr>().is_err() {
+            continue;
+        }
+        let Some(host) = cluster_host(cluster) else { continue };
+        // A member has a line per statistic: count it once.
+        if seen.insert((host.clone(), member.to_string())) {
+            push(&mut truth, &host, member.to_string());
+        }
+    }
+    non_empty(truth)
+}
+
+/// Only `addr:port` of each endpoint (what Envoy's `/clusters` shows).
+pub fn addresses(truth: &Truth) -> Truth {
+    let stripped = truth
+        .iter()
+        .map(|(h, eps)| (h.clone(), eps.iter().map(|e| e.split(' ').next().unwrap_or(e).to_string()).collect()))
+        .collect();
+    non_empty(stripped)
+}
+
+/// Poll Envoy until its members equal `want`'s addresses; after
+/// `deadline`, both sides, Envoy's clusters (warming ones too) and its
+/// warnings.
+pub async fn envoy_converges(
+    envoy: &Envoy,
+    want: &Truth,
+    cluster_host: impl Fn(&str) -> Option<String>,
+    deadline: Duration,
+) -> Result<Duration, String> {
+    let want = addresses(want);
+    let start = Instant::now();
+    loop {
+        let got = envoy_members(envoy, &cluster_host).await;
+        if got == want {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > deadline {
+            let clusters = envoy.admin("/clusters").await.unwrap_or_default();
+            let members: Vec<&str> = clusters
+                .lines()
+                .filter(|l| l.contains("::health_flags::") || l.contains("::added_via_api::"))
+                .collect();
+            let dump = envoy.admin("/config_dump?resource=dynamic_warming_clusters").await.unwrap_or_default();
+            let warming: Vec<&str> =
+                dump.lines().filter(|l| l.contains("\"name\": \"outbound")).map(str::trim).collect();
+            let log = envoy.log();
+            let warnings: Vec<&str> = log.lines().filter(|l| l.contains("reject") || l.contains("[warning]")).collect();
+            return Err(format!(
+                "Envoy's EDS differs from the registry after {deadline:?} (\"meshbridge\" is Envoy here):\n{}\n\
+                 Envoy's clusters:\n{}\nwarming:\n{}\nEnvoy's warnings:\n{}",
+                diff(&want, &got),
+                members.join("\n"),
+                warming.join("\n"),
+                warnings.join("\n"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rng_is_seeded_and_spread() {
+        let (mut a, mut b) = (Rng::new(7), Rng::new(7));
+        let xs: Vec<u64> = (0..5).map(|_| a.next_u64()).collect();
+        assert_eq!(xs, (0..5).map(|_| b.next_u64()).collect::<Vec<_>>());
+        let mut counts = [0usize; 4];
+        for _ in 0..4000 {
+            counts[a.index(4)] += 1;
+        }
+        assert!(counts.iter().all(|c| (800..1200).contains(c)), "{counts:?}");
+        assert!((0..100).all(|_| (3..=5).contains(&a.range(3, 5))));
+        assert!(!(0..100).any(|_| a.chance(0.0)));
+    }
+
+    #[test]
+    fn only_services_with_endpoints_are_compared() {
+        let truth = non_empty(Truth::from([("a".into(), vec!["2".into(), "1".into()]), ("e".into(), vec![])]));
+        assert_eq!(truth, Truth::from([("a".into(), vec!["1".into(), "2".into()])]));
+        let stripped = addresses(&Truth::from([("h".into(), vec![endpoint("1.2.3.4", 5, 2, &[("rev", "7")])])]));
+        assert_eq!(stripped["h"], ["1.2.3.4:5"]);
+    }
 }

@@ -155,6 +155,12 @@ impl ZkClient {
         Ok(ZkClient { client })
     }
 
+    /// The session itself, for calls this wrapper does not have (ephemeral
+    /// nodes, reads).
+    pub fn zk(&self) -> &zk::Client {
+        &self.client
+    }
+
     pub async fn exists(&self, path: &str) -> anyhow::Result<bool> {
         Ok(timed(path, self.client.check_stat(path)).await?.is_some())
     }

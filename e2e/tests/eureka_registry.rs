@@ -158,6 +158,23 @@ async fn hashcode_mismatch_triggers_a_full_fetch() {
     let delta = log.iter().position(|q| q == "GET /eureka/apps/delta").expect("a delta request");
     assert!(log[delta..].iter().any(|q| q == "GET /eureka/apps"), "no full fetch after the delta: {log:#?}");
     assert!(rec.errors_since(mark).is_empty());
+    // The full fetch found what the delta carried: nothing was missed.
+    assert!(rec.drift_since(mark).is_empty(), "{:#?}", rec.events);
+}
+
+/// A change no delta carried (older than the server's delta queue) shows
+/// in the hashcode; the full fetch corrects it and reports it as drift.
+#[tokio::test]
+async fn a_change_no_delta_carried_is_reported_as_drift() {
+    let eureka = fake().await;
+    eureka.register(instance("orders", "o1", "127.0.0.11", 8080, "UP")).await.unwrap();
+    let mut rec = watch(&eureka.host_port());
+    rec.until("o1", |r| r.endpoints(ORDERS).is_some()).await;
+    let mark = rec.mark();
+    eureka.set_delta_retention(std::time::Duration::ZERO);
+    eureka.register(instance("orders", "o2", "127.0.0.12", 8080, "UP")).await.unwrap();
+    rec.until("o2 by a full fetch", |r| r.endpoints(ORDERS).is_some_and(|e| e.len() == 2)).await;
+    assert_eq!(rec.drift_since(mark), [ORDERS], "{:#?}", rec.events);
 }
 
 #[tokio::test]

@@ -156,10 +156,28 @@ impl EurekaWatcher {
 
     /// A full fetch: the registry copy is replaced and sent as a snapshot.
     async fn full(&mut self, st: &mut State, sink: &dyn Sink) -> Result<(), Vec<RegistryError>> {
+        self.full_checked(st, sink, None).await
+    }
+
+    /// A full fetch; with `expected` (a delta's hashcode disagreed), the
+    /// services that differ from it are reported as drift first.
+    async fn full_checked(
+        &mut self,
+        st: &mut State,
+        sink: &dyn Sink,
+        expected: Option<BTreeMap<String, Service>>,
+    ) -> Result<(), Vec<RegistryError>> {
         let started = Instant::now();
         let (server, apps) = self.client.fetch(APPS).await?;
         st.registry = Registry::from_full(apps.instances);
-        st.sent = self.naming.services(&st.registry, &st.sent, &self.selection);
+        let services = self.naming.services(&st.registry, &st.sent, &self.selection);
+        if let Some(expected) = expected {
+            let missed = differing_hosts(&expected, &services);
+            if !missed.is_empty() {
+                sink.drift(&missed);
+            }
+        }
+        st.sent = services;
         st.server = Some(server);
         let all: Vec<Service> = st.sent.values().cloned().collect();
         info!(
@@ -191,7 +209,10 @@ impl EurekaWatcher {
         let remote = delta.hashcode.unwrap_or_default();
         if local != remote {
             warn!(client = %local, server = %remote, "reconcile hashcodes differ; full fetch");
-            return self.full(st, sink).await;
+            // What the copy would have served with this delta applied: the
+            // full fetch's differences from it are what the deltas missed.
+            let expected = self.naming.services(&next, &st.sent, &self.selection);
+            return self.full_checked(st, sink, Some(expected)).await;
         }
         st.registry = next;
         self.publish(st, sink);
@@ -215,6 +236,25 @@ impl EurekaWatcher {
     }
 }
 
+/// Hosts present in one of `a` and `b` only, or different in each.
+///
+/// Drift rule for Eureka (issue 24): the watcher has no periodic full read;
+/// a full fetch follows a delta whose reconcile hashcode disagreed with the
+/// copy the delta was applied to. The server computes a delta and its
+/// hashcode together, so a disagreement proves a change the deltas did not
+/// deliver (a missed round, a change older than the delta queue's
+/// retention, a delta misapplied). What the full fetch then corrects,
+/// compared with the copy *with* that delta applied, is counted. A change
+/// made in the milliseconds between the delta and the full fetch is counted
+/// too: it cannot be told apart, and it is only ever counted when the
+/// hashcode already proved a miss.
+fn differing_hosts(a: &BTreeMap<String, Service>, b: &BTreeMap<String, Service>) -> Vec<String> {
+    let mut hosts: Vec<String> = a.iter().filter(|(h, s)| b.get(*h) != Some(*s)).map(|(h, _)| h.clone()).collect();
+    hosts.extend(b.keys().filter(|h| !a.contains_key(*h)).cloned());
+    hosts.sort();
+    hosts
+}
+
 /// The wait after `failures` failed rounds: 1 s doubling, ±20% so that
 /// watchers that lost their servers together do not come back together;
 /// faster than the interval while we have nothing yet or just lost the
@@ -226,6 +266,18 @@ fn retry_wait(interval: Duration, failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn differing_hosts_names_changed_added_and_removed() {
+        let svc = |host: &str, port: u16| {
+            let ep = crate::model::Endpoint { address: "10.0.0.1".into(), port, weight: 1, labels: Default::default() };
+            (host.to_string(), Service::new(host, vec![], vec![ep]))
+        };
+        let a: BTreeMap<String, Service> = [svc("same", 1), svc("moved", 1), svc("gone", 1)].into_iter().collect();
+        let b: BTreeMap<String, Service> = [svc("same", 1), svc("moved", 2), svc("new", 1)].into_iter().collect();
+        assert_eq!(differing_hosts(&a, &b), ["gone", "moved", "new"]);
+        assert!(differing_hosts(&a, &a).is_empty());
+    }
 
     #[test]
     fn retries_are_jittered_and_capped_by_the_interval() {

@@ -328,6 +328,36 @@ struct State {
 struct Tracked {
     seq: u64,
     sent: Service,
+    /// What the last push a reader took announced (push clients; see
+    /// [`missed_push`]).
+    announced: Option<Announced>,
+}
+
+/// A push's announcement, as a digest of the service it makes and the
+/// number it was taken as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Announced {
+    digest: u64,
+    seq: u64,
+}
+
+fn digest(service: &Service) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(service, &mut h);
+    std::hash::Hasher::finish(&h)
+}
+
+/// Drift rule for the push clients (issue 24): a periodic full read found
+/// `read` (asked for as number `read_seq`) where the watcher had sent
+/// something else. That is a miss only when a push announcing exactly
+/// `read` was taken by a reader before the full read asked, and that
+/// service is neither queued nor being read now: the watcher received the
+/// change and did not apply it. Anything else may be a change the server
+/// has not pushed yet (a race with the read), or one it never pushes
+/// (rnacos does not push a health change made by a heartbeat; that is what
+/// the full read is the safety net for), and is not counted.
+fn missed_push(announced: Option<Announced>, read: &Service, read_seq: u64, pending: bool) -> bool {
+    !pending && announced.is_some_and(|a| a.seq < read_seq && a.digest == digest(read))
 }
 
 /// One service's answer in a full sync; `None` when the server refused that
@@ -406,11 +436,13 @@ impl Ctx {
 
     /// A full sync, applied: one [`Update::Snapshot`], after an
     /// [`Update::Remove`] for each service that left the registry.
-    async fn sync<A: Api>(&self, api: &A) -> Result<(), RegistryError> {
+    /// With `judge` (a periodic full read of a push client), services that
+    /// differ from what was sent are judged for drift ([`missed_push`]).
+    async fn sync<A: Api>(&self, api: &A, judge: Option<&Pushed>) -> Result<(), RegistryError> {
         let started = Instant::now();
         let answers = self.full_sync(api, &|_| false).await?;
         let read = answers.len();
-        self.apply_sync(answers, true);
+        self.apply_sync(answers, true, judge);
         debug!(services = read, took = ?started.elapsed(), "full sync");
         self.sink.synced(started.elapsed());
         Ok(())
@@ -422,7 +454,7 @@ impl Ctx {
         let started = Instant::now();
         let answers = self.full_sync(api, keep).await?;
         let read = answers.iter().filter(|(_, _, a)| a.is_some()).count();
-        self.apply_sync(answers, false);
+        self.apply_sync(answers, false, None);
         debug!(read, took = ?started.elapsed(), "listed again");
         Ok(())
     }
@@ -431,18 +463,19 @@ impl Ctx {
     /// remove the ones no longer selected; the others are kept unread.
     async fn reselect<A: Api>(&self, api: &A) -> Result<(), RegistryError> {
         let answers = self.full_sync(api, &|_| true).await?;
-        self.apply_sync(answers, true);
+        self.apply_sync(answers, true, None);
         Ok(())
     }
 
     /// Apply the answers of a sync: services not answered for leave. With
     /// `snapshot`, all are sent as one [`Update::Snapshot`]; otherwise only
     /// the ones that changed, one [`Update::Upsert`] each.
-    fn apply_sync(&self, answers: Vec<Answer>, snapshot: bool) {
+    fn apply_sync(&self, answers: Vec<Answer>, snapshot: bool, judge: Option<&Pushed>) {
         let mut st = self.state();
         let mut old = std::mem::take(&mut st.services);
         let (mut skipped, mut dropped_labels) = (0, 0);
         let mut changed = Vec::new();
+        let mut drifted = Vec::new();
         for (key, seq, decoded) in answers {
             let prev = old.remove(&key);
             let tracked = match (prev, decoded) {
@@ -456,13 +489,24 @@ impl Ctx {
                     dropped_labels += decoded.dropped_labels;
                     let last = last_port(prev.as_ref().map(|p| &p.sent));
                     let sent = self.naming.service(&key, decoded, last);
+                    let announced = prev.as_ref().and_then(|p| p.announced);
+                    if let (Some(pushed), Some(prev)) = (judge, &prev)
+                        && prev.sent != sent
+                        && missed_push(announced, &sent, seq, pushed.pending(&key))
+                    {
+                        drifted.push(sent.host.clone());
+                    }
                     if !snapshot && prev.is_none_or(|p| p.sent != sent) {
                         changed.push(sent.clone());
                     }
-                    Tracked { seq, sent }
+                    Tracked { seq, sent, announced }
                 }
             };
             st.services.insert(key, tracked);
+        }
+        if !drifted.is_empty() {
+            drifted.sort();
+            self.sink.drift(&drifted);
         }
         for (key, gone) in old {
             info!(service = %key, host = %gone.sent.host, "service left the registry");
@@ -494,10 +538,13 @@ impl Ctx {
         let Some(tracked) = st.services.get_mut(key) else {
             return false;
         };
-        if self.naming.service(key, decoded, last_port(Some(&tracked.sent))) != tracked.sent {
+        let service = self.naming.service(key, decoded, last_port(Some(&tracked.sent)));
+        let seq = self.next_seq();
+        tracked.announced = Some(Announced { digest: digest(&service), seq });
+        if service != tracked.sent {
             return false;
         }
-        tracked.seq = self.next_seq();
+        tracked.seq = seq;
         true
     }
 
@@ -551,7 +598,7 @@ impl<A: Api> Session<A> {
         let ctx = self.ctx.clone();
         let mut backoff = Backoff::default();
         loop {
-            match ctx.sync(&*self.api).await {
+            match ctx.sync(&*self.api, None).await {
                 Ok(()) => break,
                 Err(e) => {
                     // A client that never worked is not rebuilt: that cannot
@@ -581,7 +628,7 @@ impl<A: Api> Session<A> {
                 _ = resync.tick() => {
                     self.refreshes += 1;
                     let end = if !A::PUSH || self.refreshes >= FULL_READ_EVERY {
-                        self.resync().await
+                        self.resync(true).await
                     } else {
                         self.refresh(false).await
                     };
@@ -604,7 +651,7 @@ impl<A: Api> Session<A> {
                 }
                 () = ctx.health.recovered().notified() => {
                     info!("nacos answers again, resyncing");
-                    if let Some(end) = self.resync().await {
+                    if let Some(end) = self.resync(false).await {
                         return end;
                     }
                     resync.reset();
@@ -624,7 +671,7 @@ impl<A: Api> Session<A> {
                         Ok(()) => self.reconcile().await,
                         Err(e) => {
                             ctx.health.fail(&e);
-                            if let Some(end) = self.resync().await {
+                            if let Some(end) = self.resync(false).await {
                                 return end;
                             }
                         }
@@ -677,9 +724,12 @@ impl<A: Api> Session<A> {
         }
     }
 
-    async fn resync(&mut self) -> Option<End> {
+    /// A full read. A `periodic` one of a push client is judged for drift
+    /// (the HTTP client's every read is its change detection: never).
+    async fn resync(&mut self, periodic: bool) -> Option<End> {
         self.refreshes = 0;
-        match self.ctx.sync(&*self.api).await {
+        let judge = (A::PUSH && periodic).then_some(&*self.pushed);
+        match self.ctx.sync(&*self.api, judge).await {
             Ok(()) => {
                 // This sync already is the recovery resync a failure during
                 // it would ask for.
@@ -786,6 +836,7 @@ async fn read_pushed<A: Api>(ctx: Arc<Ctx>, api: Arc<A>, pushed: Arc<Pushed>) {
         if let Some(announced) = announced
             && ctx.already_sent(&key, announced)
         {
+            pushed.done(&key);
             continue;
         }
         let seq = ctx.next_seq();
@@ -797,6 +848,7 @@ async fn read_pushed<A: Api>(ctx: Arc<Ctx>, api: Arc<A>, pushed: Arc<Pushed>) {
             }
             Err(e) => ctx.health.fail(&e),
         }
+        pushed.done(&key);
     }
 }
 

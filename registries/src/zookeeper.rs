@@ -93,6 +93,10 @@ const MIN_RESYNC: Duration = Duration::from_millis(100);
 /// negotiate it down (to at most 20 ticks).
 const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a periodic sync that found differences lets the watch
+/// forwarders pass on events ZooKeeper had already delivered (see
+/// [`missed`]).
+const FORWARD_GRACE: Duration = Duration::from_millis(50);
 
 /// Watches one ZooKeeper ensemble. Built by [`crate::watcher_for`].
 pub struct ZookeeperWatcher {
@@ -272,6 +276,9 @@ async fn run_session(
     let mut need_sync = true;
     // The next sync sends a snapshot; else it verifies what was sent.
     let mut full = true;
+    // The pending sync is a periodic one (a tick's), whose differences from
+    // what was sent are judged for drift; others follow a gap or a failure.
+    let mut periodic = false;
     let mut ticks = 0u32;
     let mut retry_at = tokio::time::Instant::now();
     let mut dirty = Dirty::default();
@@ -281,19 +288,47 @@ async fn run_session(
         if need_sync && tokio::time::Instant::now() >= retry_at {
             let started = Instant::now();
             let result = if full {
-                full_sync(&reader, view, &mut watches).await.map(Some)
+                full_sync(&reader, view, &mut watches).await.map(Ok)
             } else {
-                verify(&reader, view, &mut watches).await.map(|()| None)
+                verify(&reader, view, &mut watches).await.map(Err)
             };
             match result {
-                Ok(sync) => {
+                Ok(done) => {
                     ctx.health.ok();
-                    if let Some(sync) = sync {
-                        view.snapshot(sync);
+                    // Events from before the sync began are covered by it;
+                    // later ones (still in `rx`) are not.
+                    let mut noticed = std::mem::take(&mut dirty);
+                    let suspects = match &done {
+                        Ok(sync) if periodic => view.differing(sync),
+                        Ok(_) => Vec::new(),
+                        Err(deferred) => deferred.iter().map(|(key, _)| key.clone()).collect(),
+                    };
+                    if !suspects.is_empty() {
+                        tokio::time::sleep(FORWARD_GRACE).await;
+                        while let Ok((root, event)) = rx.try_recv() {
+                            dirty.note(&ctx.tree, root, &event);
+                        }
+                        noticed.services.extend(dirty.services.iter().cloned());
+                        noticed.roots.extend(dirty.roots.iter().copied());
+                        let missed = missed(suspects, &noticed);
+                        let hosts = view.hosts_of(&missed, &done);
+                        if !hosts.is_empty() {
+                            view.sink.drift(&hosts);
+                        }
+                    }
+                    match done {
+                        Ok(sync) => view.snapshot(sync),
+                        Err(deferred) => {
+                            for (key, read) in deferred {
+                                if matches!(read, Read::Gone) {
+                                    watches.forget(&key);
+                                }
+                                view.apply(&ctx.tree, key, read);
+                            }
+                        }
                     }
                     view.sink.synced(started.elapsed());
-                    (need_sync, full, synced) = (false, false, true);
-                    dirty = Dirty::default();
+                    (need_sync, full, synced, periodic) = (false, false, true, false);
                     backoff.reset();
                     ticker.reset();
                 }
@@ -301,7 +336,7 @@ async fn run_session(
                     // A verify may have sent part of its changes: the retry
                     // sends everything.
                     ctx.health.fail(&e);
-                    full = true;
+                    (full, periodic) = (true, false);
                     retry_at = tokio::time::Instant::now() + backoff.next();
                 }
             }
@@ -313,7 +348,7 @@ async fn run_session(
                 Err(e) => {
                     // Some services were not re-read: a full sync will.
                     ctx.health.fail(&e);
-                    (need_sync, full) = (true, true);
+                    (need_sync, full, periodic) = (true, true, false);
                     retry_at = tokio::time::Instant::now() + backoff.next();
                 }
             }
@@ -325,7 +360,7 @@ async fn run_session(
                 zk::SessionState::Disconnected => {
                     let reason = "connection lost, reconnecting".to_string();
                     ctx.health.fail(&RegistryError::Unreachable { registry: ctx.registry.clone(), reason });
-                    full = true;
+                    (full, periodic) = (true, false);
                     if !need_sync {
                         need_sync = true;
                         retry_at = tokio::time::Instant::now() + backoff.next();
@@ -335,7 +370,7 @@ async fn run_session(
                 // (ZOOKEEPER-4698), so re-list everything now.
                 _ => {
                     info!(?state, "reconnected, resyncing");
-                    (need_sync, full) = (true, true);
+                    (need_sync, full, periodic) = (true, true, false);
                     retry_at = tokio::time::Instant::now();
                 }
             },
@@ -350,18 +385,18 @@ async fn run_session(
                 // the ones no longer selected.
                 view.selection = selector.current();
                 info!("selection changed, resyncing");
-                (need_sync, full) = (true, true);
+                (need_sync, full, periodic) = (true, true, false);
                 retry_at = tokio::time::Instant::now();
             }
             Some(Err(e)) = watches.join_next() => {
                 if e.is_panic() {
                     warn!(error = %e, "watch forwarder panicked; resyncing");
-                    (need_sync, full) = (true, true);
+                    (need_sync, full, periodic) = (true, true, false);
                 }
             }
             _ = ticker.tick(), if !need_sync => {
                 ticks = ticks.wrapping_add(1);
-                (need_sync, full) = (true, ticks.is_multiple_of(SNAPSHOT_EVERY));
+                (need_sync, full, periodic) = (true, ticks.is_multiple_of(SNAPSHOT_EVERY), true);
                 retry_at = tokio::time::Instant::now();
             }
             () = tokio::time::sleep_until(retry_at), if need_sync => {}
@@ -391,14 +426,19 @@ async fn full_sync(reader: &Reader<'_>, view: &View, watches: &mut Watches) -> R
 /// 10k interfaces it costs 10k small calls instead of reading and parsing
 /// 100k provider URLs and re-sending the whole catalog. Only valid while
 /// the cache holds what was sent: any failure makes the next sync a full one.
-async fn verify(reader: &Reader<'_>, view: &mut View, watches: &mut Watches) -> Result<(), RegistryError> {
-    let tree = reader.tree;
+///
+/// Reads that differ from what was sent are not applied here but returned,
+/// so that the caller can judge them for drift ([`missed`]) before sending
+/// them; reads that match are recorded at once.
+async fn verify(
+    reader: &Reader<'_>,
+    view: &mut View,
+    watches: &mut Watches,
+) -> Result<Vec<(ServiceKey, Read)>, RegistryError> {
     let keys = list_and_watch(reader, view, watches).await?;
     let listed: HashSet<&ServiceKey> = keys.iter().collect();
-    let gone: Vec<ServiceKey> = view.sent.keys().filter(|k| !listed.contains(k)).cloned().collect();
-    for key in gone {
-        view.apply(tree, key, Read::Gone);
-    }
+    let mut deferred: Vec<(ServiceKey, Read)> =
+        view.sent.keys().filter(|k| !listed.contains(k)).map(|k| (k.clone(), Read::Gone)).collect();
     let checks = keys
         .into_iter()
         .map(|key| {
@@ -406,7 +446,8 @@ async fn verify(reader: &Reader<'_>, view: &mut View, watches: &mut Watches) -> 
             (key, version)
         })
         .collect();
-    apply_reads(reader, view, watches, checks).await
+    read_into(reader, view, watches, checks, Some(&mut deferred)).await?;
+    Ok(deferred)
 }
 
 /// Watches first, so that nothing changing during the listing (or after a
@@ -449,6 +490,26 @@ impl Dirty {
     fn is_empty(&self) -> bool {
         self.roots.is_empty() && self.services.is_empty()
     }
+
+    fn names(&self, key: &ServiceKey) -> bool {
+        self.services.contains(key) || self.roots.contains(&key.root)
+    }
+}
+
+/// Of the services a periodic sync found different from what was sent, the
+/// ones no watch event named: drift (issue 24).
+///
+/// The rule: ZooKeeper delivers a watch event before any read answer that
+/// shows the change (its ordering guarantee, per session), so a change that
+/// raced the sync's read has its event in the client by the time that
+/// answer arrived. Our watches pass events on through forwarder tasks, so
+/// the caller gives them [`FORWARD_GRACE`] and drains them into `noticed`
+/// (which also holds the events that came before the sync) first. A
+/// difference whose service (or root) no event named then is one the
+/// watches delivered but the watcher lost, or never got: counted. One that
+/// an event named is a change in flight, not counted, and sent as usual.
+fn missed(suspects: Vec<ServiceKey>, noticed: &Dirty) -> Vec<ServiceKey> {
+    suspects.into_iter().filter(|key| !noticed.names(key)).collect()
 }
 
 /// Re-read what changed and send what differs. Answers are applied even if
@@ -468,15 +529,18 @@ async fn refresh(
     keys.retain(|key| may_select(tree, &view.selection, key));
     let keys: Vec<ServiceKey> = keys.into_iter().collect();
     watches.services(reader, &keys, false).await?;
-    apply_reads(reader, view, watches, keys.into_iter().map(|key| (key, None)).collect()).await
+    read_into(reader, view, watches, keys.into_iter().map(|key| (key, None)).collect(), None).await
 }
 
-/// Read (or check) `keys` and send what differs, as each answer arrives.
-async fn apply_reads(
+/// Read (or check) `keys` and send what differs, as each answer arrives;
+/// with `defer`, answers that differ from what was sent are put there
+/// instead, unsent.
+async fn read_into(
     reader: &Reader<'_>,
     view: &mut View,
     watches: &mut Watches,
     keys: Vec<(ServiceKey, Option<i64>)>,
+    mut defer: Option<&mut Vec<(ServiceKey, Read)>>,
 ) -> Result<(), RegistryError> {
     let mut first_error = None;
     let mut reads = std::pin::pin!(reader.reads(keys));
@@ -484,6 +548,12 @@ async fn apply_reads(
         match read {
             Ok(None) => {}
             Ok(Some(read)) => {
+                if let Some(deferred) = defer.as_deref_mut()
+                    && view.differs(reader.tree, &key, &read)
+                {
+                    deferred.push((key, read));
+                    continue;
+                }
                 if matches!(read, Read::Gone) {
                     watches.forget(&key);
                 }
@@ -549,6 +619,45 @@ impl View {
         let kept = hosts.iter().map(|(host, service)| (host.clone(), Sent::of(service))).collect();
         sync.all.extend(hosts.into_values());
         sync.sent.insert(key, Kept { hosts: kept, version });
+    }
+
+    /// Whether `read` would change what was sent for `key`.
+    fn differs(&self, tree: &Tree, key: &ServiceKey, read: &Read) -> bool {
+        match read {
+            Read::Gone => self.sent.contains_key(key),
+            Read::Present { members, .. } => {
+                let old = self.sent.get(key).map(|k| &k.hosts);
+                let new = self.render(tree, key, members.clone(), old);
+                new.iter().any(|(host, service)| old.and_then(|o| o.get(host)) != Some(&Sent::of(service)))
+            }
+        }
+    }
+
+    /// The services a gathered full sync renders differently from what was
+    /// sent, or no longer has.
+    fn differing(&self, sync: &Sync) -> Vec<ServiceKey> {
+        let changed = sync.sent.iter().filter(|(key, kept)| self.sent.get(*key).map(|k| &k.hosts) != Some(&kept.hosts));
+        let gone = self.sent.keys().filter(|key| !sync.sent.contains_key(*key));
+        changed.map(|(key, _)| key.clone()).chain(gone.cloned()).collect()
+    }
+
+    /// Every host of `keys`, as sent and as `done` has them.
+    fn hosts_of(&self, keys: &[ServiceKey], done: &Result<Sync, Vec<(ServiceKey, Read)>>) -> Vec<String> {
+        let mut hosts = BTreeSet::new();
+        for key in keys {
+            hosts.extend(self.sent.get(key).into_iter().flat_map(|k| k.hosts.hosts().cloned()));
+            match done {
+                Ok(sync) => hosts.extend(sync.sent.get(key).into_iter().flat_map(|k| k.hosts.hosts().cloned())),
+                Err(deferred) => {
+                    for (_, read) in deferred.iter().filter(|(k, _)| k == key) {
+                        if let Read::Present { members, .. } = read {
+                            hosts.extend(members.iter().map(|m| m.host.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        hosts.into_iter().collect()
     }
 
     /// Send a gathered full sync as one snapshot.
@@ -637,6 +746,18 @@ mod tests {
             let err = connect_string(&spec(bad)).unwrap_err();
             assert!(err.to_string().starts_with("zk: domain: "), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn drift_is_a_difference_no_event_named() {
+        let key = |root, name: &str| ServiceKey { root, name: name.into() };
+        let mut noticed = Dirty::default();
+        noticed.services.insert(key(0, "com.foo.Raced"));
+        noticed.roots.insert(1);
+        let suspects = vec![key(0, "com.foo.Raced"), key(0, "com.foo.Lost"), key(1, "orders")];
+        assert_eq!(missed(suspects.clone(), &noticed), [key(0, "com.foo.Lost")]);
+        assert_eq!(missed(suspects.clone(), &Dirty::default()), suspects, "no event at all: every one");
+        assert!(missed(Vec::new(), &noticed).is_empty());
     }
 
     #[test]

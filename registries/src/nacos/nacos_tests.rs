@@ -17,6 +17,7 @@ enum Event {
     Update(Update),
     Healthy,
     Error(RegistryError),
+    Drift(Vec<String>),
 }
 
 struct ChannelSink(mpsc::UnboundedSender<Event>);
@@ -30,6 +31,9 @@ impl Sink for ChannelSink {
     }
     fn error(&self, error: &RegistryError) {
         let _ = self.0.send(Event::Error(error.clone()));
+    }
+    fn drift(&self, hosts: &[String]) {
+        let _ = self.0.send(Event::Drift(hosts.to_vec()));
     }
 }
 
@@ -143,7 +147,7 @@ async fn syncs_are_snapshots_and_leavers_are_removed() {
     api.set("shop_v2", "cart", vec![]);
     api.set("DEFAULT_GROUP", "consumers:com.foo.Api::", vec![instance("10.0.0.9", 1)]);
     api.set("other", "hidden", vec![instance("10.0.0.8", 1)]);
-    ctx.sync(&api).await.unwrap();
+    ctx.sync(&api, None).await.unwrap();
     let events = drain(&mut rx);
     let ups = updates(&events);
     assert_eq!(ups.len(), 1, "{events:?}");
@@ -152,7 +156,7 @@ async fn syncs_are_snapshots_and_leavers_are_removed() {
 
     api.delete("shop_v2", "cart");
     api.set("DEFAULT_GROUP", "web", vec![]);
-    ctx.sync(&api).await.unwrap();
+    ctx.sync(&api, None).await.unwrap();
     let events = drain(&mut rx);
     let ups = updates(&events);
     assert_eq!(ups[0], &Update::Remove("cart.shop-v2.public.nacos".into()));
@@ -167,7 +171,7 @@ async fn an_older_answer_never_overwrites_a_newer_one() {
     let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
     let api = FakeApi::default();
     api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
-    ctx.sync(&api).await.unwrap();
+    ctx.sync(&api, None).await.unwrap();
     let key = ServiceKey::new("DEFAULT_GROUP", "web");
     let old = ctx.next_seq();
     let new = ctx.next_seq();
@@ -182,7 +186,7 @@ async fn an_older_answer_never_overwrites_a_newer_one() {
     assert_eq!(svc.endpoints[0].address, "10.0.0.2");
     // A full sync whose read of web was asked before that push keeps the push's.
     let answers = vec![(key.clone(), old, Some(endpoints(vec![instance("10.0.0.5", 80)])))];
-    ctx.apply_sync(answers, true);
+    ctx.apply_sync(answers, true, None);
     let events = drain(&mut rx);
     let Update::Snapshot(all) = updates(&events)[0] else { panic!() };
     assert_eq!(all[0].endpoints[0].address, "10.0.0.2");
@@ -194,13 +198,13 @@ async fn one_refused_service_keeps_its_state_but_outages_fail_the_sync() {
     let api = FakeApi::default();
     api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
     api.set("DEFAULT_GROUP", "api", vec![instance("10.0.0.2", 81)]);
-    ctx.sync(&api).await.unwrap();
+    ctx.sync(&api, None).await.unwrap();
     drain(&mut rx);
 
     api.refuse.lock().unwrap().insert("api".into(), 500);
     api.set("DEFAULT_GROUP", "api", vec![]);
     api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80), instance("10.0.0.3", 80)]);
-    ctx.sync(&api).await.unwrap();
+    ctx.sync(&api, None).await.unwrap();
     let events = drain(&mut rx);
     assert!(events.iter().any(|e| matches!(e, Event::Error(RegistryError::Status { status: 500, .. }))));
     let Update::Snapshot(all) = updates(&events)[0] else { panic!("{events:?}") };
@@ -209,9 +213,9 @@ async fn one_refused_service_keeps_its_state_but_outages_fail_the_sync() {
 
     // Refused for credentials, or unreachable: no update at all.
     api.refuse.lock().unwrap().insert("api".into(), 403);
-    assert!(matches!(ctx.sync(&api).await, Err(RegistryError::Status { status: 403, .. })));
+    assert!(matches!(ctx.sync(&api, None).await, Err(RegistryError::Status { status: 403, .. })));
     api.down.store(true, Ordering::SeqCst);
-    assert!(matches!(ctx.sync(&api).await, Err(RegistryError::Unreachable { .. })));
+    assert!(matches!(ctx.sync(&api, None).await, Err(RegistryError::Unreachable { .. })));
     assert!(updates(&drain(&mut rx)).is_empty());
 }
 
@@ -389,7 +393,7 @@ async fn announcements_of_what_was_sent_are_not_read() {
     let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
     let api = FakeApi::default();
     api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
-    ctx.sync(&api).await.unwrap();
+    ctx.sync(&api, None).await.unwrap();
     drain(&mut rx);
     let key = ServiceKey::new("DEFAULT_GROUP", "web");
     let asked_before = ctx.next_seq();
@@ -441,4 +445,60 @@ fn spec_rules() {
     );
     spec.kind = RegistryKind::Consul;
     assert!(NacosWatcher::new(spec).is_err());
+}
+
+#[test]
+fn drift_is_only_a_push_taken_and_not_applied() {
+    let svc = |port| {
+        let ep = Endpoint { address: "10.0.0.1".into(), port, weight: 1, labels: Default::default() };
+        Service::new("web.DEFAULT-GROUP.public.nacos", vec![], vec![ep])
+    };
+    let read = svc(8081);
+    let pushed = Some(Announced { digest: digest(&read), seq: 5 });
+    assert!(missed_push(pushed, &read, 9, false), "pushed, taken, done, and still not sent");
+    assert!(!missed_push(pushed, &read, 9, true), "still queued or being read");
+    assert!(!missed_push(pushed, &read, 4, false), "taken after the full read was asked for");
+    let other = Some(Announced { digest: digest(&svc(8080)), seq: 5 });
+    assert!(!missed_push(other, &read, 9, false), "the last push announced something else: not pushed yet");
+    assert!(!missed_push(None, &read, 9, false), "never pushed (rnacos does not push heartbeat health)");
+}
+
+/// A push a reader took but whose change never reached the sink is drift
+/// at the next periodic full read; a change never pushed is not, and
+/// neither is a service still waiting for a reader.
+#[tokio::test]
+async fn a_periodic_full_read_counts_a_push_taken_but_not_applied() {
+    let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
+    let api = FakeApi::default();
+    api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
+    api.set("DEFAULT_GROUP", "api", vec![instance("10.0.0.2", 81)]);
+    api.set("DEFAULT_GROUP", "cart", vec![instance("10.0.0.3", 82)]);
+    ctx.sync(&api, None).await.unwrap();
+    drain(&mut rx);
+    let pushed = Pushed::default();
+    let key = |name: &str| ServiceKey::new("DEFAULT_GROUP", name);
+
+    // web: pushed and taken (the reader then loses it); api: changed and
+    // never pushed; cart: pushed, still queued.
+    let web = vec![instance("10.0.0.1", 80), instance("10.0.0.4", 80)];
+    assert!(!ctx.already_sent(&key("web"), web.clone()), "a change");
+    api.set("DEFAULT_GROUP", "web", web);
+    api.set("DEFAULT_GROUP", "api", vec![]);
+    let cart = vec![instance("10.0.0.5", 82)];
+    assert!(!ctx.already_sent(&key("cart"), cart.clone()));
+    api.set("DEFAULT_GROUP", "cart", cart);
+    pushed.mark(&key("cart"), None);
+
+    ctx.sync(&api, Some(&pushed)).await.unwrap();
+    let events = drain(&mut rx);
+    let drift: Vec<&Event> = events.iter().filter(|e| matches!(e, Event::Drift(_))).collect();
+    assert_eq!(drift, [&Event::Drift(vec![WEB.to_string()])], "{events:?}");
+    let first = events.iter().position(|e| matches!(e, Event::Drift(_))).unwrap();
+    assert!(events[first..].iter().any(|e| matches!(e, Event::Update(Update::Snapshot(_)))), "the correction follows");
+
+    // Not periodic (after a failure, at start): never judged.
+    api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.6", 80)]);
+    assert!(!ctx.already_sent(&key("web"), vec![instance("10.0.0.6", 80)]));
+    ctx.sync(&api, None).await.unwrap();
+    assert!(!drain(&mut rx).iter().any(|e| matches!(e, Event::Drift(_))));
 }

@@ -10,7 +10,7 @@
 //! answer is queued the same way, with the instances it carried (usually
 //! those the watcher has just read).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::Notify;
@@ -22,27 +22,35 @@ pub(crate) type Hint = Option<Vec<Instance>>;
 
 #[derive(Default)]
 pub(crate) struct Pushed {
-    queue: Mutex<(VecDeque<ServiceKey>, HashMap<ServiceKey, Hint>)>,
+    queue: Mutex<Queue>,
     notify: Notify,
+}
+
+#[derive(Default)]
+struct Queue {
+    order: VecDeque<ServiceKey>,
+    hints: HashMap<ServiceKey, Hint>,
+    /// Taken by a reader and not [`Pushed::done`] yet.
+    busy: HashSet<ServiceKey>,
 }
 
 impl Pushed {
     /// The server pushed a change of `key`, announcing `hint`.
     pub fn mark(&self, key: &ServiceKey, hint: Hint) {
         let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(queued) = q.1.get_mut(key) {
+        if let Some(queued) = q.hints.get_mut(key) {
             // Still waiting: the newer announcement replaces the older.
             *queued = hint;
             return;
         }
-        q.1.insert(key.clone(), hint);
-        q.0.push_back(key.clone());
+        q.hints.insert(key.clone(), hint);
+        q.order.push_back(key.clone());
         drop(q);
         self.notify.notify_one();
     }
 
     /// The next service to read and the last announcement of it, waiting
-    /// for one.
+    /// for one. The reader calls [`Pushed::done`] once it has dealt with it.
     pub async fn next(&self) -> (ServiceKey, Hint) {
         loop {
             let notified = self.notify.notified();
@@ -50,13 +58,25 @@ impl Pushed {
             notified.as_mut().enable();
             {
                 let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-                if let Some(key) = q.0.pop_front() {
-                    let hint = q.1.remove(&key).flatten();
+                if let Some(key) = q.order.pop_front() {
+                    let hint = q.hints.remove(&key).flatten();
+                    q.busy.insert(key.clone());
                     return (key, hint);
                 }
             }
             notified.await;
         }
+    }
+
+    /// A reader is done with `key` (read and applied, or skipped).
+    pub fn done(&self, key: &ServiceKey) {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner).busy.remove(key);
+    }
+
+    /// Whether `key` waits for a reader or is being read.
+    pub fn pending(&self, key: &ServiceKey) -> bool {
+        let q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        q.hints.contains_key(key) || q.busy.contains(key)
     }
 }
 
@@ -90,6 +110,18 @@ mod tests {
         // Marked again after being taken: read again.
         pushed.mark(&key("c"), None);
         assert_eq!(pushed.next().await.0, key("c"));
+    }
+
+    #[tokio::test]
+    async fn a_service_is_pending_while_queued_or_being_read() {
+        let pushed = Pushed::default();
+        assert!(!pushed.pending(&key("a")));
+        pushed.mark(&key("a"), None);
+        assert!(pushed.pending(&key("a")), "queued");
+        let (taken, _) = pushed.next().await;
+        assert!(pushed.pending(&taken), "being read");
+        pushed.done(&taken);
+        assert!(!pushed.pending(&key("a")));
     }
 
     #[tokio::test]

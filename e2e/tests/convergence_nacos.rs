@@ -1,0 +1,207 @@
+//! Issue 24: randomized bursts against rnacos (`MESHBRIDGE_RNACOS_BIN`),
+//! watched by meshbridge in-process, once over gRPC (`type: nacos2`, our
+//! own client, pushes) and once over HTTP (`type: nacos`, the 1.x open
+//! API); after each burst meshbridge's view of every service (admin API)
+//! must equal rnacos's instance lists, read directly.
+//!
+//! Operations, 1–8 a burst, back to back, over 14 services: instances
+//! registered and deregistered, ephemeral or persistent; weight and metadata
+//! (`rev`) edits; `enabled` flips; whole services emptied (their every
+//! instance deregistered) and filled again. Ten services keep one anchor
+//! instance that is never touched, so they stay listed; the other four come
+//! and go as whole services. Not here: `healthy` flips, which rnacos ignores
+//! on register and update (an instance turns unhealthy only when its
+//! heartbeats stop, and rnacos does not push that change; see
+//! `nacos_registry.rs`). Ephemeral instances get an hour of heartbeat
+//! timeout, so none turns unhealthy during a run.
+//!
+//! - gRPC: `nacosRefreshInterval` 300 s, so no refresh can hide a miss: an
+//!   instance change is pushed; a service that appears is found by the
+//!   health probe (every 5 s), which is what the 8 s deadline allows for.
+//!   Any service a periodic full read corrected would count in
+//!   `meshbridge_registry_drift_corrected_total`, asserted 0.
+//! - HTTP: converges only at its polling interval, by design (no pushes in
+//!   the 1.x API): a 1 s refresh and a 3 s deadline.
+//!
+//! Seeded: see `meshbridge_e2e::convergence`. Needs `source e2e/env.sh rnacos`.
+
+use std::time::Duration;
+
+use meshbridge::run::{App, RunArgs};
+use meshbridge_e2e::convergence::{self, AdminView, Options, Registry, Rng, Truth, endpoint};
+use meshbridge_e2e::nacos::{self, Instance, Rnacos};
+use serde_json::Value;
+
+const SERVICES: usize = 14;
+/// Services 0..ANCHORED keep an anchor instance; the rest come and go.
+const ANCHORED: usize = 10;
+/// The endpoint label each test sets and compares.
+const LABELS: [&str; 1] = ["rev"];
+
+/// One endpoint as the harness writes it.
+fn ep(address: &str, port: u16, weight: u32, rev: Option<&str>) -> String {
+    let labels: Vec<(&str, &str)> = rev.map(|r| (LABELS[0], r)).into_iter().collect();
+    endpoint(address, port.into(), weight.into(), &labels)
+}
+
+fn service(i: usize) -> String {
+    format!("conv-svc{i}")
+}
+
+fn host(service: &str) -> String {
+    format!("{service}.DEFAULT-GROUP.public.nacos")
+}
+
+#[derive(Debug)]
+enum Op {
+    Register(Instance),
+    Deregister(Instance),
+    /// Weight and `rev` metadata.
+    Edit(Instance),
+    Enabled(Instance),
+    EmptyService(usize),
+}
+
+struct Nacos {
+    server: Rnacos,
+    /// What the test registered (anchors excluded).
+    instances: Vec<Instance>,
+    next_port: u16,
+    rev: u64,
+}
+
+impl Nacos {
+    fn instance(&mut self, rng: &mut Rng) -> Instance {
+        self.next_port += 1;
+        let mut i = Instance::new(&service(rng.index(SERVICES)), "127.0.0.1", self.next_port);
+        i.ephemeral = rng.chance(0.5);
+        // rnacos applies only a weight other than 1 on update: start at 1,
+        // edits pick 2..9.
+        self.with_rev(i, rng)
+    }
+
+    fn with_rev(&mut self, i: Instance, rng: &mut Rng) -> Instance {
+        self.rev += 1;
+        let _ = rng;
+        i.meta("rev", &self.rev.to_string())
+    }
+}
+
+impl Registry for Nacos {
+    type Op = Op;
+
+    fn next_op(&mut self, rng: &mut Rng) -> Op {
+        loop {
+            let pick = |s: &Nacos, rng: &mut Rng| s.instances[rng.index(s.instances.len())].clone();
+            return match rng.index(12) {
+                0..=3 => Op::Register(self.instance(rng)),
+                4..=5 if !self.instances.is_empty() => Op::Deregister(pick(self, rng)),
+                6..=8 if !self.instances.is_empty() => {
+                    let mut i = pick(self, rng);
+                    i.weight = rng.range(2, 9) as f64;
+                    Op::Edit(self.with_rev(i, rng))
+                }
+                9..=10 if !self.instances.is_empty() => {
+                    let mut i = pick(self, rng);
+                    i.enabled = !i.enabled;
+                    Op::Enabled(i)
+                }
+                11 => Op::EmptyService(rng.index(SERVICES)),
+                _ => continue,
+            };
+        }
+    }
+
+    async fn apply(&mut self, op: &Op) -> anyhow::Result<()> {
+        let same = |a: &Instance, b: &Instance| a.service == b.service && a.port == b.port;
+        match op {
+            Op::Register(i) => {
+                self.server.register(i).await?;
+                self.instances.push(i.clone());
+            }
+            Op::Deregister(i) => {
+                self.server.deregister(i).await?;
+                self.instances.retain(|x| !same(x, i));
+            }
+            Op::Edit(i) | Op::Enabled(i) => {
+                self.server.update(i).await?;
+                for x in self.instances.iter_mut().filter(|x| same(x, i)) {
+                    *x = i.clone();
+                }
+            }
+            Op::EmptyService(s) => {
+                let name = service(*s);
+                for i in self.instances.iter().filter(|i| i.service == name) {
+                    self.server.deregister(i).await?;
+                }
+                self.instances.retain(|i| i.service != name);
+            }
+        }
+        Ok(())
+    }
+
+    async fn truth(&mut self) -> anyhow::Result<Truth> {
+        let mut truth = Truth::new();
+        for s in (0..SERVICES).map(service) {
+            let text = self.server.instances(&s, "DEFAULT_GROUP", "public").await?;
+            let list: Value = serde_json::from_str(&text)?;
+            for i in list["hosts"].as_array().into_iter().flatten() {
+                let on = |k: &str| i[k].as_bool().unwrap_or(true);
+                if !on("healthy") || !on("enabled") {
+                    continue;
+                }
+                let weight = i["weight"].as_f64().unwrap_or(1.0).round().max(1.0) as u32;
+                let (ip, port) = (i["ip"].as_str().unwrap_or_default(), i["port"].as_u64().unwrap_or(0) as u16);
+                convergence::push(&mut truth, &host(&s), ep(ip, port, weight, i["metadata"]["rev"].as_str()));
+            }
+        }
+        Ok(convergence::non_empty(truth))
+    }
+}
+
+async fn start(kind: &str, refresh: Duration) -> (Nacos, App, tempfile::TempDir) {
+    // An hour of heartbeat timeout: ephemeral instances stay healthy unbeaten.
+    let opts = nacos::Options { heartbeat_timeout: Some(Duration::from_secs(3600)), ..nacos::Options::default() };
+    let server = Rnacos::start_with(opts).await.expect("start rnacos");
+    for s in 0..ANCHORED {
+        let anchor = Instance::new(&service(s), "127.0.0.2", 40000 + s as u16).meta("rev", "anchor");
+        server.register(&anchor).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bridge = format!(
+        r#"apiVersion: networking.higress.io/v1
+kind: McpBridge
+metadata: {{ name: default, namespace: higress-system }}
+spec:
+  registries:
+    - type: {kind}
+      name: nacos
+      domain: 127.0.0.1
+      port: {port}
+      nacosRefreshInterval: {nanos}
+"#,
+        port = server.http_port,
+        nanos = refresh.as_nanos()
+    );
+    std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
+    let args = RunArgs::loopback(dir.path()).with_min_refresh_interval(refresh);
+    let app = App::start(args).await.expect("start meshbridge");
+    (Nacos { server, instances: Vec::new(), next_port: 30000, rev: 0 }, app, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacos_grpc_bursts_converge() {
+    let (mut registry, app, _dir) = start("nacos2", Duration::from_secs(300)).await;
+    let mut view = AdminView::new(&app, "nacos", &LABELS);
+    let opts = Options::new("nacos2-grpc", Duration::from_secs(8));
+    convergence::run(&mut registry, &mut view, &opts).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacos_http_bursts_converge_at_the_polling_interval() {
+    let refresh = Duration::from_secs(1);
+    let (mut registry, app, _dir) = start("nacos", refresh).await;
+    let mut view = AdminView::new(&app, "nacos", &LABELS);
+    let opts = Options::new("nacos-http", refresh * 3);
+    convergence::run(&mut registry, &mut view, &opts).await;
+}
