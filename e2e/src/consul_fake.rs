@@ -7,6 +7,7 @@
 //! - `GET /v1/agent/self`: `{"Config": {"Datacenter": "dc1", "Version": ..}}`;
 //! - `GET /v1/status/leader`: a leader address;
 //! - `GET /v1/catalog/services`: every service, no tags;
+//! - `GET /v1/catalog/nodes`: the one node, `fake`, never changed;
 //! - `GET /v1/health/state/:state`: one passing check per service (so
 //!   `critical` and `warning` are empty);
 //! - `GET /v1/health/service/:name`: one passing instance, or the raw body
@@ -86,6 +87,7 @@ impl ConsulFake {
             .route("/v1/agent/self", get(agent_self))
             .route("/v1/status/leader", get(|| async { axum::Json("127.0.0.1:8300") }))
             .route("/v1/catalog/services", get(catalog))
+            .route("/v1/catalog/nodes", get(nodes))
             .route("/v1/health/state/{state}", get(checks))
             .route("/v1/health/service/{name}", get(health))
             .layer(middleware::from_fn_with_state(shared.clone(), log_request))
@@ -183,6 +185,12 @@ async fn catalog(State(shared): State<Shared>, Query(query): Query<HashMap<Strin
     let inner = shared.lock();
     let body: BTreeMap<&str, Vec<String>> = inner.services.keys().map(|s| (s.as_str(), vec![])).collect();
     answer(inner.index, serde_json::to_string(&body).unwrap_or_default())
+}
+
+async fn nodes(State(shared): State<Shared>, Query(query): Query<HashMap<String, String>>) -> Response {
+    block(&shared, &query).await;
+    let body = json!([{"Node": "fake", "Address": "127.0.0.1", "CreateIndex": 1, "ModifyIndex": 1}]);
+    answer(shared.lock().index, body.to_string())
 }
 
 /// `/v1/health/state/:state`: every instance's one check passes, so only
