@@ -189,6 +189,7 @@ pub struct Bursts {
     total: usize,
     done: usize,
     took: Vec<Duration>,
+    operations: usize,
 }
 
 impl Bursts {
@@ -203,7 +204,7 @@ impl Bursts {
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(DEFAULT_BURSTS);
         println!("{what}: seed={seed} bursts={total} (MESHBRIDGE_CONVERGENCE_SEED={seed} replays it)");
-        Bursts { what: what.to_string(), seed, total, done: 0, took: Vec::new() }
+        Bursts { what: what.to_string(), seed, total, done: 0, took: Vec::new(), operations: 0 }
     }
 
     /// The run's generator.
@@ -213,6 +214,11 @@ impl Bursts {
 
     pub fn seed(&self) -> u64 {
         self.seed
+    }
+
+    /// Count `n` operations applied to the registry.
+    pub fn applied(&mut self, n: usize) {
+        self.operations += n;
     }
 
     /// Record one burst's convergence time (for a loop that waits itself).
@@ -264,9 +270,10 @@ impl Bursts {
         took.sort();
         let at = |q: f64| took.get(((took.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or_default();
         println!(
-            "FIGURE convergence {}: {} bursts, seed {}, converged p50 {:?} p99 {:?} max {:?}",
+            "FIGURE convergence {}: {} bursts, {} operations, seed {}, converged p50 {:?} p99 {:?} max {:?}",
             self.what,
             took.len(),
+            self.operations,
             self.seed,
             at(0.5),
             at(0.99),
@@ -451,6 +458,7 @@ pub async fn run<R: Registry, V: View>(registry: &mut R, view: &mut V, opts: &Op
             }
             ops.push(op);
         }
+        bursts.applied(ops.len());
         match converge(registry, view, opts.deadline).await {
             Ok((took, truth)) => {
                 bursts.record(took);

@@ -378,6 +378,7 @@ async fn consul_bursts_converge_without_the_refresh() {
         for _ in 0..size {
             ops.push(world.step(&mut rng).await);
         }
+        bursts.applied(size);
         let what = format!("burst {n} ({:?} to send): {}", sent.elapsed(), ops.join("; "));
         bursts.converge(&what, &view, || world.truth(), DEADLINE).await;
     }
