@@ -284,20 +284,40 @@ impl Registry {
     /// changes touch `n` different services.
     pub async fn change(&self, k: usize, n: usize, per: usize) -> anyhow::Result<usize> {
         let (i, j) = (k % n, (k / n) % per);
-        match &self.server {
-            Server::Consul(c) => {
+        self.set_instance(i, j, false).await?;
+        Ok(i)
+    }
+
+    /// Add instance `j` of service `i` back as [`Registry::fill`] made it
+    /// (`present`), or remove it.
+    pub async fn set_instance(&self, i: usize, j: usize, present: bool) -> anyhow::Result<()> {
+        match (&self.server, present) {
+            (Server::Consul(c), false) => {
                 let body = serde_json::json!({ "Node": format!("node-{j}"), "ServiceID": format!("svc-{i}-{j}") });
                 send(self.http.put(format!("{}/v1/catalog/deregister", c.url())).json(&body)).await?;
             }
-            Server::Nacos(r) => {
+            (Server::Consul(c), true) => {
+                let body = serde_json::json!([{ "Service": { "Verb": "set", "Node": format!("node-{j}"),
+                    "Service": { "ID": format!("svc-{i}-{j}"), "Service": service(i), "Port": 8080 } } }]);
+                send(self.http.put(format!("{}/v1/txn", c.url())).json(&body)).await?;
+            }
+            (Server::Nacos(r), false) => {
                 send(self.http.delete(format!("{}/nacos/v1/ns/instance", r.url())).query(&nacos_params(i, j))).await?
             }
-            Server::Zookeeper(_, client) => {
+            (Server::Nacos(r), true) => {
+                send(self.http.post(format!("{}/nacos/v1/ns/instance", r.url())).query(&nacos_params(i, j))).await?
+            }
+            (Server::Zookeeper(_, client), false) => {
                 let path = format!("{}/{}", dubbo_providers(i), dubbo_node_name(&dubbo_url(i, j)));
                 client.delete(&path, None).await.with_context(|| format!("delete {path}"))?;
             }
+            (Server::Zookeeper(_, client), true) => {
+                let path = format!("{}/{}", dubbo_providers(i), dubbo_node_name(&dubbo_url(i, j)));
+                let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                client.create(&path, b"", &options).await.with_context(|| format!("create {path}"))?;
+            }
         }
-        Ok(i)
+        Ok(())
     }
 }
 
