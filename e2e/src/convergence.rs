@@ -236,8 +236,9 @@ impl Bursts {
     }
 
     /// Wait until `view` equals `truth()` (both read again each time), at
-    /// most `deadline`; records the time, or panics with the seed, `what`
-    /// (the burst and its operations) and the services that differ.
+    /// most `deadline`; records the time (once a burst has begun: not the
+    /// initial sync's), or panics with the seed, `what` (the burst and its
+    /// operations) and the services that differ.
     pub async fn converge<F, Fut>(&mut self, what: &str, view: &AdminView, mut truth: F, deadline: Duration)
     where
         F: FnMut() -> Fut,
@@ -248,7 +249,9 @@ impl Bursts {
             let want = truth().await;
             let got = view.read().await.unwrap_or_default();
             if got == want {
-                self.took.push(start.elapsed());
+                if self.done > 0 {
+                    self.took.push(start.elapsed());
+                }
                 return;
             }
             if start.elapsed() > deadline {
