@@ -66,6 +66,7 @@ pub(crate) mod decode;
 mod pipeline;
 mod pool;
 mod supervisor;
+mod sweep;
 
 use std::collections::BTreeMap;
 use std::future::Future;
