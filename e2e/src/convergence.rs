@@ -112,9 +112,18 @@ impl AdminView {
     }
 
     async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        self.get_if_there(path).await?.ok_or_else(|| anyhow::anyhow!("GET {path}: 404 Not Found"))
+    }
+
+    /// `None` for a 404: a service listed a moment ago may be gone by the
+    /// time its detail is asked for.
+    async fn get_if_there(&self, path: &str) -> anyhow::Result<Option<Value>> {
         let resp = self.http.get(format!("{}{path}", self.base)).timeout(Duration::from_secs(5)).send().await?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
         anyhow::ensure!(resp.status().is_success(), "GET {path}: {}", resp.status());
-        Ok(resp.json().await?)
+        Ok(Some(resp.json().await?))
     }
 
     /// Every service the registry serves, with its endpoints.
@@ -122,7 +131,8 @@ impl AdminView {
         let list = self.get(&format!("/v1/registries/{}?services=true", self.registry)).await?;
         let mut view = Truth::new();
         for host in list["serviceList"].as_array().into_iter().flatten().filter_map(|s| s["host"].as_str()) {
-            let detail = self.get(&format!("/v1/registries/{}/services/{host}", self.registry)).await?;
+            let path = format!("/v1/registries/{}/services/{host}", self.registry);
+            let Some(detail) = self.get_if_there(&path).await? else { continue };
             let mut endpoints: Vec<String> = detail["endpoints"]
                 .as_array()
                 .into_iter()
@@ -424,13 +434,15 @@ pub async fn converge<R: Registry, V: View>(
 ) -> Result<(Duration, Truth), String> {
     let start = Instant::now();
     loop {
-        let want = non_empty(registry.truth().await.map_err(|e| format!("reading the registry: {e:#}"))?);
-        let got = non_empty(view.read().await.map_err(|e| format!("reading meshbridge: {e:#}"))?);
-        if got == want {
-            return Ok((start.elapsed(), want));
-        }
-        if start.elapsed() > deadline {
-            return Err(diff(&want, &got));
+        // A failed read is tried again until the deadline: it says nothing
+        // about convergence yet.
+        let want = registry.truth().await.map(non_empty).map_err(|e| format!("reading the registry: {e:#}"));
+        let got = view.read().await.map(non_empty).map_err(|e| format!("reading meshbridge: {e:#}"));
+        match (want, got) {
+            (Ok(want), Ok(got)) if got == want => return Ok((start.elapsed(), want)),
+            (Ok(want), Ok(got)) if start.elapsed() > deadline => return Err(diff(&want, &got)),
+            (Err(e), _) | (_, Err(e)) if start.elapsed() > deadline => return Err(e),
+            _ => {}
         }
         tokio::time::sleep(POLL).await;
     }
