@@ -331,6 +331,13 @@ async fn run_session(
                     (need_sync, full, synced, periodic) = (false, false, true, false);
                     backoff.reset();
                     ticker.reset();
+                    if !dirty.is_empty() {
+                        // Events drained while judging drift: read them
+                        // now, not when the next event or tick wakes the
+                        // loop (a burst during a periodic sync otherwise
+                        // waited that long).
+                        continue;
+                    }
                 }
                 Err(e) => {
                     // A verify may have sent part of its changes: the retry
