@@ -51,6 +51,15 @@ pub fn endpoint(address: &str, port: u64, weight: u64, labels: &[(&str, &str)]) 
     out
 }
 
+/// The label the ZooKeeper and Nacos tests set on instances and compare.
+pub const REV: &str = "rev";
+
+/// [`endpoint`] with the [`REV`] label when `rev` is set.
+pub fn endpoint_rev(address: &str, port: u16, weight: u32, rev: Option<&str>) -> String {
+    let labels: Vec<(&str, &str)> = rev.map(|r| (REV, r)).into_iter().collect();
+    endpoint(address, port.into(), weight.into(), &labels)
+}
+
 /// A small seeded generator (splitmix64): the same seed gives the same run.
 pub struct Rng(u64);
 

@@ -28,22 +28,13 @@
 use std::time::Duration;
 
 use meshbridge::run::{App, RunArgs};
-use meshbridge_e2e::convergence::{self, AdminView, Options, Registry, Rng, Truth, endpoint};
+use meshbridge_e2e::convergence::{self, AdminView, Options, REV, Registry, Rng, Truth, endpoint_rev};
 use meshbridge_e2e::nacos::{self, Instance, Rnacos};
 use serde_json::Value;
 
 const SERVICES: usize = 14;
 /// Services 0..ANCHORED keep an anchor instance; the rest come and go.
 const ANCHORED: usize = 10;
-/// The endpoint label each test sets and compares.
-const LABELS: [&str; 1] = ["rev"];
-
-/// One endpoint as the harness writes it.
-fn ep(address: &str, port: u16, weight: u32, rev: Option<&str>) -> String {
-    let labels: Vec<(&str, &str)> = rev.map(|r| (LABELS[0], r)).into_iter().collect();
-    endpoint(address, port.into(), weight.into(), &labels)
-}
-
 fn service(i: usize) -> String {
     format!("conv-svc{i}")
 }
@@ -152,7 +143,7 @@ impl Registry for Nacos {
                 }
                 let weight = i["weight"].as_f64().unwrap_or(1.0).round().max(1.0) as u32;
                 let (ip, port) = (i["ip"].as_str().unwrap_or_default(), i["port"].as_u64().unwrap_or(0) as u16);
-                convergence::push(&mut truth, &host(&s), ep(ip, port, weight, i["metadata"]["rev"].as_str()));
+                convergence::push(&mut truth, &host(&s), endpoint_rev(ip, port, weight, i["metadata"]["rev"].as_str()));
             }
         }
         Ok(convergence::non_empty(truth))
@@ -192,7 +183,7 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nacos_grpc_bursts_converge() {
     let (mut registry, app, _dir) = start("nacos2", Duration::from_secs(300)).await;
-    let mut view = AdminView::new(&app, "nacos", &LABELS);
+    let mut view = AdminView::new(&app, "nacos", &[REV]);
     let opts = Options::new("nacos2-grpc", Duration::from_secs(8));
     convergence::run(&mut registry, &mut view, &opts).await;
 }
@@ -201,7 +192,7 @@ async fn nacos_grpc_bursts_converge() {
 async fn nacos_http_bursts_converge_at_the_polling_interval() {
     let refresh = Duration::from_secs(1);
     let (mut registry, app, _dir) = start("nacos", refresh).await;
-    let mut view = AdminView::new(&app, "nacos", &LABELS);
+    let mut view = AdminView::new(&app, "nacos", &[REV]);
     let opts = Options::new("nacos-http", refresh * 3);
     convergence::run(&mut registry, &mut view, &opts).await;
 }

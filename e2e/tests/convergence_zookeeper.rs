@@ -31,7 +31,7 @@
 
 use std::time::Duration;
 
-use meshbridge_e2e::convergence::{self, AdminView, Options, Registry, Rng, Truth, endpoint};
+use meshbridge_e2e::convergence::{self, AdminView, Options, REV, Registry, Rng, Truth, endpoint_rev};
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::traffic;
 use meshbridge_e2e::zookeeper::{ZkClient, ZooKeeper, dubbo_node_name};
@@ -42,15 +42,6 @@ const INTERFACES: usize = 10;
 const SPRING_SERVICES: usize = 5;
 const SESSIONS: usize = 3;
 const VPORT: u16 = 20880;
-/// The endpoint label each test sets and compares.
-const LABELS: [&str; 1] = ["rev"];
-
-/// One endpoint as the harness writes it.
-fn ep(address: &str, port: u16, weight: u32, rev: Option<&str>) -> String {
-    let labels: Vec<(&str, &str)> = rev.map(|r| (LABELS[0], r)).into_iter().collect();
-    endpoint(address, port.into(), weight.into(), &labels)
-}
-
 fn interface(i: usize) -> String {
     format!("com.example.conv.Svc{i}")
 }
@@ -340,7 +331,7 @@ impl Registry for Zk {
                 }
                 let (address, port) =
                     (v["address"].as_str().unwrap_or_default(), v["port"].as_u64().unwrap_or(0) as u16);
-                convergence::push(&mut truth, &host, ep(address, port, 1, meta["rev"].as_str()));
+                convergence::push(&mut truth, &host, endpoint_rev(address, port, 1, meta["rev"].as_str()));
             }
         }
         Ok(convergence::non_empty(truth))
@@ -362,7 +353,7 @@ fn dubbo_endpoint(iface: &str, node: &str) -> Option<(String, String)> {
     let host =
         format!("providers:{iface}:{}:{}.zookeeper", get("version").unwrap_or("0.0.0"), get("group").unwrap_or(""));
     let weight = get("weight").and_then(|w| w.parse::<u32>().ok()).filter(|w| *w > 0).unwrap_or(1);
-    Some((host, ep(address, port.parse().ok()?, weight, get("rev"))))
+    Some((host, endpoint_rev(address, port.parse().ok()?, weight, get("rev"))))
 }
 
 /// Undo [`dubbo_node_name`] (Java's form encoding).
@@ -437,7 +428,7 @@ spec:
     let route = format!("outbound|{VPORT}||providers:{}:1.0.0:.zookeeper", interface(0));
     let envoy = Envoy::start(app.xds_addr, AdsMode::Sotw, &route).await.expect("start envoy");
 
-    let mut view = AdminView::new(&app, "zk", &LABELS);
+    let mut view = AdminView::new(&app, "zk", &[REV]);
     // 100 bursts take a second or two: 350 ms between them spreads them
     // over the watcher's first periodic verify (30 s), which then races them.
     let opts = Options { pause: Duration::from_millis(350), ..Options::new("zookeeper", Duration::from_secs(3)) };

@@ -131,8 +131,11 @@ pub(crate) async fn sweep(
             }
         }
     }
-    let probed = ctl.lock().unwrap_or_else(|e| e.into_inner()).next;
-    ctl.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+    let probed = {
+        let mut c = ctl.lock().unwrap_or_else(|e| e.into_inner());
+        c.closed = true;
+        c.next
+    };
     debug!(services = len, probed, moved = moved_total, ok, "sweep done");
     let _ = tx.send(Event::SweepDone { ok }).await;
 }
