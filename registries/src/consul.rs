@@ -81,9 +81,9 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use self::client::answers_read;
 use self::client::{CheckState, Client, Indexed, next_index};
-use self::ctx::Ctx;
+use self::ctx::{Ctx, Event};
 use self::decode::{CheckPrints, Naming};
-use self::supervisor::{Event, Supervisor};
+use self::supervisor::Supervisor;
 use crate::health::Health;
 use crate::retry::Backoff;
 use crate::select::Selector;

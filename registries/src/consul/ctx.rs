@@ -105,3 +105,20 @@ impl Ctx {
         Ok(FullSync { catalog, nodes, checks, reads })
     }
 }
+
+/// What the loops tell the supervisor.
+pub(crate) enum Event {
+    /// The catalog detector's answer (tag filter applied).
+    Catalog(Indexed<BTreeMap<String, Vec<String>>>),
+    /// A health detector's answer: the checks in one failing state.
+    Checks(CheckState, Indexed<CheckPrints>),
+    /// The nodes detector's answer: node -> `ModifyIndex`.
+    Nodes(Indexed<BTreeMap<String, u64>>),
+    /// A read finished.
+    Read(Read),
+    /// Services a sweep found moved, with the index each has now (0: the
+    /// probe was refused; the read says why).
+    Moved(Vec<(String, u64)>),
+    /// A sweep finished (`ok`: it probed every service).
+    SweepDone { ok: bool },
+}

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info};
 
 use super::client::{CheckState, Indexed};
-use super::ctx::{Ctx, FullSync, Read, is_outage};
+use super::ctx::{Ctx, Event, FullSync, Read, is_outage};
 use super::decode::{CheckPrints, changed_nodes, dirty_services};
 #[cfg(test)]
 use super::sweep::PROBE_BATCH;
@@ -45,23 +45,6 @@ const SEEN_MAX: usize = 4096;
 const NEVER: Duration = Duration::from_secs(86_400 * 365);
 /// How soon a catalog index that went backwards is followed by a resync.
 const INDEX_RESET_RESYNC: Duration = Duration::from_millis(200);
-
-/// What the loops tell the supervisor.
-pub(crate) enum Event {
-    /// The catalog detector's answer (tag filter applied).
-    Catalog(Indexed<BTreeMap<String, Vec<String>>>),
-    /// A health detector's answer: the checks in one failing state.
-    Checks(CheckState, Indexed<CheckPrints>),
-    /// The nodes detector's answer: node -> `ModifyIndex`.
-    Nodes(Indexed<BTreeMap<String, u64>>),
-    /// A read finished.
-    Read(Read),
-    /// Services a sweep found moved, with the index each has now (0: the
-    /// probe was refused; the read says why).
-    Moved(Vec<(String, u64)>),
-    /// A sweep finished (`ok`: it probed every service).
-    SweepDone { ok: bool },
-}
 
 /// One watched service.
 #[derive(Default)]

@@ -11,8 +11,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::ctx::{Ctx, is_outage};
-use super::supervisor::Event;
+use super::ctx::{Ctx, Event, is_outage};
 use crate::watcher::RegistryError;
 
 /// Index probes pipelined per request batch on one connection.
