@@ -29,6 +29,8 @@ use meshbridge_registries::zookeeper::ZookeeperWatcher;
 use meshbridge_registries::{RegistryKind, RegistrySpec, Watcher};
 
 const PER: usize = 10;
+/// A burst slower than this is reported with its slowest services.
+const SLOW: Duration = Duration::from_secs(3);
 
 struct Args {
     kind: Kind,
@@ -36,10 +38,19 @@ struct Args {
     bursts: usize,
     sizes: Vec<usize>,
     seed: u64,
+    /// Wait this long after the full sync before the first burst.
+    settle: Duration,
 }
 
 fn args() -> anyhow::Result<Args> {
-    let mut a = Args { kind: Kind::Zookeeper, services: 1000, bursts: 20, sizes: vec![10, 100], seed: 1 };
+    let mut a = Args {
+        kind: Kind::Zookeeper,
+        services: 1000,
+        bursts: 20,
+        sizes: vec![10, 100],
+        seed: 1,
+        settle: Duration::ZERO,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().context("missing value");
@@ -54,9 +65,10 @@ fn args() -> anyhow::Result<Args> {
             "--services" => a.services = value()?.parse()?,
             "--bursts" => a.bursts = value()?.parse()?,
             "--seed" => a.seed = value()?.parse()?,
+            "--settle" => a.settle = Duration::from_secs(value()?.parse()?),
             "--sizes" => a.sizes = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             _ => bail!(
-                "usage: registry_bursts [--registry zookeeper|nacos] [--services N] [--bursts N] [--sizes 10,100] [--seed N]"
+                "usage: registry_bursts [--registry zookeeper|nacos] [--services N] [--bursts N] [--sizes 10,100] [--seed N] [--settle SECS]"
             ),
         }
     }
@@ -104,7 +116,12 @@ async fn run(args: Args, mb: tokio::runtime::Handle) -> anyhow::Result<()> {
     };
     let count = |r: &Recorder, i: usize| r.endpoints(&host(i)).map_or(0, |e| e.len());
     rec.until("full sync", |r| (0..n).all(|i| count(r, i) == PER)).await;
+    let synced = Instant::now();
     until_idle().await;
+    if !args.settle.is_zero() {
+        eprintln!("registry_bursts: synced; settling {:?} before the first burst", args.settle);
+        rec.idle(args.settle).await;
+    }
 
     let mut present = vec![[true; PER]; n];
     let mut rng = Rng::new(args.seed);
@@ -127,8 +144,30 @@ async fn run(args: Args, mb: tokio::runtime::Handle) -> anyhow::Result<()> {
             }
             let sent = Instant::now();
             let want = |i: usize| present[i].iter().filter(|p| **p).count();
-            rec.until("burst converged", |r| touched.iter().all(|&i| count(r, i) == want(i))).await;
+            // When each touched service first matched, to name the slow ones.
+            let mut matched = std::collections::BTreeMap::new();
+            rec.until("burst converged", |r| {
+                for &i in &touched {
+                    if count(r, i) == want(i) {
+                        matched.entry(i).or_insert_with(|| sent.elapsed());
+                    } else {
+                        matched.remove(&i);
+                    }
+                }
+                matched.len() == touched.len()
+            })
+            .await;
             converged.push(sent.elapsed());
+            if sent.elapsed() > SLOW {
+                let mut slow: Vec<_> = matched.iter().filter(|(_, t)| **t > SLOW).collect();
+                slow.sort_by_key(|(_, t)| std::cmp::Reverse(**t));
+                eprintln!(
+                    "registry_bursts: slow burst of {size}, {:.1}s after the full sync: converged after {:?}; slowest services (index, after): {:?}",
+                    started.duration_since(synced).as_secs_f64(),
+                    sent.elapsed(),
+                    &slow[..slow.len().min(10)]
+                );
+            }
             sent_took.push(sent.duration_since(started));
             until_idle().await;
             cpu += others_cpu().saturating_sub(cpu0);
