@@ -39,11 +39,9 @@ fn unreachable(registry: &str, method: &str, path: &str, kind: &str, e: &reqwest
         };
     }
     let mut reason = String::from(kind);
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
+    if let Some(source) = std::error::Error::source(e) {
         reason.push_str(": ");
-        reason.push_str(&s.to_string());
-        source = s.source();
+        reason.push_str(&crate::error_chain::error_chain(source));
     }
     RegistryError::Unreachable { registry: registry.to_string(), reason: format!("{method} {path}: {reason}") }
 }

@@ -13,6 +13,7 @@ mod body;
 mod clip;
 pub mod consul;
 pub mod dns;
+pub mod error_chain;
 pub mod eureka;
 pub mod fixed;
 mod health;

@@ -194,23 +194,9 @@ fn default_roots() -> &'static RootCertStore {
 /// certificate the trust roots do not vouch for, else "TLS handshake
 /// failed: …". `None` for any other error.
 pub fn tls_failure(e: &(dyn StdError + 'static)) -> Option<String> {
-    let mut next: Option<&(dyn StdError + 'static)> = Some(e);
-    while let Some(err) = next {
-        if let Some(r) = err.downcast_ref::<rustls::Error>() {
-            return Some(describe(r));
-        }
-        // io::Error hides its inner error from `source()`, and hyper-rustls
-        // wraps tokio-rustls's io::Error in another one.
-        let mut io = err.downcast_ref::<std::io::Error>();
-        while let Some(inner) = io.and_then(std::io::Error::get_ref) {
-            if let Some(r) = inner.downcast_ref::<rustls::Error>() {
-                return Some(describe(r));
-            }
-            io = inner.downcast_ref::<std::io::Error>();
-        }
-        next = err.source();
-    }
-    None
+    // hyper-rustls wraps tokio-rustls's io::Error in another one: `find`
+    // looks inside both.
+    crate::error_chain::find::<rustls::Error>(e).map(describe)
 }
 
 pub(crate) fn describe(e: &rustls::Error) -> String {

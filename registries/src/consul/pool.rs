@@ -29,6 +29,8 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
+use crate::error_chain::{causes, error_chain};
+
 type Sender = SendRequest<Empty<Bytes>>;
 
 /// A connected stream, plain or TLS.
@@ -50,13 +52,17 @@ const READY_TIMEOUT: Duration = Duration::from_secs(1);
 const RETRY_FULL_CAP: Duration = Duration::from_secs(60);
 
 /// Why no connection could be had.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub(crate) enum PoolError {
+    #[error("connect failed: {0}")]
     Connect(io::Error),
+    #[error("connect failed: timed out")]
     ConnectTimeout,
     /// The TLS handshake failed (already described by `tls::tls_failure`
     /// when rustls said why).
+    #[error("connect failed: {0}")]
     Tls(String),
+    #[error("connect failed: {0}")]
     Handshake(hyper::Error),
 }
 
@@ -65,17 +71,6 @@ pub(crate) enum PoolError {
 pub(crate) struct PoolTls {
     pub connector: tokio_rustls::TlsConnector,
     pub server_name: rustls::pki_types::ServerName<'static>,
-}
-
-impl std::fmt::Display for PoolError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PoolError::Connect(e) => write!(f, "connect failed: {e}"),
-            PoolError::ConnectTimeout => f.write_str("connect failed: timed out"),
-            PoolError::Tls(reason) => write!(f, "connect failed: {reason}"),
-            PoolError::Handshake(e) => write!(f, "connect failed: {e}"),
-        }
-    }
 }
 
 pub(crate) struct Pool {
@@ -345,7 +340,8 @@ impl Drop for RawLease<'_> {
 }
 
 /// A request that failed on its connection (`None`: it had none).
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("request failed: {}", self.0.as_ref().map_or_else(|| "no connection".to_string(), |e| error_chain(e)))]
 pub(crate) struct SendError(Option<hyper::Error>);
 
 impl SendError {
@@ -355,32 +351,10 @@ impl SendError {
         if e.is_incomplete_message() || e.is_closed() || e.is_canceled() {
             return true;
         }
-        let mut source = std::error::Error::source(e);
-        while let Some(s) = source {
-            if let Some(io) = s.downcast_ref::<io::Error>() {
-                use io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
-                return matches!(io.kind(), ConnectionReset | ConnectionAborted | BrokenPipe);
-            }
-            source = s.source();
-        }
-        false
-    }
-}
-
-impl std::fmt::Display for SendError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Some(e) => {
-                write!(f, "request failed: {e}")?;
-                let mut source = std::error::Error::source(e);
-                while let Some(s) = source {
-                    write!(f, ": {s}")?;
-                    source = s.source();
-                }
-                Ok(())
-            }
-            None => f.write_str("request failed: no connection"),
-        }
+        // The first io::Error among the causes says how it ended.
+        let io = causes(e).skip(1).find_map(|s| s.downcast_ref::<io::Error>());
+        use io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+        io.is_some_and(|io| matches!(io.kind(), ConnectionReset | ConnectionAborted | BrokenPipe))
     }
 }
 

@@ -33,6 +33,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use tracing::{debug, trace};
 
 use super::decode::{Instance, ServiceKey};
+use crate::error_chain::error_chain;
 use crate::tls::RegistryTls;
 use crate::watcher::RegistryError;
 
@@ -554,18 +555,6 @@ async fn channel(
         .connect_with_connector(connect)
         .await
         .map_err(|e| unreachable(crate::tls::tls_failure(&e).unwrap_or(error_chain(&e))))
-}
-
-/// An error and its causes, on one line.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        next = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]
