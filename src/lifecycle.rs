@@ -48,19 +48,4 @@ impl Default for LifecycleArgs {
     }
 }
 
-pub use crate::time::parse_duration;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-        assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
-        assert!(parse_duration("5 fortnights").unwrap_err().contains("unknown unit"));
-        assert!(parse_duration("soon").is_err());
-    }
-}
+use crate::time::parse_duration;

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use kube::Client;
 
+use crate::time::parse_duration;
+
 /// `networking.higress.io/v1` `McpBridge`, as Higress's CRD names it.
 pub const MCPBRIDGE_GROUP: &str = "networking.higress.io";
 pub const MCPBRIDGE_VERSION: &str = "v1";
@@ -98,23 +100,6 @@ impl KubeArgs {
 /// Whether this process runs in a pod (the API server's env is injected).
 pub fn in_cluster() -> bool {
     std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
-}
-
-/// `15s`, `500ms`, `2m`, or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: f64 = num.parse().map_err(|_| format!("{s:?}: not a duration (like 15s or 500ms)"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        _ => return Err(format!("{s:?}: unit must be ms, s or m")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?}: out of range"))
 }
 
 /// Errors of Kubernetes mode.

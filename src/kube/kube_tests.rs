@@ -5,21 +5,10 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::networking::v1::Ingress;
 use serde_json::json;
 
-use super::parse_duration;
 use super::ports::pins;
 use super::status::{bridge_status, errors_of};
 use super::watch::{Observed, ObservedBridge, selected};
 use crate::config::{Desired, ProxySpec, build_desired, parse_documents};
-
-#[test]
-fn durations() {
-    assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
-    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-    assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-    assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
-    assert!(parse_duration("3h").is_err());
-    assert!(parse_duration("x").is_err());
-}
 
 fn ingress(annotation: Option<&str>, class_name: Option<&str>) -> Ingress {
     let mut v = json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",

@@ -32,7 +32,7 @@ use crate::config::Desired;
 
 pub use args::{
     DEFAULT_MCPBRIDGE, KubeArgs, KubeError, MCPBRIDGE_GROUP, MCPBRIDGE_KIND, MCPBRIDGE_PLURAL, MCPBRIDGE_VERSION,
-    SourceOptions, client, in_cluster, parse_duration,
+    SourceOptions, client, in_cluster,
 };
 pub use leader::{LeaderConfig, LeaderElector};
 pub use status::{BridgeStatus, FIELD_MANAGER, bridge_status};

@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use meshbridge_registries::RegistryKind;
@@ -21,6 +20,7 @@ use tracing::{debug, info, warn};
 use super::watch::{Observed, ObservedBridge, mcpbridge_resource};
 use crate::cache::{Cache, RegistryKey, RegistryReport};
 use crate::config::Desired;
+use crate::time::rfc3339_secs;
 
 /// The field manager of every write meshbridge makes.
 pub const FIELD_MANAGER: &str = "meshbridge";
@@ -61,7 +61,7 @@ pub fn bridge_status(
             "endpoints": report.map_or(0, |r| r.endpoints),
         });
         if let Some(t) = report.and_then(|r| r.status.last_sync_time) {
-            item["lastSyncTime"] = Value::String(rfc3339(t));
+            item["lastSyncTime"] = Value::String(rfc3339_secs(t));
         }
         let message = if !entry_errors.is_empty() {
             Some(entry_errors.join("; "))
@@ -127,7 +127,7 @@ fn condition(
         "reason": reason,
         "message": message,
         "observedGeneration": generation,
-        "lastTransitionTime": kept.unwrap_or_else(|| Value::String(rfc3339(now))),
+        "lastTransitionTime": kept.unwrap_or_else(|| Value::String(rfc3339_secs(now))),
     })
 }
 
@@ -146,11 +146,6 @@ fn entry_errors<'a>(errors: &'a [String], at: &str) -> Vec<&'a str> {
         .filter(|e| e.strip_prefix(at).is_some_and(|rest| rest.starts_with('.') || rest.starts_with(':')))
         .map(String::as_str)
         .collect()
-}
-
-/// Kubernetes `Time`: RFC 3339, seconds.
-fn rfc3339(t: SystemTime) -> String {
-    Timestamp::try_from(t).map(|ts| ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()).unwrap_or_default()
 }
 
 /// Writes status for the leader.

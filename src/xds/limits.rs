@@ -38,7 +38,7 @@ pub const MAX_RESOURCE_NAME_BYTES: usize = 1024;
 /// Distinct type URLs one stream may ask for.
 pub const MAX_TYPES_PER_STREAM: usize = 64;
 
-pub use crate::time::parse_duration;
+use crate::time::parse_duration;
 
 /// xDS server limits (`meshbridge run` flags). Durations take `ms`, `s`,
 /// `m` or `h`; `0` turns a timeout off.
@@ -443,12 +443,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_and_truncation() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert!(parse_duration("5 parsecs").is_err());
+    fn truncation() {
         assert_eq!(truncate("short", 10), "short");
         let cut = truncate("ééééé", 3);
         assert!(cut.starts_with("é…") && cut.ends_with("(10 bytes)"), "{cut}");
