@@ -47,40 +47,59 @@ impl fmt::Debug for RegistryTls {
     }
 }
 
+/// What is wrong with a registry's TLS settings (the text of a config
+/// error on `registryTls`).
+#[derive(Debug, thiserror::Error)]
+pub enum TlsConfigError {
+    #[error("not a PEM certificate bundle: {0}")]
+    NotPem(rustls::pki_types::pem::Error),
+    #[error("more than {MAX_CA_CERTS} certificates")]
+    TooManyCerts,
+    #[error("no PEM certificate (-----BEGIN CERTIFICATE-----) found")]
+    NoCert,
+    #[error("{0} certificate(s) cannot be used as a trust anchor")]
+    NotAnchors(usize),
+    /// The name, or `None` when the caller names the field itself.
+    #[error("{}not a DNS name or IP address", .0.as_ref().map(|n| format!("{n:?} is ")).unwrap_or_default())]
+    ServerName(Option<String>),
+    #[error("TLS setup: {0}")]
+    Setup(String),
+}
+
 /// The certificates of a PEM CA bundle; an error (for a config message)
 /// when it holds none, too many, or a block that does not parse.
-pub fn parse_ca_bundle(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+pub fn parse_ca_bundle(pem: &str) -> Result<Vec<CertificateDer<'static>>, TlsConfigError> {
     let mut certs = Vec::new();
     for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-        let cert = cert.map_err(|e| format!("not a PEM certificate bundle: {e}"))?;
+        let cert = cert.map_err(TlsConfigError::NotPem)?;
         if certs.len() == MAX_CA_CERTS {
-            return Err(format!("more than {MAX_CA_CERTS} certificates"));
+            return Err(TlsConfigError::TooManyCerts);
         }
         certs.push(cert);
     }
     if certs.is_empty() {
-        return Err("no PEM certificate (-----BEGIN CERTIFICATE-----) found".into());
+        return Err(TlsConfigError::NoCert);
     }
     let mut store = RootCertStore::empty();
     let (_, bad) = store.add_parsable_certificates(certs.clone());
     if bad > 0 {
-        return Err(format!("{bad} certificate(s) cannot be used as a trust anchor"));
+        return Err(TlsConfigError::NotAnchors(bad));
     }
     Ok(certs)
 }
 
 /// A `serverName` that can be verified: a DNS name or an IP address.
-pub fn check_server_name(name: &str) -> Result<(), String> {
+pub fn check_server_name(name: &str) -> Result<(), TlsConfigError> {
     let plain = name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b':'));
     match ServerName::try_from(name.to_string()) {
         Ok(_) if plain => Ok(()),
-        _ => Err("not a DNS name or IP address".into()),
+        _ => Err(TlsConfigError::ServerName(None)),
     }
 }
 
 /// The rustls client config for `tls`, with ring (the one crypto provider
 /// in the tree), offering the ALPN protocols `alpn` (none: no ALPN).
-pub(crate) fn client_config(tls: &RegistryTls, alpn: &[&[u8]]) -> Result<Arc<ClientConfig>, String> {
+pub(crate) fn client_config(tls: &RegistryTls, alpn: &[&[u8]]) -> Result<Arc<ClientConfig>, TlsConfigError> {
     let roots = match &tls.ca_pem {
         Some(pem) => {
             let mut store = RootCertStore::empty();
@@ -92,14 +111,15 @@ pub(crate) fn client_config(tls: &RegistryTls, alpn: &[&[u8]]) -> Result<Arc<Cli
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS setup: {e}"))?;
+        .map_err(|e| TlsConfigError::Setup(e.to_string()))?;
     let mut config = match &tls.server_name {
         None => builder.with_root_certificates(roots).with_no_client_auth(),
         Some(name) => {
-            let name = ServerName::try_from(name.clone()).map_err(|_| format!("{name:?} is not a DNS name or IP"))?;
+            let name =
+                ServerName::try_from(name.clone()).map_err(|_| TlsConfigError::ServerName(Some(name.clone())))?;
             let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
-                .map_err(|e| format!("TLS setup: {e}"))?;
+                .map_err(|e| TlsConfigError::Setup(e.to_string()))?;
             let verifier = Arc::new(NamedVerifier { inner, name });
             builder.dangerous().with_custom_certificate_verifier(verifier).with_no_client_auth()
         }
@@ -116,10 +136,10 @@ pub(crate) fn http_client(
 ) -> Result<reqwest::ClientBuilder, crate::RegistryError> {
     let builder = reqwest::Client::builder();
     let Some(tls) = tls else { return Ok(builder) };
-    let config = |reason: String| crate::RegistryError::Config {
+    let config = |reason: TlsConfigError| crate::RegistryError::Config {
         registry: registry.to_string(),
         field: "registryTls".into(),
-        reason,
+        reason: reason.to_string(),
     };
     let client = client_config(tls, &[b"h2", b"http/1.1"]).map_err(config)?;
     Ok(builder.use_preconfigured_tls((*client).clone()).https_only(true))
@@ -171,10 +191,10 @@ impl ServerCertVerifier for NamedVerifier {
 
 /// The name to verify for `host` (a `domain` host, IPv6 with or without
 /// brackets), unless `tls.server_name` overrides it.
-pub(crate) fn server_name(tls: &RegistryTls, host: &str) -> Result<ServerName<'static>, String> {
+pub(crate) fn server_name(tls: &RegistryTls, host: &str) -> Result<ServerName<'static>, TlsConfigError> {
     let name = tls.server_name.as_deref().unwrap_or(host);
     let name = name.trim_start_matches('[').trim_end_matches(']');
-    ServerName::try_from(name.to_string()).map_err(|_| format!("{name:?} is not a DNS name or IP address"))
+    ServerName::try_from(name.to_string()).map_err(|_| TlsConfigError::ServerName(Some(name.to_string())))
 }
 
 /// Mozilla's roots and the host's, loaded once per process.
@@ -214,7 +234,7 @@ mod tests {
 
     #[test]
     fn bundles_must_hold_certificates() {
-        assert!(parse_ca_bundle("").unwrap_err().contains("no PEM certificate"));
+        assert!(parse_ca_bundle("").unwrap_err().to_string().contains("no PEM certificate"));
         assert!(parse_ca_bundle("hello").is_err());
         let junk = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
         assert!(parse_ca_bundle(junk).is_err(), "not a certificate");

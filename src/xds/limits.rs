@@ -402,19 +402,29 @@ impl LogLimit {
     }
 }
 
+/// Why a request broke a cap (the stream then ends with
+/// `INVALID_ARGUMENT` and this text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestRefused {
+    #[error("type_url: {bytes} bytes, the limit is {MAX_TYPE_URL_BYTES}")]
+    TypeUrlTooLong { bytes: usize },
+    /// `type_url` is already truncated for display.
+    #[error("resource name [{index}] of {type_url}: {bytes} bytes, the limit is {MAX_RESOURCE_NAME_BYTES}")]
+    NameTooLong { index: usize, type_url: String, bytes: usize },
+    #[error("type_url: more than {MAX_TYPES_PER_STREAM} types on one stream")]
+    TooManyTypes,
+}
+
 /// Check the client-chosen strings of a request against the caps.
-pub fn check_request<S: AsRef<str>>(type_url: &str, names: impl IntoIterator<Item = S>) -> Result<(), String> {
+pub fn check_request<S: AsRef<str>>(type_url: &str, names: impl IntoIterator<Item = S>) -> Result<(), RequestRefused> {
     if type_url.len() > MAX_TYPE_URL_BYTES {
-        return Err(format!("type_url: {} bytes, the limit is {MAX_TYPE_URL_BYTES}", type_url.len()));
+        return Err(RequestRefused::TypeUrlTooLong { bytes: type_url.len() });
     }
-    for (i, n) in names.into_iter().enumerate() {
+    for (index, n) in names.into_iter().enumerate() {
         let n = n.as_ref();
         if n.len() > MAX_RESOURCE_NAME_BYTES {
-            return Err(format!(
-                "resource name [{i}] of {}: {} bytes, the limit is {MAX_RESOURCE_NAME_BYTES}",
-                truncate(type_url, 100),
-                n.len()
-            ));
+            let type_url = truncate(type_url, 100).into_owned();
+            return Err(RequestRefused::NameTooLong { index, type_url, bytes: n.len() });
         }
     }
     Ok(())
@@ -447,8 +457,8 @@ mod tests {
         assert_eq!(truncate("short", 10), "short");
         let cut = truncate("ééééé", 3);
         assert!(cut.starts_with("é…") && cut.ends_with("(10 bytes)"), "{cut}");
-        assert!(check_request(&"t".repeat(300), [""; 0]).unwrap_err().starts_with("type_url: 300 bytes"));
+        assert!(check_request(&"t".repeat(300), [""; 0]).unwrap_err().to_string().starts_with("type_url: 300 bytes"));
         let long = vec!["n".repeat(2000)];
-        assert!(check_request("t", &long).unwrap_err().contains("resource name [0]"));
+        assert!(check_request("t", &long).unwrap_err().to_string().contains("resource name [0]"));
     }
 }

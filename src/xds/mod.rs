@@ -115,7 +115,7 @@ pub trait StreamState: Send + 'static {
     type Req: prost::Message + Default + Send + 'static;
     type Resp: Send + 'static;
     /// A request breaking a cap (see [`limits`]) ends the stream.
-    fn check(&self, req: &Self::Req) -> Result<(), String>;
+    fn check(&self, req: &Self::Req) -> Result<(), limits::RequestRefused>;
     fn on_request(&mut self, req: &Self::Req, set: &ConfigSet) -> Vec<Self::Resp>;
     fn on_change(&mut self, set: &ConfigSet) -> Vec<Self::Resp>;
 }
@@ -123,7 +123,7 @@ pub trait StreamState: Send + 'static {
 impl StreamState for sotw::SotwStream {
     type Req = SotwRequest;
     type Resp = SotwResponse;
-    fn check(&self, req: &SotwRequest) -> Result<(), String> {
+    fn check(&self, req: &SotwRequest) -> Result<(), limits::RequestRefused> {
         limits::check_request(&req.req.type_url, req.names.iter())?;
         check_type_count(self.has_type(&req.req.type_url), self.type_count())
     }
@@ -138,7 +138,7 @@ impl StreamState for sotw::SotwStream {
 impl StreamState for delta::DeltaStream {
     type Req = DeltaDiscoveryRequest;
     type Resp = DeltaResponse;
-    fn check(&self, req: &DeltaDiscoveryRequest) -> Result<(), String> {
+    fn check(&self, req: &DeltaDiscoveryRequest) -> Result<(), limits::RequestRefused> {
         let names = req
             .resource_names_subscribe
             .iter()
@@ -155,12 +155,8 @@ impl StreamState for delta::DeltaStream {
     }
 }
 
-fn check_type_count(known: bool, count: usize) -> Result<(), String> {
-    if known || count < limits::MAX_TYPES_PER_STREAM {
-        Ok(())
-    } else {
-        Err(format!("type_url: more than {} types on one stream", limits::MAX_TYPES_PER_STREAM))
-    }
+fn check_type_count(known: bool, count: usize) -> Result<(), limits::RequestRefused> {
+    if known || count < limits::MAX_TYPES_PER_STREAM { Ok(()) } else { Err(limits::RequestRefused::TooManyTypes) }
 }
 
 /// Drive one stream: requests and config changes in, responses out.
@@ -191,7 +187,7 @@ async fn drive<S: StreamState>(
                 Some(Ok(req)) => {
                     if let Err(e) = state.check(&req) {
                         warn!(error = %e, "request refused; closing the stream");
-                        let _ = tx.send(Err(Status::invalid_argument(e))).await;
+                        let _ = tx.send(Err(Status::invalid_argument(e.to_string()))).await;
                         break;
                     }
                     // Not borrow_and_update: other types may still owe a push

@@ -148,8 +148,10 @@ impl Client {
         };
         let tls = match &spec.tls {
             Some(tls) => {
-                let client = crate::tls::client_config(tls, &[b"http/1.1"]).map_err(|e| config("registryTls", e))?;
-                let server_name = crate::tls::server_name(tls, host).map_err(|e| config("registryTls", e))?;
+                let client =
+                    crate::tls::client_config(tls, &[b"http/1.1"]).map_err(|e| config("registryTls", e.to_string()))?;
+                let server_name =
+                    crate::tls::server_name(tls, host).map_err(|e| config("registryTls", e.to_string()))?;
                 Some(PoolTls { connector: tokio_rustls::TlsConnector::from(client), server_name })
             }
             None => None,

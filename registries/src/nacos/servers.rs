@@ -87,7 +87,7 @@ impl Servers {
         parse_server_list(&body, port).map_err(|reason| RegistryError::BadResponse {
             registry: registry.clone(),
             what: format!("GET {what}"),
-            reason,
+            reason: reason.to_string(),
         })
     }
 }
@@ -117,21 +117,30 @@ fn server_addr(host: &str, port: u16) -> String {
     }
 }
 
+/// Why an address server's answer was not used.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum BadServerList {
+    #[error("{0:?} is not an ip or ip:port")]
+    NotAnAddress(String),
+    #[error("empty server list")]
+    Empty,
+}
+
 /// An address server's answer: one `ip` or `ip:port` per line (Higress
 /// splits on any whitespace). Anything else makes the whole answer bad, so a
 /// broken address server cannot point us at garbage.
-pub(crate) fn parse_server_list(body: &str, port: u16) -> Result<Vec<String>, String> {
+pub(crate) fn parse_server_list(body: &str, port: u16) -> Result<Vec<String>, BadServerList> {
     let mut out = Vec::new();
     for item in body.split_whitespace() {
         let addr = server_addr(item, port);
         let host = addr.rsplit_once(':').map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'));
         if host.is_none_or(|h| h.parse::<IpAddr>().is_err()) {
-            return Err(format!("{item:?} is not an ip or ip:port"));
+            return Err(BadServerList::NotAnAddress(crate::clip::clip(item).to_string()));
         }
         out.push(addr);
     }
     if out.is_empty() {
-        return Err("empty server list".into());
+        return Err(BadServerList::Empty);
     }
     out.sort();
     out.dedup();

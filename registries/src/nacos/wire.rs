@@ -350,7 +350,7 @@ async fn read_stream(
                 trace!(registry, bytes = body.len(), "nacos push");
                 match push {
                     Ok(push) => pushes(push),
-                    Err(reason) => debug!(registry, reason, "nacos push ignored"),
+                    Err(reason) => debug!(registry, %reason, "nacos push ignored"),
                 }
                 false
             }
@@ -397,7 +397,7 @@ async fn read_stream(
 pub(crate) enum ServerRequest {
     /// `NotifySubscriberRequest`: the service's instances (or why they could
     /// not be read); answered `NotifySubscriberResponse` either way.
-    Push(Result<Push, String>, Value),
+    Push(Result<Push, BadPush>, Value),
     /// `ClientDetectionRequest`: the server checks the client is alive;
     /// answered `ClientDetectionResponse`.
     Detection(Value),
@@ -489,19 +489,30 @@ fn request_id(body: &[u8]) -> Value {
     serde_json::from_slice::<RequestId>(body).map(|r| r.request_id).unwrap_or(Value::Null)
 }
 
+/// Why a `NotifySubscriberRequest` could not be used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BadPush {
+    #[error("not a NotifySubscriberRequest: {0}")]
+    Json(serde_json::Error),
+    #[error("no serviceInfo")]
+    NoServiceInfo,
+    #[error("no serviceName")]
+    NoServiceName,
+}
+
 /// The service and instances of a `NotifySubscriberRequest`'s JSON body
 /// (or why none), and the `requestId` to answer it with.
-pub(crate) fn decode_push(body: &[u8]) -> (Result<Push, String>, Value) {
+pub(crate) fn decode_push(body: &[u8]) -> (Result<Push, BadPush>, Value) {
     let push: NotifySubscriber = match serde_json::from_slice(body) {
         Ok(push) => push,
-        Err(e) => return (Err(format!("not a NotifySubscriberRequest: {e}")), request_id(body)),
+        Err(e) => return (Err(BadPush::Json(e)), request_id(body)),
     };
     let Some(info) = push.service_info else {
-        return (Err("no serviceInfo".into()), push.request_id);
+        return (Err(BadPush::NoServiceInfo), push.request_id);
     };
     let text = |v: Option<String>| v.filter(|s| !s.is_empty());
     let Some(name) = text(push.service_name).or(info.name) else {
-        return (Err("no serviceName".into()), push.request_id);
+        return (Err(BadPush::NoServiceName), push.request_id);
     };
     let key = match (name.split_once("@@"), text(push.group_name).or(info.group_name)) {
         (Some((g, n)), _) => ServiceKey::new(g, n),
@@ -523,8 +534,11 @@ async fn channel(
         registry: registry.to_string(),
         reason: format!("connect {addr}: {reason}"),
     };
-    let config =
-        |reason: String| RegistryError::Config { registry: registry.to_string(), field: "registryTls".into(), reason };
+    let config = |reason: crate::tls::TlsConfigError| RegistryError::Config {
+        registry: registry.to_string(),
+        field: "registryTls".into(),
+        reason: reason.to_string(),
+    };
     let uri: Uri = format!("http://{addr}").parse().map_err(|e| unreachable(format!("{e}")))?;
     let endpoint = Endpoint::from(uri)
         .connect_timeout(deadline)
@@ -588,7 +602,7 @@ mod tests {
         assert!(body["requestId"].is_string());
     }
 
-    fn push(body: Value) -> (Result<Push, String>, Value) {
+    fn push(body: Value) -> (Result<Push, BadPush>, Value) {
         decode_push(&serde_json::to_vec(&body).unwrap())
     }
 
@@ -604,15 +618,17 @@ mod tests {
         assert_eq!(push(grouped).0.unwrap(), Push { key: ServiceKey::new("g2", "api"), instances: vec![] });
         let empty_name = json!({"serviceName": "", "serviceInfo": {"name": "api", "groupName": "g3"}});
         assert_eq!(push(empty_name).0.unwrap().key, ServiceKey::new("g3", "api"));
-        assert_eq!(push(json!({"requestId": "8", "serviceInfo": {}})), (Err("no serviceName".into()), json!("8")));
-        assert_eq!(push(json!({"requestId": "9"})), (Err("no serviceInfo".into()), json!("9")));
+        let (decoded, id) = push(json!({"requestId": "8", "serviceInfo": {}}));
+        assert!(matches!(decoded, Err(BadPush::NoServiceName)) && id == "8");
+        let (decoded, id) = push(json!({"requestId": "9"}));
+        assert!(matches!(decoded, Err(BadPush::NoServiceInfo)) && id == "9");
         assert_eq!(push(json!({"requestId": "10", "serviceInfo": null})).1, json!("10"));
     }
 
     #[test]
     fn a_push_not_understood_is_still_answered_with_its_request_id() {
         let (decoded, id) = push(json!({"requestId": "11", "serviceInfo": {"hosts": "not a list"}}));
-        let reason = decoded.unwrap_err();
+        let reason = decoded.unwrap_err().to_string();
         assert!(reason.starts_with("not a NotifySubscriberRequest: invalid type"), "{reason}");
         assert_eq!(id, "11");
         let (decoded, id) = decode_push(b"not json");
