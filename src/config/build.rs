@@ -275,7 +275,7 @@ fn resolve(
     if let Some(name) = auth_secret_name {
         match find_secret(&name, &bridge.namespace, secrets) {
             Ok(secret) => spec.auth = secret.data.clone(),
-            Err(reason) => return Err(vec![FieldError { field: "authSecretName".into(), reason }]),
+            Err(reason) => return Err(vec![FieldError::new("authSecretName", reason.to_string())]),
         }
         if let (Some(key), Some(tls)) = (tls_ca_key, spec.tls.as_mut()) {
             let error = |reason: String| vec![FieldError { field: "registryTls.caKey".into(), reason }];
@@ -363,25 +363,32 @@ fn check_proxy(
     spec
 }
 
+/// Why the Secret an entry names could not be used.
+#[derive(Debug, thiserror::Error)]
+enum SecretLookup {
+    #[error("secret {0:?} not found")]
+    NotFound(String),
+    #[error("secret {name:?} not found in namespace {namespace:?} and ambiguous elsewhere (namespaces {})", .elsewhere.join(", "))]
+    Ambiguous { name: String, namespace: String, elsewhere: Vec<String> },
+}
+
 /// The Secret `name` in `namespace`, else the only one of that name anywhere.
 fn find_secret<'a>(
     name: &str,
     namespace: &str,
     secrets: &HashMap<&str, Vec<&'a SecretDoc>>,
-) -> Result<&'a SecretDoc, String> {
+) -> Result<&'a SecretDoc, SecretLookup> {
     let found = secrets.get(name).map(Vec::as_slice).unwrap_or_default();
     if let Some(s) = found.iter().find(|s| s.namespace == namespace) {
         return Ok(s);
     }
     match found {
-        [] => Err(format!("secret {name:?} not found")),
+        [] => Err(SecretLookup::NotFound(name.to_string())),
         [only] => Ok(only),
-        many => {
-            let namespaces: Vec<_> = many.iter().map(|s| s.namespace.as_str()).collect();
-            Err(format!(
-                "secret {name:?} not found in namespace {namespace:?} and ambiguous elsewhere (namespaces {})",
-                namespaces.join(", ")
-            ))
-        }
+        many => Err(SecretLookup::Ambiguous {
+            name: name.to_string(),
+            namespace: namespace.to_string(),
+            elsewhere: many.iter().map(|s| s.namespace.clone()).collect(),
+        }),
     }
 }

@@ -35,6 +35,7 @@ pub use model::{Document, IngressDoc, McpBridgeDoc, RawEntry, SecretDoc};
 pub use parse::{parse_documents, parse_object};
 pub use state::ConfigState;
 pub use types::{ConfigError, DEFAULT_PROXY_CONNECT_TIMEOUT, Desired, FileStatus, ProxySpec, TlsSecret};
+pub use validate::FieldError;
 pub use validate::MIN_REFRESH_INTERVAL;
 
 /// Build [`Desired`] from documents, in source order, with no memory of

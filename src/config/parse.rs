@@ -12,6 +12,7 @@ use tracing::{debug, warn};
 
 use super::model::{Document, IngressDoc, McpBridgeDoc, RawEntry, SecretDoc};
 use super::types::ConfigError;
+use super::validate::FieldError;
 
 pub(crate) const MCPBRIDGE_API_VERSION: &str = "networking.higress.io/v1";
 const SECRET_API_VERSION: &str = "v1";
@@ -41,11 +42,11 @@ pub fn parse_documents(file: &str, text: &str) -> Result<Vec<Document>, ConfigEr
     let lines_known = starts.len() == values.len();
     let mut docs = Vec::new();
     for (i, value) in values.into_iter().enumerate() {
-        let fail = |reason: String| ConfigError::Document {
+        let fail = |reason: FieldError| ConfigError::Document {
             file: file.to_owned(),
             document: i + 1,
             line: lines_known.then(|| starts[i]),
-            reason,
+            reason: reason.to_string(),
         };
         if let Some(doc) = parse_document(file, i + 1, value).map_err(fail)? {
             docs.push(doc);
@@ -58,22 +59,22 @@ pub fn parse_documents(file: &str, text: &str) -> Result<Vec<Document>, ConfigEr
 /// same checks and shapes as a YAML document, so both sources build the
 /// same [`Document`]s. `None` for kinds and versions we do not read.
 /// `source` names the object in logs; the error names the field.
-pub fn parse_object(source: &str, value: Value) -> Result<Option<Document>, String> {
+pub fn parse_object(source: &str, value: Value) -> Result<Option<Document>, FieldError> {
     parse_document(source, 1, value)
 }
 
-fn parse_document(file: &str, index: usize, value: Value) -> Result<Option<Document>, String> {
+fn parse_document(file: &str, index: usize, value: Value) -> Result<Option<Document>, FieldError> {
     let Value::Object(mut obj) = value else {
-        return Err("not a mapping".into());
+        return Err(FieldError::new("", "not a mapping"));
     };
     let kind = match obj.get("kind") {
         Some(Value::String(k)) if !k.is_empty() => k.clone(),
-        Some(_) => return Err("kind: must be a string".into()),
-        None => return Err("kind: required".into()),
+        Some(_) => return Err(FieldError::new("kind", "must be a string")),
+        None => return Err(FieldError::new("kind", "required")),
     };
     let api_version = match obj.get("apiVersion") {
         Some(Value::String(v)) => v.clone(),
-        Some(_) => return Err("apiVersion: must be a string".into()),
+        Some(_) => return Err(FieldError::new("apiVersion", "must be a string")),
         None => String::new(),
     };
     let expected = match kind.as_str() {
@@ -98,35 +99,35 @@ fn parse_document(file: &str, index: usize, value: Value) -> Result<Option<Docum
     Ok(Some(doc))
 }
 
-fn metadata(obj: &Map<String, Value>) -> Result<(String, String), String> {
+fn metadata(obj: &Map<String, Value>) -> Result<(String, String), FieldError> {
     let Some(Value::Object(meta)) = obj.get("metadata") else {
-        return Err("metadata.name: required".into());
+        return Err(FieldError::new("metadata.name", "required"));
     };
     let name = match meta.get("name") {
         Some(Value::String(n)) if !n.is_empty() => n.clone(),
         Some(Value::String(_)) | None | Some(Value::Null) => {
-            return Err("metadata.name: required".into());
+            return Err(FieldError::new("metadata.name", "required"));
         }
-        Some(_) => return Err("metadata.name: must be a string".into()),
+        Some(_) => return Err(FieldError::new("metadata.name", "must be a string")),
     };
     let namespace = match meta.get("namespace") {
         Some(Value::String(n)) if !n.is_empty() => n.clone(),
         Some(Value::String(_)) | None | Some(Value::Null) => DEFAULT_NAMESPACE.to_owned(),
-        Some(_) => return Err("metadata.namespace: must be a string".into()),
+        Some(_) => return Err(FieldError::new("metadata.namespace", "must be a string")),
     };
     Ok((namespace, name))
 }
 
-fn mcpbridge(namespace: String, name: String, spec: Option<Value>) -> Result<McpBridgeDoc, String> {
+fn mcpbridge(namespace: String, name: String, spec: Option<Value>) -> Result<McpBridgeDoc, FieldError> {
     let mut spec = match spec {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m,
-        Some(_) => return Err("spec: must be a mapping".into()),
+        Some(_) => return Err(FieldError::new("spec", "must be a mapping")),
     };
     let mut list = |field: &str| match spec.remove(field) {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(entries)) => Ok(entries.into_iter().map(RawEntry).collect()),
-        Some(_) => Err(format!("spec.{field}: must be a list")),
+        Some(_) => Err(FieldError::new(format!("spec.{field}"), "must be a list")),
     };
     let registries = list("registries")?;
     let proxies = list("proxies")?;
@@ -138,23 +139,23 @@ fn mcpbridge(namespace: String, name: String, spec: Option<Value>) -> Result<Mcp
 
 /// Decode `data` (base64) and `stringData` (plain; wins over `data`, as the
 /// API server merges them). Errors name the key, never the value.
-fn secret(namespace: String, name: String, obj: &Map<String, Value>) -> Result<SecretDoc, String> {
+fn secret(namespace: String, name: String, obj: &Map<String, Value>) -> Result<SecretDoc, FieldError> {
     let mut data = BTreeMap::new();
     for (field, base64) in [("data", true), ("stringData", false)] {
         let entries = match obj.get(field) {
             None | Some(Value::Null) => continue,
             Some(Value::Object(m)) => m,
-            Some(_) => return Err(format!("{field}: must be a mapping")),
+            Some(_) => return Err(FieldError::new(field, "must be a mapping")),
         };
         for (key, value) in entries {
             let Value::String(text) = value else {
-                return Err(format!("{field}.{key}: must be a string"));
+                return Err(FieldError::new(format!("{field}.{key}"), "must be a string"));
             };
             let text = if base64 {
                 let bytes = base64::engine::general_purpose::STANDARD
                     .decode(text.trim())
-                    .map_err(|_| format!("{field}.{key}: not valid base64"))?;
-                String::from_utf8(bytes).map_err(|_| format!("{field}.{key}: not valid UTF-8"))?
+                    .map_err(|_| FieldError::new(format!("{field}.{key}"), "not valid base64"))?;
+                String::from_utf8(bytes).map_err(|_| FieldError::new(format!("{field}.{key}"), "not valid UTF-8"))?
             } else {
                 text.clone()
             };

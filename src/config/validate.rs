@@ -29,22 +29,24 @@ pub(crate) const STATIC_DEFAULT_PORT: u16 = 80;
 /// A problem with one field of an entry. `field` is a path inside the entry
 /// (`port`, `vport.services[0].value`), empty for the entry as a whole.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct FieldError {
+pub struct FieldError {
     pub field: String,
     pub reason: String,
 }
 
 impl FieldError {
-    fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
         FieldError { field: field.into(), reason: reason.into() }
     }
 }
 
 impl fmt::Display for FieldError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.reason)
+        if self.field.is_empty() { f.write_str(&self.reason) } else { write!(f, "{}: {}", self.field, self.reason) }
     }
 }
+
+impl std::error::Error for FieldError {}
 
 /// A registry entry that passed every check that needs only the entry.
 #[derive(Debug)]

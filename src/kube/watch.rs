@@ -395,7 +395,7 @@ impl Assembler {
                 entry.doc = doc;
                 entry.error = None;
             }
-            Err(reason) => entry.error = Some(reason),
+            Err(reason) => entry.error = Some(reason.to_string()),
         }
     }
 }
