@@ -104,9 +104,9 @@ pub struct Translator {
     /// `BTreeSet` would cost a whole node per host.)
     spellings: HashMap<String, Vec<String>>,
     service_hosts: imbl::OrdMap<String, String>,
-    /// MCP creation times, by `kind/namespace/name`: when an object was
+    /// MCP creation times, by object: when an object was
     /// first seen. Pilot reads a changed time as a changed object.
-    create_times: HashMap<String, i64>,
+    create_times: HashMap<ObjectKey, i64>,
     /// The derived stage's MCP resources, reused while the object is equal.
     derived_mcp: HashMap<ObjectKey, (Arc<IstioObject>, Result<Resource, Warning>)>,
 }
@@ -293,7 +293,7 @@ impl Translator {
 
     /// The object's MCP resource, with its creation time (first seen).
     fn encode(&mut self, obj: &IstioObject, now: i64) -> Result<Resource, Warning> {
-        let created = *self.create_times.entry(format!("{}/{}", obj.kind(), obj.key())).or_insert(now);
+        let created = *self.create_times.entry(object_key(obj)).or_insert(now);
         mcp::resource(obj, created)
     }
 
@@ -343,7 +343,7 @@ impl Translator {
         }
         for key in &old.objects {
             if !new.objects.contains(key) && self.set.istio.remove(key).is_some() {
-                self.create_times.remove(&format!("{}/{}/{}", key.0, key.1, key.2));
+                self.create_times.remove(key);
                 changed = true;
             }
         }
@@ -436,7 +436,7 @@ impl Translator {
             let served = self.derived_objects.remove(&key).flatten();
             self.derived_mcp.remove(&key);
             if self.set.istio.remove(&key).is_some() {
-                self.create_times.remove(&format!("{}/{}/{}", key.0, key.1, key.2));
+                self.create_times.remove(&key);
                 changed = true;
             }
             if let Some((collection, name)) = served
