@@ -150,6 +150,13 @@ impl ConsulWatcher {
         self
     }
 
+    /// Probe service indexes one request at a time instead of pipelined:
+    /// for the bench, to measure what pipelining gains the sweeps.
+    pub fn without_pipelining(mut self) -> ConsulWatcher {
+        self.client.set_pipelining(false);
+        self
+    }
+
     /// The most connections this watcher holds to Consul.
     pub fn max_conns(&self) -> usize {
         self.max_conns

@@ -47,10 +47,12 @@ struct Args {
     bursts: usize,
     sizes: Vec<usize>,
     seed: u64,
+    /// Probe one request at a time (to measure what pipelining gains).
+    no_pipelining: bool,
 }
 
 fn args() -> anyhow::Result<Args> {
-    let mut a = Args { services: 1000, bursts: 20, sizes: vec![10, 100], seed: 1 };
+    let mut a = Args { services: 1000, bursts: 20, sizes: vec![10, 100], seed: 1, no_pipelining: false };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().context("missing value");
@@ -59,7 +61,8 @@ fn args() -> anyhow::Result<Args> {
             "--bursts" => a.bursts = value()?.parse()?,
             "--seed" => a.seed = value()?.parse()?,
             "--sizes" => a.sizes = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
-            _ => bail!("usage: consul_bursts [--services N] [--bursts N] [--sizes 10,100] [--seed N]"),
+            "--no-pipelining" => a.no_pipelining = true,
+            _ => bail!("usage: consul_bursts [--services N] [--bursts N] [--sizes 10,100] [--seed N] [--no-pipelining]"),
         }
     }
     Ok(a)
@@ -116,7 +119,9 @@ async fn run(args: Args, mb: tokio::runtime::Handle) -> anyhow::Result<()> {
     spec.consul_refresh_interval = Some(Duration::from_secs(3600));
     let mut rec: Recorder = {
         let _enter = mb.enter();
-        Recorder::start(Box::new(ConsulWatcher::new(spec)?), Duration::from_secs(600))
+        let watcher = ConsulWatcher::new(spec)?;
+        let watcher = if args.no_pipelining { watcher.without_pipelining() } else { watcher };
+        Recorder::start(Box::new(watcher), Duration::from_secs(600))
     };
     let count = |r: &Recorder, i: usize| r.endpoints(&host(i)).map_or(0, |e| e.len());
     rec.until("full sync", |r| r.hosts().len() >= n && (0..n).all(|i| count(r, i) == PER)).await;
@@ -196,7 +201,8 @@ async fn run(args: Args, mb: tokio::runtime::Handle) -> anyhow::Result<()> {
     rows.push(("node address changed".into(), row));
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("\nconsul_bursts: {n} services × {PER}, seed {}, loadavg {}", args.seed, load.trim());
+    let pipelining = if args.no_pipelining { "off" } else { "on" };
+    println!("\nconsul_bursts: {n} services × {PER}, seed {}, probes pipelined: {pipelining}, loadavg {}", args.seed, load.trim());
     println!(
         "| change | services | bursts | writes took p50 (ms) | converged after the last write p50 / p99 / max (ms) | watcher CPU per burst (ms) | Consul answers per burst |"
     );

@@ -66,6 +66,9 @@ pub(crate) struct Client {
     registry: String,
     datacenter: Option<String>,
     namespace: Option<String>,
+    /// Index probes pipelined on raw connections (off: one request at a
+    /// time, for measuring what pipelining gains).
+    pipelining: bool,
 }
 
 /// A blocking-query answer and its `X-Consul-Index`.
@@ -164,7 +167,12 @@ impl Client {
             registry: spec.name.clone(),
             datacenter: spec.consul_datacenter.clone().filter(|s| !s.is_empty()),
             namespace: None,
+            pipelining: true,
         })
+    }
+
+    pub fn set_pipelining(&mut self, on: bool) {
+        self.pipelining = on;
     }
 
     /// Send `ns` on every call from now on (Consul Enterprise only).
@@ -350,7 +358,7 @@ impl Client {
     /// The indexes of a prefix of `names`, pipelined; empty when no raw
     /// connection could be had (the one-request path then says why).
     async fn pipelined_indexes(&self, names: &[&str]) -> Vec<u64> {
-        if names.len() < 2 {
+        if names.len() < 2 || !self.pipelining {
             return Vec::new();
         }
         let mut requests = Vec::with_capacity(names.len() * 256);
