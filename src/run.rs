@@ -12,7 +12,7 @@ use meshbridge_registries::Secret;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::admin::{AdminLimits, Auth};
 use crate::cache::Cache;
@@ -233,7 +233,17 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
     init_tracing(cli.log_format);
     let Command::Run(cmd) = cli.command;
     let args = &cmd.args;
-    info!(config_dir = ?args.config_dir, kube = ?cmd.kube, xds_addr = %args.xds_addr, admin_addr = %args.admin_addr, min_refresh_interval = ?args.min_refresh_interval, gateway = ?cmd.gateway, lifecycle = ?cmd.lifecycle, "starting meshbridge");
+    let source = match &args.config_dir {
+        Some(dir) => format!("config from {}", dir.display()),
+        None => format!("config from Kubernetes (McpBridges in namespace {})", cmd.kube.namespace),
+    };
+    info!(
+        "starting meshbridge {}: {source}; xDS on {}, admin API on {}",
+        env!("CARGO_PKG_VERSION"),
+        args.xds_addr,
+        args.admin_addr
+    );
+    debug!(config_dir = ?args.config_dir, kube = ?cmd.kube, min_refresh_interval = ?args.min_refresh_interval, gateway = ?cmd.gateway, lifecycle = ?cmd.lifecycle, "settings");
     let app = App::launch(cmd).await?;
     shutdown_signal().await;
     app.shutdown().await;
@@ -359,7 +369,7 @@ impl App {
         let xds_listener =
             TcpListener::bind(args.xds_addr).await.with_context(|| format!("bind xds {}", args.xds_addr))?;
         let xds_addr = xds_listener.local_addr()?;
-        info!(limits = ?xds, "xds limits");
+        debug!(limits = ?xds, "xds limits");
         log_xds_transport(xds_addr, xds_tls.as_deref());
         tasks.extend(xds_tls.as_ref().and_then(|t| t.spawn_reloader()));
         let ads = AdsServer::with_limits(config.clone(), clients.clone(), xds).with_tls(xds_tls);
@@ -470,7 +480,8 @@ fn log_xds_transport(addr: SocketAddr, tls: Option<&XdsTls>) {
 }
 
 fn log_desired(d: &crate::config::Desired) {
-    info!(registries = ?d.registries, problems = d.errors.len(), "effective config");
+    info!("config in force: {}", d.summary());
+    debug!(registries = ?d.registries, "effective config");
 }
 
 async fn wait_true(mut rx: watch::Receiver<bool>) {

@@ -821,3 +821,17 @@ fn meshbridge_watch_is_optional_and_validated_with_field_paths() {
         built.warnings
     );
 }
+
+#[test]
+fn the_log_line_says_what_is_configured_without_secrets() {
+    let d = &build_text(FULL).desired;
+    let line = d.summary();
+    assert!(line.starts_with(&format!("{} registries (", d.registries.len())), "{line}");
+    assert!(line.contains("nacos2 \"my-nacos\" at 192.168.0.10:8848"), "{line}");
+    assert!(!line.contains("plaintext-value"), "a secret in the log line: {line}");
+    assert!(line.ends_with("0 problems"), "{line}");
+    let empty = Desired::default();
+    assert_eq!(empty.summary(), "0 registries, 0 proxies, 0 Ingresses, 0 problems");
+    let many = Desired { registries: (0..6).map(|i| consul(&format!("c{i}"))).collect(), ..Desired::default() };
+    assert!(many.summary().contains("and 2 more)"), "{}", many.summary());
+}

@@ -29,6 +29,34 @@ pub struct Desired {
     pub files: Vec<FileStatus>,
 }
 
+impl Desired {
+    /// What is configured, in one line for the log: each registry by kind,
+    /// name and address (at most a few), then counts.
+    pub fn summary(&self) -> String {
+        const NAMED: usize = 4;
+        let plural = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        let mut text = plural(self.registries.len(), "registry", "registries");
+        let named: Vec<String> = self
+            .registries
+            .iter()
+            .take(NAMED)
+            .map(|r| format!("{} {:?} at {}:{}", r.kind, r.name, meshbridge_registries::clip(&r.domain), r.port))
+            .collect();
+        if !named.is_empty() {
+            let more = self.registries.len().saturating_sub(NAMED);
+            let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+            text.push_str(&format!(" ({}{more})", named.join(", ")));
+        }
+        text.push_str(&format!(
+            ", {}, {}, {}",
+            plural(self.proxies.len(), "proxy", "proxies"),
+            plural(self.ingresses.len(), "Ingress", "Ingresses"),
+            plural(self.errors.len(), "problem", "problems"),
+        ));
+        text
+    }
+}
+
 /// One config file as `/v1/config` reports it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
