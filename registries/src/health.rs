@@ -15,6 +15,43 @@ use crate::watcher::{RegistryError, Sink};
 
 /// `Sink::healthy` at most this often while all is well.
 const HEALTHY_EVERY: Duration = Duration::from_secs(1);
+/// The same failure logged again at most this often, with a count.
+const REPEAT_EVERY: Duration = Duration::from_secs(60);
+
+/// Keeps a retry loop's identical WARNs down: the first is logged, then
+/// one a [`REPEAT_EVERY`] saying how many were held back; a different
+/// message is logged at once.
+#[derive(Default)]
+struct Repeats {
+    /// The last message logged, when, and how many identical ones since.
+    last: Option<(String, Instant, u64)>,
+}
+
+impl Repeats {
+    /// `None`: hold `message` back. `Some(n)`: log it, saying that `n`
+    /// identical ones were held back since it was last logged.
+    fn admit(&mut self, message: &str, now: Instant) -> Option<u64> {
+        match &mut self.last {
+            Some((last, at, held)) if last == message => {
+                if now.duration_since(*at) < REPEAT_EVERY {
+                    *held += 1;
+                    return None;
+                }
+                let n = std::mem::take(held);
+                *at = now;
+                Some(n)
+            }
+            _ => {
+                self.last = Some((message.to_string(), now, 0));
+                Some(0)
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.last = None;
+    }
+}
 
 /// Reports one watcher's calls to its sink.
 pub(crate) struct Health {
@@ -26,6 +63,8 @@ pub(crate) struct Health {
     /// succeed are not health while it lasts.
     degraded: AtomicBool,
     last_healthy: Mutex<Option<Instant>>,
+    /// The WARNs of failed calls and of failed parts.
+    repeats: Mutex<[Repeats; 2]>,
     /// Signalled when a call succeeds after a failure.
     pub recovered: Notify,
 }
@@ -38,6 +77,7 @@ impl Health {
             failed: AtomicBool::new(false),
             degraded: AtomicBool::new(false),
             last_healthy: Mutex::new(None),
+            repeats: Mutex::new(Default::default()),
             recovered: Notify::new(),
         }
     }
@@ -49,6 +89,8 @@ impl Health {
     pub fn ok(&self) -> bool {
         let recovered = self.failed.swap(false, Ordering::SeqCst);
         if recovered {
+            // The next failure is news again.
+            self.repeats.lock().unwrap_or_else(PoisonError::into_inner)[0].clear();
             self.recovered.notify_one();
         }
         if self.degraded.load(Ordering::SeqCst) {
@@ -63,18 +105,39 @@ impl Health {
         recovered
     }
 
-    /// A call failed: logged and told to the sink, every time.
+    /// A call failed: told to the sink every time, and logged unless the
+    /// same failure was logged less than [`REPEAT_EVERY`] ago.
     pub fn fail(&self, e: &RegistryError) {
-        warn!(error = %e, kind = e.kind(), "{} call failed", self.watcher);
+        if let Some(held) = self.admit(0, e) {
+            if held == 0 {
+                warn!(error = %e, kind = e.kind(), "{} call failed", self.watcher);
+            } else {
+                warn!(error = %e, kind = e.kind(), "{} call failed ({held} more times since the last such line)", self.watcher);
+            }
+        }
         self.failed.store(true, Ordering::SeqCst);
         self.sink.error(e);
+    }
+
+    fn admit(&self, which: usize, e: &RegistryError) -> Option<u64> {
+        let message = e.to_string();
+        self.repeats.lock().unwrap_or_else(PoisonError::into_inner)[which].admit(&message, Instant::now())
     }
 
     /// One part of the registry (a service) failed while the registry
     /// itself answers: told to the sink like a failure, but it is no outage,
     /// so the next success is no recovery.
     pub fn fail_part(&self, e: &RegistryError) {
-        warn!(error = %e, kind = e.kind(), "{} read failed; skipping it", self.watcher);
+        match self.admit(1, e) {
+            Some(0) => warn!(error = %e, kind = e.kind(), "{} read failed; skipping it", self.watcher),
+            Some(held) => warn!(
+                error = %e,
+                kind = e.kind(),
+                "{} read failed; skipping it ({held} more times since the last such line)",
+                self.watcher
+            ),
+            None => {}
+        }
         self.sink.degraded(e);
     }
 
@@ -115,6 +178,31 @@ mod tests {
         fn error(&self, _: &RegistryError) {
             self.errors.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    #[test]
+    fn identical_warnings_are_held_back_and_counted() {
+        let mut r = Repeats::default();
+        let t0 = Instant::now();
+        assert_eq!(r.admit("refused", t0), Some(0), "the first is logged");
+        assert_eq!(r.admit("refused", t0 + Duration::from_secs(1)), None);
+        assert_eq!(r.admit("refused", t0 + Duration::from_secs(30)), None);
+        assert_eq!(r.admit("refused", t0 + REPEAT_EVERY), Some(2), "a minute on: logged with the count");
+        assert_eq!(r.admit("refused", t0 + REPEAT_EVERY + Duration::from_secs(1)), None);
+        assert_eq!(r.admit("timed out", t0 + REPEAT_EVERY + Duration::from_secs(2)), Some(0), "a new one at once");
+        r.clear();
+        assert_eq!(r.admit("timed out", t0 + REPEAT_EVERY + Duration::from_secs(3)), Some(0), "after a recovery");
+    }
+
+    #[test]
+    fn every_failure_still_reaches_the_sink() {
+        let counts = Arc::new(Counts::default());
+        let health = Health::new(counts.clone(), "test");
+        let e = RegistryError::Unreachable { registry: "r".into(), reason: "refused".into() };
+        for _ in 0..5 {
+            health.fail(&e);
+        }
+        assert_eq!(counts.errors.load(Ordering::SeqCst), 5);
     }
 
     #[test]
