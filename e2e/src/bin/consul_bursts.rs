@@ -62,7 +62,9 @@ fn args() -> anyhow::Result<Args> {
             "--seed" => a.seed = value()?.parse()?,
             "--sizes" => a.sizes = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--no-pipelining" => a.no_pipelining = true,
-            _ => bail!("usage: consul_bursts [--services N] [--bursts N] [--sizes 10,100] [--seed N] [--no-pipelining]"),
+            _ => {
+                bail!("usage: consul_bursts [--services N] [--bursts N] [--sizes 10,100] [--seed N] [--no-pipelining]")
+            }
         }
     }
     Ok(a)
@@ -202,7 +204,11 @@ async fn run(args: Args, mb: tokio::runtime::Handle) -> anyhow::Result<()> {
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let pipelining = if args.no_pipelining { "off" } else { "on" };
-    println!("\nconsul_bursts: {n} services × {PER}, seed {}, probes pipelined: {pipelining}, loadavg {}", args.seed, load.trim());
+    println!(
+        "\nconsul_bursts: {n} services × {PER}, seed {}, probes pipelined: {pipelining}, loadavg {}",
+        args.seed,
+        load.trim()
+    );
     println!(
         "| change | services | bursts | writes took p50 (ms) | converged after the last write p50 / p99 / max (ms) | watcher CPU per burst (ms) | Consul answers per burst |"
     );
