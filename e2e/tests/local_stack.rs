@@ -160,7 +160,7 @@ async fn standalone_quick_start_with_local_binaries() {
     for entry in std::fs::read_dir(&standalone).unwrap() {
         let path = entry.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap();
-        let text = if path.ends_with("static.yaml") {
+        let text = if path.ends_with("mcpbridge.yaml") {
             replace(&text, "domain: 127.0.0.1:10081", &format!("domain: 127.0.0.1:{echo_port}"))
         } else {
             text
@@ -176,13 +176,12 @@ async fn standalone_quick_start_with_local_binaries() {
     let mut http_server = ChildGuard::spawn("http.server", cmd, logs.path().join("http.server.log")).unwrap();
 
     let gateway_port = free_port();
-    // As the README's quick start: `--initial-sync-timeout 2s`, since the
-    // example's Consul registry (127.0.0.1:8500) is not running here.
+    // As the README's quick start: the defaults, nothing else running.
     let app = App::launch(RunCommand {
         args: RunArgs::loopback(dir.path()),
         admin: AdminArgs::default(),
         gateway: GatewayArgs { gateway_http_port: vec![gateway_port], ..GatewayArgs::default() },
-        lifecycle: LifecycleArgs { initial_sync_timeout: Duration::from_secs(2), ..Default::default() },
+        lifecycle: LifecycleArgs::default(),
         xds: Default::default(),
         kube: Default::default(),
     })
@@ -204,5 +203,8 @@ async fn standalone_quick_start_with_local_binaries() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    // Every configured registry is synced: ready, with nothing missing.
+    let ready = reqwest::get(format!("http://{}/ready", app.admin_addr)).await.unwrap();
+    assert_eq!(ready.status(), 200, "{}", ready.text().await.unwrap_or_default());
     app.stop().await;
 }
