@@ -63,14 +63,17 @@ async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
     }
     let waiting: Vec<String> = crate::startup::missing(&s.cache).iter().map(|k| k.to_string()).collect();
     let set = s.config.borrow().clone();
-    if waiting.is_empty() && !set.incomplete {
+    if waiting.is_empty() && !set.readiness.incomplete {
         let stale: Vec<String> =
             s.cache.registries().into_iter().filter(|r| r.status.stale).map(|r| r.key.to_string()).collect();
         (StatusCode::OK, Json(json!({"ready": true, "stale": stale})))
     } else {
         // `serving`: the startup wait timed out and clients are being sent
         // the incomplete set.
-        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"ready": false, "waitingFor": waiting, "serving": !set.held})))
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"ready": false, "waitingFor": waiting, "serving": !set.readiness.held})),
+        )
     }
 }
 
@@ -83,8 +86,8 @@ async fn config_status(State(s): State<AdminState>) -> impl IntoResponse {
         set.warnings().map(|w| json!({"object": w.object, "reason": w.reason.as_str(), "detail": w.detail})).collect();
     Json(json!({
         "revision": set.revision,
-        "files": &*set.config_files,
-        "errors": &*set.config_errors,
+        "files": &*set.config.files,
+        "errors": &*set.config.errors,
         "warnings": warnings,
     }))
 }

@@ -28,6 +28,7 @@ use tokio::sync::watch;
 
 use crate::cache::Cache;
 use crate::cache::metrics::RegistryLabels;
+use crate::publish::Published;
 use crate::translate::ConfigSet;
 use crate::translate::warning::count_by_reason;
 use crate::xds::Clients;
@@ -57,7 +58,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new(cache: Arc<Cache>, clients: Arc<Clients>, config: watch::Receiver<Arc<ConfigSet>>) -> Metrics {
+    pub fn new(cache: Arc<Cache>, clients: Arc<Clients>, config: watch::Receiver<Arc<Published>>) -> Metrics {
         let mut r = Registry::default();
         let reg = cache.metrics().clone();
         r.register("meshbridge_registry_events", "Updates received from each registry's watcher", reg.events);
@@ -103,7 +104,7 @@ impl Metrics {
 pub struct StateCollector {
     cache: Arc<Cache>,
     clients: Arc<Clients>,
-    config: watch::Receiver<Arc<ConfigSet>>,
+    config: watch::Receiver<Arc<Published>>,
 }
 
 /// Encode one gauge family from `(labels, value)` pairs.
@@ -221,7 +222,7 @@ impl Collector for StateCollector {
             e,
             "meshbridge_config_errors",
             "Current problems with the config (files that do not parse, invalid entries, …); see /v1/config",
-            [(Vec::<(String, String)>::new(), set.config_errors.len() as i64)],
+            [(Vec::<(String, String)>::new(), set.config.errors.len() as i64)],
         )?;
         Ok(())
     }

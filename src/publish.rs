@@ -16,11 +16,49 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 use crate::cache::{Cache, Changes, RegistryKey};
-use crate::config::Desired;
-use crate::startup::StartupGate;
+use crate::config::{Desired, FileStatus};
+use crate::startup::{Readiness, StartupGate};
 use crate::translate::gateway::GatewayOptions;
 use crate::translate::ingress::IngressOptions;
 use crate::translate::{ConfigSet, Inputs, Translator};
+
+/// What the publisher hands out: the translated set, and beside it what is
+/// not translation (the config source's status, the startup gate's
+/// readiness). Derefs to the set, which is what most readers want.
+#[derive(Debug, Clone, Default)]
+pub struct Published {
+    pub set: Arc<ConfigSet>,
+    pub config: ConfigStatus,
+    pub readiness: Readiness,
+}
+
+impl std::ops::Deref for Published {
+    type Target = ConfigSet;
+    fn deref(&self) -> &ConfigSet {
+        &self.set
+    }
+}
+
+impl Published {
+    /// A set alone, ready to serve, with no config problems (tests, tools).
+    pub fn ready(set: ConfigSet) -> Published {
+        Published { set: Arc::new(set), ..Published::default() }
+    }
+}
+
+/// The config source's current problems and files, as of the `Desired` the
+/// set was built from (`/v1/config`, metrics).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ConfigStatus {
+    pub errors: Arc<[String]>,
+    pub files: Arc<[FileStatus]>,
+}
+
+impl ConfigStatus {
+    fn of(d: &Desired) -> ConfigStatus {
+        ConfigStatus { errors: d.errors.as_slice().into(), files: d.files.as_slice().into() }
+    }
+}
 
 /// How Ingresses and the standalone gateway are translated.
 #[derive(Debug, Clone, Default)]
@@ -36,7 +74,7 @@ pub fn spawn(
     opts: PublishOptions,
     mut gate: StartupGate,
     tasks: &mut Vec<JoinHandle<()>>,
-) -> watch::Receiver<Arc<ConfigSet>> {
+) -> watch::Receiver<Arc<Published>> {
     let mut translator = Translator::new();
     let mut changes = cache.subscribe();
     changes.borrow_and_update();
@@ -44,12 +82,8 @@ pub fn spawn(
     let first = cache.take_all();
     let d = desired.borrow_and_update().clone();
     translate(&mut translator, first, &d, &opts, true);
-    let stamped = |t: &Translator, r: crate::startup::Readiness| {
-        let mut set = t.set().clone();
-        r.stamp(&mut set);
-        Arc::new(set)
-    };
-    let (tx, rx) = watch::channel(stamped(&translator, readiness));
+    let mut published = Published { set: Arc::new(translator.set().clone()), config: ConfigStatus::of(&d), readiness };
+    let (tx, rx) = watch::channel(Arc::new(published.clone()));
     let cache = cache.clone();
     tasks.push(tokio::spawn(async move {
         // A config source that went away leaves its last Desired in force.
@@ -69,6 +103,7 @@ pub fn spawn(
                 }
             }
             let d = desired.borrow_and_update().clone();
+            let config = ConfigStatus::of(&d);
             let now_ready = gate.check(&cache);
             let batch = cache.take_changes();
             let Some(mut t) = translator.take() else { break };
@@ -87,9 +122,15 @@ pub fn spawn(
                     break;
                 }
             };
-            if changed || now_ready != readiness {
+            if changed || now_ready != readiness || config != published.config {
                 readiness = now_ready;
-                tx.send_replace(stamped(&t, readiness));
+                // A set translation left alone is handed out again as is.
+                if changed {
+                    published.set = Arc::new(t.set().clone());
+                }
+                published.config = config;
+                published.readiness = readiness;
+                tx.send_replace(Arc::new(published.clone()));
             }
             translator = Some(t);
         }
@@ -126,8 +167,7 @@ fn translate(
     };
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or_default();
     let hosts = changes.hosts.len();
-    let mut changed = t.apply(changes, &inputs, inputs_changed, now);
-    changed |= t.set_config_status(&desired.errors, &desired.files);
+    let changed = t.apply(changes, &inputs, inputs_changed, now);
     if changed {
         let set = t.set();
         debug!(revision = set.revision, hosts, warnings = set.warnings.len(), "published");

@@ -21,9 +21,8 @@ use crate::dump::{Dumper, StateDir};
 use crate::kube::{KubeArgs, KubeSource, SourceOptions};
 use crate::lifecycle::LifecycleArgs;
 use crate::metrics::Metrics;
-use crate::publish::PublishOptions;
+use crate::publish::{PublishOptions, Published};
 use crate::time::parse_duration;
-use crate::translate::ConfigSet;
 use crate::translate::gateway::GatewayOptions;
 use crate::translate::ingress::IngressOptions;
 use crate::xds::{AdsServer, Clients, XdsLimits, XdsTls};
@@ -278,7 +277,7 @@ pub struct App {
     pub xds_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub cache: Arc<Cache>,
-    pub config: watch::Receiver<Arc<ConfigSet>>,
+    pub config: watch::Receiver<Arc<Published>>,
     pub clients: Arc<Clients>,
     pub metrics: Arc<Metrics>,
     dumper: Option<Arc<Dumper>>,

@@ -1,7 +1,7 @@
 //! Never serve a partial view: the startup gate.
 //!
 //! Until every registry has answered its first full sync or been loaded
-//! from the state dump, the published [`ConfigSet`] is marked `held`, and
+//! from the state dump, the published set's [`Readiness`] is `held`, and
 //! the xDS server sends nothing to a new stream while it is (requests wait,
 //! nothing is lost). A registry whose spec cannot become a watcher is
 //! reported and never waited for. `--initial-sync-timeout` bounds the wait:
@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use crate::cache::{Cache, RegistryKey, RegistryStatus};
-use crate::translate::ConfigSet;
 
 /// How often the publisher re-checks while a registry is missing: a
 /// registry's first answer may equal its dump and change no content.
@@ -44,17 +43,13 @@ pub struct StartupGate {
 }
 
 /// What a set about to be published may claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Readiness {
+    /// Clients must not be sent the set yet (the startup gate).
     pub held: bool,
+    /// A registry had neither answered nor been loaded from the dump when
+    /// the set was built.
     pub incomplete: bool,
-}
-
-impl Readiness {
-    pub fn stamp(self, set: &mut ConfigSet) {
-        set.held = self.held;
-        set.incomplete = self.incomplete;
-    }
 }
 
 impl StartupGate {

@@ -174,7 +174,7 @@ pub struct XdsFixture {
     pub cache: std::sync::Arc<crate::cache::Cache>,
     pub sink: std::sync::Arc<dyn meshbridge_registries::Sink>,
     pub clients: std::sync::Arc<crate::xds::Clients>,
-    pub config: tokio::sync::watch::Receiver<std::sync::Arc<crate::translate::ConfigSet>>,
+    pub config: tokio::sync::watch::Receiver<std::sync::Arc<crate::publish::Published>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 

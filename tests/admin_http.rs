@@ -8,10 +8,11 @@ use std::time::Duration;
 use meshbridge::admin::{AdminState, Auth};
 use meshbridge::cache::{Cache, RegistryKey};
 use meshbridge::metrics::Metrics;
+use meshbridge::publish::Published;
 use meshbridge::testing::SotwClient;
 use meshbridge::testing::exposition;
 use meshbridge::translate::envoy::CLUSTER_TYPE;
-use meshbridge::translate::{ConfigSet, Inputs, Translator};
+use meshbridge::translate::{Inputs, Translator};
 use meshbridge::xds::{AdsServer, Clients};
 use meshbridge_registries::{Endpoint, Protocol, RegistryKind, RegistrySpec, Secret, Service, ServicePort, Update};
 use serde_json::Value;
@@ -21,7 +22,7 @@ struct Fixture {
     admin: String,
     xds: std::net::SocketAddr,
     cache: Arc<Cache>,
-    tx: watch::Sender<Arc<ConfigSet>>,
+    tx: watch::Sender<Arc<Published>>,
     translator: std::sync::Mutex<Translator>,
 }
 
@@ -31,7 +32,7 @@ impl Fixture {
         let clients = Clients::new();
         let mut translator = Translator::new();
         translator.apply(cache.take_all(), &Inputs::default(), true, 0);
-        let (tx, config) = watch::channel(Arc::new(translator.set().clone()));
+        let (tx, config) = watch::channel(Arc::new(Published::ready(translator.set().clone())));
         let metrics = Arc::new(Metrics::new(cache.clone(), clients.clone(), config.clone()));
         let state = AdminState {
             cache: cache.clone(),
@@ -55,7 +56,7 @@ impl Fixture {
     fn publish(&self) {
         let mut t = self.translator.lock().unwrap();
         t.apply(self.cache.take_changes(), &Inputs::default(), false, 0);
-        self.tx.send_replace(Arc::new(t.set().clone()));
+        self.tx.send_replace(Arc::new(Published::ready(t.set().clone())));
     }
 
     async fn get(&self, path: &str) -> (u16, Value) {

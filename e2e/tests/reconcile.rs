@@ -37,7 +37,11 @@ fn has_cluster(set: &ConfigSet) -> bool {
 }
 
 /// Wait until the published config satisfies `pred`.
-async fn wait_config(rx: &mut watch::Receiver<Arc<ConfigSet>>, what: &str, pred: impl Fn(&ConfigSet) -> bool) {
+async fn wait_config(
+    rx: &mut watch::Receiver<Arc<meshbridge::publish::Published>>,
+    what: &str,
+    pred: impl Fn(&ConfigSet) -> bool,
+) {
     let res = tokio::time::timeout(Duration::from_secs(15), rx.wait_for(|s| pred(s))).await;
     assert!(matches!(res, Ok(Ok(_))), "timed out waiting for: {what}");
 }

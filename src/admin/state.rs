@@ -9,13 +9,13 @@ use tokio::sync::watch;
 use super::auth::Auth;
 use crate::cache::Cache;
 use crate::metrics::Metrics;
-use crate::translate::ConfigSet;
+use crate::publish::Published;
 use crate::xds::Clients;
 
 #[derive(Clone)]
 pub struct AdminState {
     pub cache: Arc<Cache>,
-    pub config: watch::Receiver<Arc<ConfigSet>>,
+    pub config: watch::Receiver<Arc<Published>>,
     pub clients: Arc<Clients>,
     pub metrics: Arc<Metrics>,
     pub auth: Auth,

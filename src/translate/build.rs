@@ -178,17 +178,6 @@ impl Translator {
         changed
     }
 
-    /// Record the config source's problems and files; true if they changed.
-    pub fn set_config_status(&mut self, errors: &[String], files: &[crate::config::FileStatus]) -> bool {
-        if *self.set.config_errors == *errors && *self.set.config_files == *files {
-            return false;
-        }
-        self.set.config_errors = errors.into();
-        self.set.config_files = files.into();
-        self.set.revision += 1;
-        true
-    }
-
     fn set_host(&mut self, host: &str, state: HostState) {
         let lower = host.to_ascii_lowercase();
         let spellings = self.spellings.entry(lower.clone()).or_default();

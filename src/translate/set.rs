@@ -9,7 +9,6 @@ use std::time::Instant;
 use super::mcp;
 use super::model::IstioObject;
 use super::warning::Warning;
-use crate::config::FileStatus;
 use crate::resources::TypeResources;
 
 /// An Istio object's place in the set: kind, namespace, name.
@@ -35,16 +34,6 @@ pub struct ConfigSet {
     /// When the oldest registry change this set is the first to carry
     /// happened; set by the publisher, never by translation.
     pub changed_at: Option<Instant>,
-    /// The config source's current problems and files, as of the `Desired`
-    /// this set was built from (`/v1/config`, metrics).
-    pub config_errors: Arc<[String]>,
-    pub config_files: Arc<[FileStatus]>,
-    /// Startup gate (see `crate::startup`): clients must not be sent this
-    /// set yet. Set by the publisher, never by translation.
-    pub held: bool,
-    /// A registry had neither answered nor been loaded from the dump when
-    /// this set was built. Set by the publisher.
-    pub incomplete: bool,
 }
 
 impl ConfigSet {

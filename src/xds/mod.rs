@@ -46,12 +46,13 @@ pub use response::{DeltaResponse, SotwResponse};
 pub use subscription::{Subscription, is_full_state, push_order, type_resources};
 pub use tls::{TlsError, XdsTls};
 
+use crate::publish::Published;
 use crate::translate::ConfigSet;
 
 /// The ADS service. Cheap to clone.
 #[derive(Clone)]
 pub struct AdsServer {
-    config: watch::Receiver<Arc<ConfigSet>>,
+    config: watch::Receiver<Arc<Published>>,
     clients: Arc<Clients>,
     limits: Arc<XdsLimits>,
     /// One permit per open stream, all clients together.
@@ -66,11 +67,11 @@ type BoxIncoming = Pin<Box<dyn Stream<Item = std::io::Result<limits::Conn>> + Se
 
 impl AdsServer {
     /// A server with the default [`XdsLimits`].
-    pub fn new(config: watch::Receiver<Arc<ConfigSet>>, clients: Arc<Clients>) -> Self {
+    pub fn new(config: watch::Receiver<Arc<Published>>, clients: Arc<Clients>) -> Self {
         AdsServer::with_limits(config, clients, XdsLimits::default())
     }
 
-    pub fn with_limits(config: watch::Receiver<Arc<ConfigSet>>, clients: Arc<Clients>, limits: XdsLimits) -> Self {
+    pub fn with_limits(config: watch::Receiver<Arc<Published>>, clients: Arc<Clients>, limits: XdsLimits) -> Self {
         let streams = Arc::new(Semaphore::new(limits.max_streams));
         AdsServer { config, clients, limits: Arc::new(limits), streams, connections: Arc::default(), tls: None }
     }
@@ -169,7 +170,7 @@ fn check_type_count(known: bool, count: usize) -> Result<(), limits::RequestRefu
 async fn drive<S: StreamState>(
     mut state: S,
     mut inbound: Requests<S::Req>,
-    mut config: watch::Receiver<Arc<ConfigSet>>,
+    mut config: watch::Receiver<Arc<Published>>,
     tx: mpsc::Sender<Result<Counted<S::Resp>, Status>>,
     clients: Arc<Clients>,
 ) {
@@ -293,7 +294,7 @@ impl AdsServer {
                 // Startup gate (crate::startup): requests wait in the
                 // stream until the first complete set (or the timeout).
                 let mut config = config;
-                if config.wait_for(|s| !s.held).await.is_err() {
+                if config.wait_for(|s| !s.readiness.held).await.is_err() {
                     return;
                 }
                 drive(state, inbound, config, tx, clients).await;
