@@ -35,6 +35,8 @@ pub struct ZooKeeper {
     jar: PathBuf,
     guard: ChildGuard,
     dir: TempDir,
+    /// The server's `maxSessionTimeout`, and the test clients' session.
+    max_session: Duration,
 }
 
 impl ZooKeeper {
@@ -45,14 +47,22 @@ impl ZooKeeper {
 
     /// [`ZooKeeper::start`] at `host` (e.g. in a network namespace).
     pub async fn start_at(host: Host) -> anyhow::Result<ZooKeeper> {
+        ZooKeeper::start_with(host, MAX_SESSION).await
+    }
+
+    /// [`ZooKeeper::start_at`] with sessions of up to `max_session`, for the
+    /// test's own clients too: tests that expire no session and run long on
+    /// a loaded machine, where a 3 s session's 1.2 s answer limit can be
+    /// missed by the JVM.
+    pub async fn start_with(host: Host, max_session: Duration) -> anyhow::Result<ZooKeeper> {
         let jar = binary_from_env(JAR_VAR)?;
         let mut last_err = None;
         for _ in 0..START_ATTEMPTS {
             let dir = tempfile::Builder::new().prefix("meshbridge-zk-").tempdir()?;
             let port = free_port();
-            std::fs::write(dir.path().join("zoo.cfg"), config(&host, port, dir.path()))?;
+            std::fs::write(dir.path().join("zoo.cfg"), config(&host, port, dir.path(), max_session))?;
             let guard = spawn(&host, &jar, dir.path())?;
-            let mut zk = ZooKeeper { port, host: host.clone(), jar: jar.clone(), guard, dir };
+            let mut zk = ZooKeeper { port, host: host.clone(), jar: jar.clone(), guard, dir, max_session };
             match zk.wait_ready().await {
                 Ok(()) => return Ok(zk),
                 Err(e) => last_err = Some(e.context(format!("zookeeper log:\n{}", zk.log()))),
@@ -92,7 +102,7 @@ impl ZooKeeper {
 
     /// A new client session, for the test to change the tree with.
     pub async fn client(&self) -> anyhow::Result<ZkClient> {
-        ZkClient::connect(&self.addr()).await
+        ZkClient::connect_with(&self.addr(), self.max_session).await
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
@@ -112,12 +122,12 @@ impl ZooKeeper {
     }
 }
 
-fn config(host: &Host, port: u16, dir: &Path) -> String {
+fn config(host: &Host, port: u16, dir: &Path, max_session: Duration) -> String {
     format!(
         "dataDir={data}\nclientPort={port}\nclientPortAddress={ip}\nadmin.enableServer=false\n\
          tickTime=500\nmaxSessionTimeout={max}\n4lw.commands.whitelist=*\n",
         data = dir.join("data").display(),
-        max = MAX_SESSION.as_millis(),
+        max = max_session.as_millis(),
         ip = host.ip,
     )
 }
@@ -147,7 +157,12 @@ pub struct ZkClient {
 
 impl ZkClient {
     pub async fn connect(addr: &str) -> anyhow::Result<ZkClient> {
-        let connector = zk::Client::connector().with_session_timeout(MAX_SESSION).with_fail_eagerly();
+        ZkClient::connect_with(addr, MAX_SESSION).await
+    }
+
+    /// [`ZkClient::connect`] asking for a `session` timeout.
+    pub async fn connect_with(addr: &str, session: Duration) -> anyhow::Result<ZkClient> {
+        let connector = zk::Client::connector().with_session_timeout(session).with_fail_eagerly();
         let client = tokio::time::timeout(CALL_TIMEOUT, connector.connect(addr))
             .await
             .with_context(|| format!("connect {addr}: timed out"))?

@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use meshbridge_e2e::convergence::{self, AdminView, Options, REV, Registry, Rng, Truth, endpoint_rev};
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
+use meshbridge_e2e::netns::Host;
 use meshbridge_e2e::traffic;
 use meshbridge_e2e::zookeeper::{ZkClient, ZooKeeper, dubbo_node_name};
 use serde_json::{Value, json};
@@ -42,6 +43,10 @@ const INTERFACES: usize = 10;
 const SPRING_SERVICES: usize = 5;
 const SESSIONS: usize = 3;
 const VPORT: u16 = 20880;
+/// Sessions of the server and of the test's own clients. No session is
+/// left to expire here (a provider session is closed), and a 3 s session
+/// fails the writer when the JVM pauses for 1.2 s on a loaded machine.
+const SESSION: Duration = Duration::from_secs(10);
 fn interface(i: usize) -> String {
     format!("com.example.conv.Svc{i}")
 }
@@ -278,7 +283,7 @@ impl Registry for Zk {
                 self.providers.retain(|p| p.iface != *iface);
             }
             Op::CloseSession { session } => {
-                let fresh = ZkClient::connect(&self.addr).await?;
+                let fresh = ZkClient::connect_with(&self.addr, SESSION).await?;
                 // Dropping the last handle sends CloseSession: ZooKeeper
                 // deletes the session's ephemeral nodes together.
                 drop(std::mem::replace(&mut self.sessions[*session], fresh));
@@ -388,7 +393,7 @@ fn cluster_host(cluster: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_bursts_converge() {
-    let zk = ZooKeeper::start().await.expect("start zookeeper");
+    let zk = ZooKeeper::start_with(Host::loopback(), SESSION).await.expect("start zookeeper");
     let admin = zk.client().await.unwrap();
     let mut sessions = Vec::new();
     for _ in 0..SESSIONS {
