@@ -415,6 +415,32 @@ fn translation_errors_are_typed() {
     assert!(stringly.is_empty(), "untyped errors in translate:\n{}", stringly.join("\n"));
 }
 
+/// Issue 26: no `Result<_, String>` (or other untyped error) anywhere in
+/// library code: the root crate but its `testing` support module, the
+/// registries crate and the protos.
+#[test]
+fn library_errors_are_typed() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut stringly = Vec::new();
+    let mut read = 0;
+    for root in ["src", "registries/src", "proto/src"] {
+        let krate = load(&workspace.join(root));
+        for (module, code) in &krate.code {
+            if root == "src" && module.first().map(String::as_str) == Some("testing") {
+                continue;
+            }
+            read += 1;
+            for err in result_errors(code) {
+                if matches!(err.as_str(), "String" | "&str" | "&'static str" | "Box<dyn std::error::Error>") {
+                    stringly.push(format!("{}: Result<_, {err}>", krate.files[module].display()));
+                }
+            }
+        }
+    }
+    assert!(read > 100, "library files not read: {read}");
+    assert!(stringly.is_empty(), "untyped errors in library code:\n{}", stringly.join("\n"));
+}
+
 #[test]
 fn the_error_scan_finds_the_error_type() {
     assert_eq!(

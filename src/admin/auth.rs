@@ -41,18 +41,31 @@ impl Auth {
         }
     }
 
-    fn check(&self, headers: &HeaderMap) -> Result<(), &'static str> {
+    fn check(&self, headers: &HeaderMap) -> Result<(), Refused> {
         match self {
             Auth::Open => Ok(()),
-            Auth::Unconfigured => Err("the admin API listens on a non-loopback address and no token is configured: \
-                 set --admin-token (or MESHBRIDGE_ADMIN_TOKEN) and send 'Authorization: Bearer <token>'"),
+            Auth::Unconfigured => Err(Refused::Unconfigured),
             Auth::Token(token) => match bearer(headers) {
                 Some(given) if ct_eq(given.as_bytes(), token.expose().as_bytes()) => Ok(()),
-                Some(_) => Err("invalid bearer token"),
-                None => Err("missing bearer token: send 'Authorization: Bearer <token>'"),
+                Some(_) => Err(Refused::Invalid),
+                None => Err(Refused::Missing),
             },
         }
     }
+}
+
+/// Why a request to the admin API was refused (the body of its 401).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum Refused {
+    #[error(
+        "the admin API listens on a non-loopback address and no token is configured: \
+         set --admin-token (or MESHBRIDGE_ADMIN_TOKEN) and send 'Authorization: Bearer <token>'"
+    )]
+    Unconfigured,
+    #[error("invalid bearer token")]
+    Invalid,
+    #[error("missing bearer token: send 'Authorization: Bearer <token>'")]
+    Missing,
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -82,7 +95,7 @@ pub async fn require(State(auth): State<Auth>, req: Request, next: Next) -> Resp
     match auth.check(req.headers()) {
         Ok(()) => next.run(req).await,
         Err(message) => {
-            let mut resp = ApiError::new(StatusCode::UNAUTHORIZED, message).into_response();
+            let mut resp = ApiError::new(StatusCode::UNAUTHORIZED, message.to_string()).into_response();
             resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             resp
         }
@@ -123,6 +136,6 @@ mod tests {
         assert!(auth.check(&headers("Basic tok")).is_err());
         assert!(auth.check(&HeaderMap::new()).is_err());
         assert!(Auth::new(lo, Some(Secret::new("tok"))).check(&HeaderMap::new()).is_err());
-        assert!(Auth::Unconfigured.check(&headers("Bearer tok")).unwrap_err().contains("--admin-token"));
+        assert!(Auth::Unconfigured.check(&headers("Bearer tok")).unwrap_err().to_string().contains("--admin-token"));
     }
 }

@@ -40,7 +40,7 @@ impl Client {
         let mut servers = parse_servers(&spec.domain, spec.port).map_err(|reason| RegistryError::Config {
             registry: spec.name.clone(),
             field: "domain".into(),
-            reason,
+            reason: reason.to_string(),
         })?;
         if spec.tls.is_some() {
             for server in &mut servers {
@@ -110,11 +110,21 @@ impl Client {
     }
 }
 
+/// Why a `domain` entry is not a Eureka server address.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum BadServer {
+    /// The entry (clipped) and what is wrong with it.
+    #[error("{item:?}: {why}")]
+    Entry { item: String, why: String },
+    #[error("no servers")]
+    None,
+}
+
 /// `domain` as base URLs, in order, duplicates removed.
-pub(crate) fn parse_servers(domain: &str, default_port: u16) -> Result<Vec<String>, String> {
+pub(crate) fn parse_servers(domain: &str, default_port: u16) -> Result<Vec<String>, BadServer> {
     let mut out: Vec<String> = Vec::new();
     for item in domain.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let bad = |why: &str| format!("{item:?}: {why}");
+        let bad = |why: &str| BadServer::Entry { item: crate::clip::clip(item).into_owned(), why: why.to_string() };
         let (host, port) = if let Some(rest) = item.strip_prefix('[') {
             let (v6, tail) = rest.split_once(']').ok_or_else(|| bad("missing ']'"))?;
             v6.parse::<Ipv6Addr>().map_err(|_| bad("not an IPv6 address"))?;
@@ -146,7 +156,7 @@ pub(crate) fn parse_servers(domain: &str, default_port: u16) -> Result<Vec<Strin
         }
     }
     if out.is_empty() {
-        return Err("no servers".into());
+        return Err(BadServer::None);
     }
     Ok(out)
 }
