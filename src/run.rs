@@ -242,7 +242,10 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
         args.xds_addr,
         args.admin_addr
     );
-    debug!(config_dir = ?args.config_dir, kube = ?cmd.kube, min_refresh_interval = ?args.min_refresh_interval, gateway = ?cmd.gateway, lifecycle = ?cmd.lifecycle, "settings");
+    debug!(config_dir = ?args.config_dir, kube = ?cmd.kube, gateway = ?cmd.gateway, lifecycle = ?cmd.lifecycle, "settings");
+    if args.min_refresh_interval != crate::config::MIN_REFRESH_INTERVAL {
+        warn!(min_refresh_interval = ?args.min_refresh_interval, "the refresh-interval floor is changed (meant for tests)");
+    }
     let app = App::launch(cmd).await?;
     shutdown_signal().await;
     app.shutdown().await;

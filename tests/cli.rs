@@ -62,6 +62,6 @@ fn text_logs_have_no_colour_codes_when_not_on_a_terminal() {
 
 #[test]
 fn min_refresh_interval_flag_is_parsed_and_logged() {
-    let out = stderr_until(&["--min-refresh-interval", "500ms"], "starting meshbridge");
+    let out = stderr_until(&["--min-refresh-interval", "500ms"], "refresh-interval floor");
     assert!(out.contains("min_refresh_interval=500ms"), "{out}");
 }
