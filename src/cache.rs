@@ -13,37 +13,18 @@
 //! its endpoint (never credentials), status, and event and error counters.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use meshbridge_registries::{RegistryError, RegistryKind, RegistrySpec, Secret, Service, Sink, Update};
+use meshbridge_registries::{RegistryError, RegistrySpec, Secret, Service, Sink, Update};
 use serde::Serialize;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
 pub mod metrics;
 
+pub use crate::model::{CachedService, Changes, HostState, RegistryKey, View};
 use metrics::{RegistryErrorLabels, RegistryLabels, RegistryMetrics};
-
-/// Registries are keyed by (type, name), as the reconciler diffs them.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct RegistryKey {
-    pub kind: RegistryKind,
-    pub name: String,
-}
-
-impl RegistryKey {
-    pub fn new(kind: RegistryKind, name: impl Into<String>) -> Self {
-        RegistryKey { kind, name: name.into() }
-    }
-}
-
-impl fmt::Display for RegistryKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.kind, self.name)
-    }
-}
 
 /// What we know about a registry's health, from real calls to it.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -113,60 +94,6 @@ pub struct RegistryReport {
     pub status: RegistryStatus,
     pub services: usize,
     pub endpoints: usize,
-}
-
-/// A service with the registry that reported it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CachedService {
-    pub registry: RegistryKey,
-    pub service: Arc<Service>,
-}
-
-/// A merged view of the cache at one revision (O(catalog): for tests and
-/// whole-state consumers, never per change).
-#[derive(Debug, Clone, Default)]
-pub struct View {
-    pub revision: u64,
-    /// Services by host; on a host reported by several registries the first
-    /// registry in key order wins and the others are listed in `conflicts`.
-    pub services: BTreeMap<String, CachedService>,
-    /// Host → the registries that also report it and lost.
-    pub conflicts: BTreeMap<String, Vec<RegistryKey>>,
-}
-
-/// One host as the merged view has it now.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct HostState {
-    /// The service the first registry (in key order) reports; `None` once
-    /// no registry reports the host.
-    pub winner: Option<CachedService>,
-    /// Other registries reporting the same host, which lost.
-    pub also: Vec<RegistryKey>,
-}
-
-/// What changed since the last take: each changed host's current state.
-#[derive(Debug, Clone, Default)]
-pub struct Changes {
-    pub revision: u64,
-    /// When the oldest of these changes happened, for the latency metrics.
-    pub changed_at: Option<Instant>,
-    pub hosts: Vec<(String, HostState)>,
-}
-
-impl View {
-    /// The view as one batch of changes: every host.
-    pub fn into_changes(self) -> Changes {
-        let mut conflicts = self.conflicts;
-        let hosts = self
-            .services
-            .into_iter()
-            .map(|(host, winner)| {
-                let also = conflicts.remove(&host).unwrap_or_default();
-                (host, HostState { winner: Some(winner), also })
-            })
-            .collect();
-        Changes { revision: self.revision, changed_at: None, hosts }
-    }
 }
 
 impl Default for Cache {
@@ -577,7 +504,7 @@ impl From<&RegistryKey> for RegistryLabels {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use meshbridge_registries::{Endpoint, Protocol, ServicePort};
+    use meshbridge_registries::{Endpoint, Protocol, RegistryKind, ServicePort};
 
     fn svc(host: &str, addrs: &[&str]) -> Service {
         let eps = addrs

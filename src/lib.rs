@@ -14,6 +14,7 @@ pub mod dump;
 pub mod kube;
 pub mod lifecycle;
 pub mod metrics;
+pub mod model;
 pub mod publish;
 pub mod reconcile;
 pub mod resources;

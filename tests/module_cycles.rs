@@ -441,6 +441,31 @@ fn library_errors_are_typed() {
     assert!(stringly.is_empty(), "untyped errors in library code:\n{}", stringly.join("\n"));
 }
 
+/// Issue 26: translation (pure) reads its inputs from `model`, the leaf the
+/// cache and config share with it, and not from the modules that produce
+/// them; and `model` imports nothing of the crate.
+#[test]
+fn translate_reads_its_inputs_from_the_leaf() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let krate = load(&workspace.join("src"));
+    let mut wrong = Vec::new();
+    for (module, code) in &krate.code {
+        let first = module.first().map(String::as_str);
+        for path in paths(code) {
+            let reaches = |m: &str| path == format!("crate::{m}") || path.starts_with(&format!("crate::{m}::"));
+            if first == Some("translate") && (reaches("cache") || reaches("config")) {
+                wrong.push(format!("{}: {path}", krate.files[module].display()));
+            }
+            if first == Some("model") && path.starts_with("crate::") {
+                wrong
+                    .push(format!("{}: {path} (the leaf imports nothing of the crate)", krate.files[module].display()));
+            }
+        }
+    }
+    assert!(krate.code.contains_key(&vec!["model".to_string()]), "src/model.rs not read");
+    assert!(wrong.is_empty(), "translate reaching past the leaf:\n{}", wrong.join("\n"));
+}
+
 #[test]
 fn the_error_scan_finds_the_error_type() {
     assert_eq!(

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+pub use crate::model::IngressDoc;
 use meshbridge_registries::Secret;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
@@ -46,14 +47,6 @@ pub struct SecretDoc {
     pub namespace: String,
     pub name: String,
     pub data: BTreeMap<String, Secret>,
-}
-
-/// A `networking.k8s.io/v1` `Ingress`, kept as-is for the Ingress translator.
-#[derive(Debug, Clone, PartialEq)]
-pub struct IngressDoc {
-    pub namespace: String,
-    pub name: String,
-    pub object: Value,
 }
 
 /// A raw `spec.registries[]` or `spec.proxies[]` entry. Its `Debug` hides the

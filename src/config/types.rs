@@ -1,14 +1,13 @@
 //! What the config sources produce ([`Desired`] and its parts) and how
 //! they fail ([`ConfigError`]): the leaf every part of `config` uses.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use meshbridge_registries::{RegistrySpec, Secret};
+use meshbridge_registries::RegistrySpec;
 
 use super::model::IngressDoc;
+pub use crate::model::{DEFAULT_PROXY_CONNECT_TIMEOUT, ProxySpec, TlsSecret};
 
 /// Everything the config sources say we should be doing.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -68,45 +67,6 @@ pub struct FileStatus {
     /// Why the current version is not in force.
     pub error: Option<String>,
 }
-
-/// A certificate from a `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`),
-/// named by Gateway servers' `credentialName`. Its `Debug` never shows the key.
-#[derive(Clone, PartialEq, Eq)]
-pub struct TlsSecret {
-    pub namespace: String,
-    pub name: String,
-    pub cert_chain_pem: String,
-    pub private_key_pem: Secret,
-}
-
-impl fmt::Debug for TlsSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TlsSecret")
-            .field("namespace", &self.namespace)
-            .field("name", &self.name)
-            .field("cert_chain_pem", &format_args!("<{} bytes>", self.cert_chain_pem.len()))
-            .field("private_key_pem", &self.private_key_pem)
-            .finish()
-    }
-}
-
-/// A validated `McpBridge.spec.proxies[]` entry: an HTTP CONNECT proxy that
-/// registries with a matching `proxyName` are reached through.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProxySpec {
-    pub name: String,
-    pub server_address: String,
-    pub server_port: u16,
-    /// `None` when the entry leaves it 0: translation then picks one from
-    /// 50001–50999 ([`crate::translate::proxy::listener_ports`]). Two proxies
-    /// with the same port are an error here.
-    pub listener_port: Option<u16>,
-    /// `None` when unset; Higress then uses [`DEFAULT_PROXY_CONNECT_TIMEOUT`].
-    pub connect_timeout: Option<Duration>,
-}
-
-/// Higress's connect timeout for a proxy without `connectTimeout`.
-pub const DEFAULT_PROXY_CONNECT_TIMEOUT: Duration = Duration::from_millis(1200);
 
 /// Errors of config sources. Problems inside a document that parsed (a bad
 /// registry, a missing Secret) are not errors of this type: they are listed

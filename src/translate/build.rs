@@ -37,7 +37,7 @@ use super::model::{IstioObject, Spec};
 use super::set::{ConfigSet, ObjectKey};
 use super::warning::{Reason, Warning};
 use super::{envoy, istio, proxy};
-use crate::cache::{CachedService, Changes, HostState, RegistryKey, View};
+use crate::model::{CachedService, Changes, HostState, RegistryKey, View};
 use crate::resources::Resource;
 
 /// Where the derived stage's warnings are kept in [`ConfigSet::warnings`];

@@ -52,7 +52,7 @@ impl Default for GatewayOptions {
 }
 
 /// A TLS certificate for the HTTPS listener, from a `kubernetes.io/tls` Secret.
-pub use crate::config::TlsSecret as GatewayTls;
+pub use crate::model::TlsSecret as GatewayTls;
 
 /// Envoy resources for the standalone gateway, each list sorted by name.
 /// Only the Secrets carry private keys: show their names and versions,

@@ -55,7 +55,7 @@ use super::model::{
 };
 use super::names::short_hash;
 use super::warning::{Reason, Warning};
-use crate::config::IngressDoc;
+use crate::model::IngressDoc;
 
 pub use self::annotations::{DestinationError, McpDestination, parse_destination};
 

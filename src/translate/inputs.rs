@@ -4,8 +4,7 @@ use std::collections::BTreeMap;
 
 use super::gateway::GatewayOptions;
 use super::ingress::IngressOptions;
-use crate::cache::RegistryKey;
-use crate::config::{IngressDoc, ProxySpec, TlsSecret};
+use crate::model::{IngressDoc, ProxySpec, RegistryKey, TlsSecret};
 
 #[derive(Debug, Clone, Default)]
 pub struct Inputs<'a> {

@@ -12,7 +12,7 @@ use super::model::{
 use super::names::object_name;
 use super::shared::intern;
 use super::warning::{Reason, Warning};
-use crate::cache::RegistryKey;
+use crate::model::RegistryKey;
 
 fn meta(registry: &RegistryKey, svc: &Service) -> ObjectMeta {
     // The same for every service of the registry: one shared copy.

@@ -39,8 +39,7 @@ use meshbridge_registries::RegistryKind;
 use super::inputs::Inputs;
 use super::model::IstioObject;
 use super::warning::{Reason, Warning};
-use crate::cache::CachedService;
-use crate::config::{DEFAULT_PROXY_CONNECT_TIMEOUT, ProxySpec};
+use crate::model::{CachedService, DEFAULT_PROXY_CONNECT_TIMEOUT, ProxySpec};
 use crate::resources::Resource;
 
 /// Where proxies without `listenerPort` get one (Higress: 50001 up to, not

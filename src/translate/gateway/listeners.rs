@@ -30,7 +30,7 @@ use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
 use super::servers::{BoundServer, Side};
-use crate::config::TlsSecret as GatewayTls;
+use crate::model::TlsSecret as GatewayTls;
 use crate::resources::Resource;
 use crate::translate::warning::{Reason, Warning};
 

@@ -8,7 +8,7 @@
 //! standalone Envoy is every Gateway's workload.
 
 use super::spec::Named;
-use crate::config::TlsSecret as GatewayTls;
+use crate::model::TlsSecret as GatewayTls;
 use crate::translate::model::{GatewaySpec, Server};
 use crate::translate::warning::{Reason, Warning};
 
