@@ -7,6 +7,7 @@
 //! not installed fails with a message naming the variable, it never passes
 //! silently.
 
+pub mod apiserver;
 pub mod backend;
 pub mod bench;
 pub mod consul;
