@@ -247,6 +247,30 @@ async fn meshbridge_runs_as_the_shipped_service_account() {
     };
     until("Ingress routed", Duration::from_secs(30), || async { routed(&app).then_some(()) }).await;
 
+    // A Secret named by authSecretName, read with the ClusterRole: a
+    // change restarts the watcher that uses it, and only that one.
+    let secret = |token: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kb-auth", "namespace": NS},
+               "stringData": {"consulToken": token}})
+        .to_string()
+    };
+    api.apply(&secret("first")).await.unwrap();
+    let current = mcpbridge(&api).await;
+    let mut registries = current["spec"]["registries"].clone();
+    let mut with_auth = static_registry("kb-auth-user", "10.0.3.1:80");
+    with_auth["authSecretName"] = json!("kb-auth");
+    registries.as_array_mut().unwrap().push(with_auth);
+    api.apply(&bridge(registries, current["spec"]["proxies"].clone())).await.unwrap();
+    let synced = |name: &str| app.cache.registries().into_iter().find(|r| r.key.name == name)?.status.last_sync_time;
+    until("kb-auth-user running", Duration::from_secs(30), || async { synced("kb-auth-user").map(|_| ()) }).await;
+    let (auth_before, plain_before) = (synced("kb-auth-user").unwrap(), synced("kb-a").unwrap());
+    api.apply(&secret("second")).await.unwrap();
+    until("the Secret's user restarted", Duration::from_secs(30), || async {
+        synced("kb-auth-user").filter(|t| *t > auth_before).map(|_| ())
+    })
+    .await;
+    assert_eq!(synced("kb-a"), Some(plain_before), "a watcher not using the Secret restarted");
+
     // Deleting the McpBridge stops its watchers.
     api.kubectl(&["delete", "mcpbridge", "default", "-n", NS]).await.unwrap();
     until("watchers stopped", Duration::from_secs(30), || async { app.cache.registries().is_empty().then_some(()) })
@@ -299,6 +323,32 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
     })
     .await;
     follower.stop().await;
+}
+
+/// A replica that stops cleanly gives the Lease up: the other leads at
+/// once, well before the 30 s Lease would have expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_hands_the_lease_over_at_once() {
+    let api = ApiServer::start().await.unwrap();
+    api.install_shipped().await.unwrap();
+    let kubeconfig = api.service_account_kubeconfig("meshbridge-system", "meshbridge").await.unwrap();
+    let long = |id: &str| KubeArgs {
+        leader_lease_duration: Duration::from_secs(30),
+        leader_renew_deadline: Duration::from_secs(10),
+        ..kube_args(id)
+    };
+    let one = start(&kubeconfig, long("replica-1")).await;
+    until("first replica leads", Duration::from_secs(30), || async { leading(&one).then_some(()) }).await;
+    let two = start(&kubeconfig, long("replica-2")).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!leading(&two), "two leaders");
+    let stopped = Instant::now();
+    one.stop().await;
+    until("second replica leads", Duration::from_secs(10), || async { leading(&two).then_some(()) }).await;
+    assert!(stopped.elapsed() < Duration::from_secs(10), "waited for expiry instead of a release");
+    let lease = api.get("lease", NS, "meshbridge").await.unwrap().unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "replica-2");
+    two.stop().await;
 }
 
 /// Higress's own CRD instead of ours: the API server prunes the fields
