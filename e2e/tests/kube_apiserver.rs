@@ -190,18 +190,30 @@ async fn meshbridge_runs_as_the_shipped_service_account() {
         .cloned()
         .expect("meshbridge's spec entry");
     assert_eq!(spec_manager["operation"], "Update");
-    // `proxies` is an atomic list (no list-type in either CRD), so the
-    // patch of one listenerPort makes meshbridge an owner of the whole list:
-    // a server-side apply that changes it conflicts with `meshbridge`
-    // unless forced. A client-side `kubectl apply` does not conflict.
-    assert_eq!(spec_manager["fieldsV1"], json!({"f:spec": {"f:proxies": {}}}), "{spec_manager}");
+    // `proxies` is a list keyed by name in our CRD, so meshbridge owns
+    // that entry's listenerPort alone, and a user's server-side apply of
+    // `proxies` (without listenerPort) neither conflicts nor drops it.
+    assert_eq!(
+        spec_manager["fieldsV1"],
+        json!({"f:spec": {"f:proxies": {"k:{\"name\":\"egress\"}": {"f:listenerPort": {}}}}}),
+        "{spec_manager}"
+    );
     let mut moved = object["spec"]["proxies"].clone();
     moved[0]["serverPort"] = json!(3129);
+    moved[0].as_object_mut().unwrap().remove("listenerPort");
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), bridge(object["spec"]["registries"].clone(), moved)).unwrap();
     let path = file.path().to_string_lossy().into_owned();
-    let err = api.kubectl(&["apply", "--server-side", "--field-manager", "user", "-f", &path]).await.unwrap_err();
-    assert!(err.to_string().contains("conflict") && err.to_string().contains("\"meshbridge\""), "{err}");
+    api.kubectl(&["apply", "--server-side", "--field-manager", "user", "--force-conflicts", "-f", &path])
+        .await
+        .unwrap();
+    let mut moved = mcpbridge(&api).await["spec"]["proxies"].clone();
+    assert_eq!((moved[0]["serverPort"].as_u64(), moved[0]["listenerPort"].as_u64()), (Some(3129), Some(port)));
+    moved[0]["serverPort"] = json!(3130);
+    moved[0].as_object_mut().unwrap().remove("listenerPort");
+    std::fs::write(file.path(), bridge(object["spec"]["registries"].clone(), moved)).unwrap();
+    api.kubectl(&["apply", "--server-side", "--field-manager", "user", "-f", &path]).await.unwrap();
+    assert_eq!(mcpbridge(&api).await["spec"]["proxies"][0]["listenerPort"].as_u64(), Some(port));
     let lease = api.get("lease", NS, "meshbridge").await.unwrap().expect("the Lease");
     assert_eq!(lease["spec"]["holderIdentity"], "replica-1");
 
