@@ -10,6 +10,7 @@
 pub mod apiserver;
 pub mod backend;
 pub mod bench;
+pub mod captured_logs;
 pub mod consul;
 pub mod consul_fake;
 pub mod convergence;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use meshbridge::kube::KubeArgs;
 use meshbridge::run::App;
 use meshbridge_e2e::apiserver::{ApiServer, launch_meshbridge, repo};
+use meshbridge_e2e::captured_logs;
 use serde_json::{Value, json};
 
 const NS: &str = "higress-system";
@@ -20,6 +21,7 @@ const SA: &str = "system:serviceaccount:meshbridge-system:meshbridge";
 
 /// meshbridge in process, as the shipped ServiceAccount.
 async fn start(kubeconfig: &Path, kube: KubeArgs) -> App {
+    captured_logs::logs();
     launch_meshbridge(KubeArgs { kubeconfig: Some(kubeconfig.to_owned()), ..kube }).await.expect("start meshbridge")
 }
 
@@ -283,6 +285,12 @@ async fn meshbridge_runs_as_the_shipped_service_account() {
     .await;
     assert_eq!(synced("kb-a"), Some(plain_before), "a watcher not using the Secret restarted");
 
+    // The ServiceAccount token is in no log line.
+    let kubeconfig_text = std::fs::read_to_string(&kubeconfig).unwrap();
+    let token = kubeconfig_text.lines().find_map(|l| l.trim().strip_prefix("token: ")).unwrap();
+    assert!(token.len() > 100, "not a token: {} bytes", token.len());
+    assert!(!captured_logs::text().contains(token), "the ServiceAccount token was logged");
+
     // Deleting the McpBridge stops its watchers.
     api.kubectl(&["delete", "mcpbridge", "default", "-n", NS]).await.unwrap();
     until("watchers stopped", Duration::from_secs(30), || async { app.cache.registries().is_empty().then_some(()) })
@@ -402,6 +410,12 @@ async fn under_higress_crd_meshbridge_fields_are_pruned_and_reported() {
     for field in ["registryTls", "meshbridgeWatch", "nacosTimeout", "ecdhCurves"] {
         assert!(message.contains(&format!("spec.registries[].{field}")), "{field}: {message}");
     }
+    let warned = captured_logs::text()
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("McpBridge CRD does not declare fields"))
+        .map(str::to_owned)
+        .expect("a WARN naming the pruned fields");
+    assert!(warned.contains("spec.registries[].registryTls"), "{warned}");
     // Higress's free-form status keeps the rest of what meshbridge writes.
     assert_eq!(condition(&object, "Ready").unwrap()["status"], "True");
     assert_eq!(object["status"]["registries"][0]["name"], "kb-h");
