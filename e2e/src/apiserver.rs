@@ -60,6 +60,14 @@ impl ApiServer {
         // PKI makes P-256 ones (ES256 tokens).
         let signer = pki.issue("service-account-signer", &["DNS:service-accounts.invalid".to_owned()])?;
         let admin_token = format!("admin-{}-{}", std::process::id(), free_port());
+        // An audit record of every request a ServiceAccount makes, to see
+        // which of its permissions it actually uses.
+        let audit_policy = dir.path().join("audit-policy.yaml");
+        std::fs::write(
+            &audit_policy,
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+             - level: Metadata\n  userGroups: [system:serviceaccounts]\n- level: None\n",
+        )?;
         let tokens = dir.path().join("tokens.csv");
         std::fs::write(&tokens, format!("{admin_token},admin,admin-uid,system:masters\n"))?;
 
@@ -101,6 +109,10 @@ impl ApiServer {
             // No endpoints for the `kubernetes` Service: its address would
             // be loopback, and no pod reads it.
             .args(["--endpoint-reconciler-type", "none"])
+            .arg("--audit-policy-file")
+            .arg(&audit_policy)
+            .arg("--audit-log-path")
+            .arg(dir.path().join("audit.log"))
             .args(["--profiling=false", "--v=1"]);
         let apiserver = ChildGuard::spawn("kube-apiserver", cmd, dir.path().join("apiserver.log"))?;
 
@@ -251,6 +263,33 @@ impl ApiServer {
                 anyhow::bail!("kubectl auth can-i {}: {other} {}", args.join(" "), String::from_utf8_lossy(&out.stderr))
             }
         }
+    }
+
+    /// What `user` has done so far, from the audit log: one
+    /// `verb group/resource[/subresource]` per kind of request that the API
+    /// server allowed (the core group is empty: `list /secrets`).
+    pub fn requests_by(&self, user: &str) -> anyhow::Result<std::collections::BTreeSet<String>> {
+        let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();
+        let mut seen = std::collections::BTreeSet::new();
+        for line in text.lines() {
+            let event: serde_json::Value = serde_json::from_str(line)?;
+            // A watch still open has only reached ResponseStarted.
+            let stage = event["stage"].as_str().unwrap_or_default();
+            if event["user"]["username"] != user || !matches!(stage, "ResponseStarted" | "ResponseComplete") {
+                continue;
+            }
+            if event["annotations"]["authorization.k8s.io/decision"] != "allow" {
+                continue;
+            }
+            let o = &event["objectRef"];
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+            let mut what = format!("{} {}/{}", text(&event["verb"]), text(&o["apiGroup"]), text(&o["resource"]));
+            if let Some(sub) = o["subresource"].as_str() {
+                what = format!("{what}/{sub}");
+            }
+            seen.insert(what);
+        }
+        Ok(seen)
     }
 
     /// The API server's log so far.

@@ -84,6 +84,25 @@ fn endpoints(app: &App, name: &str) -> Option<usize> {
     app.cache.registries().into_iter().find(|r| r.key.name == name).filter(|r| r.status.ready).map(|r| r.endpoints)
 }
 
+/// Every `verb group/resource` the shipped ClusterRole and Role grant.
+fn granted() -> std::collections::BTreeSet<String> {
+    let text = std::fs::read_to_string(repo().join("deploy/kubernetes/rbac.yaml")).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_str_multiple(&text).unwrap();
+    let mut all = std::collections::BTreeSet::new();
+    for rule in docs.iter().filter_map(|d| d["rules"].as_array()).flatten() {
+        let list =
+            |k: &str| rule[k].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect::<Vec<_>>();
+        for group in list("apiGroups") {
+            for resource in list("resources") {
+                for verb in list("verbs") {
+                    all.insert(format!("{verb} {group}/{resource}"));
+                }
+            }
+        }
+    }
+    all
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_applies_the_kustomization_crd_and_examples() {
     let api = ApiServer::start().await.unwrap();
@@ -121,6 +140,7 @@ async fn meshbridge_runs_as_the_shipped_service_account() {
     api.install_shipped().await.unwrap();
     for (allowed, args) in [
         (true, &["watch", "ingresses.networking.k8s.io", "--all-namespaces"][..]),
+        (false, &["get", "secrets", "-n", NS]),
         (true, &["list", "ingressclasses.networking.k8s.io"]),
         (true, &["list", "secrets", "--all-namespaces"]),
         (true, &["patch", "mcpbridges.networking.higress.io", "-n", NS]),
@@ -290,6 +310,10 @@ async fn meshbridge_runs_as_the_shipped_service_account() {
     let token = kubeconfig_text.lines().find_map(|l| l.trim().strip_prefix("token: ")).unwrap();
     assert!(token.len() > 100, "not a token: {} bytes", token.len());
     assert!(!captured_logs::text().contains(token), "the ServiceAccount token was logged");
+
+    // No more than enough: every verb the shipped Roles grant is one
+    // meshbridge used, by the API server's audit log.
+    assert_eq!(api.requests_by(SA).unwrap(), granted(), "what meshbridge did (left) and what RBAC grants (right)");
 
     // Deleting the McpBridge stops its watchers.
     api.kubectl(&["delete", "mcpbridge", "default", "-n", NS]).await.unwrap();
