@@ -304,12 +304,12 @@ impl ApiServer {
 }
 
 /// meshbridge in process in Kubernetes mode (`kube`), on loopback ports,
-/// with default admin and gateway options.
-pub async fn launch_meshbridge(kube: KubeArgs) -> anyhow::Result<App> {
+/// with default admin options.
+pub async fn launch_meshbridge(kube: KubeArgs, gateway: GatewayArgs) -> anyhow::Result<App> {
     App::launch(RunCommand {
         args: RunArgs { config_dir: None, ..RunArgs::loopback("") },
         admin: AdminArgs::default(),
-        gateway: GatewayArgs::default(),
+        gateway,
         kube,
         lifecycle: Default::default(),
         xds: Default::default(),

@@ -11,9 +11,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use meshbridge::kube::KubeArgs;
-use meshbridge::run::App;
+use meshbridge::run::{App, GatewayArgs};
 use meshbridge_e2e::apiserver::{ApiServer, launch_meshbridge, repo};
+use meshbridge_e2e::backend::Backend;
 use meshbridge_e2e::captured_logs;
+use meshbridge_e2e::envoy::{AdsMode, Envoy};
+use meshbridge_e2e::free_port;
+use meshbridge_e2e::traffic::wait_for_traffic;
 use serde_json::{Value, json};
 
 const NS: &str = "higress-system";
@@ -21,8 +25,13 @@ const SA: &str = "system:serviceaccount:meshbridge-system:meshbridge";
 
 /// meshbridge in process, as the shipped ServiceAccount.
 async fn start(kubeconfig: &Path, kube: KubeArgs) -> App {
+    start_gateway(kubeconfig, kube, GatewayArgs::default()).await
+}
+
+async fn start_gateway(kubeconfig: &Path, kube: KubeArgs, gateway: GatewayArgs) -> App {
     captured_logs::logs();
-    launch_meshbridge(KubeArgs { kubeconfig: Some(kubeconfig.to_owned()), ..kube }).await.expect("start meshbridge")
+    let kube = KubeArgs { kubeconfig: Some(kubeconfig.to_owned()), ..kube };
+    launch_meshbridge(kube, gateway).await.expect("start meshbridge")
 }
 
 fn kube_args(identity: &str) -> KubeArgs {
@@ -319,6 +328,42 @@ async fn meshbridge_runs_as_the_shipped_service_account() {
     api.kubectl(&["delete", "mcpbridge", "default", "-n", NS]).await.unwrap();
     until("watchers stopped", Duration::from_secs(30), || async { app.cache.registries().is_empty().then_some(()) })
         .await;
+    app.stop().await;
+}
+
+/// An Ingress and an McpBridge in the real API server route traffic
+/// through a real Envoy gateway, and editing the Ingress moves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingress_edits_in_the_real_api_server_move_envoy_traffic() {
+    let v1 = Backend::start("127.0.0.1", "v1").await.unwrap();
+    let v2 = Backend::start("127.0.0.1", "v2").await.unwrap();
+    let api = ApiServer::start().await.unwrap();
+    api.install_shipped().await.unwrap();
+    api.kubectl(&["create", "namespace", "apps"]).await.unwrap();
+    let registries = json!([
+        {"type": "static", "name": "shop-v1", "domain": v1.addr.to_string(), "port": 80},
+        {"type": "static", "name": "shop-v2", "domain": v2.addr.to_string(), "port": 80},
+    ]);
+    api.apply(&bridge(registries, json!([]))).await.unwrap();
+    let ingress = |destination: &str| {
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": "shop", "namespace": "apps", "annotations": {"higress.io/destination": destination}},
+            "spec": {"ingressClassName": "higress", "rules": [{"http": {"paths": [{"path": "/", "pathType": "Prefix",
+                "backend": {"resource": {"apiGroup": "networking.higress.io", "kind": "McpBridge", "name": "default"}}}]}}]}})
+        .to_string()
+    };
+    api.apply(&ingress("shop-v1.static:80")).await.unwrap();
+
+    let kubeconfig = api.service_account_kubeconfig("meshbridge-system", "meshbridge").await.unwrap();
+    let gateway_port = free_port();
+    let gateway = GatewayArgs { gateway_http_port: vec![gateway_port], ..GatewayArgs::default() };
+    let app = start_gateway(&kubeconfig, kube_args("replica-1"), gateway).await;
+    let envoy = Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, gateway_port).await.expect("start envoy");
+    wait_for_traffic(&envoy, 200, &["v1"], "Ingress from the API server").await;
+    api.apply(&ingress("shop-v2.static:80")).await.unwrap();
+    wait_for_traffic(&envoy, 200, &["v2"], "edited Ingress").await;
+    api.kubectl(&["delete", "ingress", "shop", "-n", "apps"]).await.unwrap();
+    wait_for_traffic(&envoy, 404, &[], "deleted Ingress").await;
     app.stop().await;
 }
 
