@@ -3,6 +3,7 @@
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
 #   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [docker-compose] [kubetools] [cargo-deny]
+#                [kube-apiserver] (also builds etcd; `etcd` is the same component)
 #                (default: consul envoy)
 #
 # Prints `export` lines for the binaries it installed; e2e/env.sh sources them.
@@ -129,6 +130,63 @@ install_cargo_deny() {
   echo "$bin"
 }
 
+# kube-apiserver and etcd, built from their Go modules (Go from the image or
+# GOTOOLCHAIN; modules from the Go module proxy). k8s.io/kubernetes replaces
+# its staging modules (k8s.io/api, k8s.io/apiserver, ...) with paths inside
+# its own tree, and etcd's server module replaces its siblings the same way,
+# so neither builds with `go install PKG@VERSION`: a throwaway module in
+# the cache requires both and pins each replaced module to its published
+# release (k8s.io/X v0.N.P for Kubernetes v1.N.P; etcd's siblings at etcd's
+# version). One module, so the packages both use are compiled once. Go's
+# module cache stays under $CACHE/go (a re-run after a failure reuses it);
+# the build cache is removed once both binaries are in place.
+KUBE_VERSION="${MESHBRIDGE_KUBE_VERSION:-v1.37.2}"
+ETCD_VERSION="${MESHBRIDGE_ETCD_VERSION:-v3.7.3}"
+install_kube_apiserver() {
+  local dir="$CACHE/kube-apiserver-$KUBE_VERSION-etcd-$ETCD_VERSION"
+  if [ -x "$dir/bin/kube-apiserver" ] && [ -x "$dir/bin/etcd" ]; then
+    log "kube-apiserver $KUBE_VERSION and etcd $ETCD_VERSION cached: $dir/bin"; echo "$dir/bin"; return
+  fi
+  command -v go >/dev/null 2>&1 || { log "kube-apiserver needs Go (go.mod of k8s.io/kubernetes $KUBE_VERSION says which)"; exit 1; }
+  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build-kube" GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+  local mod="$CACHE/go/wrap-kube-apiserver-$KUBE_VERSION-etcd-$ETCD_VERSION"
+  rm -rf "$mod"; mkdir -p "$mod" "$dir/bin"
+  local t0=$SECONDS minor staging
+  minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
+  log "building kube-apiserver $KUBE_VERSION and etcd $ETCD_VERSION with $(go version | cut -d' ' -f3) in $mod"
+  # The staging modules are read from k8s.io/kubernetes's own go.mod.
+  local kmod; kmod=$(cd "$mod" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')
+  staging=$(awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$kmod")
+  [ -n "$staging" ] || { log "no staging replacements found in $kmod"; exit 1; }
+  {
+    echo "module meshbridge.test/kube-apiserver-build"
+    echo; echo "go $(awk '$1 == "go" {print $2; exit}' "$kmod")"; echo
+    echo "require ("
+    echo "	k8s.io/kubernetes $KUBE_VERSION"
+    echo "	go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+    echo ")"; echo; echo "replace ("
+    for m in $staging; do echo "	$m => $m v0.$minor.${KUBE_VERSION##*.}"; done
+    for m in api/v3 client/pkg/v3 client/v3 pkg/v3; do echo "	go.etcd.io/etcd/$m => go.etcd.io/etcd/$m $ETCD_VERSION"; done
+    echo ")"
+  } > "$mod/go.mod"
+  # `go mod download` of the graph, then the two builds, each timed.
+  (cd "$mod" && go list -deps k8s.io/kubernetes/cmd/kube-apiserver go.etcd.io/etcd/server/v3 >/dev/null) >&2
+  log "modules fetched in $((SECONDS - t0)) s ($(du -sh "$GOMODCACHE" | cut -f1) module cache)"
+  local ldv="k8s.io/component-base/version" t1=$SECONDS
+  (cd "$mod" && go build -trimpath -ldflags "-s -w" -o "$dir/bin/etcd.tmp" go.etcd.io/etcd/server/v3) >&2
+  log "etcd $ETCD_VERSION built in $((SECONDS - t1)) s"
+  local t2=$SECONDS
+  (cd "$mod" && go build -trimpath -o "$dir/bin/kube-apiserver.tmp" -ldflags "-s -w \
+      -X $ldv.gitVersion=$KUBE_VERSION -X $ldv.gitMajor=1 -X $ldv.gitMinor=$minor \
+      -X $ldv.gitTreeState=clean -X $ldv.buildDate=1970-01-01T00:00:00Z" \
+      k8s.io/kubernetes/cmd/kube-apiserver) >&2
+  log "kube-apiserver $KUBE_VERSION built in $((SECONDS - t2)) s (total $((SECONDS - t0)) s)"
+  mv "$dir/bin/etcd.tmp" "$dir/bin/etcd"; mv "$dir/bin/kube-apiserver.tmp" "$dir/bin/kube-apiserver"
+  "$dir/bin/kube-apiserver" --version >&2; "$dir/bin/etcd" --version | head -n1 >&2
+  rm -rf "$GOCACHE" "$mod"
+  echo "$dir/bin"
+}
+
 for w in "${want[@]}"; do
   case "$w" in
     consul)    echo "export MESHBRIDGE_CONSUL_BIN=$(install_consul)" ;;
@@ -141,6 +199,7 @@ for w in "${want[@]}"; do
     # check to say what is missing, it does not stop the other components.
     kubetools) d=$(install_kubetools) && echo "export MESHBRIDGE_KUBECTL_BIN=$d/kubectl MESHBRIDGE_KUBE_VALIDATE_BIN=$d/kubernetes-validate" || log "kubetools not installed" ;;
     cargo-deny) echo "export MESHBRIDGE_CARGO_DENY_BIN=$(install_cargo_deny)" ;;
+    kube-apiserver|etcd) d=$(install_kube_apiserver) && echo "export MESHBRIDGE_KUBE_APISERVER_BIN=$d/kube-apiserver MESHBRIDGE_ETCD_BIN=$d/etcd" ;;
     *) log "unknown component $w"; exit 2 ;;
   esac
 done

@@ -1,5 +1,7 @@
-//! A FAKE kube-apiserver, in process: no API server can be installed here,
-//! so Kubernetes mode is tested against this. It speaks the real REST
+//! A FAKE kube-apiserver, in process, for what the real one
+//! (`apiserver.rs`, `tests/kube_apiserver.rs`) cannot be made to do on
+//! demand: a 410 at a chosen moment, a log of every request, millisecond
+//! Lease timing (e2e/README.md lists the cases). It speaks the real REST
 //! protocol for what meshbridge and `kubectl` use, over plain HTTP:
 //!
 //! - discovery: `/version`, `/api`, `/apis`, `/api/v1`, `/apis/{group}/{version}`;

@@ -7,8 +7,10 @@
 //! not installed fails with a message naming the variable, it never passes
 //! silently.
 
+pub mod apiserver;
 pub mod backend;
 pub mod bench;
+pub mod captured_logs;
 pub mod consul;
 pub mod consul_fake;
 pub mod convergence;

@@ -11,9 +11,7 @@
 //! Every wait polls with a deadline.
 
 use std::future::Future;
-use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use meshbridge::lifecycle::LifecycleArgs;
@@ -21,43 +19,13 @@ use meshbridge::run::{AdminArgs, App, RunArgs, RunCommand};
 use meshbridge::testing::SotwClient;
 use meshbridge::testing::exposition;
 use meshbridge::translate::envoy::CLUSTER_TYPE;
+use meshbridge_e2e::captured_logs::logs;
 use meshbridge_e2e::consul::Consul;
 use meshbridge_e2e::free_port;
 use meshbridge_e2e::netns::Netns;
 use meshbridge_registries::Secret;
 use serde_json::{Value, json};
 use tokio::time::Instant;
-
-/// Every log line of this test binary, at debug level.
-fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let buf = Arc::new(Mutex::new(Vec::new()));
-        let writer = LogWriter(buf.clone());
-        // Global, not thread-local: watchers and streams log from every
-        // runtime thread.
-        let subscriber = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("debug"))
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("no other subscriber in this binary");
-        buf
-    })
-}
-
-#[derive(Clone)]
-struct LogWriter(Arc<Mutex<Vec<u8>>>);
-
-impl Write for LogWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn consul_entry(name: &str, port: u16, extra: &str) -> String {
     format!(

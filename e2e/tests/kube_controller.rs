@@ -2,6 +2,10 @@
 //! Ingress and Secret changes drive watchers and config, status and
 //! listener ports are written back, a 410 relists, and two replicas elect
 //! one leader. Registries are `static`, so no registry server is needed.
+//! The same behaviours against a real API server, as the shipped
+//! ServiceAccount, are in `kube_apiserver.rs`; these stay for what only the
+//! fake can show (request counts and content types, a 410 on demand, Lease
+//! timing in milliseconds).
 
 use std::time::{Duration, Instant, SystemTime};
 

@@ -10,7 +10,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use meshbridge::kube::KubeArgs;
-use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
+use meshbridge::run::GatewayArgs;
+use meshbridge_e2e::apiserver::launch_meshbridge;
 use meshbridge_e2e::kube_fake::KubeFake;
 use serde_json::Value;
 
@@ -80,17 +81,7 @@ async fn kubectl_applies_the_crd_and_reads_the_status_meshbridge_wrote() {
 
     let kube =
         KubeArgs { leader_elect: Some(false), status_interval: Duration::from_millis(200), ..KubeArgs::at(fake.url()) };
-    let args = RunArgs { config_dir: None, ..RunArgs::loopback("") };
-    let app = App::launch(RunCommand {
-        args,
-        admin: AdminArgs::default(),
-        gateway: GatewayArgs::default(),
-        kube,
-        lifecycle: Default::default(),
-        xds: Default::default(),
-    })
-    .await
-    .unwrap();
+    let app = launch_meshbridge(kube, GatewayArgs::default()).await.unwrap();
 
     let get = || -> Value {
         serde_json::from_str(&kubectl(&kubeconfig, &["get", "mcpbridge", "default", "-o", "json"])).unwrap()
@@ -134,17 +125,7 @@ async fn real_cluster_status_round_trip() {
         status_interval: Duration::from_millis(500),
         ..KubeArgs::default()
     };
-    let args = RunArgs { config_dir: None, ..RunArgs::loopback("") };
-    let app = App::launch(RunCommand {
-        args,
-        admin: AdminArgs::default(),
-        gateway: GatewayArgs::default(),
-        kube,
-        lifecycle: Default::default(),
-        xds: Default::default(),
-    })
-    .await
-    .unwrap();
+    let app = launch_meshbridge(kube, GatewayArgs::default()).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let out = kubectl(&kubeconfig, &["-n", "higress-system", "get", "mcpbridge", "meshbridge-e2e", "-o", "json"]);

@@ -31,7 +31,10 @@ mod registry_tls_tests;
 
 pub use build::Builder;
 pub use dir::{DirSource, MAX_FILE_BYTES};
+#[cfg(test)]
+pub(crate) use model::REGISTRY_IGNORED_FIELDS;
 pub use model::{Document, IngressDoc, McpBridgeDoc, RawEntry, SecretDoc};
+pub(crate) use model::{PROXY_FIELDS, REGISTRY_FIELDS};
 pub use parse::{parse_documents, parse_object};
 pub use state::ConfigState;
 pub use types::{ConfigError, DEFAULT_PROXY_CONNECT_TIMEOUT, Desired, FileStatus, ProxySpec, TlsSecret};

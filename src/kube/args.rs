@@ -61,8 +61,12 @@ pub struct KubeArgs {
     pub status_interval: Duration,
     /// API server URL, instead of in-cluster config or KUBECONFIG; plain
     /// `http://` works (`kubectl proxy`, tests).
-    #[arg(long, env = "MESHBRIDGE_KUBE_API_URL")]
+    #[arg(long, env = "MESHBRIDGE_KUBE_API_URL", conflicts_with = "kubeconfig")]
     pub kube_api_url: Option<String>,
+    /// A kubeconfig file (its current context), instead of in-cluster
+    /// config or $KUBECONFIG.
+    #[arg(long, env = "MESHBRIDGE_KUBECONFIG")]
+    pub kubeconfig: Option<std::path::PathBuf>,
     /// Give up starting when the first list of every resource has not
     /// completed in this time.
     #[arg(long, env = "MESHBRIDGE_KUBE_SYNC_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
@@ -85,6 +89,7 @@ impl Default for KubeArgs {
             leader_retry_period: Duration::from_secs(2),
             status_interval: Duration::from_secs(5),
             kube_api_url: None,
+            kubeconfig: None,
             kube_sync_timeout: Duration::from_secs(60),
         }
     }
@@ -94,6 +99,11 @@ impl KubeArgs {
     /// Kubernetes mode against `url` (a fake API server or `kubectl proxy`).
     pub fn at(url: impl Into<String>) -> KubeArgs {
         KubeArgs { kube: true, kube_api_url: Some(url.into()), ..KubeArgs::default() }
+    }
+
+    /// Kubernetes mode with the current context of this kubeconfig file.
+    pub fn with_kubeconfig(path: impl Into<std::path::PathBuf>) -> KubeArgs {
+        KubeArgs { kube: true, kubeconfig: Some(path.into()), ..KubeArgs::default() }
     }
 }
 
@@ -117,17 +127,25 @@ pub enum KubeError {
     SyncTimeout { resource: &'static str, timeout: Duration },
 }
 
-/// A kube client for `args`: --kube-api-url, else in-cluster, else
-/// KUBECONFIG. TLS is rustls with ring, the binary's one provider.
+/// A kube client for `args`: --kube-api-url, else --kubeconfig, else
+/// in-cluster, else KUBECONFIG. TLS is rustls with ring, the binary's one
+/// provider.
 pub async fn client(args: &KubeArgs) -> Result<Client, KubeError> {
-    let config = match &args.kube_api_url {
-        Some(url) => {
+    let config = match (&args.kube_api_url, &args.kubeconfig) {
+        (Some(url), _) => {
             let uri = url.parse().map_err(|e| KubeError::Config(format!("--kube-api-url {url:?}: {e}")))?;
             let mut config = kube::Config::new(uri);
             config.default_namespace = args.namespace.clone();
             config
         }
-        None => kube::Config::infer().await.map_err(|e| KubeError::Config(e.to_string()))?,
+        (None, Some(path)) => {
+            let bad = |e: &dyn std::fmt::Display| KubeError::Config(format!("--kubeconfig {}: {e}", path.display()));
+            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| bad(&e))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| bad(&e))?
+        }
+        (None, None) => kube::Config::infer().await.map_err(|e| KubeError::Config(e.to_string()))?,
     };
     Client::try_from(config).map_err(KubeError::Client)
 }

@@ -257,3 +257,102 @@ fn assembler_reads_the_registry_ca_from_a_secret() {
     let tls = built.desired.registries[0].tls.as_ref().expect("registryTls on");
     assert_eq!(tls.ca_pem.as_deref(), Some(ca));
 }
+
+/// `spec` of a CRD file.
+fn crd_spec(yaml: &str) -> serde_json::Value {
+    let crd: serde_json::Value = serde_saphyr::from_str(yaml).expect("CRD YAML");
+    crd["spec"].clone()
+}
+
+const OUR_CRD: &str = include_str!("../../deploy/kubernetes/crd-mcpbridge.yaml");
+const HIGRESS_CRD: &str = include_str!("../../e2e/fixtures/higress-crd-mcpbridge.yaml");
+
+/// Our CRD declares every field the config code reads (so the API server
+/// prunes none of them), and nothing the code does not know.
+#[test]
+fn our_crd_schema_matches_the_fields_the_code_reads() {
+    use crate::config::{PROXY_FIELDS, REGISTRY_FIELDS, REGISTRY_IGNORED_FIELDS};
+    let spec = crd_spec(OUR_CRD);
+    assert_eq!(super::pruned_fields(&spec), Some(vec![]), "fields the code reads but the CRD would prune");
+    let schema = &spec["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    let props = |list: &str| -> Vec<String> {
+        schema[list]["items"]["properties"].as_object().unwrap().keys().cloned().collect()
+    };
+    for field in props("registries") {
+        assert!(
+            REGISTRY_FIELDS.contains(&field.as_str()) || REGISTRY_IGNORED_FIELDS.contains(&field.as_str()),
+            "the CRD declares spec.registries[].{field}, which the config code does not know"
+        );
+    }
+    for field in props("proxies") {
+        assert!(PROXY_FIELDS.contains(&field.as_str()), "the CRD declares spec.proxies[].{field}, unknown to the code");
+    }
+    // Types as the code reads them: int64 (a number or a numeric string)
+    // for the intervals and nacosTimeout, a list of names for ecdhCurves.
+    let entry = &schema["registries"]["items"]["properties"];
+    for field in ["nacosRefreshInterval", "consulRefreshInterval", "nacosTimeout"] {
+        assert_eq!(
+            (entry[field]["type"].as_str(), entry[field]["format"].as_str()),
+            (Some("integer"), Some("int64")),
+            "{field}"
+        );
+    }
+    assert_eq!(entry["ecdhCurves"]["type"], "array");
+    assert_eq!(entry["ecdhCurves"]["items"]["type"], "string");
+    assert_eq!(entry["port"]["type"], "integer");
+}
+
+/// Higress's CRD (the fixture written from its published schema) prunes
+/// meshbridge's additions, and only those.
+#[test]
+fn higress_crd_prunes_what_meshbridge_adds() {
+    let pruned = super::pruned_fields(&crd_spec(HIGRESS_CRD)).unwrap();
+    assert_eq!(
+        pruned,
+        [
+            "spec.registries[].nacosTimeout",
+            "spec.registries[].ecdhCurves",
+            "spec.registries[].meshbridgeWatch",
+            "spec.registries[].registryTls",
+        ]
+    );
+}
+
+#[test]
+fn pruning_follows_preserve_unknown_fields_and_missing_lists() {
+    let spec = |schema: serde_json::Value| json!({"versions": [{"name": "v1", "schema": {"openAPIV3Schema": schema}}]});
+    let keeps_all = spec(json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
+    assert_eq!(super::pruned_fields(&keeps_all), Some(vec![]));
+    let no_spec = spec(json!({"type": "object", "properties": {"status": {"type": "object"}}}));
+    assert_eq!(super::pruned_fields(&no_spec), Some(vec!["spec".to_owned()]));
+    let free_entries = spec(json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+        "registries": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}}));
+    assert_eq!(super::pruned_fields(&free_entries), Some(vec!["spec.proxies".to_owned()]));
+    let tls_without_server_name = crd_spec(&OUR_CRD.replacen(
+        "                          serverName:\n",
+        "                          serverNameX:\n",
+        1,
+    ));
+    assert_eq!(
+        super::pruned_fields(&tls_without_server_name),
+        Some(vec!["spec.registries[].registryTls.serverName".to_owned()])
+    );
+    assert_eq!(super::pruned_fields(&json!({"versions": [{"name": "v2"}]})), None);
+}
+
+#[test]
+fn fields_condition_names_what_is_pruned() {
+    use super::CrdFields;
+    let status = json!({"observedGeneration": 3, "conditions": []});
+    let pruned = CrdFields::Pruned(vec!["spec.registries[].registryTls".into()]);
+    let s = super::with_fields_condition(status.clone(), &pruned, None, SystemTime::UNIX_EPOCH);
+    let c = &s["conditions"][0];
+    assert_eq!(
+        (c["type"].as_str(), c["status"].as_str(), c["reason"].as_str()),
+        (Some("FieldsPreserved"), Some("False"), Some("PrunedByCRD"))
+    );
+    assert!(c["message"].as_str().unwrap().contains("spec.registries[].registryTls"), "{c}");
+    assert_eq!(c["observedGeneration"], 3);
+    let s = super::with_fields_condition(status, &CrdFields::Complete, None, SystemTime::UNIX_EPOCH);
+    assert_eq!(s["conditions"][0]["status"], "True");
+}

@@ -13,6 +13,7 @@
 //! Every replica watches and serves xDS; only the leader writes.
 
 mod args;
+mod crd;
 mod leader;
 mod ports;
 mod status;
@@ -34,8 +35,9 @@ pub use args::{
     DEFAULT_MCPBRIDGE, KubeArgs, KubeError, MCPBRIDGE_GROUP, MCPBRIDGE_KIND, MCPBRIDGE_PLURAL, MCPBRIDGE_VERSION,
     SourceOptions, client, in_cluster,
 };
+pub use crd::{CrdFields, crd_name, pruned_fields};
 pub use leader::{LeaderConfig, LeaderElector};
-pub use status::{BridgeStatus, FIELD_MANAGER, bridge_status};
+pub use status::{BridgeStatus, FIELD_MANAGER, bridge_status, with_fields_condition};
 pub use watch::{Observed, ObservedBridge};
 
 /// The running Kubernetes source. Dropping it stops its watches, the
@@ -79,7 +81,11 @@ impl KubeSource {
             rx
         };
 
-        let writer = status::StatusWriter::new(client.clone(), cache, args.status_interval);
+        let fields = crd::check(&client).await;
+        crd::report(&fields);
+        let (fields_tx, fields) = channel::channel(fields);
+        tasks.push(tokio::spawn(crd::run(client.clone(), fields_tx).instrument(info_span!("crd"))));
+        let writer = status::StatusWriter::new(client.clone(), cache, args.status_interval, fields);
         tasks.push(tokio::spawn(writer.run(observed.clone(), leader.clone()).instrument(info_span!("status"))));
         let pinner = ports::PortPinner::new(client, opts.reserved_ports.clone());
         tasks.push(tokio::spawn(pinner.run(observed.clone(), leader.clone()).instrument(info_span!("ports"))));

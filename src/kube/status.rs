@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use super::crd::CrdFields;
 use super::watch::{Observed, ObservedBridge, mcpbridge_resource};
 use crate::cache::{Cache, RegistryKey, RegistryReport};
 use crate::config::Desired;
@@ -96,8 +97,8 @@ pub fn bridge_status(
         (false, "AsExpected", "no config errors and every registry healthy".to_owned())
     };
     let conditions = vec![
-        condition("Ready", ready, ready_reason, &ready_message, generation, previous, now),
-        condition("Degraded", degraded, degraded_reason, &degraded_message, generation, previous, now),
+        condition("Ready", truth(ready), ready_reason, &ready_message, generation, previous, now),
+        condition("Degraded", truth(degraded), degraded_reason, &degraded_message, generation, previous, now),
     ];
     json!({
         "observedGeneration": generation,
@@ -107,16 +108,36 @@ pub fn bridge_status(
     })
 }
 
+fn truth(b: bool) -> &'static str {
+    if b { "True" } else { "False" }
+}
+
+/// Add the `FieldsPreserved` condition: whether the installed CRD keeps
+/// every field meshbridge reads (`crd.rs`).
+pub fn with_fields_condition(
+    mut status: BridgeStatus,
+    fields: &CrdFields,
+    previous: Option<&Value>,
+    now: SystemTime,
+) -> BridgeStatus {
+    let generation = status["observedGeneration"].as_i64().unwrap_or_default();
+    let (state, reason, message) = super::crd::condition(fields);
+    let c = condition("FieldsPreserved", state, reason, &message, generation, previous, now);
+    if let Some(list) = status["conditions"].as_array_mut() {
+        list.push(c);
+    }
+    status
+}
+
 fn condition(
     kind: &str,
-    status: bool,
+    status: &str,
     reason: &str,
     message: &str,
     generation: i64,
     previous: Option<&Value>,
     now: SystemTime,
 ) -> Value {
-    let status = if status { "True" } else { "False" };
     let kept = previous
         .and_then(|p| p.get("conditions")?.as_array()?.iter().find(|c| c.get("type") == Some(&json!(kind))))
         .filter(|c| c.get("status") == Some(&json!(status)))
@@ -155,11 +176,18 @@ pub(super) struct StatusWriter {
     interval: Duration,
     /// What we last applied, per (namespace, name).
     written: HashMap<(String, String), Value>,
+    /// What the installed CRD keeps.
+    fields: watch::Receiver<CrdFields>,
 }
 
 impl StatusWriter {
-    pub(super) fn new(client: Client, cache: Arc<Cache>, interval: Duration) -> Self {
-        StatusWriter { client, cache, interval, written: HashMap::new() }
+    pub(super) fn new(
+        client: Client,
+        cache: Arc<Cache>,
+        interval: Duration,
+        fields: watch::Receiver<CrdFields>,
+    ) -> Self {
+        StatusWriter { client, cache, interval, written: HashMap::new(), fields }
     }
 
     pub(super) async fn run(mut self, observed: watch::Receiver<Arc<Observed>>, leader: watch::Receiver<bool>) {
@@ -178,7 +206,9 @@ impl StatusWriter {
             for bridge in &observed.bridges {
                 let key = (bridge.namespace.clone(), bridge.name.clone());
                 let previous = self.written.get(&key).or(bridge.status.as_ref());
-                let status = bridge_status(bridge, &observed.desired, &reports, previous, SystemTime::now());
+                let now = SystemTime::now();
+                let status = bridge_status(bridge, &observed.desired, &reports, previous, now);
+                let status = with_fields_condition(status, &self.fields.borrow(), previous, now);
                 if bridge.status.as_ref() == Some(&status) || self.written.get(&key) == Some(&status) {
                     continue;
                 }
