@@ -128,9 +128,9 @@ pub struct RunArgs {
     /// full resyncs.
     #[arg(long, env = "MESHBRIDGE_MIN_REFRESH_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub min_refresh_interval: Duration,
-    /// TCP connections each Consul registry may hold to Consul (at least 3;
-    /// default 8). Consul allows 200 per client address by default, shared
-    /// with every other client on the host.
+    /// TCP connections each Consul registry may hold to Consul (default 10;
+    /// a lower value than 5 is raised to 5). Consul allows 200 per client
+    /// address by default, shared with every other client on the host.
     #[arg(long, env = "MESHBRIDGE_CONSUL_MAX_CONNS")]
     pub consul_max_conns: Option<usize>,
 }
