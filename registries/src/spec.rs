@@ -217,16 +217,27 @@ impl RegistrySpec {
 
     /// `domain:port` without credentials, for logs and the admin API;
     /// `https://domain:port` with `registryTls`, so the admin API shows
-    /// whether TLS is in force.
+    /// whether TLS is in force. A static registry's `domain` already lists
+    /// each endpoint with its own port, so it is shown alone.
     pub fn endpoint(&self) -> String {
         let scheme = if self.tls.is_some() { "https://" } else { "" };
-        format!("{scheme}{}:{}", self.domain, self.port)
+        match self.kind {
+            RegistryKind::Static => format!("{scheme}{}", self.domain),
+            _ => format!("{scheme}{}:{}", self.domain, self.port),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_static_registry_shows_its_endpoints_with_their_own_ports() {
+        let fixed = RegistrySpec::new(RegistryKind::Static, "s", "127.0.0.1:10081,[::1]:9000", 80);
+        assert_eq!(fixed.endpoint(), "127.0.0.1:10081,[::1]:9000");
+        assert_eq!(RegistrySpec::new(RegistryKind::Consul, "c", "127.0.0.1", 8500).endpoint(), "127.0.0.1:8500");
+    }
 
     #[test]
     fn secrets_lists_every_credential_once_set() {

@@ -39,7 +39,7 @@ impl Desired {
             .registries
             .iter()
             .take(NAMED)
-            .map(|r| format!("{} {:?} at {}:{}", r.kind, r.name, meshbridge_registries::clip(&r.domain), r.port))
+            .map(|r| format!("{} {:?} at {}", r.kind, r.name, meshbridge_registries::clip(&r.endpoint())))
             .collect();
         if !named.is_empty() {
             let more = self.registries.len().saturating_sub(NAMED);
