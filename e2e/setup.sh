@@ -2,7 +2,7 @@
 # Installs the real servers the e2e tests run, into a cache that is reused on
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
-#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [docker-compose] [kubetools] [cargo-deny]
+#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [eureka-client] [docker-compose] [kubetools] [cargo-deny]
 #                (default: consul envoy)
 #
 # Prints `export` lines for the binaries it installed; e2e/env.sh sources them.
@@ -120,7 +120,8 @@ install_kubetools() {
 }
 
 # A Spring Boot app under e2e/ ($1: eureka-server, the Spring Cloud Netflix
-# Eureka server), built with Maven from Maven Central. The jar is cached under a key made of
+# Eureka server; eureka-client, a Spring Cloud app that registers itself),
+# built with Maven from Maven Central. The jar is cached under a key made of
 # the Spring Boot and Spring Cloud versions in its pom.xml and a hash of its
 # pom and sources, so an edit rebuilds it; the Maven repository
 # ($CACHE/m2) is kept, so a rebuild downloads nothing new.
@@ -165,6 +166,7 @@ for w in "${want[@]}"; do
     rnacos)    echo "export MESHBRIDGE_RNACOS_BIN=$(install_rnacos)" ;;
     tinyproxy) echo "export MESHBRIDGE_TINYPROXY_BIN=$(install_tinyproxy)" ;;
     eureka-server) echo "export MESHBRIDGE_EUREKA_SERVER_JAR=$(install_spring_app eureka-server)" ;;
+    eureka-client) echo "export MESHBRIDGE_EUREKA_CLIENT_JAR=$(install_spring_app eureka-client)" ;;
     docker-compose) echo "export MESHBRIDGE_DOCKER_COMPOSE_BIN=$(install_docker_compose)" ;;
     # Optional: a failed install leaves the kubectl test and the manifest
     # check to say what is missing, it does not stop the other components.

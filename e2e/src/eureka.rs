@@ -143,6 +143,84 @@ impl EurekaServer {
     }
 }
 
+/// The Spring Cloud app in `e2e/eureka-client` (`MESHBRIDGE_EUREKA_CLIENT_JAR`):
+/// `spring-boot-starter-web` with one endpoint, `GET /`, answering its
+/// `reply`, and `spring-cloud-starter-netflix-eureka-client`, which
+/// registers it as app GREETER (instance `greeter:PORT`, 127.0.0.1,
+/// renewing every second, expiring after 3 s). Killed when dropped.
+pub struct GreeterApp {
+    pub port: u16,
+    guard: ChildGuard,
+    _dir: TempDir,
+}
+
+const CLIENT_JAR_VAR: &str = "MESHBRIDGE_EUREKA_CLIENT_JAR";
+
+impl GreeterApp {
+    /// Start it on a free port, registering with `eureka`; ready once it
+    /// serves `GET /` (it registers itself at the same time or just after).
+    pub async fn start(eureka: &EurekaServer, reply: &str) -> anyhow::Result<GreeterApp> {
+        let jar = binary_from_env(CLIENT_JAR_VAR)?;
+        let mut last_err = None;
+        for _ in 0..START_ATTEMPTS {
+            let dir = tempfile::Builder::new().prefix("meshbridge-greeter-").tempdir()?;
+            let port = free_port();
+            let args = [
+                format!("--server.port={port}"),
+                format!("--eureka.client.service-url.defaultZone={}", service_url(eureka.port)),
+                format!("--greeter.reply={reply}"),
+            ];
+            let guard = spawn(&jar, dir.path(), &args)?;
+            let mut app = GreeterApp { port, guard, _dir: dir };
+            match app.wait_ready().await {
+                Ok(()) => return Ok(app),
+                Err(e) => last_err = Some(e.context(format!("greeter log:\n{}", app.guard.log_tail(8000)))),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| anyhow::anyhow!("greeter did not start")))
+    }
+
+    /// Its Eureka instance id.
+    pub fn instance_id(&self) -> String {
+        format!("greeter:{}", self.port)
+    }
+
+    pub fn log(&self) -> String {
+        self.guard.log_tail(8000)
+    }
+
+    /// SIGTERM, as a platform stopping it: Spring shuts down and the Eureka
+    /// client cancels its registration on the way out. Waits for the exit.
+    pub async fn stop_gracefully(&mut self) -> anyhow::Result<()> {
+        let pid = self.guard.id().context("greeter not running")?;
+        let status = Command::new("kill").arg("-TERM").arg(pid.to_string()).status()?;
+        ensure!(status.success(), "kill -TERM {pid}: {status}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.guard.is_running() {
+            ensure!(Instant::now() < deadline, "greeter still running 30 s after SIGTERM:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let http = reqwest::Client::new();
+        let url = format!("http://127.0.0.1:{}/", self.port);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if !self.guard.is_running() {
+                bail!("greeter exited during startup");
+            }
+            let ok = http.get(&url).timeout(Duration::from_secs(2)).send().await.is_ok_and(|r| r.status().is_success());
+            if ok {
+                return Ok(());
+            }
+            ensure!(Instant::now() < deadline, "greeter not serving after {READY_TIMEOUT:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
 fn service_url(port: u16) -> String {
     format!("http://127.0.0.1:{port}/eureka/")
 }
