@@ -127,6 +127,7 @@ impl Registry for Eureka {
     }
 
     async fn apply(&mut self, op: &Op) -> anyhow::Result<()> {
+        tracing::debug!(?op, "apply");
         match op {
             Op::Register(i) | Op::Metadata(i) => {
                 self.server.api.register(i.body()).await?;
@@ -170,6 +171,9 @@ impl Registry for Eureka {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eureka_bursts_converge_by_deltas() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
+    }
     let server = EurekaServer::start().await.expect("start the Eureka server (source e2e/env.sh eureka-server)");
     let spec = RegistrySpec::new(RegistryKind::Eureka, "eureka-conv", server.host_port(), 8761);
     let watcher = EurekaWatcher::new(spec).expect("valid spec").with_interval(INTERVAL);

@@ -232,11 +232,11 @@ impl Registry {
     /// (replacing one with the same id), DELETED removes it, and an entry
     /// without an action type is ignored. An app left without instances is
     /// dropped, as a full fetch would not list it.
-    pub fn apply_delta(&mut self, delta: Vec<Instance>) {
+    pub fn apply_delta(&mut self, delta: &[Instance]) {
         for i in delta {
             match i.action {
                 Some(Action::Added | Action::Modified) => {
-                    self.apps.entry(i.app.clone()).or_default().insert(i.id.clone(), i);
+                    self.apps.entry(i.app.clone()).or_default().insert(i.id.clone(), i.clone());
                 }
                 Some(Action::Deleted) => {
                     if let Some(app) = self.apps.get_mut(&i.app) {

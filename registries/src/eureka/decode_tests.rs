@@ -108,7 +108,7 @@ fn delta_adds_modifies_and_deletes() {
         inst("B", "b1", "10.0.1.1", 80, "UP"),
     ]));
     assert_eq!(reg.reconcile_hash_code(), "UP_3_");
-    reg.apply_delta(instances(vec![
+    reg.apply_delta(&instances(vec![
         action(inst("C", "c1", "10.0.2.1", 80, "STARTING"), "ADDED"),
         action(inst("A", "a1", "10.0.0.1", 80, "DOWN"), "MODIFIED"),
         action(inst("B", "b1", "10.0.1.1", 80, "UP"), "DELETED"),
