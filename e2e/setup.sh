@@ -2,7 +2,7 @@
 # Installs the real servers the e2e tests run, into a cache that is reused on
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
-#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [docker-compose] [kubetools] [cargo-deny]
+#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [eureka-client] [docker-compose] [kubetools] [cargo-deny]
 #                [kube-apiserver] (also builds etcd; `etcd` is the same component)
 #                (default: consul envoy)
 #
@@ -120,6 +120,35 @@ install_kubetools() {
   echo "$venv/bin"
 }
 
+# A Spring Boot app under e2e/ ($1: eureka-server, the Spring Cloud Netflix
+# Eureka server; eureka-client, a Spring Cloud app that registers itself),
+# built with Maven from Maven Central. The jar is cached under a key made of
+# the Spring Boot and Spring Cloud versions in its pom.xml and a hash of its
+# pom and sources, so an edit rebuilds it; the Maven repository
+# ($CACHE/m2) is kept, so a rebuild downloads nothing new.
+install_spring_app() {
+  local name=$1 src
+  src="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$name"
+  local boot cloud hash
+  boot=$(sed -n '/<parent>/,/<\/parent>/s:.*<version>\(.*\)</version>.*:\1:p' "$src/pom.xml")
+  cloud=$(sed -n 's:.*<spring-cloud.version>\(.*\)</spring-cloud.version>.*:\1:p' "$src/pom.xml")
+  hash=$(cd "$src" && find pom.xml src -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)
+  local dir="$CACHE/$name/boot-$boot-cloud-$cloud-$hash"
+  local jar="$dir/meshbridge-$name.jar"
+  if [ -f "$jar" ]; then log "$name cached: $jar"; echo "$jar"; return; fi
+  command -v javac >/dev/null 2>&1 || apt_install default-jdk-headless
+  command -v mvn >/dev/null 2>&1 || apt_install maven
+  log "building $name (Spring Boot $boot, Spring Cloud $cloud) with Maven into $dir"
+  local started=$SECONDS build="$CACHE/$name/build"
+  rm -rf "$build"; mkdir -p "$build" "$dir"
+  cp -r "$src/pom.xml" "$src/src" "$build/"
+  (cd "$build" && mvn -B -q -ntp -Dstyle.color=never -Dmaven.repo.local="$CACHE/m2" -DskipTests package) >&2
+  cp "$build/target/meshbridge-$name.jar" "$jar"
+  rm -rf "$build"
+  log "$name built in $((SECONDS - started)) s: $jar"
+  echo "$jar"
+}
+
 # cargo-deny (licenses, bans, sources in e2e/test.sh), built once from crates.io.
 install_cargo_deny() {
   local bin="$CACHE/cargo-deny/bin/cargo-deny"
@@ -194,6 +223,8 @@ for w in "${want[@]}"; do
     zookeeper) echo "export MESHBRIDGE_ZK_JAR=$(install_zookeeper)" ;;
     rnacos)    echo "export MESHBRIDGE_RNACOS_BIN=$(install_rnacos)" ;;
     tinyproxy) echo "export MESHBRIDGE_TINYPROXY_BIN=$(install_tinyproxy)" ;;
+    eureka-server) echo "export MESHBRIDGE_EUREKA_SERVER_JAR=$(install_spring_app eureka-server)" ;;
+    eureka-client) echo "export MESHBRIDGE_EUREKA_CLIENT_JAR=$(install_spring_app eureka-client)" ;;
     docker-compose) echo "export MESHBRIDGE_DOCKER_COMPOSE_BIN=$(install_docker_compose)" ;;
     # Optional: a failed install leaves the kubectl test and the manifest
     # check to say what is missing, it does not stop the other components.

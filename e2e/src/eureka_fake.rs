@@ -1,6 +1,10 @@
-//! A FAKE Eureka server, in process: no Eureka server is installed here, so
-//! the Eureka watcher is tested against this instead. It follows the Eureka
-//! REST API (JSON only) for what a discovery client and our tests use:
+//! A FAKE Eureka server, in process, for the cases a real server
+//! (`crate::eureka`) cannot be made to produce on demand: a wrong delta
+//! hashcode, deltas refused with 403, the legacy one-element-object JSON, a
+//! delta queue that forgets at once, and a request log to count full
+//! fetches by. `e2e/README.md` lists which tests use it and why. It follows
+//! the Eureka REST API (JSON only) for what a discovery client and our tests
+//! use:
 //!
 //! - `GET /eureka/apps`: the full registry, every status;
 //! - `GET /eureka/apps/delta`: the recently-changed queue (changes of the last
@@ -38,7 +42,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, ensure};
+use anyhow::Context;
 use axum::Router;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -48,6 +52,8 @@ use axum::routing::{get, post, put};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+
+use crate::eureka::EurekaApi;
 
 /// Eureka's `retentionTimeInMSInDeltaQueue` default.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(180);
@@ -76,9 +82,10 @@ fn lock(s: &Shared) -> MutexGuard<'_, Registry> {
 /// A running fake; stops serving when dropped.
 pub struct EurekaFake {
     pub addr: SocketAddr,
+    /// The REST API a client calls, at this fake.
+    pub api: EurekaApi,
     state: Shared,
     task: Option<JoinHandle<()>>,
-    http: reqwest::Client,
 }
 
 impl Drop for EurekaFake {
@@ -96,7 +103,7 @@ impl EurekaFake {
         let addr = listener.local_addr()?;
         let state = Shared::default();
         let task = Some(tokio::spawn(serve(listener, state.clone())));
-        Ok(EurekaFake { addr, state, task, http: reqwest::Client::new() })
+        Ok(EurekaFake { addr, api: EurekaApi::new(&addr.to_string()), state, task })
     }
 
     pub fn port(&self) -> u16 {
@@ -162,55 +169,6 @@ impl EurekaFake {
     pub fn hashcode(&self) -> String {
         reconcile_hash_code(&lock(&self.state).apps)
     }
-
-    /// `POST /eureka/apps/{app}` with `{"instance": instance}`.
-    pub async fn register(&self, instance: Value) -> anyhow::Result<()> {
-        let app = instance["app"].as_str().context("instance without app")?.to_string();
-        let body = json!({ "instance": instance });
-        let resp = self.http.post(self.url(&format!("/eureka/apps/{app}"))).json(&body).send().await?;
-        ensure!(resp.status() == StatusCode::NO_CONTENT, "register {app}: {}", resp.status());
-        Ok(())
-    }
-
-    /// `DELETE /eureka/apps/{app}/{id}`.
-    pub async fn deregister(&self, app: &str, id: &str) -> anyhow::Result<()> {
-        let resp = self.http.delete(self.url(&format!("/eureka/apps/{app}/{id}"))).send().await?;
-        ensure!(resp.status().is_success(), "deregister {app}/{id}: {}", resp.status());
-        Ok(())
-    }
-
-    /// `PUT /eureka/apps/{app}/{id}/status?value={status}`.
-    pub async fn set_status(&self, app: &str, id: &str, status: &str) -> anyhow::Result<()> {
-        let url = self.url(&format!("/eureka/apps/{app}/{id}/status"));
-        let resp = self.http.put(url).query(&[("value", status)]).send().await?;
-        ensure!(resp.status().is_success(), "status {app}/{id}={status}: {}", resp.status());
-        Ok(())
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-}
-
-/// An instance as a Spring Cloud client registers it: plain port enabled,
-/// secure port 443 disabled, no metadata.
-pub fn instance(app: &str, id: &str, ip: &str, port: u16, status: &str) -> Value {
-    json!({
-        "instanceId": id,
-        "hostName": ip,
-        "app": app.to_uppercase(),
-        "ipAddr": ip,
-        "status": status,
-        "overriddenstatus": "UNKNOWN",
-        "port": {"$": port, "@enabled": "true"},
-        "securePort": {"$": 443, "@enabled": "false"},
-        "countryId": 1,
-        "dataCenterInfo": {"@class": "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo", "name": "MyOwn"},
-        "leaseInfo": {"renewalIntervalInSecs": 30, "durationInSecs": 90},
-        "metadata": {"@class": "java.util.Collections$EmptyMap"},
-        "vipAddress": app.to_lowercase(),
-        "isCoordinatingDiscoveryServer": "false",
-    })
 }
 
 async fn serve(listener: TcpListener, state: Shared) {

@@ -3,7 +3,8 @@
 //! parallel and clean up even when they fail.
 //!
 //! Binaries come from `e2e/setup.sh` (see `e2e/env.sh`): `MESHBRIDGE_CONSUL_BIN`,
-//! `MESHBRIDGE_ENVOY_BIN`, `MESHBRIDGE_TINYPROXY_BIN`. A test whose server is
+//! `MESHBRIDGE_ENVOY_BIN`, `MESHBRIDGE_TINYPROXY_BIN`,
+//! `MESHBRIDGE_EUREKA_SERVER_JAR`. A test whose server is
 //! not installed fails with a message naming the variable, it never passes
 //! silently.
 
@@ -16,6 +17,7 @@ pub mod consul_fake;
 pub mod convergence;
 pub mod dns_fake;
 pub mod envoy;
+pub mod eureka;
 pub mod eureka_fake;
 pub mod faults;
 pub mod kube_fake;

@@ -52,6 +52,14 @@ impl ChildGuard {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The last `max` bytes or so of [`ChildGuard::log`] (cut at a char
+    /// boundary): what matters in a failure message.
+    pub fn log_tail(&self, max: usize) -> String {
+        let mut s = self.log();
+        let cut = s.len().saturating_sub(max);
+        s.split_off(s.char_indices().map(|(i, _)| i).find(|i| *i >= cut).unwrap_or(s.len()))
+    }
+
     pub fn id(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }

@@ -17,6 +17,21 @@ pub async fn start_meshbridge(dir: &Path, bridge: &str) -> anyhow::Result<App> {
     App::start(RunArgs::loopback(dir)).await
 }
 
+/// The McpBridge `default` in `higress-system` with `registries`, each a
+/// YAML flow mapping (`{type: eureka, name: e, ...}`).
+pub fn mcpbridge(registries: &[String]) -> String {
+    let mut yaml = String::from(
+        "apiVersion: networking.higress.io/v1\nkind: McpBridge\n\
+         metadata: { name: default, namespace: higress-system }\nspec:\n  registries:\n",
+    );
+    for r in registries {
+        yaml.push_str("    - ");
+        yaml.push_str(r);
+        yaml.push('\n');
+    }
+    yaml
+}
+
 /// meshbridge on `dir` (already written) as the config source of a
 /// standalone Envoy gateway listening on `gateway_port`.
 pub async fn start_gateway(dir: &Path, gateway_port: u16) -> anyhow::Result<App> {

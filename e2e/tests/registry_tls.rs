@@ -4,7 +4,7 @@
 //! - real Consul 1.8.7 on its own https listener;
 //! - rnacos (no TLS of its own) behind the TLS test proxy, on both its HTTP
 //!   port (open API and login) and its gRPC port, with auth on;
-//! - the Eureka fake behind the TLS test proxy.
+//! - a real Eureka server (no TLS of its own here) behind the TLS test proxy.
 //!
 //! Each time, the registry trusting the test CA serves its services, and the
 //! one trusting another CA (or verifying another name) fails with an error on
@@ -18,7 +18,7 @@ use std::time::Duration;
 use meshbridge::lifecycle::LifecycleArgs;
 use meshbridge::run::{App, RunArgs, RunCommand};
 use meshbridge_e2e::consul::Consul;
-use meshbridge_e2e::eureka_fake::{EurekaFake, instance};
+use meshbridge_e2e::eureka::{EurekaServer, instance};
 use meshbridge_e2e::free_port;
 use meshbridge_e2e::nacos::{Instance, Options, Rnacos};
 use meshbridge_e2e::test_pki::TestPki;
@@ -202,8 +202,8 @@ async fn nacos_http_login_and_grpc_over_tls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eureka_over_tls() {
     let pki = TestPki::new().expect("test certificates");
-    let eureka = EurekaFake::start().await.expect("start the Eureka fake");
-    eureka.register(instance("billing", "b-1", "127.0.0.1", 8081, "UP")).await.expect("register");
+    let eureka = EurekaServer::start().await.expect("start the Eureka server (source e2e/env.sh eureka-server)");
+    eureka.api.register(instance("billing", "b-1", "127.0.0.1", 8081, "UP")).await.expect("register");
     let upstream: SocketAddr = eureka.host_port().parse().unwrap();
     let proxy = TlsTestProxy::start(&pki, "127.0.0.1:0".parse().unwrap(), upstream, &[b"http/1.1"])
         .await

@@ -204,11 +204,15 @@ impl EurekaWatcher {
             return self.full(st, sink).await;
         }
         let mut next = st.registry.clone();
-        next.apply_delta(delta.instances);
+        next.apply_delta(&delta.instances);
         let local = next.reconcile_hash_code();
         let remote = delta.hashcode.unwrap_or_default();
         if local != remote {
-            warn!(client = %local, server = %remote, "reconcile hashcodes differ; full fetch");
+            let changed = delta.instances.len();
+            warn!(client = %local, server = %remote, changed, "reconcile hashcodes differ; full fetch");
+            let entries: Vec<String> =
+                delta.instances.iter().map(|i| format!("{}/{} {} {:?}", i.app, i.id, i.status, i.action)).collect();
+            debug!(?entries, "the delta that disagreed");
             // What the copy would have served with this delta applied: the
             // full fetch's differences from it are what the deltas missed.
             let expected = self.naming.services(&next, &st.sent, &self.selection);

@@ -271,7 +271,7 @@ fn check_eureka(full: &[u8], delta: &[u8]) -> Result<(), TestCaseError> {
         check_service(svc)?;
     }
     if let Ok(delta) = eureka::decode::decode_apps(delta) {
-        reg.apply_delta(delta.instances);
+        reg.apply_delta(&delta.instances);
         let hash = reg.reconcile_hash_code();
         prop_assert!(hash.is_empty() || hash.ends_with('_'), "odd hashcode {hash:?}");
         for svc in naming.services(&reg, &first, &crate::Selection::all()).values() {

@@ -16,8 +16,9 @@
 //! Its deserializer accepts a lone `application` or `instance` object where
 //! an array is expected (older XStream/Jettison servers wrote one element
 //! that way), so we do too. Instances are read field by field because real
-//! servers disagree on details: `overriddenstatus` or `overriddenStatus` (or
-//! both), `$` as a number or a string, `@enabled` as a string or a boolean.
+//! servers disagree on details: `$` as a number or a string, `@enabled` as a
+//! string or a boolean. `overriddenStatus` is not read: `status` already
+//! carries the server's verdict ([`Instance::serves`]).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -54,9 +55,9 @@ pub(crate) struct Instance {
     pub app: String,
     pub ip_addr: Option<String>,
     /// `status` as `InstanceStatus.name()`; UP when absent, as the builder.
+    /// This is the status that decides traffic: the server has already
+    /// applied its override rules to it (see [`Instance::serves`]).
     pub status: &'static str,
-    /// `overriddenstatus` / `overriddenStatus`, UNKNOWN when absent.
-    pub overridden: &'static str,
     pub port: Option<PortInfo>,
     pub secure_port: Option<PortInfo>,
     pub metadata: BTreeMap<String, String>,
@@ -70,9 +71,19 @@ pub(crate) struct PortInfo {
 }
 
 impl Instance {
-    /// The status that decides traffic: an override wins unless UNKNOWN.
-    pub fn effective_status(&self) -> &'static str {
-        if self.overridden != "UNKNOWN" { self.overridden } else { self.status }
+    /// Whether the instance takes traffic: `status` is UP, as Eureka's own
+    /// client filters (`DiscoveryClient`, `shouldFilterOnlyUpInstances`).
+    ///
+    /// `overriddenStatus` is not consulted. The server folds it into
+    /// `status` on every register, renew and status change
+    /// (`InstanceStatusOverrideRule`s), and it does not always win there:
+    /// an instance that reports DOWN or STARTING keeps that status over an
+    /// UP override (`DownOrStartingRule`). A real server answered an
+    /// instance registered DOWN with override UP as `"status": "DOWN",
+    /// "overriddenStatus": "UP"`; reading the override first sent traffic
+    /// to it.
+    pub fn serves(&self) -> bool {
+        self.status == "UP"
     }
 }
 
@@ -144,7 +155,6 @@ fn instance_of(raw: &Map<String, Value>, app_name: &str) -> Option<Instance> {
     let id = text("instanceId").or_else(|| text("hostName"))?;
     // `updateDelta` files an instance under its own appName.
     let app = text("app").unwrap_or_else(|| app_name.to_string()).to_uppercase();
-    let overridden = text("overriddenStatus").or_else(|| text("overriddenstatus"));
     let action = match text("actionType").as_deref() {
         Some("ADDED") => Some(Action::Added),
         Some("MODIFIED") => Some(Action::Modified),
@@ -163,7 +173,6 @@ fn instance_of(raw: &Map<String, Value>, app_name: &str) -> Option<Instance> {
         app,
         ip_addr: text("ipAddr"),
         status: text("status").map_or("UP", |s| status_name(&s)),
-        overridden: overridden.map_or("UNKNOWN", |s| status_name(&s)),
         port: raw.get("port").and_then(|v| port_of(v, true)),
         secure_port: raw.get("securePort").and_then(|v| port_of(v, false)),
         metadata,
@@ -223,11 +232,11 @@ impl Registry {
     /// (replacing one with the same id), DELETED removes it, and an entry
     /// without an action type is ignored. An app left without instances is
     /// dropped, as a full fetch would not list it.
-    pub fn apply_delta(&mut self, delta: Vec<Instance>) {
+    pub fn apply_delta(&mut self, delta: &[Instance]) {
         for i in delta {
             match i.action {
                 Some(Action::Added | Action::Modified) => {
-                    self.apps.entry(i.app.clone()).or_default().insert(i.id.clone(), i);
+                    self.apps.entry(i.app.clone()).or_default().insert(i.id.clone(), i.clone());
                 }
                 Some(Action::Deleted) => {
                     if let Some(app) = self.apps.get_mut(&i.app) {
@@ -243,7 +252,7 @@ impl Registry {
     }
 
     /// `Applications.getReconcileHashCode`: the number of instances in each
-    /// status (`getStatus()`, overrides not applied), statuses in `TreeMap`
+    /// status (`getStatus()`, the server's verdict), statuses in `TreeMap`
     /// order, each written `STATUS_count_`, e.g. `DOWN_2_UP_5_`; empty for
     /// no instances.
     pub fn reconcile_hash_code(&self) -> String {
@@ -292,7 +301,7 @@ impl Naming {
             .collect()
     }
 
-    /// One app. Only UP instances count. The app uses secure ports when
+    /// One app. Only UP instances count ([`Instance::serves`]). The app uses secure ports when
     /// every UP instance has its secure port enabled: one Envoy cluster has
     /// one transport socket, so in a mixed app the plain ports are used and
     /// instances with only a secure port are left out.
@@ -303,7 +312,7 @@ impl Naming {
         instances: impl Iterator<Item = &'a Instance>,
         last_port: Option<u16>,
     ) -> Service {
-        let up: Vec<&Instance> = instances.filter(|i| i.effective_status() == "UP").collect();
+        let up: Vec<&Instance> = instances.filter(|i| i.serves()).collect();
         let secure = !up.is_empty() && up.iter().all(|i| i.secure_port.is_some_and(|p| p.enabled && p.number != 0));
         let endpoints: Vec<Endpoint> = up.iter().filter_map(|i| endpoint_of(i, secure)).collect();
         if endpoints.len() < up.len() {

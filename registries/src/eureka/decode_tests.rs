@@ -70,8 +70,8 @@ fn field_quirks() {
     });
     let i = instance_of(raw.as_object().unwrap(), "X").unwrap();
     assert_eq!(i.id, "h1", "hostName when there is no instanceId");
-    assert_eq!((i.app.as_str(), i.status, i.overridden), ("X", "UNKNOWN", "OUT_OF_SERVICE"));
-    assert_eq!(i.effective_status(), "OUT_OF_SERVICE");
+    assert_eq!((i.app.as_str(), i.status), ("X", "UNKNOWN"));
+    assert!(!i.serves(), "an unknown status is not UP, whatever the override says");
     assert_eq!(i.port, Some(PortInfo { number: 8080, enabled: true }));
     assert_eq!(i.secure_port, Some(PortInfo { number: 8443, enabled: false }), "secure port off by default");
     assert_eq!(i.action, Some(Action::Modified));
@@ -80,7 +80,7 @@ fn field_quirks() {
 
     let bare = json!({"instanceId": "i", "app": "x", "port": 81});
     let i = instance_of(bare.as_object().unwrap(), "X").unwrap();
-    assert_eq!((i.status, i.overridden), ("UP", "UNKNOWN"), "InstanceInfo defaults");
+    assert_eq!(i.status, "UP", "InstanceInfo defaults");
     assert_eq!(i.port, Some(PortInfo { number: 81, enabled: true }));
     assert!(instance_of(json!({"app": "x"}).as_object().unwrap(), "X").is_none(), "no id");
 }
@@ -108,7 +108,7 @@ fn delta_adds_modifies_and_deletes() {
         inst("B", "b1", "10.0.1.1", 80, "UP"),
     ]));
     assert_eq!(reg.reconcile_hash_code(), "UP_3_");
-    reg.apply_delta(instances(vec![
+    reg.apply_delta(&instances(vec![
         action(inst("C", "c1", "10.0.2.1", 80, "STARTING"), "ADDED"),
         action(inst("A", "a1", "10.0.0.1", 80, "DOWN"), "MODIFIED"),
         action(inst("B", "b1", "10.0.1.1", 80, "UP"), "DELETED"),
@@ -145,13 +145,16 @@ fn eps(s: &Service) -> Vec<String> {
 }
 
 #[test]
-fn only_up_instances_count_and_overrides_win() {
+fn only_up_instances_count_and_the_status_decides_not_the_override() {
     let reg = Registry::from_full(instances(vec![
         with(inst("ORDERS", "o1", "10.0.0.1", 8081, "UP"), json!({"metadata": {"version": "v1", "zone": "a b"}})),
         inst("ORDERS", "o2", "10.0.0.2", 8080, "DOWN"),
         inst("ORDERS", "o3", "10.0.0.3", 8080, "OUT_OF_SERVICE"),
-        with(inst("ORDERS", "o4", "10.0.0.4", 8080, "UP"), json!({"overriddenstatus": "OUT_OF_SERVICE"})),
+        // As a real server answers: the override is already in `status`
+        // (OUT_OF_SERVICE), or lost to the instance's own DOWN.
+        with(inst("ORDERS", "o4", "10.0.0.4", 8080, "OUT_OF_SERVICE"), json!({"overriddenStatus": "OUT_OF_SERVICE"})),
         with(inst("ORDERS", "o5", "10.0.0.5", 8082, "DOWN"), json!({"overriddenStatus": "UP"})),
+        with(inst("ORDERS", "o7", "10.0.0.7", 8083, "UP"), json!({"overriddenStatus": "UP"})),
         inst("ORDERS", "o6", "not-an-ip", 8080, "UP"),
         inst("Pay_Api", "p1", "::ffff:10.0.0.9", 9000, "DOWN"),
     ]));
@@ -159,7 +162,7 @@ fn only_up_instances_count_and_overrides_win() {
     let hosts: Vec<&str> = services.keys().map(String::as_str).collect();
     assert_eq!(hosts, vec!["orders.eureka", "pay-api.eureka"]);
     let orders = &services["orders.eureka"];
-    assert_eq!(eps(orders), vec!["10.0.0.1:8081", "10.0.0.5:8082"]);
+    assert_eq!(eps(orders), vec!["10.0.0.1:8081", "10.0.0.7:8083"]);
     assert_eq!(orders.ports, vec![ServicePort { number: 8081, protocol: Protocol::Http, name: "http-8081".into() }]);
     let labels: Vec<&str> = orders.endpoints[0].labels.keys().map(String::as_str).collect();
     assert_eq!(labels, vec!["version"]);
