@@ -468,9 +468,13 @@ async fn under_higress_crd_meshbridge_fields_are_pruned_and_reported() {
 
     let kubeconfig = api.service_account_kubeconfig("meshbridge-system", "meshbridge").await.unwrap();
     let app = start(&kubeconfig, kube_args("replica-1")).await;
-    let object = until("FieldsPreserved=False", Duration::from_secs(30), || async {
+    // The pruning is reported at once; the registry's first sync may take
+    // a moment longer on a loaded machine: wait for both.
+    let object = until("FieldsPreserved=False and Ready=True", Duration::from_secs(30), || async {
         let o = mcpbridge(&api).await;
-        (condition(&o, "FieldsPreserved")?["status"] == "False").then_some(o)
+        let pruned = condition(&o, "FieldsPreserved")?["status"] == "False";
+        let ready = condition(&o, "Ready")?["status"] == "True";
+        (pruned && ready).then_some(o)
     })
     .await;
     let c = condition(&object, "FieldsPreserved").unwrap();
