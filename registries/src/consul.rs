@@ -80,7 +80,7 @@ use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use self::client::answers_read;
-use self::client::{CheckState, Client, Indexed, is_outage, next_index};
+use self::client::{CheckState, Client, Indexed, next_index};
 use self::ctx::{Ctx, Event};
 use self::decode::{CheckPrints, Naming};
 use self::supervisor::Supervisor;
@@ -316,14 +316,7 @@ where
             }
             Err(e) => {
                 ctx.health.fail(&e);
-                if is_outage(&e) {
-                    // Consul may come back with its index reset (a new
-                    // cluster, a dev agent): a query at the old index would
-                    // block for a whole `wait` before saying so. The first
-                    // query after an outage asks for the current state.
-                    index = 0;
-                }
-                ctx.health.backoff(backoff.next()).await;
+                tokio::time::sleep(backoff.next()).await;
             }
         }
     }

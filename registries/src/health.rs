@@ -65,12 +65,8 @@ pub(crate) struct Health {
     last_healthy: Mutex<Option<Instant>>,
     /// The WARNs of failed calls and of failed parts.
     repeats: Mutex<[Repeats; 2]>,
-    /// Signalled when a call succeeds after a failure (one waiter: the
-    /// watcher's resync).
+    /// Signalled when a call succeeds after a failure.
     pub recovered: Notify,
-    /// The same moment, told to every loop waiting in a backoff
-    /// ([`Health::back_up`]).
-    back_up: Notify,
 }
 
 impl Health {
@@ -83,7 +79,6 @@ impl Health {
             last_healthy: Mutex::new(None),
             repeats: Mutex::new(Default::default()),
             recovered: Notify::new(),
-            back_up: Notify::new(),
         }
     }
 
@@ -97,7 +92,6 @@ impl Health {
             // The next failure is news again.
             self.repeats.lock().unwrap_or_else(PoisonError::into_inner)[0].clear();
             self.recovered.notify_one();
-            self.back_up.notify_waiters();
         }
         if self.degraded.load(Ordering::SeqCst) {
             return recovered;
@@ -109,17 +103,6 @@ impl Health {
             self.sink.healthy();
         }
         recovered
-    }
-
-    /// Sleep `d` (a retry loop's backoff), or less if a call succeeds
-    /// meanwhile after a failure: the registry is back, so a loop that
-    /// failed with it need not wait out its backoff.
-    pub async fn backoff(&self, d: Duration) {
-        let back_up = self.back_up.notified();
-        tokio::select! {
-            () = tokio::time::sleep(d) => {}
-            () = back_up => {}
-        }
     }
 
     /// A call failed: told to the sink every time, and logged unless the
@@ -209,28 +192,6 @@ mod tests {
         assert_eq!(r.admit("timed out", t0 + REPEAT_EVERY + Duration::from_secs(2)), Some(0), "a new one at once");
         r.clear();
         assert_eq!(r.admit("timed out", t0 + REPEAT_EVERY + Duration::from_secs(3)), Some(0), "after a recovery");
-    }
-
-    #[tokio::test]
-    async fn a_recovery_ends_every_backoff_at_once() {
-        let health = Arc::new(Health::new(Arc::new(Counts::default()), "test"));
-        let e = RegistryError::Unreachable { registry: "r".into(), reason: "refused".into() };
-        health.fail(&e);
-        let waiting: Vec<_> = (0..3)
-            .map(|_| {
-                let h = health.clone();
-                tokio::spawn(async move { h.backoff(Duration::from_secs(60)).await })
-            })
-            .collect();
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(health.ok(), "a success after the failure is a recovery");
-        for w in waiting {
-            tokio::time::timeout(Duration::from_secs(5), w).await.expect("woken by the recovery").unwrap();
-        }
-        // Without a recovery a backoff lasts its time.
-        let t = std::time::Instant::now();
-        health.backoff(Duration::from_millis(100)).await;
-        assert!(t.elapsed() >= Duration::from_millis(100));
     }
 
     #[test]
