@@ -11,7 +11,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use meshbridge::cache::{RegistryKey, RegistryReport};
 use meshbridge::kube::KubeArgs;
-use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
+use meshbridge::run::{App, GatewayArgs};
+use meshbridge_e2e::apiserver::launch_meshbridge;
 use meshbridge_e2e::kube_fake::KubeFake;
 use meshbridge_registries::RegistryKind;
 use serde_json::{Value, json};
@@ -29,17 +30,7 @@ fn args(fake: &KubeFake) -> KubeArgs {
 }
 
 async fn start(kube: KubeArgs, gateway: GatewayArgs) -> App {
-    let args = RunArgs { config_dir: None, ..RunArgs::loopback("") };
-    App::launch(RunCommand {
-        args,
-        admin: AdminArgs::default(),
-        gateway,
-        kube,
-        lifecycle: Default::default(),
-        xds: Default::default(),
-    })
-    .await
-    .expect("start meshbridge")
+    launch_meshbridge(kube, gateway).await.expect("start meshbridge")
 }
 
 fn bridge(name: &str, registries: Value, proxies: Value) -> Value {

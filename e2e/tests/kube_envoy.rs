@@ -4,7 +4,8 @@
 //! Same path as the directory source: `Desired` → publisher → ADS.
 
 use meshbridge::kube::KubeArgs;
-use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
+use meshbridge::run::GatewayArgs;
+use meshbridge_e2e::apiserver::launch_meshbridge;
 use meshbridge_e2e::backend::Backend;
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::free_port;
@@ -39,17 +40,7 @@ async fn ingress_edits_in_the_api_server_move_envoy_traffic() {
     let gateway_port = free_port();
     let kube = KubeArgs { leader_elect: Some(false), ..KubeArgs::at(fake.url()) };
     let gateway = GatewayArgs { gateway_http_port: vec![gateway_port], ..GatewayArgs::default() };
-    let args = RunArgs { config_dir: None, ..RunArgs::loopback("") };
-    let app = App::launch(RunCommand {
-        args,
-        admin: AdminArgs::default(),
-        gateway,
-        kube,
-        lifecycle: Default::default(),
-        xds: Default::default(),
-    })
-    .await
-    .unwrap();
+    let app = launch_meshbridge(kube, gateway).await.unwrap();
     let envoy = Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, gateway_port).await.expect("start envoy");
     wait_for_traffic(&envoy, 200, &["v1"], "Ingress from the API server").await;
 
