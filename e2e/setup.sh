@@ -7,6 +7,8 @@
 #                (default: consul envoy)
 #
 # Prints `export` lines for the binaries it installed; e2e/env.sh sources them.
+# Components that share a tool (cargo, go, Maven, apt) are built one at a
+# time; the groups run side by side, so downloads overlap with compiles.
 #
 # What a fresh machine needs: a Debian-like system with apt (run as root, or
 # with the packages already installed), a Rust toolchain (cargo), python3,
@@ -55,9 +57,13 @@ install_consul() {
 }
 
 apt_install() {
-  log "installing Debian's $* package(s)"
-  apt-get update >&2 || true
-  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" >&2
+  (
+    exec 9>"$CACHE/.setup-apt.lock"
+    flock 9
+    log "installing Debian's $* package(s)"
+    apt-get update >&2 || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" >&2
+  )
 }
 
 install_envoy() {
@@ -224,21 +230,59 @@ install_kube_apiserver() {
   echo "$dir/bin"
 }
 
-for w in "${want[@]}"; do
+# One component: install it (or find it cached) and print its export line.
+component() {
+  local w=$1 v d
   case "$w" in
-    consul)    echo "export MESHBRIDGE_CONSUL_BIN=$(install_consul)" ;;
-    envoy)     echo "export MESHBRIDGE_ENVOY_BIN=$(install_envoy)" ;;
-    zookeeper) echo "export MESHBRIDGE_ZK_JAR=$(install_zookeeper)" ;;
-    rnacos)    echo "export MESHBRIDGE_RNACOS_BIN=$(install_rnacos)" ;;
-    tinyproxy) echo "export MESHBRIDGE_TINYPROXY_BIN=$(install_tinyproxy)" ;;
-    eureka-server) echo "export MESHBRIDGE_EUREKA_SERVER_JAR=$(install_spring_app eureka-server)" ;;
-    eureka-client) echo "export MESHBRIDGE_EUREKA_CLIENT_JAR=$(install_spring_app eureka-client)" ;;
-    docker-compose) echo "export MESHBRIDGE_DOCKER_COMPOSE_BIN=$(install_docker_compose)" ;;
+    consul)    v=$(install_consul); echo "export MESHBRIDGE_CONSUL_BIN=$v" ;;
+    envoy)     v=$(install_envoy); echo "export MESHBRIDGE_ENVOY_BIN=$v" ;;
+    zookeeper) v=$(install_zookeeper); echo "export MESHBRIDGE_ZK_JAR=$v" ;;
+    rnacos)    v=$(install_rnacos); echo "export MESHBRIDGE_RNACOS_BIN=$v" ;;
+    tinyproxy) v=$(install_tinyproxy); echo "export MESHBRIDGE_TINYPROXY_BIN=$v" ;;
+    eureka-server) v=$(install_spring_app eureka-server); echo "export MESHBRIDGE_EUREKA_SERVER_JAR=$v" ;;
+    eureka-client) v=$(install_spring_app eureka-client); echo "export MESHBRIDGE_EUREKA_CLIENT_JAR=$v" ;;
+    docker-compose) v=$(install_docker_compose); echo "export MESHBRIDGE_DOCKER_COMPOSE_BIN=$v" ;;
     # Optional: a failed install leaves the kubectl test and the manifest
     # check to say what is missing, it does not stop the other components.
-    kubetools) d=$(install_kubetools) && echo "export MESHBRIDGE_KUBECTL_BIN=$d/kubectl MESHBRIDGE_KUBE_VALIDATE_BIN=$d/kubernetes-validate" || log "kubetools not installed" ;;
-    cargo-deny) echo "export MESHBRIDGE_CARGO_DENY_BIN=$(install_cargo_deny)" ;;
-    kube-apiserver|etcd) d=$(install_kube_apiserver) && echo "export MESHBRIDGE_KUBE_APISERVER_BIN=$d/kube-apiserver MESHBRIDGE_ETCD_BIN=$d/etcd" ;;
-    *) log "unknown component $w"; exit 2 ;;
+    kubetools) if d=$(install_kubetools); then
+                 echo "export MESHBRIDGE_KUBECTL_BIN=$d/kubectl MESHBRIDGE_KUBE_VALIDATE_BIN=$d/kubernetes-validate"
+               else log "kubetools not installed"; fi ;;
+    cargo-deny) v=$(install_cargo_deny); echo "export MESHBRIDGE_CARGO_DENY_BIN=$v" ;;
+    kube-apiserver|etcd) d=$(install_kube_apiserver)
+               echo "export MESHBRIDGE_KUBE_APISERVER_BIN=$d/kube-apiserver MESHBRIDGE_ETCD_BIN=$d/etcd" ;;
+    *) log "unknown component $w"; return 2 ;;
   esac
+}
+
+# Components that compete for the same thing run one after another; the
+# groups run side by side, so downloads overlap with compilers. Debian's
+# packages take their own lock (apt_install).
+group_of() {
+  case "$1" in
+    rnacos|cargo-deny) echo cargo ;;
+    kube-apiserver|etcd) echo go ;;
+    eureka-server|eureka-client) echo maven ;;
+    *) echo fetch ;;
+  esac
+}
+
+started=$SECONDS
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+pids=()
+for i in "${!want[@]}"; do
+  (
+    exec 9>"$CACHE/.setup-$(group_of "${want[$i]}").lock"
+    flock 9
+    component "${want[$i]}" > "$out/$i"
+  ) &
+  pids+=("$!")
 done
+failed=0
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}" || { log "${want[$i]}: install FAILED"; failed=1; }
+done
+for i in "${!want[@]}"; do cat "$out/$i" 2>/dev/null || true; done
+if [ "$failed" = 0 ]; then log "${want[*]}: ready in $((SECONDS - started)) s"
+else log "some components failed to install (above), after $((SECONDS - started)) s"; fi
+exit "$failed"
