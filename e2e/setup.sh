@@ -3,7 +3,7 @@
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
 #   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [eureka-client] [docker-compose] [kubetools] [cargo-deny]
-#                [kube-apiserver] (also builds etcd; `etcd` is the same component)
+#                [kube-apiserver] (also builds etcd; `etcd` is the same component) [helm]
 #                (default: consul envoy)
 #
 # Prints `export` lines for the binaries it installed; e2e/env.sh sources them.
@@ -230,6 +230,40 @@ install_kube_apiserver() {
   echo "$dir/bin"
 }
 
+# helm, built from its Go module (`go install`, no replacements in its
+# go.mod) into $CACHE/helm-VERSION/bin. Stamped as helm's Makefile stamps a
+# release: the version (else `helm version` says "v3.22"), and the
+# Kubernetes version `helm template` and `helm lint` assume without a
+# cluster (else 1.20), taken from the k8s.io/client-go it requires. Module
+# cache shared with the kube-apiserver build; its own build cache, removed
+# once the binary is in place. Helm 3, not 4: see e2e/README.md ("Helm").
+HELM_VERSION="${MESHBRIDGE_HELM_VERSION:-v3.22.0}"
+install_helm() {
+  local dir="$CACHE/helm-$HELM_VERSION"
+  if [ -x "$dir/bin/helm" ]; then log "helm $HELM_VERSION cached: $dir/bin/helm"; echo "$dir/bin/helm"; return; fi
+  command -v go >/dev/null 2>&1 || { log "helm needs Go (go.mod of helm.sh/helm/v3 $HELM_VERSION says which)"; exit 1; }
+  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build-helm" GOTOOLCHAIN="${GOTOOLCHAIN:-auto}" CGO_ENABLED=0
+  local mod="helm.sh/helm/v3" t0=$SECONDS
+  log "building helm $HELM_VERSION with $(go version | cut -d' ' -f3) into $dir/bin"
+  local kmod k8s minor
+  kmod=$(cd "$CACHE" && go mod download -json "$mod@$HELM_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')
+  k8s=$(awk '$1 == "k8s.io/client-go" {print $2; exit}' "$kmod")
+  minor="${k8s#v0.}"; minor="${minor%%.*}"
+  [ -n "$minor" ] || { log "no k8s.io/client-go requirement in $kmod"; exit 1; }
+  mkdir -p "$dir/bin.tmp"
+  local TIMEFORMAT="[setup] helm $HELM_VERSION built in %0R s wall, %0U s user + %0S s sys CPU"
+  time (cd "$CACHE" && GOBIN="$dir/bin.tmp" go install -trimpath -ldflags "-s -w \
+      -X $mod/internal/version.version=$HELM_VERSION -X $mod/internal/version.gitTreeState=clean \
+      -X $mod/pkg/lint/rules.k8sVersionMajor=1 -X $mod/pkg/lint/rules.k8sVersionMinor=$minor \
+      -X $mod/pkg/chartutil.k8sVersionMajor=1 -X $mod/pkg/chartutil.k8sVersionMinor=$minor" \
+      "$mod/cmd/helm@$HELM_VERSION") >&2
+  rm -rf "$dir/bin"; mv "$dir/bin.tmp" "$dir/bin"
+  "$dir/bin/helm" version --short >&2
+  rm -rf "$GOCACHE"
+  log "helm: $((SECONDS - t0)) s in all ($(du -sh "$dir/bin/helm" | cut -f1) binary)"
+  echo "$dir/bin/helm"
+}
+
 # One component: install it (or find it cached) and print its export line.
 component() {
   local w=$1 v d
@@ -250,6 +284,7 @@ component() {
     cargo-deny) v=$(install_cargo_deny); echo "export MESHBRIDGE_CARGO_DENY_BIN=$v" ;;
     kube-apiserver|etcd) d=$(install_kube_apiserver)
                echo "export MESHBRIDGE_KUBE_APISERVER_BIN=$d/kube-apiserver MESHBRIDGE_ETCD_BIN=$d/etcd" ;;
+    helm)      v=$(install_helm); echo "export MESHBRIDGE_HELM_BIN=$v" ;;
     *) log "unknown component $w"; return 2 ;;
   esac
 }
@@ -260,7 +295,7 @@ component() {
 group_of() {
   case "$1" in
     rnacos|cargo-deny) echo cargo ;;
-    kube-apiserver|etcd) echo go ;;
+    kube-apiserver|etcd|helm) echo go ;;
     eureka-server|eureka-client) echo maven ;;
     *) echo fetch ;;
   esac

@@ -11,7 +11,7 @@ export MESHBRIDGE_CACHE="${MESHBRIDGE_CACHE:-$HOME/.cache/meshbridge}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MESHBRIDGE_CACHE/target}"
 
 # shellcheck source=e2e/env.sh
-source e2e/env.sh consul envoy rnacos zookeeper tinyproxy eureka-server eureka-client docker-compose kubetools cargo-deny kube-apiserver
+source e2e/env.sh consul envoy rnacos zookeeper tinyproxy eureka-server eureka-client docker-compose kubetools cargo-deny kube-apiserver helm
 
 echo "== kubernetes manifests"
 if [ -n "${MESHBRIDGE_KUBECTL_BIN:-}" ] && [ -n "${MESHBRIDGE_KUBE_VALIDATE_BIN:-}" ]; then
@@ -22,6 +22,30 @@ if [ -n "${MESHBRIDGE_KUBECTL_BIN:-}" ] && [ -n "${MESHBRIDGE_KUBE_VALIDATE_BIN:
   echo "rendered and validated: $(grep -c '^kind:' "$rendered") objects"
 else
   echo "kubectl / kubernetes-validate not installed (e2e/setup.sh kubetools): manifest check FAILED"
+  manifests_failed=1
+fi
+
+echo "== helm chart"
+# The chart with its default values and with every value changed
+# (e2e/fixtures/helm-values-all.yaml); e2e/tests/helm.rs compares it with
+# the kustomization and installs it on a real API server.
+if [ -n "${MESHBRIDGE_HELM_BIN:-}" ] && [ -n "${MESHBRIDGE_KUBE_VALIDATE_BIN:-}" ]; then
+  chart=deploy/helm/meshbridge values_all=e2e/fixtures/helm-values-all.yaml
+  export HELM_CACHE_HOME="$MESHBRIDGE_CACHE/helm-home/cache" HELM_CONFIG_HOME="$MESHBRIDGE_CACHE/helm-home/config" \
+    HELM_DATA_HOME="$MESHBRIDGE_CACHE/helm-home/data"
+  "$MESHBRIDGE_HELM_BIN" lint --strict "$chart"
+  "$MESHBRIDGE_HELM_BIN" lint --strict "$chart" -f "$values_all"
+  for v in default all; do
+    args=(); [ "$v" = all ] && args=(-f "$values_all")
+    "$MESHBRIDGE_HELM_BIN" template meshbridge "$chart" -n meshbridge-system --include-crds "${args[@]}" \
+      > "$MESHBRIDGE_CACHE/helm-rendered-$v.yaml"
+  done
+  # McpBridge has no schema there (a WARN); tests/helm.rs stores it on a
+  # real API server under the chart's CRD.
+  "$MESHBRIDGE_KUBE_VALIDATE_BIN" --strict --quiet "$MESHBRIDGE_CACHE"/helm-rendered-{default,all}.yaml
+  echo "rendered and validated: $(grep -c '^kind:' "$MESHBRIDGE_CACHE/helm-rendered-default.yaml") objects (default values)"
+else
+  echo "helm / kubernetes-validate not installed (e2e/setup.sh helm kubetools): helm chart check FAILED"
   manifests_failed=1
 fi
 

@@ -23,7 +23,7 @@ use meshbridge::kube::KubeArgs;
 use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
 use meshbridge::testing::pki;
 
-use crate::process::{ChildGuard, binary_from_env, free_port};
+use crate::process::{ChildGuard, binary_from_env, free_port, stdout_of};
 
 /// `--service-account-issuer` and the audience tokens are made for.
 const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
@@ -182,21 +182,9 @@ impl ApiServer {
 
     /// `kubectl ARGS` with `kubeconfig`: stdout, or an error with stderr.
     pub async fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
-        let out = tokio::process::Command::new(&self.kubectl)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(["--request-timeout", "30s"])
-            .args(args)
-            .output()
-            .await
-            .context("run kubectl")?;
-        anyhow::ensure!(
-            out.status.success(),
-            "kubectl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        let mut cmd = tokio::process::Command::new(&self.kubectl);
+        cmd.arg("--kubeconfig").arg(kubeconfig).args(["--request-timeout", "30s"]).args(args);
+        stdout_of(cmd, &format!("kubectl {}", args.join(" "))).await
     }
 
     /// `kubectl apply -f -` of `yaml` as the admin.

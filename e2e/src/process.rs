@@ -19,6 +19,14 @@ pub fn binary_from_env(var: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// Run a command line tool to its end: its stdout, or an error with `what`
+/// (the command as the test wrote it) and its stderr.
+pub async fn stdout_of(mut cmd: tokio::process::Command, what: &str) -> anyhow::Result<String> {
+    let out = cmd.output().await.map_err(|e| anyhow::anyhow!("run {what}: {e}"))?;
+    anyhow::ensure!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Kills (SIGKILL) and reaps the child when dropped. Output goes to a log
 /// file in the test's temp dir, printed by [`ChildGuard::log`] on failure.
 pub struct ChildGuard {
