@@ -2,7 +2,7 @@
 # Installs the real servers the e2e tests run, into a cache that is reused on
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
-#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [eureka-client] [docker-compose] [kubetools] [cargo-deny]
+#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [eureka-client] [dubbo-provider] [docker-compose] [kubetools] [cargo-deny]
 #                [kube-apiserver] (also builds etcd; `etcd` is the same component)
 #                (default: consul envoy)
 #
@@ -157,6 +157,32 @@ install_spring_app() {
   echo "$jar"
 }
 
+# The Dubbo 3 provider of deploy/examples/dubbo-spring/dubbo-provider (plain
+# Dubbo, no Spring Boot), built with Maven like install_spring_app: the jar
+# is cached under a key made of the Dubbo version in its pom.xml and a hash
+# of its pom and sources, with the Maven repository in $CACHE/m2.
+install_dubbo_provider() {
+  local src
+  src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/deploy/examples/dubbo-spring/dubbo-provider"
+  local dubbo hash
+  dubbo=$(sed -n 's:.*<dubbo.version>\(.*\)</dubbo.version>.*:\1:p' "$src/pom.xml")
+  hash=$(cd "$src" && find pom.xml src -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)
+  local dir="$CACHE/dubbo-provider/dubbo-$dubbo-$hash"
+  local jar="$dir/meshbridge-dubbo-provider.jar"
+  if [ -f "$jar" ]; then log "dubbo-provider cached: $jar"; echo "$jar"; return; fi
+  command -v javac >/dev/null 2>&1 || apt_install default-jdk-headless
+  command -v mvn >/dev/null 2>&1 || apt_install maven
+  log "building dubbo-provider (Apache Dubbo $dubbo) with Maven into $dir"
+  local started=$SECONDS build="$CACHE/dubbo-provider/build"
+  rm -rf "$build"; mkdir -p "$build" "$dir"
+  cp -r "$src/pom.xml" "$src/src" "$build/"
+  (cd "$build" && mvn -B -q -ntp -Dstyle.color=never -Dmaven.repo.local="$CACHE/m2" -DskipTests package) >&2
+  cp "$build/target/meshbridge-dubbo-provider.jar" "$jar"
+  rm -rf "$build"
+  log "dubbo-provider built in $((SECONDS - started)) s: $jar"
+  echo "$jar"
+}
+
 # cargo-deny (licenses, bans, sources in e2e/test.sh), built once from crates.io.
 install_cargo_deny() {
   local bin="$CACHE/cargo-deny/bin/cargo-deny"
@@ -241,6 +267,7 @@ component() {
     tinyproxy) v=$(install_tinyproxy); echo "export MESHBRIDGE_TINYPROXY_BIN=$v" ;;
     eureka-server) v=$(install_spring_app eureka-server); echo "export MESHBRIDGE_EUREKA_SERVER_JAR=$v" ;;
     eureka-client) v=$(install_spring_app eureka-client); echo "export MESHBRIDGE_EUREKA_CLIENT_JAR=$v" ;;
+    dubbo-provider) v=$(install_dubbo_provider); echo "export MESHBRIDGE_DUBBO_PROVIDER_JAR=$v" ;;
     docker-compose) v=$(install_docker_compose); echo "export MESHBRIDGE_DOCKER_COMPOSE_BIN=$v" ;;
     # Optional: a failed install leaves the kubectl test and the manifest
     # check to say what is missing, it does not stop the other components.
@@ -261,7 +288,7 @@ group_of() {
   case "$1" in
     rnacos|cargo-deny) echo cargo ;;
     kube-apiserver|etcd) echo go ;;
-    eureka-server|eureka-client) echo maven ;;
+    eureka-server|eureka-client|dubbo-provider) echo maven ;;
     *) echo fetch ;;
   esac
 }
