@@ -130,10 +130,10 @@ impl Run {
             wait_for_ids(&self.http, envoy, &["p2"], left, "the stopped instance left").await;
         }
         println!(
-            "dubbo_provider {what}: providers registered in {:?}, the stopped one left Envoy in {:?}, test {:?}",
-            self.started,
-            t0.elapsed(),
-            self.t0.elapsed()
+            "FIGURE dubbo_provider {what}: providers_registered_s={:.1} stopped_left_envoy_s={:.1} test_s={:.1}",
+            self.started.as_secs_f64(),
+            t0.elapsed().as_secs_f64(),
+            self.t0.elapsed().as_secs_f64()
         );
     }
 }
