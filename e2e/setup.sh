@@ -2,7 +2,7 @@
 # Installs the real servers the e2e tests run, into a cache that is reused on
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
-#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [eureka-client] [docker-compose] [kubetools] [cargo-deny]
+#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [eureka-client] [dubbo-provider] [docker-compose] [kubetools] [cargo-deny]
 #                [kube-apiserver] (also builds etcd; `etcd` is the same component) [helm]
 #                (default: consul envoy)
 #
@@ -128,25 +128,21 @@ install_kubetools() {
   echo "$venv/bin"
 }
 
-# A Spring Boot app under e2e/ ($1: eureka-server, the Spring Cloud Netflix
-# Eureka server; eureka-client, a Spring Cloud app that registers itself),
-# built with Maven from Maven Central. The jar is cached under a key made of
-# the Spring Boot and Spring Cloud versions in its pom.xml and a hash of its
-# pom and sources, so an edit rebuilds it; the Maven repository
-# ($CACHE/m2) is kept, so a rebuild downloads nothing new.
-install_spring_app() {
-  local name=$1 src
-  src="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$name"
-  local boot cloud hash
-  boot=$(sed -n '/<parent>/,/<\/parent>/s:.*<version>\(.*\)</version>.*:\1:p' "$src/pom.xml")
-  cloud=$(sed -n 's:.*<spring-cloud.version>\(.*\)</spring-cloud.version>.*:\1:p' "$src/pom.xml")
+# A Maven project built from Maven Central into one jar, cached: $1 its
+# name (the jar is target/meshbridge-$1.jar), $2 its source dir, $3 the
+# versions that key the cache, $4 what to call it in the log. The key is
+# those versions and a hash of its pom and sources, so an edit rebuilds it;
+# the Maven repository ($CACHE/m2) is kept, so a rebuild downloads nothing
+# new. Prints the jar's path.
+maven_jar() {
+  local name=$1 src=$2 key=$3 what=$4 hash
   hash=$(cd "$src" && find pom.xml src -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)
-  local dir="$CACHE/$name/boot-$boot-cloud-$cloud-$hash"
+  local dir="$CACHE/$name/$key-$hash"
   local jar="$dir/meshbridge-$name.jar"
   if [ -f "$jar" ]; then log "$name cached: $jar"; echo "$jar"; return; fi
   command -v javac >/dev/null 2>&1 || apt_install default-jdk-headless
   command -v mvn >/dev/null 2>&1 || apt_install maven
-  log "building $name (Spring Boot $boot, Spring Cloud $cloud) with Maven into $dir"
+  log "building $name ($what) with Maven into $dir"
   local started=$SECONDS build="$CACHE/$name/build"
   rm -rf "$build"; mkdir -p "$build" "$dir"
   cp -r "$src/pom.xml" "$src/src" "$build/"
@@ -155,6 +151,26 @@ install_spring_app() {
   rm -rf "$build"
   log "$name built in $((SECONDS - started)) s: $jar"
   echo "$jar"
+}
+
+# A Spring Boot app under e2e/ ($1: eureka-server, the Spring Cloud Netflix
+# Eureka server; eureka-client, a Spring Cloud app that registers itself),
+# keyed by the Spring Boot and Spring Cloud versions in its pom.xml.
+install_spring_app() {
+  local name=$1 src boot cloud
+  src="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$name"
+  boot=$(sed -n '/<parent>/,/<\/parent>/s:.*<version>\(.*\)</version>.*:\1:p' "$src/pom.xml")
+  cloud=$(sed -n 's:.*<spring-cloud.version>\(.*\)</spring-cloud.version>.*:\1:p' "$src/pom.xml")
+  maven_jar "$name" "$src" "boot-$boot-cloud-$cloud" "Spring Boot $boot, Spring Cloud $cloud"
+}
+
+# The Dubbo 3 provider of deploy/examples/dubbo-spring/dubbo-provider (plain
+# Dubbo, no Spring Boot), keyed by the Dubbo version in its pom.xml.
+install_dubbo_provider() {
+  local src dubbo
+  src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/deploy/examples/dubbo-spring/dubbo-provider"
+  dubbo=$(sed -n 's:.*<dubbo.version>\(.*\)</dubbo.version>.*:\1:p' "$src/pom.xml")
+  maven_jar dubbo-provider "$src" "dubbo-$dubbo" "Apache Dubbo $dubbo"
 }
 
 # cargo-deny (licenses, bans, sources in e2e/test.sh), built once from crates.io.
@@ -275,6 +291,7 @@ component() {
     tinyproxy) v=$(install_tinyproxy); echo "export MESHBRIDGE_TINYPROXY_BIN=$v" ;;
     eureka-server) v=$(install_spring_app eureka-server); echo "export MESHBRIDGE_EUREKA_SERVER_JAR=$v" ;;
     eureka-client) v=$(install_spring_app eureka-client); echo "export MESHBRIDGE_EUREKA_CLIENT_JAR=$v" ;;
+    dubbo-provider) v=$(install_dubbo_provider); echo "export MESHBRIDGE_DUBBO_PROVIDER_JAR=$v" ;;
     docker-compose) v=$(install_docker_compose); echo "export MESHBRIDGE_DOCKER_COMPOSE_BIN=$v" ;;
     # Optional: a failed install leaves the kubectl test and the manifest
     # check to say what is missing, it does not stop the other components.
@@ -296,7 +313,7 @@ group_of() {
   case "$1" in
     rnacos|cargo-deny) echo cargo ;;
     kube-apiserver|etcd|helm) echo go ;;
-    eureka-server|eureka-client) echo maven ;;
+    eureka-server|eureka-client|dubbo-provider) echo maven ;;
     *) echo fetch ;;
   esac
 }

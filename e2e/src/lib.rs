@@ -4,7 +4,7 @@
 //!
 //! Binaries come from `e2e/setup.sh` (see `e2e/env.sh`): `MESHBRIDGE_CONSUL_BIN`,
 //! `MESHBRIDGE_ENVOY_BIN`, `MESHBRIDGE_TINYPROXY_BIN`,
-//! `MESHBRIDGE_EUREKA_SERVER_JAR`, `MESHBRIDGE_HELM_BIN`. A test whose server is
+//! `MESHBRIDGE_EUREKA_SERVER_JAR`, `MESHBRIDGE_DUBBO_PROVIDER_JAR`, `MESHBRIDGE_HELM_BIN`. A test whose server is
 //! not installed fails with a message naming the variable, it never passes
 //! silently.
 
@@ -16,6 +16,7 @@ pub mod consul;
 pub mod consul_fake;
 pub mod convergence;
 pub mod dns_fake;
+pub mod dubbo;
 pub mod envoy;
 pub mod eureka;
 pub mod eureka_fake;

@@ -3,7 +3,7 @@
 //! one endpoint per address the name resolves to.
 
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::time::Duration;
 
 use tracing::warn;
@@ -23,10 +23,16 @@ pub(crate) enum Unresolved {
 }
 
 /// The IPs of `address`: itself when it is an IP (written the canonical
-/// way), else every address the name resolves to, sorted, each once.
+/// way), else every address the name resolves to, sorted, each once. An
+/// IPv6 address may come in brackets, as in a URL: Dubbo 3 registers its
+/// application-level instances that way (`"address": "[::1]"` in ZooKeeper,
+/// `"ip": "[::1]"` in Nacos), and no resolver takes the bracketed form.
 pub(crate) async fn lookup(address: &str, port: u16) -> Result<Vec<IpAddr>, Unresolved> {
     if let Ok(ip) = address.parse::<IpAddr>() {
         return Ok(vec![ip]);
+    }
+    if let Some(Ok(ip)) = address.strip_prefix('[').and_then(|a| a.strip_suffix(']')).map(str::parse::<Ipv6Addr>) {
+        return Ok(vec![IpAddr::V6(ip)]);
     }
     match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((address, port))).await {
         Ok(Ok(addrs)) => {
@@ -84,6 +90,9 @@ mod tests {
     async fn ips_are_written_the_canonical_way() {
         let ep = Endpoint { address: "0:0::1".into(), port: 80, weight: 1, labels: Default::default() };
         assert_eq!(endpoints(vec![ep]).await.0[0].address, "::1");
+        let bracketed = Endpoint { address: "[0:0::1]".into(), port: 80, weight: 1, labels: Default::default() };
+        assert_eq!(endpoints(vec![bracketed]).await.0[0].address, "::1", "an IPv6 address in brackets");
+        assert!(matches!(lookup("[10.0.0.1]", 80).await, Err(Unresolved::Failed(_))), "brackets hold IPv6 only");
         assert!(matches!(lookup("no-such-host.invalid", 80).await, Err(Unresolved::Failed(_))));
     }
 }
