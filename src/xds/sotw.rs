@@ -23,7 +23,10 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use envoy_types::pb::google::protobuf::Any;
+use prost::Message;
 use tracing::{debug, warn};
 
 use super::clients::NACK_DETAIL_BYTES;
@@ -32,7 +35,7 @@ use super::request::SotwRequest;
 use super::response::SotwResponse;
 use super::tracker::Tracker;
 use super::{ClientHandle, Subscription, is_full_state, push_order};
-use crate::resources::{Body, EncodedResources};
+use crate::resources::{Body, EncodedResources, TypeResources};
 use crate::translate::ConfigSet;
 use crate::translate::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE};
 
@@ -189,13 +192,15 @@ impl SotwStream {
         let send = always || !changes.upserts.is_empty() || full && !changes.removed.is_empty();
         // The whole type, wanted whole, is encoded once per type state and
         // shared by every stream; anything else is encoded here.
+        let absent =
+            if send && always && type_url == ENDPOINT_TYPE { absent_load_assignments(st, now) } else { Vec::new() };
         let resources = match (send, full) {
             (false, _) => EncodedResources::default(),
             (true, true) if st.tracker.sub().wildcard => now.encoded_all(),
-            (true, true) => {
-                EncodedResources::encode(st.tracker.wanted(now).map(|r| &r.body).collect::<Vec<&Body>>().into_iter())
-            }
-            (true, false) => EncodedResources::encode(changes.upserts.iter().map(|r| &r.body)),
+            (true, true) => EncodedResources::encode(
+                st.tracker.wanted(now).map(|r| &r.body).chain(&absent).collect::<Vec<&Body>>().into_iter(),
+            ),
+            (true, false) => EncodedResources::encode(changes.upserts.iter().map(|r| &r.body).chain(&absent)),
         };
         // SotW cannot remove a named resource: the client keeps it.
         let unsent = if send && full { Vec::new() } else { changes.removed };
@@ -213,6 +218,29 @@ impl SotwStream {
         self.client.sent(&resp, set.changed_at);
         Some((resp, changes.replaced))
     }
+}
+
+/// An empty `ClusterLoadAssignment` for every cluster an EDS subscription
+/// names that the config does not have. Envoy asks for the endpoints of a
+/// cluster it was sent and holds that cluster, and with it the ACK of its
+/// CDS response, until they come; if the cluster went away in between
+/// (added and removed within a round trip), nothing would ever come, and
+/// every later cluster change would wait out Envoy's `initial_fetch_timeout`
+/// (15 s). Istio answers such a name with no endpoints too. Not recorded as
+/// sent: if the cluster comes back, its endpoints are sent as new.
+fn absent_load_assignments(st: &TypeState, now: &TypeResources) -> Vec<Body> {
+    let sub = st.tracker.sub();
+    if sub.wildcard {
+        return Vec::new();
+    }
+    sub.names
+        .iter()
+        .filter(|name| !now.contains(name))
+        .map(|name| {
+            let cla = ClusterLoadAssignment { cluster_name: name.to_string(), ..Default::default() };
+            Body::new(Any { type_url: ENDPOINT_TYPE.to_string(), value: cla.encode_to_vec() })
+        })
+        .collect()
 }
 
 /// Record the ACK or NACK a request carries, if any.

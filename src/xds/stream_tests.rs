@@ -359,3 +359,55 @@ fn next_secret(prev: &ConfigSet, body: &str) -> ConfigSet {
     }
     set
 }
+
+/// The clusters in the EDS answers, by name, with their endpoint counts.
+fn load_assignments(out: &[SotwResponse]) -> Vec<(String, usize)> {
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    out.iter()
+        .flat_map(|r| r.decoded().resources)
+        .map(|a| {
+            assert_eq!(a.type_url, ENDPOINT_TYPE);
+            let cla = ClusterLoadAssignment::decode(&a.value[..]).expect("a ClusterLoadAssignment");
+            (cla.cluster_name, cla.endpoints.len())
+        })
+        .collect()
+}
+
+#[test]
+fn sotw_eds_answers_a_cluster_it_does_not_have_with_no_endpoints() {
+    let clients = Clients::new();
+    let mut s = SotwStream::new(clients.connect("test", "sotw"));
+    let set = small(&[("a", "a1")]);
+    let first = s.on_request(&eds_req(&["a"], ""), &set);
+    assert_eq!(sent_names(&first), ["a1"]);
+
+    // Envoy learnt of cluster x from CDS, but x went away before its EDS
+    // request came: x is answered, with no endpoints, so Envoy's warming of
+    // x (and its ACK of CDS) does not wait for a timeout.
+    let out = s.on_request(&eds_req(&["a", "x"], &first[0].nonce), &set);
+    assert_eq!(load_assignments(&out), [("x".to_string(), 0)]);
+    assert!(s.on_request(&eds_req(&["a", "x"], &out[0].nonce), &set).is_empty(), "ACK");
+    // A change elsewhere does not repeat it.
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("a", "a2"));
+    });
+    let out = s.on_change(&set);
+    assert_eq!(sent_names(&out), ["a2"]);
+    // x arrives: its endpoints are sent as new.
+    let ack = eds_req(&["a", "x"], &out[0].nonce);
+    assert!(s.on_request(&ack, &set).is_empty());
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("x", "x1"));
+    });
+    assert_eq!(sent_names(&s.on_change(&set)), ["x1"]);
+
+    // The first request of a stream naming a cluster we lack: the same.
+    let mut s2 = SotwStream::new(clients.connect("test", "sotw2"));
+    let set = small(&[("a", "a1")]);
+    let out = s2.on_request(&eds_req(&["a", "y"], ""), &set);
+    assert_eq!(out[0].resources.len(), 2);
+    assert_eq!(sent_names(&out)[0], "a1");
+    // A wildcard EDS request names nothing, so gets nothing extra.
+    let mut s3 = SotwStream::new(clients.connect("test", "sotw3"));
+    assert_eq!(sent_names(&s3.on_request(&eds_req(&["*"], ""), &set)), ["a1"]);
+}
