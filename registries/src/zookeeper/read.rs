@@ -141,6 +141,12 @@ impl Reader<'_> {
                     dropped += p.dropped_labels;
                     members.push(Member { host: p.host, endpoint: p.endpoint, protocol: None, tls: false });
                 }
+                // A provider of another protocol (Dubbo 3 registers
+                // `tri://` beside or instead of `dubbo://`) is well formed,
+                // just not served here, as in Higress: not a malformed node.
+                Err(dubbo::UrlError::Scheme(scheme)) => {
+                    debug!(service = key.name, scheme, "provider of another protocol than dubbo skipped");
+                }
                 Err(e) => malformed.push((join(&providers, &dubbo::redact(&node)), e.to_string())),
             }
         }
