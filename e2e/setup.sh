@@ -2,7 +2,7 @@
 # Installs the real servers the e2e tests run, into a cache that is reused on
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
-#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [eureka-client] [docker-compose] [kubetools] [cargo-deny]
+#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [eureka-client] [spring-app] [docker-compose] [kubetools] [cargo-deny]
 #                [kube-apiserver] (also builds etcd; `etcd` is the same component)
 #                (default: consul envoy)
 #
@@ -19,6 +19,13 @@ set -euo pipefail
 CACHE="${MESHBRIDGE_CACHE:-$HOME/.cache/meshbridge}"
 mkdir -p "$CACHE"
 log() { echo "[setup] $*" >&2; }
+# Sets CPU to the CPU seconds (user + system) used so far by this shell's
+# finished children. `times` runs in this shell (a `$(times)` would
+# report a fresh subshell's), so it writes to a file.
+cpu_now() {
+  times > "$CACHE/.times"
+  CPU=$(awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, a, /m|s/); t += a[1] * 60 + a[2] } printf "%d", t }' "$CACHE/.times")
+}
 
 want=("$@")
 [ ${#want[@]} -eq 0 ] && want=(consul envoy)
@@ -122,15 +129,19 @@ install_kubetools() {
   echo "$venv/bin"
 }
 
-# A Spring Boot app under e2e/ ($1: eureka-server, the Spring Cloud Netflix
-# Eureka server; eureka-client, a Spring Cloud app that registers itself),
-# built with Maven from Maven Central. The jar is cached under a key made of
-# the Spring Boot and Spring Cloud versions in its pom.xml and a hash of its
-# pom and sources, so an edit rebuilds it; the Maven repository
-# ($CACHE/m2) is kept, so a rebuild downloads nothing new.
+# A Spring Boot app ($1: its name; $2: its source dir, relative to the
+# repository root, e2e/$1 by default): eureka-server, the Spring Cloud
+# Netflix Eureka server; eureka-client, a Spring Cloud app that registers in
+# Eureka; spring-app (deploy/examples/dubbo-spring/spring-app), one that
+# registers in Consul, ZooKeeper or Nacos. Built with Maven from Maven
+# Central. The jar is cached under a key made of the Spring Boot and Spring
+# Cloud versions in its pom.xml and a hash of its pom and sources, so an
+# edit rebuilds it; the Maven repository ($CACHE/m2) is kept, so a rebuild
+# downloads nothing new.
 install_spring_app() {
-  local name=$1 src
-  src="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$name"
+  local name=$1 src root
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  src="$root/${2:-e2e/$name}"
   local boot cloud hash
   boot=$(sed -n '/<parent>/,/<\/parent>/s:.*<version>\(.*\)</version>.*:\1:p' "$src/pom.xml")
   cloud=$(sed -n 's:.*<spring-cloud.version>\(.*\)</spring-cloud.version>.*:\1:p' "$src/pom.xml")
@@ -141,13 +152,15 @@ install_spring_app() {
   command -v javac >/dev/null 2>&1 || apt_install default-jdk-headless
   command -v mvn >/dev/null 2>&1 || apt_install maven
   log "building $name (Spring Boot $boot, Spring Cloud $cloud) with Maven into $dir"
-  local started=$SECONDS build="$CACHE/$name/build"
+  local started=$SECONDS cpu0 build="$CACHE/$name/build"
+  cpu_now; cpu0=$CPU
   rm -rf "$build"; mkdir -p "$build" "$dir"
   cp -r "$src/pom.xml" "$src/src" "$build/"
   (cd "$build" && mvn -B -q -ntp -Dstyle.color=never -Dmaven.repo.local="$CACHE/m2" -DskipTests package) >&2
   cp "$build/target/meshbridge-$name.jar" "$jar"
   rm -rf "$build"
-  log "$name built in $((SECONDS - started)) s: $jar"
+  cpu_now
+  log "$name built in $((SECONDS - started)) s wall, $((CPU - cpu0)) s CPU: $jar"
   echo "$jar"
 }
 
@@ -233,6 +246,7 @@ for w in "${want[@]}"; do
     tinyproxy) echo "export MESHBRIDGE_TINYPROXY_BIN=$(install_tinyproxy)" ;;
     eureka-server) echo "export MESHBRIDGE_EUREKA_SERVER_JAR=$(install_spring_app eureka-server)" ;;
     eureka-client) echo "export MESHBRIDGE_EUREKA_CLIENT_JAR=$(install_spring_app eureka-client)" ;;
+    spring-app) echo "export MESHBRIDGE_SPRING_APP_JAR=$(install_spring_app spring-app deploy/examples/dubbo-spring/spring-app)" ;;
     docker-compose) echo "export MESHBRIDGE_DOCKER_COMPOSE_BIN=$(install_docker_compose)" ;;
     # Optional: a failed install leaves the kubectl test and the manifest
     # check to say what is missing, it does not stop the other components.

@@ -1,0 +1,189 @@
+//! Spring Cloud apps that register themselves (the user's view: a discovery
+//! starter and its properties, nothing else) in a real Consul, a real
+//! ZooKeeper and rnacos get HTTP traffic through a real Envoy via
+//! meshbridge (in-process, on free ports). The app is
+//! `deploy/examples/dubbo-spring/spring-app`, one jar with the three
+//! starters; a Spring profile picks the registry.
+//!
+//! Each test starts two instances at once, and checks that both become
+//! Envoy endpoints and both get requests; then stops one with SIGTERM (its
+//! starter deregisters it on the way out) and checks that traffic goes only
+//! to the other within 20 s. Each also checks what the starter wrote in its
+//! registry, and the Consul test that the HTTP health check Spring registers
+//! decides traffic.
+//!
+//! Needs `source e2e/env.sh spring-app envoy consul zookeeper rnacos`
+//! (MESHBRIDGE_SPRING_APP_JAR, MESHBRIDGE_ENVOY_BIN, MESHBRIDGE_CONSUL_BIN,
+//! MESHBRIDGE_ZK_JAR, MESHBRIDGE_RNACOS_BIN).
+
+use std::time::{Duration, Instant};
+
+use meshbridge::run::App;
+use meshbridge_e2e::consul::Consul;
+use meshbridge_e2e::envoy::{AdsMode, Envoy};
+use meshbridge_e2e::faults::signal;
+use meshbridge_e2e::nacos::Rnacos;
+use meshbridge_e2e::spring_app::{Registry, SERVICE, SpringApp};
+use meshbridge_e2e::traffic::{self, wait_for_members, wait_for_traffic};
+use meshbridge_e2e::zookeeper::ZooKeeper;
+use serde_json::Value;
+
+/// vport pins the service port, so each cluster name is known up front;
+/// endpoints keep the apps' own ports.
+const VPORT: &str = "vport: {default: 8080}";
+
+/// meshbridge on `registry` (a YAML flow mapping's entries) in front of a
+/// real Envoy routing everything to `cluster`.
+async fn mesh(dir: &std::path::Path, registry: &str, cluster: &str) -> (App, Envoy) {
+    let bridge = traffic::mcpbridge(&[format!("{{{registry}, {VPORT}}}")]);
+    let app = traffic::start_meshbridge(dir, &bridge).await.expect("start meshbridge");
+    let envoy = Envoy::start(app.xds_addr, AdsMode::Delta, cluster).await.expect("start envoy");
+    (app, envoy)
+}
+
+/// Both self-registered instances are endpoints and get requests.
+async fn both_serve(envoy: &Envoy, cluster: &str, first: &SpringApp, second: &SpringApp) {
+    let (a, b) = (first.addr(), second.addr());
+    wait_for_members(envoy, cluster, &[&a, &b], "both instances registered themselves").await;
+    wait_for_traffic(envoy, 200, &[&first.instance_id, &second.instance_id], "both instances serve").await;
+}
+
+/// The first, stopped gracefully, deregisters; traffic goes to the second
+/// only, within `wait_for_traffic`'s 20 s. Returns how long that took.
+async fn first_leaves(envoy: &Envoy, cluster: &str, first: &mut SpringApp, second: &SpringApp) -> Duration {
+    // Traffic is watched from the SIGTERM on: the JVM may take a while to
+    // exit after it has deregistered.
+    let stopped = Instant::now();
+    let (exited, left) = tokio::join!(first.stop_gracefully(), async {
+        wait_for_traffic(envoy, 200, &[&second.instance_id], "the stopped instance deregistered").await;
+        stopped.elapsed()
+    });
+    exited.expect("stop the first instance");
+    wait_for_members(envoy, cluster, &[&second.addr()], "the stopped instance left the endpoints").await;
+    left
+}
+
+fn figure(registry: &str, started: Instant, left: Duration) {
+    println!(
+        "FIGURE spring_apps registry={registry} deregistered_to_traffic_ms={} test_wall_s={:.1}",
+        left.as_millis(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spring_cloud_consul_apps_get_traffic_through_envoy() {
+    let started = Instant::now();
+    let consul = Consul::start().await.expect("start consul (source e2e/env.sh consul)");
+    let registry = Registry::Consul { port: consul.http_port };
+    let cluster = "outbound|8080||greeter.dc1.consul";
+    let dir = tempfile::tempdir().unwrap();
+    let entry =
+        format!("type: consul, name: consul, domain: 127.0.0.1, port: {}, consulDatacenter: dc1", consul.http_port);
+    let (apps, (app, envoy)) =
+        tokio::join!(SpringApp::start_pair(&registry, ["greeter-1", "greeter-2"]), mesh(dir.path(), &entry, cluster));
+    let (mut first, second) = apps.expect("start the Spring apps (source e2e/env.sh spring-app)");
+
+    both_serve(&envoy, cluster, &first, &second).await;
+
+    // What spring-cloud-consul registered: service `greeter`, our id, the
+    // app's address and port, and an HTTP check on /actuator/health.
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/health/service/{SERVICE}", consul.url());
+    let entries: Vec<Value> = http.get(&url).send().await.unwrap().json().await.unwrap();
+    let ids: Vec<&str> = entries.iter().filter_map(|e| e["Service"]["ID"].as_str()).collect();
+    assert_eq!(ids.len(), 2, "two instances of {SERVICE}: {entries:?}");
+    assert!(ids.contains(&"greeter-1") && ids.contains(&"greeter-2"), "{entries:?}");
+    let checks: Vec<&Value> = entries.iter().flat_map(|e| e["Checks"].as_array().into_iter().flatten()).collect();
+    let http_checks = checks.iter().filter(|c| c["Type"] == "http" && c["ServiceName"] == SERVICE).count();
+    assert_eq!(http_checks, 2, "one HTTP check per instance: {checks:?}");
+
+    // A frozen JVM fails its HTTP check (1 s timeout): Consul marks it
+    // critical and it leaves; thawed, it passes and comes back.
+    let pid = first.pid().expect("first instance running");
+    signal(pid, "-STOP");
+    wait_for_members(&envoy, cluster, &[&second.addr()], "a critical instance leaves the endpoints").await;
+    signal(pid, "-CONT");
+    wait_for_traffic(&envoy, 200, &[&first.instance_id, &second.instance_id], "a passing instance is back").await;
+
+    let left = first_leaves(&envoy, cluster, &mut first, &second).await;
+    let entries: Vec<Value> = http.get(&url).send().await.unwrap().json().await.unwrap();
+    assert_eq!(entries.len(), 1, "only the second instance is left in Consul: {entries:?}");
+    figure("consul", started, left);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spring_cloud_zookeeper_apps_get_traffic_through_envoy() {
+    let started = Instant::now();
+    // Sessions of 30 s: the test expires none, and a JVM busy starting on
+    // 2 cores can miss a 3 s session's pings.
+    let zk = ZooKeeper::start_with(Default::default(), Duration::from_secs(30))
+        .await
+        .expect("start zookeeper (source e2e/env.sh zookeeper)");
+    let registry = Registry::ZooKeeper { connect: zk.addr() };
+    // Spring Cloud Zookeeper's root, /services, becomes the host's label.
+    let cluster = "outbound|8080||greeter.services.zookeeper";
+    let dir = tempfile::tempdir().unwrap();
+    let entry = format!("type: zookeeper, name: zk, domain: 127.0.0.1, port: {}", zk.port);
+    let (apps, (app, envoy)) =
+        tokio::join!(SpringApp::start_pair(&registry, ["greeter-1", "greeter-2"]), mesh(dir.path(), &entry, cluster));
+    let (mut first, second) = apps.expect("start the Spring apps (source e2e/env.sh spring-app)");
+
+    both_serve(&envoy, cluster, &first, &second).await;
+
+    // What spring-cloud-zookeeper wrote: /services/greeter/{id}, Curator's
+    // ServiceInstance JSON with the app's address and port.
+    let client = zk.client().await.expect("zookeeper client");
+    let root = format!("/services/{SERVICE}");
+    let nodes = client.zk().list_children(&root).await.unwrap();
+    assert_eq!(nodes.len(), 2, "two instance nodes under {root}: {nodes:?}");
+    let mut ports = Vec::new();
+    for node in &nodes {
+        let (data, _) = client.zk().get_data(&format!("{root}/{node}")).await.unwrap();
+        let json: Value = serde_json::from_slice(&data).unwrap();
+        assert_eq!(json["address"], "127.0.0.1", "{json}");
+        assert_eq!(json["name"], SERVICE, "{json}");
+        ports.push(json["port"].as_u64().unwrap());
+    }
+    ports.sort();
+    let mut want = vec![u64::from(first.port), u64::from(second.port)];
+    want.sort();
+    assert_eq!(ports, want, "each instance node has its app's port");
+
+    let left = first_leaves(&envoy, cluster, &mut first, &second).await;
+    let nodes = client.zk().list_children(&root).await.unwrap();
+    assert_eq!(nodes.len(), 1, "the stopped instance deleted its node: {nodes:?}");
+    figure("zookeeper", started, left);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spring_cloud_alibaba_nacos_apps_get_traffic_through_envoy() {
+    let started = Instant::now();
+    let nacos = Rnacos::start().await.expect("start rnacos (source e2e/env.sh rnacos)");
+    let registry = Registry::Nacos { port: nacos.http_port };
+    let cluster = "outbound|8080||greeter.DEFAULT-GROUP.public.nacos";
+    let dir = tempfile::tempdir().unwrap();
+    let entry = format!("type: nacos2, name: nacos, domain: 127.0.0.1, port: {}", nacos.http_port);
+    let (apps, (app, envoy)) =
+        tokio::join!(SpringApp::start_pair(&registry, ["greeter-1", "greeter-2"]), mesh(dir.path(), &entry, cluster));
+    let (mut first, second) = apps.expect("start the Spring apps (source e2e/env.sh spring-app)");
+
+    both_serve(&envoy, cluster, &first, &second).await;
+
+    // What nacos-client registered over gRPC: two ephemeral instances of
+    // `greeter` in DEFAULT_GROUP, namespace public.
+    let listed = nacos.instances(SERVICE, "DEFAULT_GROUP", "public").await.expect("list instances");
+    let json: Value = serde_json::from_str(&listed).unwrap();
+    let hosts = json["hosts"].as_array().cloned().unwrap_or_default();
+    let ports: Vec<u64> = hosts.iter().filter_map(|h| h["port"].as_u64()).collect();
+    assert!(ports.contains(&u64::from(first.port)) && ports.contains(&u64::from(second.port)), "{listed}");
+    assert!(hosts.iter().all(|h| h["ephemeral"] == true && h["ip"] == "127.0.0.1"), "{listed}");
+
+    let left = first_leaves(&envoy, cluster, &mut first, &second).await;
+    let listed = nacos.instances(SERVICE, "DEFAULT_GROUP", "public").await.expect("list instances");
+    assert!(!listed.contains(&format!("\"port\":{}", first.port)), "the stopped instance deregistered: {listed}");
+    figure("nacos", started, left);
+    app.stop().await;
+}
