@@ -39,9 +39,14 @@ impl Registry {
                 "--spring.profiles.active=zookeeper".into(),
                 format!("--spring.cloud.zookeeper.connect-string={connect}"),
             ],
+            // After deregistering, the Nacos starter keeps serving for
+            // `graceful-shutdown-wait-time` (10 s by default) before the web
+            // server stops, so callers see the change first: 3 s here, to
+            // keep the test short.
             Registry::Nacos { port } => vec![
                 "--spring.profiles.active=nacos".into(),
                 format!("--spring.cloud.nacos.discovery.server-addr=127.0.0.1:{port}"),
+                "--spring.cloud.nacos.discovery.graceful-shutdown-wait-time=3000".into(),
             ],
         }
     }
@@ -109,6 +114,21 @@ impl SpringApp {
     /// The JVM's process id (to SIGSTOP / SIGCONT it).
     pub fn pid(&self) -> Option<u32> {
         self.guard.id()
+    }
+
+    /// `POST /actuator/serviceregistry {"status": status}`: the starter
+    /// sets the instance's status in its registry (an operator taking it
+    /// out of traffic, or back in).
+    pub async fn set_status(&self, status: &str) -> anyhow::Result<()> {
+        let resp = reqwest::Client::new()
+            .post(self.url("/actuator/serviceregistry"))
+            .json(&serde_json::json!({ "status": status }))
+            .timeout(std::time::Duration::from_secs(10))
+            .send()
+            .await?;
+        let code = resp.status();
+        anyhow::ensure!(code.is_success(), "set status {status}: {code}: {}", resp.text().await.unwrap_or_default());
+        Ok(())
     }
 
     /// SIGTERM, as a platform stops it: the starter deregisters the

@@ -48,6 +48,15 @@ async fn both_serve(envoy: &Envoy, cluster: &str, first: &SpringApp, second: &Sp
     wait_for_traffic(envoy, 200, &[&first.instance_id, &second.instance_id], "both instances serve").await;
 }
 
+/// An operator takes the first out through Spring's service-registry
+/// endpoint (`out` is the status its starter takes), then puts it back.
+async fn out_and_back(envoy: &Envoy, first: &SpringApp, second: &SpringApp, out: &str) {
+    first.set_status(out).await.unwrap_or_else(|e| panic!("{e}\n{}", first.log()));
+    wait_for_traffic(envoy, 200, &[&second.instance_id], &format!("the first instance set {out}")).await;
+    first.set_status("UP").await.unwrap_or_else(|e| panic!("{e}\n{}", first.log()));
+    wait_for_traffic(envoy, 200, &[&first.instance_id, &second.instance_id], "the first instance UP again").await;
+}
+
 /// The first, stopped gracefully, deregisters; traffic goes to the second
 /// only, within `wait_for_traffic`'s 20 s. Returns how long that took.
 async fn first_leaves(envoy: &Envoy, cluster: &str, first: &mut SpringApp, second: &SpringApp) -> Duration {
@@ -106,6 +115,7 @@ async fn spring_cloud_consul_apps_get_traffic_through_envoy() {
     signal(pid, "-CONT");
     wait_for_traffic(&envoy, 200, &[&first.instance_id, &second.instance_id], "a passing instance is back").await;
 
+    out_and_back(&envoy, &first, &second, "OUT_OF_SERVICE").await;
     let left = first_leaves(&envoy, cluster, &mut first, &second).await;
     let entries: Vec<Value> = http.get(&url).send().await.unwrap().json().await.unwrap();
     assert_eq!(entries.len(), 1, "only the second instance is left in Consul: {entries:?}");
@@ -142,6 +152,8 @@ async fn spring_cloud_zookeeper_apps_get_traffic_through_envoy() {
     for node in &nodes {
         let (data, _) = client.zk().get_data(&format!("{root}/{node}")).await.unwrap();
         let json: Value = serde_json::from_slice(&data).unwrap();
+        assert_eq!(json["id"], node.as_str(), "the node is named by the instance id: {json}");
+        assert_eq!(json["payload"]["metadata"]["instance_status"], "UP", "{json}");
         assert_eq!(json["address"], "127.0.0.1", "{json}");
         assert_eq!(json["name"], SERVICE, "{json}");
         ports.push(json["port"].as_u64().unwrap());
@@ -151,6 +163,7 @@ async fn spring_cloud_zookeeper_apps_get_traffic_through_envoy() {
     want.sort();
     assert_eq!(ports, want, "each instance node has its app's port");
 
+    out_and_back(&envoy, &first, &second, "OUT_OF_SERVICE").await;
     let left = first_leaves(&envoy, cluster, &mut first, &second).await;
     let nodes = client.zk().list_children(&root).await.unwrap();
     assert_eq!(nodes.len(), 1, "the stopped instance deleted its node: {nodes:?}");
@@ -181,6 +194,7 @@ async fn spring_cloud_alibaba_nacos_apps_get_traffic_through_envoy() {
     assert!(ports.contains(&u64::from(first.port)) && ports.contains(&u64::from(second.port)), "{listed}");
     assert!(hosts.iter().all(|h| h["ephemeral"] == true && h["ip"] == "127.0.0.1"), "{listed}");
 
+    out_and_back(&envoy, &first, &second, "DOWN").await;
     let left = first_leaves(&envoy, cluster, &mut first, &second).await;
     let listed = nacos.instances(SERVICE, "DEFAULT_GROUP", "public").await.expect("list instances");
     assert!(!listed.contains(&format!("\"port\":{}", first.port)), "the stopped instance deregistered: {listed}");
