@@ -12,7 +12,7 @@
 //! [`EurekaApi`] is the REST API a discovery client uses (register, cancel,
 //! status overrides, heartbeats, reads), for this server and the fake alike.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
@@ -78,7 +78,7 @@ impl EurekaServer {
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("eureka pair did not start")))
     }
 
-    fn spawn(jar: &PathBuf, port: u16, peer: Option<u16>, props: &[&str]) -> anyhow::Result<EurekaServer> {
+    fn spawn(jar: &Path, port: u16, peer: Option<u16>, props: &[&str]) -> anyhow::Result<EurekaServer> {
         let dir = tempfile::Builder::new().prefix("meshbridge-eureka-").tempdir()?;
         let mut args = vec![format!("--server.port={port}")];
         if let Some(peer) = peer {
@@ -86,7 +86,14 @@ impl EurekaServer {
         }
         args.extend(props.iter().map(|p| p.to_string()));
         let guard = spawn("eureka", jar, dir.path(), &args)?;
-        Ok(EurekaServer { port, api: EurekaApi::new(&format!("127.0.0.1:{port}")), jar: jar.clone(), args, guard, dir })
+        Ok(EurekaServer {
+            port,
+            api: EurekaApi::new(&format!("127.0.0.1:{port}")),
+            jar: jar.to_path_buf(),
+            args,
+            guard,
+            dir,
+        })
     }
 
     /// `127.0.0.1:port`, as a registry `domain` entry.
@@ -197,7 +204,7 @@ fn service_url(port: u16) -> String {
     format!("http://127.0.0.1:{port}/eureka/")
 }
 
-fn spawn(name: &str, jar: &PathBuf, dir: &std::path::Path, args: &[String]) -> anyhow::Result<ChildGuard> {
+fn spawn(name: &str, jar: &Path, dir: &Path, args: &[String]) -> anyhow::Result<ChildGuard> {
     let mut cmd = jvm::java_command(jar, dir);
     cmd.args(args).env_remove("EUREKA_PEERS").env_remove("EUREKA_PORT");
     ChildGuard::spawn(name, cmd, dir.join(format!("{name}.log")))

@@ -7,7 +7,7 @@
 //! Started with `java -jar` on a free loopback port in a temp dir (its home
 //! too), killed when dropped.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use tempfile::TempDir;
 
@@ -86,7 +86,7 @@ impl SpringApp {
         Ok((a?, b?))
     }
 
-    fn spawn(jar: &PathBuf, registry: &Registry, instance_id: &str) -> anyhow::Result<SpringApp> {
+    fn spawn(jar: &Path, registry: &Registry, instance_id: &str) -> anyhow::Result<SpringApp> {
         let dir = tempfile::Builder::new().prefix("meshbridge-spring-app-").tempdir()?;
         let port = free_port();
         let mut cmd = jvm::java_command(jar, dir.path());

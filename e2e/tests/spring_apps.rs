@@ -32,13 +32,29 @@ use serde_json::Value;
 /// endpoints keep the apps' own ports.
 const VPORT: &str = "vport: {default: 8080}";
 
-/// meshbridge on `registry` (a YAML flow mapping's entries) in front of a
-/// real Envoy routing everything to `cluster`.
-async fn mesh(dir: &std::path::Path, registry: &str, cluster: &str) -> (App, Envoy) {
-    let bridge = traffic::mcpbridge(&[format!("{{{registry}, {VPORT}}}")]);
-    let app = traffic::start_meshbridge(dir, &bridge).await.expect("start meshbridge");
-    let envoy = Envoy::start(app.xds_addr, AdsMode::Delta, cluster).await.expect("start envoy");
-    (app, envoy)
+/// meshbridge on one registry (`entry`: a YAML flow mapping's entries) in
+/// front of a real Envoy routing everything to `cluster`, and two instances
+/// registering in `registry`, started together; both serve through Envoy.
+struct Mesh {
+    app: App,
+    envoy: Envoy,
+    first: SpringApp,
+    second: SpringApp,
+    _dir: tempfile::TempDir,
+}
+
+async fn mesh(registry: Registry, entry: &str, cluster: &str) -> Mesh {
+    let dir = tempfile::tempdir().unwrap();
+    let bridge = traffic::mcpbridge(&[format!("{{{entry}, {VPORT}}}")]);
+    let meshbridge = async {
+        let app = traffic::start_meshbridge(dir.path(), &bridge).await.expect("start meshbridge");
+        let envoy = Envoy::start(app.xds_addr, AdsMode::Delta, cluster).await.expect("start envoy");
+        (app, envoy)
+    };
+    let (apps, (app, envoy)) = tokio::join!(SpringApp::start_pair(&registry, ["greeter-1", "greeter-2"]), meshbridge);
+    let (first, second) = apps.expect("start the Spring apps (source e2e/env.sh spring-app)");
+    both_serve(&envoy, cluster, &first, &second).await;
+    Mesh { app, envoy, first, second, _dir: dir }
 }
 
 /// Both self-registered instances are endpoints and get requests.
@@ -49,17 +65,23 @@ async fn both_serve(envoy: &Envoy, cluster: &str, first: &SpringApp, second: &Sp
 }
 
 /// An operator takes the first out through Spring's service-registry
-/// endpoint (`out` is the status its starter takes), then puts it back.
-async fn out_and_back(envoy: &Envoy, first: &SpringApp, second: &SpringApp, out: &str) {
+/// endpoint (`out` is the status its starter takes: Consul sets maintenance
+/// mode, ZooKeeper `instance_status`, Nacos deregisters) and puts it back.
+/// Then it is stopped gracefully and deregisters; traffic goes to the
+/// second only, within `wait_for_traffic`'s 20 s. Returns how long that
+/// took from the SIGTERM.
+async fn out_back_then_stop(
+    envoy: &Envoy,
+    cluster: &str,
+    first: &mut SpringApp,
+    second: &SpringApp,
+    out: &str,
+) -> Duration {
     first.set_status(out).await.unwrap_or_else(|e| panic!("{e}\n{}", first.log()));
     wait_for_traffic(envoy, 200, &[&second.instance_id], &format!("the first instance set {out}")).await;
     first.set_status("UP").await.unwrap_or_else(|e| panic!("{e}\n{}", first.log()));
     wait_for_traffic(envoy, 200, &[&first.instance_id, &second.instance_id], "the first instance UP again").await;
-}
 
-/// The first, stopped gracefully, deregisters; traffic goes to the second
-/// only, within `wait_for_traffic`'s 20 s. Returns how long that took.
-async fn first_leaves(envoy: &Envoy, cluster: &str, first: &mut SpringApp, second: &SpringApp) -> Duration {
     // Traffic is watched from the SIGTERM on: the JVM may take a while to
     // exit after it has deregistered.
     let stopped = Instant::now();
@@ -84,16 +106,11 @@ fn figure(registry: &str, started: Instant, left: Duration) {
 async fn spring_cloud_consul_apps_get_traffic_through_envoy() {
     let started = Instant::now();
     let consul = Consul::start().await.expect("start consul (source e2e/env.sh consul)");
-    let registry = Registry::Consul { port: consul.http_port };
     let cluster = "outbound|8080||greeter.dc1.consul";
-    let dir = tempfile::tempdir().unwrap();
     let entry =
         format!("type: consul, name: consul, domain: 127.0.0.1, port: {}, consulDatacenter: dc1", consul.http_port);
-    let (apps, (app, envoy)) =
-        tokio::join!(SpringApp::start_pair(&registry, ["greeter-1", "greeter-2"]), mesh(dir.path(), &entry, cluster));
-    let (mut first, second) = apps.expect("start the Spring apps (source e2e/env.sh spring-app)");
-
-    both_serve(&envoy, cluster, &first, &second).await;
+    let Mesh { app, envoy, mut first, second, _dir } =
+        mesh(Registry::Consul { port: consul.http_port }, &entry, cluster).await;
 
     // What spring-cloud-consul registered: service `greeter`, our id, the
     // app's address and port, and an HTTP check on /actuator/health.
@@ -115,8 +132,7 @@ async fn spring_cloud_consul_apps_get_traffic_through_envoy() {
     signal(pid, "-CONT");
     wait_for_traffic(&envoy, 200, &[&first.instance_id, &second.instance_id], "a passing instance is back").await;
 
-    out_and_back(&envoy, &first, &second, "OUT_OF_SERVICE").await;
-    let left = first_leaves(&envoy, cluster, &mut first, &second).await;
+    let left = out_back_then_stop(&envoy, cluster, &mut first, &second, "OUT_OF_SERVICE").await;
     let entries: Vec<Value> = http.get(&url).send().await.unwrap().json().await.unwrap();
     assert_eq!(entries.len(), 1, "only the second instance is left in Consul: {entries:?}");
     figure("consul", started, left);
@@ -131,16 +147,11 @@ async fn spring_cloud_zookeeper_apps_get_traffic_through_envoy() {
     let zk = ZooKeeper::start_with(Default::default(), Duration::from_secs(30))
         .await
         .expect("start zookeeper (source e2e/env.sh zookeeper)");
-    let registry = Registry::ZooKeeper { connect: zk.addr() };
     // Spring Cloud Zookeeper's root, /services, becomes the host's label.
     let cluster = "outbound|8080||greeter.services.zookeeper";
-    let dir = tempfile::tempdir().unwrap();
     let entry = format!("type: zookeeper, name: zk, domain: 127.0.0.1, port: {}", zk.port);
-    let (apps, (app, envoy)) =
-        tokio::join!(SpringApp::start_pair(&registry, ["greeter-1", "greeter-2"]), mesh(dir.path(), &entry, cluster));
-    let (mut first, second) = apps.expect("start the Spring apps (source e2e/env.sh spring-app)");
-
-    both_serve(&envoy, cluster, &first, &second).await;
+    let Mesh { app, envoy, mut first, second, _dir } =
+        mesh(Registry::ZooKeeper { connect: zk.addr() }, &entry, cluster).await;
 
     // What spring-cloud-zookeeper wrote: /services/greeter/{id}, Curator's
     // ServiceInstance JSON with the app's address and port.
@@ -163,8 +174,7 @@ async fn spring_cloud_zookeeper_apps_get_traffic_through_envoy() {
     want.sort();
     assert_eq!(ports, want, "each instance node has its app's port");
 
-    out_and_back(&envoy, &first, &second, "OUT_OF_SERVICE").await;
-    let left = first_leaves(&envoy, cluster, &mut first, &second).await;
+    let left = out_back_then_stop(&envoy, cluster, &mut first, &second, "OUT_OF_SERVICE").await;
     let nodes = client.zk().list_children(&root).await.unwrap();
     assert_eq!(nodes.len(), 1, "the stopped instance deleted its node: {nodes:?}");
     figure("zookeeper", started, left);
@@ -175,15 +185,10 @@ async fn spring_cloud_zookeeper_apps_get_traffic_through_envoy() {
 async fn spring_cloud_alibaba_nacos_apps_get_traffic_through_envoy() {
     let started = Instant::now();
     let nacos = Rnacos::start().await.expect("start rnacos (source e2e/env.sh rnacos)");
-    let registry = Registry::Nacos { port: nacos.http_port };
     let cluster = "outbound|8080||greeter.DEFAULT-GROUP.public.nacos";
-    let dir = tempfile::tempdir().unwrap();
     let entry = format!("type: nacos2, name: nacos, domain: 127.0.0.1, port: {}", nacos.http_port);
-    let (apps, (app, envoy)) =
-        tokio::join!(SpringApp::start_pair(&registry, ["greeter-1", "greeter-2"]), mesh(dir.path(), &entry, cluster));
-    let (mut first, second) = apps.expect("start the Spring apps (source e2e/env.sh spring-app)");
-
-    both_serve(&envoy, cluster, &first, &second).await;
+    let Mesh { app, envoy, mut first, second, _dir } =
+        mesh(Registry::Nacos { port: nacos.http_port }, &entry, cluster).await;
 
     // What nacos-client registered over gRPC: two ephemeral instances of
     // `greeter` in DEFAULT_GROUP, namespace public.
@@ -194,8 +199,7 @@ async fn spring_cloud_alibaba_nacos_apps_get_traffic_through_envoy() {
     assert!(ports.contains(&u64::from(first.port)) && ports.contains(&u64::from(second.port)), "{listed}");
     assert!(hosts.iter().all(|h| h["ephemeral"] == true && h["ip"] == "127.0.0.1"), "{listed}");
 
-    out_and_back(&envoy, &first, &second, "DOWN").await;
-    let left = first_leaves(&envoy, cluster, &mut first, &second).await;
+    let left = out_back_then_stop(&envoy, cluster, &mut first, &second, "DOWN").await;
     let listed = nacos.instances(SERVICE, "DEFAULT_GROUP", "public").await.expect("list instances");
     assert!(!listed.contains(&format!("\"port\":{}", first.port)), "the stopped instance deregistered: {listed}");
     figure("nacos", started, left);
