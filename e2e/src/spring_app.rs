@@ -23,8 +23,9 @@ pub const SERVICE: &str = "greeter";
 pub enum Registry {
     /// A Consul agent's HTTP port on 127.0.0.1.
     Consul { port: u16 },
-    /// A ZooKeeper connect string, `127.0.0.1:port`.
-    ZooKeeper { connect: String },
+    /// A ZooKeeper connect string, `127.0.0.1:port`, and the root the
+    /// instances go under (Spring Cloud Zookeeper's default is `/services`).
+    ZooKeeper { connect: String, root: String },
     /// A Nacos server's HTTP port on 127.0.0.1 (gRPC is that + 1000).
     Nacos { port: u16 },
 }
@@ -35,9 +36,10 @@ impl Registry {
             Registry::Consul { port } => {
                 vec!["--spring.profiles.active=consul".into(), format!("--spring.cloud.consul.port={port}")]
             }
-            Registry::ZooKeeper { connect } => vec![
+            Registry::ZooKeeper { connect, root } => vec![
                 "--spring.profiles.active=zookeeper".into(),
                 format!("--spring.cloud.zookeeper.connect-string={connect}"),
+                format!("--spring.cloud.zookeeper.discovery.root={root}"),
             ],
             // After deregistering, the Nacos starter keeps serving for
             // `graceful-shutdown-wait-time` (10 s by default) before the web

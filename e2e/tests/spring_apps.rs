@@ -94,9 +94,17 @@ async fn out_back_then_stop(
     left
 }
 
+/// ZooKeeper with sessions of up to 30 s: the tests expire none, and a JVM
+/// busy starting on 2 cores can miss a 3 s session's pings.
+async fn zookeeper() -> ZooKeeper {
+    ZooKeeper::start_with(Default::default(), Duration::from_secs(30))
+        .await
+        .expect("start zookeeper (source e2e/env.sh zookeeper)")
+}
+
 fn figure(registry: &str, started: Instant, left: Duration) {
     println!(
-        "FIGURE spring_apps registry={registry} deregistered_to_traffic_ms={} test_wall_s={:.1}",
+        "FIGURE spring_apps registry={registry} sigterm_to_settled_ms={} test_wall_s={:.1}",
         left.as_millis(),
         started.elapsed().as_secs_f64()
     );
@@ -142,16 +150,12 @@ async fn spring_cloud_consul_apps_get_traffic_through_envoy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spring_cloud_zookeeper_apps_get_traffic_through_envoy() {
     let started = Instant::now();
-    // Sessions of 30 s: the test expires none, and a JVM busy starting on
-    // 2 cores can miss a 3 s session's pings.
-    let zk = ZooKeeper::start_with(Default::default(), Duration::from_secs(30))
-        .await
-        .expect("start zookeeper (source e2e/env.sh zookeeper)");
+    let zk = zookeeper().await;
     // Spring Cloud Zookeeper's root, /services, becomes the host's label.
     let cluster = "outbound|8080||greeter.services.zookeeper";
     let entry = format!("type: zookeeper, name: zk, domain: 127.0.0.1, port: {}", zk.port);
-    let Mesh { app, envoy, mut first, second, _dir } =
-        mesh(Registry::ZooKeeper { connect: zk.addr() }, &entry, cluster).await;
+    let registry = Registry::ZooKeeper { connect: zk.addr(), root: "/services".into() };
+    let Mesh { app, envoy, mut first, second, _dir } = mesh(registry, &entry, cluster).await;
 
     // What spring-cloud-zookeeper wrote: /services/greeter/{id}, Curator's
     // ServiceInstance JSON with the app's address and port.
@@ -178,6 +182,36 @@ async fn spring_cloud_zookeeper_apps_get_traffic_through_envoy() {
     let nodes = client.zk().list_children(&root).await.unwrap();
     assert_eq!(nodes.len(), 1, "the stopped instance deleted its node: {nodes:?}");
     figure("zookeeper", started, left);
+    app.stop().await;
+}
+
+/// An app whose `spring.cloud.zookeeper.discovery.root` is not `/services`
+/// is read through the McpBridge's `zkServicesPath`, and named after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spring_cloud_zookeeper_app_under_zk_services_path_gets_traffic() {
+    let started = Instant::now();
+    let zk = zookeeper().await;
+    let cluster = "outbound|8080||greeter.apps-spring.zookeeper";
+    let dir = tempfile::tempdir().unwrap();
+    let entry = format!(
+        "{{type: zookeeper, name: zk, domain: 127.0.0.1, port: {}, zkServicesPath: [/apps/spring], {VPORT}}}",
+        zk.port
+    );
+    let registry = Registry::ZooKeeper { connect: zk.addr(), root: "/apps/spring".into() };
+    let meshbridge = async {
+        let app = traffic::start_meshbridge(dir.path(), &traffic::mcpbridge(&[entry])).await.expect("start meshbridge");
+        let envoy = Envoy::start(app.xds_addr, AdsMode::Sotw, cluster).await.expect("start envoy");
+        (app, envoy)
+    };
+    let (only, (app, envoy)) = tokio::join!(SpringApp::start(&registry, "greeter-1"), meshbridge);
+    let mut only = only.expect("start the Spring app (source e2e/env.sh spring-app)");
+    wait_for_members(&envoy, cluster, &[&only.addr()], "the instance under /apps/spring").await;
+    wait_for_traffic(&envoy, 200, &[&only.instance_id], "the instance serves").await;
+
+    let stopped = Instant::now();
+    only.stop_gracefully().await.expect("stop the instance");
+    wait_for_members(&envoy, cluster, &[], "the stopped instance left").await;
+    figure("zookeeper-zkServicesPath", started, stopped.elapsed());
     app.stop().await;
 }
 
