@@ -5,12 +5,14 @@
 //! `deploy/examples/dubbo-spring/spring-app`, one jar with the three
 //! starters; a Spring profile picks the registry.
 //!
-//! Each test starts two instances at once, and checks that both become
-//! Envoy endpoints and both get requests; then stops one with SIGTERM (its
-//! starter deregisters it on the way out) and checks that traffic goes only
-//! to the other within 20 s. Each also checks what the starter wrote in its
-//! registry, and the Consul test that the HTTP health check Spring registers
-//! decides traffic.
+//! Each registry's test starts two instances at once, and checks that both
+//! become Envoy endpoints and both get requests, and what the starter wrote
+//! in its registry; takes one out through `/actuator/serviceregistry` and
+//! puts it back; then stops it with SIGTERM (its starter deregisters it on
+//! the way out) and checks that traffic goes only to the other within 20 s.
+//! The Consul test also checks that the HTTP health check Spring registers
+//! decides traffic; a fourth test puts a ZooKeeper app under a
+//! `zkServicesPath` root.
 //!
 //! Needs `source e2e/env.sh spring-app envoy consul zookeeper rnacos`
 //! (MESHBRIDGE_SPRING_APP_JAR, MESHBRIDGE_ENVOY_BIN, MESHBRIDGE_CONSUL_BIN,
