@@ -2,7 +2,7 @@
 # Installs the real servers the e2e tests run, into a cache that is reused on
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
-#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [eureka-client] [dubbo-provider] [docker-compose] [kubetools] [cargo-deny]
+#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [eureka-client] [dubbo-provider] [spring-app] [docker-compose] [kubetools] [cargo-deny]
 #                [kube-apiserver] (also builds etcd; `etcd` is the same component) [helm]
 #                (default: consul envoy)
 #
@@ -21,6 +21,13 @@ set -euo pipefail
 CACHE="${MESHBRIDGE_CACHE:-$HOME/.cache/meshbridge}"
 mkdir -p "$CACHE"
 log() { echo "[setup] $*" >&2; }
+# Sets CPU to the CPU seconds (user + system) used so far by this shell's
+# finished children. `times` runs in this shell (a `$(times)` would
+# report a fresh subshell's), so it writes to a file.
+cpu_now() {
+  times > "$CACHE/.times"
+  CPU=$(awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, a, /m|s/); t += a[1] * 60 + a[2] } printf "%d", t }' "$CACHE/.times")
+}
 
 want=("$@")
 [ ${#want[@]} -eq 0 ] && want=(consul envoy)
@@ -143,22 +150,27 @@ maven_jar() {
   command -v javac >/dev/null 2>&1 || apt_install default-jdk-headless
   command -v mvn >/dev/null 2>&1 || apt_install maven
   log "building $name ($what) with Maven into $dir"
-  local started=$SECONDS build="$CACHE/$name/build"
+  local started=$SECONDS cpu0 build="$CACHE/$name/build"
+  cpu_now; cpu0=$CPU
   rm -rf "$build"; mkdir -p "$build" "$dir"
   cp -r "$src/pom.xml" "$src/src" "$build/"
   (cd "$build" && mvn -B -q -ntp -Dstyle.color=never -Dmaven.repo.local="$CACHE/m2" -DskipTests package) >&2
   cp "$build/target/meshbridge-$name.jar" "$jar"
   rm -rf "$build"
-  log "$name built in $((SECONDS - started)) s: $jar"
+  cpu_now
+  log "$name built in $((SECONDS - started)) s wall, $((CPU - cpu0)) s CPU: $jar"
   echo "$jar"
 }
 
-# A Spring Boot app under e2e/ ($1: eureka-server, the Spring Cloud Netflix
-# Eureka server; eureka-client, a Spring Cloud app that registers itself),
-# keyed by the Spring Boot and Spring Cloud versions in its pom.xml.
+# A Spring Boot app ($1: its name; $2: its source dir, relative to the
+# repository root, e2e/$1 by default): eureka-server, the Spring Cloud
+# Netflix Eureka server; eureka-client, a Spring Cloud app that registers in
+# Eureka; spring-app (deploy/examples/dubbo-spring/spring-app), one that
+# registers in Consul, ZooKeeper or Nacos. Keyed by the Spring Boot and
+# Spring Cloud versions in its pom.xml.
 install_spring_app() {
   local name=$1 src boot cloud
-  src="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$name"
+  src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/${2:-e2e/$name}"
   boot=$(sed -n '/<parent>/,/<\/parent>/s:.*<version>\(.*\)</version>.*:\1:p' "$src/pom.xml")
   cloud=$(sed -n 's:.*<spring-cloud.version>\(.*\)</spring-cloud.version>.*:\1:p' "$src/pom.xml")
   maven_jar "$name" "$src" "boot-$boot-cloud-$cloud" "Spring Boot $boot, Spring Cloud $cloud"
@@ -291,6 +303,7 @@ component() {
     tinyproxy) v=$(install_tinyproxy); echo "export MESHBRIDGE_TINYPROXY_BIN=$v" ;;
     eureka-server) v=$(install_spring_app eureka-server); echo "export MESHBRIDGE_EUREKA_SERVER_JAR=$v" ;;
     eureka-client) v=$(install_spring_app eureka-client); echo "export MESHBRIDGE_EUREKA_CLIENT_JAR=$v" ;;
+    spring-app) v=$(install_spring_app spring-app deploy/examples/dubbo-spring/spring-app); echo "export MESHBRIDGE_SPRING_APP_JAR=$v" ;;
     dubbo-provider) v=$(install_dubbo_provider); echo "export MESHBRIDGE_DUBBO_PROVIDER_JAR=$v" ;;
     docker-compose) v=$(install_docker_compose); echo "export MESHBRIDGE_DOCKER_COMPOSE_BIN=$v" ;;
     # Optional: a failed install leaves the kubectl test and the manifest
@@ -313,7 +326,7 @@ group_of() {
   case "$1" in
     rnacos|cargo-deny) echo cargo ;;
     kube-apiserver|etcd|helm) echo go ;;
-    eureka-server|eureka-client|dubbo-provider) echo maven ;;
+    eureka-server|eureka-client|dubbo-provider|spring-app) echo maven ;;
     *) echo fetch ;;
   esac
 }

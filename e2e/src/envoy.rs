@@ -2,6 +2,7 @@
 //! pointing at meshbridge and one static HTTP listener whose route sends
 //! everything to a named cluster that arrives over CDS/EDS.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -262,6 +263,18 @@ impl Envoy {
         let resp = reqwest::Client::new().get(url).header("host", host).timeout(Duration::from_secs(5)).send().await?;
         let status = resp.status().as_u16();
         Ok((status, resp.text().await?))
+    }
+
+    /// `ip:port` of every host `/clusters` lists for `cluster`: its
+    /// endpoints as Envoy has them, whatever their health.
+    pub async fn members(&self, cluster: &str) -> BTreeSet<String> {
+        let body = self.admin("/clusters").await.unwrap_or_default();
+        let prefix = format!("{cluster}::");
+        body.lines()
+            .filter_map(|line| line.strip_prefix(&prefix)?.split("::").next())
+            .filter(|host| host.parse::<SocketAddr>().is_ok())
+            .map(String::from)
+            .collect()
     }
 
     /// One admin endpoint's body, e.g. `/clusters` or `/stats`.

@@ -12,8 +12,7 @@
 //! [`EurekaApi`] is the REST API a discovery client uses (register, cancel,
 //! status overrides, heartbeats, reads), for this server and the fake alike.
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
@@ -21,16 +20,10 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+use crate::jvm::{self, READY_TIMEOUT, START_ATTEMPTS};
 use crate::process::{ChildGuard, binary_from_env, free_port};
 
 const JAR_VAR: &str = "MESHBRIDGE_EUREKA_SERVER_JAR";
-/// Spring Boot on a busy 2-core machine: 15 s alone, 40 s beside a build.
-const READY_TIMEOUT: Duration = Duration::from_secs(120);
-/// A port picked by `free_port` can be taken before the JVM binds it.
-const START_ATTEMPTS: usize = 3;
-/// A short-lived JVM: C1 only, the serial collector, a small heap. It
-/// starts about twice as fast as with the defaults.
-const JVM_FLAGS: [&str; 3] = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xmx256m"];
 
 /// A running server; killed (SIGKILL) when dropped.
 pub struct EurekaServer {
@@ -85,15 +78,22 @@ impl EurekaServer {
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("eureka pair did not start")))
     }
 
-    fn spawn(jar: &PathBuf, port: u16, peer: Option<u16>, props: &[&str]) -> anyhow::Result<EurekaServer> {
+    fn spawn(jar: &Path, port: u16, peer: Option<u16>, props: &[&str]) -> anyhow::Result<EurekaServer> {
         let dir = tempfile::Builder::new().prefix("meshbridge-eureka-").tempdir()?;
         let mut args = vec![format!("--server.port={port}")];
         if let Some(peer) = peer {
             args.push(format!("--eureka.peers={}", service_url(peer)));
         }
         args.extend(props.iter().map(|p| p.to_string()));
-        let guard = spawn(jar, dir.path(), &args)?;
-        Ok(EurekaServer { port, api: EurekaApi::new(&format!("127.0.0.1:{port}")), jar: jar.clone(), args, guard, dir })
+        let guard = spawn("eureka", jar, dir.path(), &args)?;
+        Ok(EurekaServer {
+            port,
+            api: EurekaApi::new(&format!("127.0.0.1:{port}")),
+            jar: jar.to_path_buf(),
+            args,
+            guard,
+            dir,
+        })
     }
 
     /// `127.0.0.1:port`, as a registry `domain` entry.
@@ -117,7 +117,7 @@ impl EurekaServer {
     pub async fn restart_with(&mut self, props: &[&str]) -> anyhow::Result<()> {
         self.guard.kill();
         self.args.extend(props.iter().map(|p| p.to_string()));
-        self.guard = spawn(&self.jar, self.dir.path(), &self.args)?;
+        self.guard = spawn("eureka", &self.jar, self.dir.path(), &self.args)?;
         self.wait_until(|status| status.is_some()).await.with_context(|| format!("eureka log:\n{}", self.log()))
     }
 
@@ -170,7 +170,7 @@ impl GreeterApp {
                 format!("--eureka.client.service-url.defaultZone={}", service_url(eureka.port)),
                 format!("--greeter.reply={reply}"),
             ];
-            let guard = spawn(&jar, dir.path(), &args)?;
+            let guard = spawn("greeter", &jar, dir.path(), &args)?;
             let mut app = GreeterApp { port, guard, _dir: dir };
             match app.wait_ready().await {
                 Ok(()) => return Ok(app),
@@ -192,32 +192,11 @@ impl GreeterApp {
     /// SIGTERM, as a platform stopping it: Spring shuts down and the Eureka
     /// client cancels its registration on the way out. Waits for the exit.
     pub async fn stop_gracefully(&mut self) -> anyhow::Result<()> {
-        let pid = self.guard.id().context("greeter not running")?;
-        let status = Command::new("kill").arg("-TERM").arg(pid.to_string()).status()?;
-        ensure!(status.success(), "kill -TERM {pid}: {status}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.guard.is_running() {
-            ensure!(Instant::now() < deadline, "greeter still running 30 s after SIGTERM:\n{}", self.log());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
+        jvm::stop_gracefully(&mut self.guard).await
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let http = reqwest::Client::new();
-        let url = format!("http://127.0.0.1:{}/", self.port);
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            if !self.guard.is_running() {
-                bail!("greeter exited during startup");
-            }
-            let ok = http.get(&url).timeout(Duration::from_secs(2)).send().await.is_ok_and(|r| r.status().is_success());
-            if ok {
-                return Ok(());
-            }
-            ensure!(Instant::now() < deadline, "greeter not serving after {READY_TIMEOUT:?}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        jvm::wait_serving(&mut self.guard, &format!("http://127.0.0.1:{}/", self.port)).await
     }
 }
 
@@ -225,13 +204,10 @@ fn service_url(port: u16) -> String {
     format!("http://127.0.0.1:{port}/eureka/")
 }
 
-fn spawn(jar: &PathBuf, dir: &std::path::Path, args: &[String]) -> anyhow::Result<ChildGuard> {
-    let java =
-        std::env::var_os("JAVA_HOME").map_or_else(|| PathBuf::from("java"), |h| PathBuf::from(h).join("bin/java"));
-    let mut cmd = Command::new(java);
-    cmd.args(JVM_FLAGS).arg(format!("-Djava.io.tmpdir={}", dir.display())).arg("-jar").arg(jar).args(args);
-    cmd.current_dir(dir).env_remove("EUREKA_PEERS").env_remove("EUREKA_PORT");
-    ChildGuard::spawn("eureka", cmd, dir.join("eureka.log"))
+fn spawn(name: &str, jar: &Path, dir: &Path, args: &[String]) -> anyhow::Result<ChildGuard> {
+    let mut cmd = jvm::java_command(jar, dir);
+    cmd.args(args).env_remove("EUREKA_PEERS").env_remove("EUREKA_PORT");
+    ChildGuard::spawn(name, cmd, dir.join(format!("{name}.log")))
 }
 
 /// An instance as a Spring Cloud client registers it: plain port enabled,

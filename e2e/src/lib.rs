@@ -4,7 +4,7 @@
 //!
 //! Binaries come from `e2e/setup.sh` (see `e2e/env.sh`): `MESHBRIDGE_CONSUL_BIN`,
 //! `MESHBRIDGE_ENVOY_BIN`, `MESHBRIDGE_TINYPROXY_BIN`,
-//! `MESHBRIDGE_EUREKA_SERVER_JAR`, `MESHBRIDGE_DUBBO_PROVIDER_JAR`, `MESHBRIDGE_HELM_BIN`. A test whose server is
+//! `MESHBRIDGE_EUREKA_SERVER_JAR`, `MESHBRIDGE_DUBBO_PROVIDER_JAR`, `MESHBRIDGE_SPRING_APP_JAR`, `MESHBRIDGE_HELM_BIN`. A test whose server is
 //! not installed fails with a message naming the variable, it never passes
 //! silently.
 
@@ -22,6 +22,7 @@ pub mod eureka;
 pub mod eureka_fake;
 pub mod faults;
 pub mod helm;
+pub mod jvm;
 pub mod kube_fake;
 pub mod load;
 pub mod nacos;
@@ -29,6 +30,7 @@ pub mod netns;
 pub mod process;
 pub mod recorder;
 pub mod request_log;
+pub mod spring_app;
 pub mod test_pki;
 pub mod tinyproxy;
 pub mod tls_backend;

@@ -83,6 +83,24 @@ pub async fn wait_for_traffic(envoy: &Envoy, want_status: u16, want: &[&str], wh
     }
 }
 
+/// Poll until Envoy's endpoints for `cluster` are exactly `want`
+/// (`ip:port`s), for 20 s.
+pub async fn wait_for_members(envoy: &Envoy, cluster: &str, want: &[&str], what: &str) {
+    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = envoy.members(cluster).await;
+        if got == want {
+            return;
+        }
+        if Instant::now() > deadline {
+            let clusters = envoy.admin("/clusters").await.unwrap_or_default();
+            panic!("{what}: members {got:?}, want {want:?}\n/clusters:\n{clusters}\n{}", envoy.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Time from `since` until Envoy ACKs an EDS response sent after it.
 pub async fn eds_ack_after(app: &App, since: SystemTime) -> Duration {
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use meshbridge::run::App;
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::free_port;
-use meshbridge_e2e::traffic;
+use meshbridge_e2e::traffic::{self, wait_for_members};
 use meshbridge_e2e::zookeeper::ZooKeeper;
 
 const INTERFACE: &str = "com.example.Greeter";
@@ -37,33 +37,6 @@ spec:
     traffic::start_meshbridge(dir, &bridge).await
 }
 
-/// `ip:port` of every host Envoy's `/clusters` lists for [`CLUSTER`].
-async fn members(envoy: &Envoy) -> BTreeSet<String> {
-    let body = envoy.admin("/clusters").await.unwrap_or_default();
-    let prefix = format!("{CLUSTER}::");
-    body.lines()
-        .filter_map(|line| line.strip_prefix(&prefix)?.split("::").next())
-        .filter(|host| host.parse::<std::net::SocketAddr>().is_ok())
-        .map(String::from)
-        .collect()
-}
-
-async fn wait_for_members(envoy: &Envoy, want: &[&str], what: &str) {
-    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = members(envoy).await;
-        if got == want {
-            return;
-        }
-        if Instant::now() > deadline {
-            let clusters = envoy.admin("/clusters").await.unwrap_or_default();
-            panic!("{what}: members {got:?}, want {want:?}\n/clusters:\n{clusters}\n{}", envoy.log());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn provider_url(address: &str, port: u16) -> String {
     format!("dubbo://{address}:{port}/{INTERFACE}?version=1.0.0&application=greeter&side=provider")
 }
@@ -79,14 +52,14 @@ async fn dubbo_provider_becomes_an_envoy_cluster_member() {
     let app = start_meshbridge(&zk, dir.path()).await.expect("start meshbridge");
     let envoy = Envoy::start(app.xds_addr, AdsMode::Sotw, CLUSTER).await.expect("start envoy");
     let one = format!("127.0.0.1:{p1}");
-    wait_for_members(&envoy, &[&one], "the registered provider").await;
+    wait_for_members(&envoy, CLUSTER, &[&one], "the registered provider").await;
 
     let two = format!("127.0.0.2:{p2}");
     c.add_dubbo_provider(INTERFACE, &provider_url("127.0.0.2", p2)).await.unwrap();
-    wait_for_members(&envoy, &[&one, &two], "a second provider").await;
+    wait_for_members(&envoy, CLUSTER, &[&one, &two], "a second provider").await;
 
     c.delete_tree(&first).await.unwrap();
-    wait_for_members(&envoy, &[&two], "the first provider deregistered").await;
+    wait_for_members(&envoy, CLUSTER, &[&two], "the first provider deregistered").await;
 
     // ZooKeeper goes away: the registry turns unhealthy, the member stays.
     zk.stop();
@@ -95,6 +68,6 @@ async fn dubbo_provider_becomes_an_envoy_cluster_member() {
         assert!(Instant::now() < deadline, "registry still reported healthy with ZooKeeper stopped");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(members(&envoy).await, BTreeSet::from([two]), "a ZooKeeper outage must keep endpoints");
+    assert_eq!(envoy.members(CLUSTER).await, BTreeSet::from([two]), "a ZooKeeper outage must keep endpoints");
     app.stop().await;
 }
