@@ -11,13 +11,13 @@
 //! traffic stays on loopback.
 
 use std::net::{Ipv6Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use tempfile::TempDir;
 
+use crate::jvm;
 use crate::process::{ChildGuard, binary_from_env, free_port};
 
 const JAR_VAR: &str = "MESHBRIDGE_DUBBO_PROVIDER_JAR";
@@ -25,9 +25,6 @@ const JAR_VAR: &str = "MESHBRIDGE_DUBBO_PROVIDER_JAR";
 pub const INTERFACE: &str = "com.example.greeter.Greeter";
 pub const VERSION: &str = "1.0.0";
 pub const APPLICATION: &str = "greeter";
-/// C1 only, serial GC and a small heap: two of these start side by side on
-/// two cores (about 10-15 s each under load).
-const JVM_FLAGS: [&str; 4] = ["-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData"];
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// A port picked free on 127.0.0.1 may be taken on ::1: try again.
 const START_ATTEMPTS: usize = 3;
@@ -134,15 +131,7 @@ impl DubboProvider {
     /// the instance and its interfaces, then closes the registry client.
     /// Waits for the exit.
     pub async fn stop_gracefully(&mut self) -> anyhow::Result<()> {
-        let pid = self.guard.id().context("dubbo provider not running")?;
-        let status = Command::new("kill").arg("-TERM").arg(pid.to_string()).status()?;
-        ensure!(status.success(), "kill -TERM {pid}: {status}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.guard.is_running() {
-            ensure!(Instant::now() < deadline, "dubbo provider still running 30 s after SIGTERM:\n{}", self.log());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
+        jvm::stop_gracefully(&mut self.guard).await
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
@@ -162,28 +151,24 @@ impl DubboProvider {
 }
 
 fn spawn(jar: &Path, dir: &Path, registry: &str, opts: Options, id: &str, port: u16) -> anyhow::Result<ChildGuard> {
-    let java =
-        std::env::var_os("JAVA_HOME").map_or_else(|| PathBuf::from("java"), |h| PathBuf::from(h).join("bin/java"));
-    let mut cmd = Command::new(java);
-    cmd.args(JVM_FLAGS)
-        // Dubbo's caches (~/.dubbo) and nacos-client's (~/nacos) go to the
-        // temp dir, so instances share nothing.
-        .arg(format!("-Duser.home={}", dir.display()))
-        .arg(format!("-Djava.io.tmpdir={}", dir.display()))
-        .arg(format!("-Dgreeter.instance-id={id}"))
-        .arg(format!("-Ddubbo.registry.address={registry}"))
-        .arg(format!("-Ddubbo.registry.register-mode={}", opts.mode.as_str()))
-        .arg("-Ddubbo.protocol.host=::1")
-        .arg(format!("-Ddubbo.protocol.port={port}"));
+    // Dubbo's caches (~/.dubbo) and nacos-client's (~/nacos) go to the temp
+    // dir (`jvm::java_command_with` makes it the home), so instances share
+    // nothing.
+    let mut props = vec![
+        format!("-Dgreeter.instance-id={id}"),
+        format!("-Ddubbo.registry.address={registry}"),
+        format!("-Ddubbo.registry.register-mode={}", opts.mode.as_str()),
+        "-Ddubbo.protocol.host=::1".to_string(),
+        format!("-Ddubbo.protocol.port={port}"),
+    ];
     if opts.protocol == Protocol::DubboAndTriple {
         // The application-level instance then advertises the dubbo port.
-        cmd.args([
-            "-Ddubbo.protocol.name=dubbo",
-            "-Ddubbo.protocol.ext-protocol=tri",
-            "-Ddubbo.application.protocol=dubbo",
-        ]);
+        props.extend(
+            ["-Ddubbo.protocol.name=dubbo", "-Ddubbo.protocol.ext-protocol=tri", "-Ddubbo.application.protocol=dubbo"]
+                .map(String::from),
+        );
     }
-    cmd.arg("-jar").arg(jar).current_dir(dir);
+    let mut cmd = jvm::java_command_with(jar, dir, props);
     // Dubbo reads these from the environment before its own properties.
     for var in ["DUBBO_IP_TO_REGISTRY", "DUBBO_IP_TO_BIND", "DUBBO_PORT_TO_REGISTRY", "DUBBO_PORT_TO_BIND"] {
         cmd.env_remove(var);

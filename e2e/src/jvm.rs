@@ -1,5 +1,5 @@
-//! What the Spring Boot harnesses ([`crate::eureka`], [`crate::spring_app`])
-//! share: how a jar is started, how readiness is awaited, how it is stopped.
+//! What the JVM harnesses ([`crate::eureka`], [`crate::spring_app`],
+//! [`crate::dubbo`]) share: how a jar is started, how readiness is awaited, how it is stopped.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,12 +22,23 @@ const JVM_FLAGS: [&str; 4] = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-X
 /// `dir`, which is also its temp dir and its home: nothing it writes
 /// (Nacos's client keeps logs and a cache under `~`) leaves the test's dir.
 pub fn java_command(jar: &Path, dir: &Path) -> Command {
+    java_command_with(jar, dir, std::iter::empty::<String>())
+}
+
+/// [`java_command`] with JVM options (`-Dkey=value` system properties)
+/// before `-jar`; the program's own arguments go after, with `cmd.arg`.
+pub fn java_command_with<S: AsRef<std::ffi::OsStr>>(
+    jar: &Path,
+    dir: &Path,
+    jvm_options: impl IntoIterator<Item = S>,
+) -> Command {
     let java =
         std::env::var_os("JAVA_HOME").map_or_else(|| PathBuf::from("java"), |h| PathBuf::from(h).join("bin/java"));
     let mut cmd = Command::new(java);
     cmd.args(JVM_FLAGS)
         .arg(format!("-Djava.io.tmpdir={}", dir.display()))
         .arg(format!("-Duser.home={}", dir.display()))
+        .args(jvm_options)
         .arg("-jar")
         .arg(jar)
         .current_dir(dir);
