@@ -181,7 +181,13 @@ impl Conn {
             reader: tokio::spawn(async {}),
         };
         conn.request("ServerCheckRequest", json!({}), Vec::new(), deadline).await?;
-        // The bi-stream: its first message sets the connection up.
+        // The bi-stream: its first message sets the connection up. Nacos (a
+        // grpc-java server) sends the stream's response headers with its
+        // first message, and `streaming` below waits for them: without an
+        // `abilityTable` (even an empty one) Nacos 2.3+ sends nothing until
+        // the first push, and the open timed out against Nacos 3.1.0. With
+        // one it answers at once with a `SetupAckRequest`, as it does for
+        // the Java client. rnacos sends headers at once either way.
         let setup = json!({
             "clientVersion": CLIENT_VERSION,
             "tenant": namespace,
@@ -191,6 +197,7 @@ impl Conn {
                 "configAbility": {"supportRemoteMetrics": false},
                 "namingAbility": {"supportDeltaPush": false, "supportRemoteMetric": false}
             },
+            "abilityTable": {},
         });
         outbox
             .send(payload("ConnectionSetupRequest", "internal", setup, Vec::new()))
@@ -407,7 +414,7 @@ pub(crate) enum ServerRequest {
     /// session goes on with its own server list.)
     Reset(Value),
     /// `SetupAckRequest` (Nacos 2.3+): the server's abilities after a setup
-    /// that carried an `abilityTable` (ours does not). The server sends it
+    /// that carried an `abilityTable` (ours does, empty). The server sends it
     /// without waiting for an answer (`sendRequestNoAck`) and the Java
     /// client sends none: an answer would reach the server as the ack of an
     /// unknown request, which it logs as a warning.
