@@ -2,7 +2,8 @@
 # Installs the real servers the e2e tests run, into a cache that is reused on
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
-#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [eureka-client] [docker-compose] [kubetools] [cargo-deny]
+#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [nacos-server] [tinyproxy] [eureka-server] [eureka-client]
+#                [docker-compose] [kubetools] [cargo-deny]
 #                [kube-apiserver] (also builds etcd; `etcd` is the same component)
 #                (default: consul envoy)
 #
@@ -151,6 +152,34 @@ install_spring_app() {
   echo "$jar"
 }
 
+# A Nacos 3.1.0 server (e2e/nacos-server/: our launcher on the server
+# modules that `io.github.pig-mesh.nacos` republishes on Maven Central; see
+# e2e/README.md), built with Maven into one jar (about 150 MB). Cached under
+# the Nacos version from its pom.xml and a hash of its pom and sources; the
+# Maven repository is $CACHE/m2, as for the Spring apps.
+install_nacos_server() {
+  local src
+  src="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/nacos-server"
+  local version hash
+  version=$(sed -n 's:.*<nacos.version>\(.*\)</nacos.version>.*:\1:p' "$src/pom.xml")
+  hash=$(cd "$src" && find pom.xml src -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)
+  local dir="$CACHE/nacos-server/$version-$hash"
+  local jar="$dir/meshbridge-nacos-server.jar"
+  if [ -f "$jar" ]; then log "nacos-server cached: $jar"; echo "$jar"; return; fi
+  command -v javac >/dev/null 2>&1 || apt_install default-jdk-headless
+  command -v mvn >/dev/null 2>&1 || apt_install maven
+  command -v setpriv >/dev/null 2>&1 || apt_install util-linux
+  log "building nacos-server (Nacos $version) with Maven into $dir"
+  local build="$CACHE/nacos-server/build" TIMEFORMAT="[setup] nacos-server built in %0R s (CPU: %0U s user, %0S s sys)"
+  rm -rf "$build"; mkdir -p "$build" "$dir"
+  cp -r "$src/pom.xml" "$src/src" "$build/"
+  time (cd "$build" && mvn -B -q -ntp -Dstyle.color=never -Dmaven.repo.local="$CACHE/m2" -DskipTests package >&2)
+  cp "$build/target/meshbridge-nacos-server.jar" "$jar"
+  rm -rf "$build"
+  log "nacos-server: $jar"
+  echo "$jar"
+}
+
 # cargo-deny (licenses, bans, sources in e2e/test.sh), built once from crates.io.
 install_cargo_deny() {
   local bin="$CACHE/cargo-deny/bin/cargo-deny"
@@ -233,6 +262,7 @@ for w in "${want[@]}"; do
     tinyproxy) echo "export MESHBRIDGE_TINYPROXY_BIN=$(install_tinyproxy)" ;;
     eureka-server) echo "export MESHBRIDGE_EUREKA_SERVER_JAR=$(install_spring_app eureka-server)" ;;
     eureka-client) echo "export MESHBRIDGE_EUREKA_CLIENT_JAR=$(install_spring_app eureka-client)" ;;
+    nacos-server) echo "export MESHBRIDGE_NACOS_SERVER_JAR=$(install_nacos_server)" ;;
     docker-compose) echo "export MESHBRIDGE_DOCKER_COMPOSE_BIN=$(install_docker_compose)" ;;
     # Optional: a failed install leaves the kubectl test and the manifest
     # check to say what is missing, it does not stop the other components.
