@@ -23,6 +23,7 @@ pub mod faults;
 pub mod kube_fake;
 pub mod load;
 pub mod nacos;
+pub mod nacos_server;
 pub mod netns;
 pub mod process;
 pub mod recorder;
