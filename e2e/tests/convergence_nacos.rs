@@ -7,7 +7,8 @@
 //! directly.
 //!
 //! Operations, 1–8 a burst, back to back, over 14 services: instances
-//! registered and deregistered, ephemeral or persistent; weight and metadata
+//! registered and deregistered, ephemeral or persistent (on Nacos by
+//! service: it refuses to mix them); weight and metadata
 //! (`rev`) edits; `enabled` flips; whole services emptied (their every
 //! instance deregistered) and filled again. Ten services keep one anchor
 //! instance that is never touched, so they stay listed; the other four come
@@ -44,6 +45,14 @@ fn service(i: usize) -> String {
     format!("conv-svc{i}")
 }
 
+/// Nacos (2.x and later) keeps a service's instances all ephemeral or all
+/// persistent, and refuses the other kind (`400 … is persistent service,
+/// can't register ephemeral instance`): on Nacos the odd services are
+/// ephemeral (their anchors too), the even ones persistent.
+fn ephemeral_service(i: usize) -> bool {
+    i % 2 == 1
+}
+
 
 #[derive(Debug)]
 enum Op {
@@ -68,8 +77,12 @@ struct Nacos {
 impl Nacos {
     fn instance(&mut self, rng: &mut Rng) -> Instance {
         self.next_port += 1;
-        let mut i = self.server.instance(&service(rng.index(SERVICES)), "127.0.0.1", self.next_port);
-        i.ephemeral = rng.chance(0.5);
+        let s = rng.index(SERVICES);
+        let mut i = self.server.instance(&service(s), "127.0.0.1", self.next_port);
+        i.ephemeral = match self.server.flavor {
+            Flavor::Rnacos => rng.chance(0.5),
+            Flavor::Nacos => ephemeral_service(s),
+        };
         // rnacos applies only a weight other than 1 on update: start at 1,
         // edits pick 2..9.
         self.with_rev(i, rng)
@@ -171,7 +184,8 @@ async fn start(flavor: Flavor, kind: &str, refresh: Duration) -> (Nacos, App, te
     let opts = nacos::Options { heartbeat_timeout: Some(Duration::from_secs(3600)), ..nacos::Options::default() };
     let server = Target::start(flavor, opts).await.expect("start the server");
     for s in 0..ANCHORED {
-        let anchor = server.instance(&service(s), "127.0.0.2", 40000 + s as u16).meta("rev", "anchor");
+        let mut anchor = server.instance(&service(s), "127.0.0.2", 40000 + s as u16).meta("rev", "anchor");
+        anchor.ephemeral = flavor == Flavor::Nacos && ephemeral_service(s);
         server.register(&anchor).await.unwrap();
     }
     let dir = tempfile::tempdir().unwrap();
