@@ -66,8 +66,12 @@ impl NacosServer {
             let guard = ChildGuard::spawn("nacos", java(&jar, http_port, dir.path(), false), log_path(dir.path()))?;
             let api = Api::new(Flavor::Nacos, base(http_port), None);
             let mut server = NacosServer { http_port, api, guard, dir };
+            let started = Instant::now();
             match wait_ready(&server.api, http_port, &mut server.guard).await {
-                Ok(()) => return Ok(server),
+                Ok(()) => {
+                    println!("FIGURE nacos_server_start ms={}", started.elapsed().as_millis());
+                    return Ok(server);
+                }
                 Err(e) => last_err = Some(e.context(format!("nacos log:\n{}", server.log()))),
             }
         }
@@ -94,7 +98,10 @@ impl NacosServer {
         self.guard.kill();
         std::fs::write(log_path(self.dir.path()), "")?;
         self.guard = ChildGuard::spawn("nacos", java(&jar, self.http_port, self.dir.path(), false), log_path(self.dir.path()))?;
-        wait_ready(&self.api, self.http_port, &mut self.guard).await.with_context(|| format!("nacos log:\n{}", self.log()))
+        let started = Instant::now();
+        wait_ready(&self.api, self.http_port, &mut self.guard).await.with_context(|| format!("nacos log:\n{}", self.log()))?;
+        println!("FIGURE nacos_server_start restart=true ms={}", started.elapsed().as_millis());
+        Ok(())
     }
 }
 
@@ -130,8 +137,10 @@ async fn shared_port() -> anyhow::Result<u16> {
                 })?;
                 spawned_rx.recv().context("shared nacos thread")??;
                 let api = Api::new(Flavor::Nacos, base(http_port), None);
+                let started = Instant::now();
                 match wait_ready_shared(&api, http_port).await {
                     Ok(()) => {
+                        println!("FIGURE nacos_server_start shared=true ms={}", started.elapsed().as_millis());
                         // Never sent: the server lives as long as the process.
                         std::mem::forget(kill_tx);
                         return Ok(http_port);
