@@ -294,8 +294,11 @@ impl Api {
             Flavor::Rnacos => ("/nacos/v1/console/namespaces", "customNamespaceId"),
             Flavor::Nacos => ("/nacos/v3/admin/core/namespace", "namespaceId"),
         };
-        let params =
-            vec![(id_param, id.to_string()), ("namespaceName", name.to_string()), ("namespaceDesc", format!("e2e {name}"))];
+        let params = vec![
+            (id_param, id.to_string()),
+            ("namespaceName", name.to_string()),
+            ("namespaceDesc", format!("e2e {name}")),
+        ];
         self.call(reqwest::Method::POST, path, &params).await.map(drop)
     }
 
@@ -312,7 +315,12 @@ impl Api {
 
     /// One open API call. Failures and 5xx answers are retried for a
     /// while: creating a namespace right after start failed once under load.
-    pub(crate) async fn call(&self, method: reqwest::Method, path: &str, params: &[(&str, String)]) -> anyhow::Result<String> {
+    pub(crate) async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        params: &[(&str, String)],
+    ) -> anyhow::Result<String> {
         let deadline = Instant::now() + CALL_RETRY;
         loop {
             let error = match self.call_once(method.clone(), path, params).await {
@@ -368,7 +376,6 @@ impl Api {
         let token = body["accessToken"].as_str().context("no accessToken")?;
         Ok(Some(token.to_string()))
     }
-
 }
 
 /// An HTTP port whose +1000 is free too.

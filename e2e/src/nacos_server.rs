@@ -97,9 +97,12 @@ impl NacosServer {
         let jar = binary_from_env(JAR_VAR)?;
         self.guard.kill();
         std::fs::write(log_path(self.dir.path()), "")?;
-        self.guard = ChildGuard::spawn("nacos", java(&jar, self.http_port, self.dir.path(), false), log_path(self.dir.path()))?;
+        self.guard =
+            ChildGuard::spawn("nacos", java(&jar, self.http_port, self.dir.path(), false), log_path(self.dir.path()))?;
         let started = Instant::now();
-        wait_ready(&self.api, self.http_port, &mut self.guard).await.with_context(|| format!("nacos log:\n{}", self.log()))?;
+        wait_ready(&self.api, self.http_port, &mut self.guard)
+            .await
+            .with_context(|| format!("nacos log:\n{}", self.log()))?;
         println!("FIGURE nacos_server_start restart=true ms={}", started.elapsed().as_millis());
         Ok(())
     }
@@ -256,7 +259,8 @@ fn port_quad() -> Option<u16> {
 }
 
 fn java(jar: &Path, http_port: u16, home: &Path, die_with_parent: bool) -> Command {
-    let java = std::env::var_os("JAVA_HOME").map_or_else(|| PathBuf::from("java"), |h| PathBuf::from(h).join("bin/java"));
+    let java =
+        std::env::var_os("JAVA_HOME").map_or_else(|| PathBuf::from("java"), |h| PathBuf::from(h).join("bin/java"));
     let mut cmd = if die_with_parent {
         let mut c = Command::new("setpriv");
         c.arg("--pdeathsig").arg("KILL").arg(java);

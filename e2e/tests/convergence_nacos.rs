@@ -53,7 +53,6 @@ fn ephemeral_service(i: usize) -> bool {
     i % 2 == 1
 }
 
-
 #[derive(Debug)]
 enum Op {
     Register(Instance),
@@ -172,7 +171,11 @@ impl Registry for Nacos {
                 }
                 let weight = i["weight"].as_f64().unwrap_or(1.0).round().max(1.0) as u32;
                 let (ip, port) = (i["ip"].as_str().unwrap_or_default(), i["port"].as_u64().unwrap_or(0) as u16);
-                convergence::push(&mut truth, &self.server.host(&s, "DEFAULT_GROUP"), endpoint_rev(ip, port, weight, i["metadata"]["rev"].as_str()));
+                convergence::push(
+                    &mut truth,
+                    &self.server.host(&s, "DEFAULT_GROUP"),
+                    endpoint_rev(ip, port, weight, i["metadata"]["rev"].as_str()),
+                );
             }
         }
         Ok(convergence::non_empty(truth))

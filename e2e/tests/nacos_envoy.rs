@@ -62,7 +62,10 @@ async fn spine(mode: AdsMode, flavor: Flavor) {
     let t0 = SystemTime::now();
     nacos.update(&Instance { enabled: false, ..instance(&b2) }).await.unwrap();
     let latency = eds_ack_after(&app, t0).await;
-    println!("FIGURE nacos_push_to_envoy_eds_ack mode={mode:?} server={flavor:?} ms={:.1}", latency.as_secs_f64() * 1e3);
+    println!(
+        "FIGURE nacos_push_to_envoy_eds_ack mode={mode:?} server={flavor:?} ms={:.1}",
+        latency.as_secs_f64() * 1e3
+    );
     // The share of it before meshbridge's cache changed: the server's delay
     // plus the push and our read of the service.
     let changed = app.cache.statuses().iter().filter_map(|(_, st, ..)| st.last_change_time).max();
