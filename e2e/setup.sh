@@ -135,21 +135,33 @@ install_spring_app() {
   local boot cloud hash
   boot=$(sed -n '/<parent>/,/<\/parent>/s:.*<version>\(.*\)</version>.*:\1:p' "$src/pom.xml")
   cloud=$(sed -n 's:.*<spring-cloud.version>\(.*\)</spring-cloud.version>.*:\1:p' "$src/pom.xml")
-  hash=$(cd "$src" && find pom.xml src -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)
+  hash=$(source_hash "$src")
   local dir="$CACHE/$name/boot-$boot-cloud-$cloud-$hash"
   local jar="$dir/meshbridge-$name.jar"
   if [ -f "$jar" ]; then log "$name cached: $jar"; echo "$jar"; return; fi
+  log "building $name (Spring Boot $boot, Spring Cloud $cloud) with Maven into $dir"
+  maven_package "$name" "$src" "$jar"
+  echo "$jar"
+}
+
+# A hash of a Maven project's pom.xml and sources: part of its cache key.
+source_hash() {
+  (cd "$1" && find pom.xml src -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)
+}
+
+# Build the Maven project in $2 (pom.xml, src/) in a scratch copy, with the
+# repository $CACHE/m2, into the jar $3; logs the wall and CPU time.
+maven_package() {
+  local name=$1 src=$2 jar=$3
   command -v javac >/dev/null 2>&1 || apt_install default-jdk-headless
   command -v mvn >/dev/null 2>&1 || apt_install maven
-  log "building $name (Spring Boot $boot, Spring Cloud $cloud) with Maven into $dir"
-  local started=$SECONDS build="$CACHE/$name/build"
-  rm -rf "$build"; mkdir -p "$build" "$dir"
+  local build="$CACHE/$name/build" TIMEFORMAT="[setup] $name built in %0R s (CPU: %0U s user, %0S s sys)"
+  rm -rf "$build"; mkdir -p "$build" "$(dirname "$jar")"
   cp -r "$src/pom.xml" "$src/src" "$build/"
-  (cd "$build" && mvn -B -q -ntp -Dstyle.color=never -Dmaven.repo.local="$CACHE/m2" -DskipTests package) >&2
+  time (cd "$build" && mvn -B -q -ntp -Dstyle.color=never -Dmaven.repo.local="$CACHE/m2" -DskipTests package >&2)
   cp "$build/target/meshbridge-$name.jar" "$jar"
   rm -rf "$build"
-  log "$name built in $((SECONDS - started)) s: $jar"
-  echo "$jar"
+  log "$name: $jar"
 }
 
 # A Nacos 3.1.0 server (e2e/nacos-server/: our launcher on the server
@@ -160,23 +172,15 @@ install_spring_app() {
 install_nacos_server() {
   local src
   src="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/nacos-server"
-  local version hash
+  local version
   version=$(sed -n 's:.*<nacos.version>\(.*\)</nacos.version>.*:\1:p' "$src/pom.xml")
-  hash=$(cd "$src" && find pom.xml src -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)
-  local dir="$CACHE/nacos-server/$version-$hash"
-  local jar="$dir/meshbridge-nacos-server.jar"
+  local jar
+  jar="$CACHE/nacos-server/$version-$(source_hash "$src")/meshbridge-nacos-server.jar"
   if [ -f "$jar" ]; then log "nacos-server cached: $jar"; echo "$jar"; return; fi
-  command -v javac >/dev/null 2>&1 || apt_install default-jdk-headless
-  command -v mvn >/dev/null 2>&1 || apt_install maven
+  # The tests run the shared server under `setpriv --pdeathsig`.
   command -v setpriv >/dev/null 2>&1 || apt_install util-linux
-  log "building nacos-server (Nacos $version) with Maven into $dir"
-  local build="$CACHE/nacos-server/build" TIMEFORMAT="[setup] nacos-server built in %0R s (CPU: %0U s user, %0S s sys)"
-  rm -rf "$build"; mkdir -p "$build" "$dir"
-  cp -r "$src/pom.xml" "$src/src" "$build/"
-  time (cd "$build" && mvn -B -q -ntp -Dstyle.color=never -Dmaven.repo.local="$CACHE/m2" -DskipTests package >&2)
-  cp "$build/target/meshbridge-nacos-server.jar" "$jar"
-  rm -rf "$build"
-  log "nacos-server: $jar"
+  log "building nacos-server (Nacos $version) with Maven into $(dirname "$jar")"
+  maven_package nacos-server "$src" "$jar"
   echo "$jar"
 }
 
