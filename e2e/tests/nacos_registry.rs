@@ -402,21 +402,22 @@ async fn nacos3_outage_keeps_endpoints_then_restart_resyncs() {
     outage_keeps_endpoints_then_restart_resyncs(&[GRPC, HTTP], Flavor::Nacos).await;
 }
 
-/// The gRPC client holds exactly one connection to rnacos's gRPC port while
-/// the watcher runs, none while rnacos is down, reconnects within seconds
-/// once rnacos is back (its backoff is cut short when the port reopens:
+/// The gRPC client holds exactly one connection to the server's gRPC port
+/// while the watcher runs, none while the server is down, reconnects within
+/// seconds once it is back (its backoff is cut short when the port reopens:
 /// nacos-sdk, used before, waited up to 64 s), gets pushes on the new
 /// connection, and leaves nothing once the watcher is gone. Counted as this
-/// process's established connections to the gRPC port.
-#[tokio::test]
-async fn grpc_one_connection_reconnects_promptly_and_goes_with_the_watcher() {
+/// process's established connections to the gRPC port. (A restarted Nacos
+/// opens the port while it starts and refuses SDK connections until it has
+/// started; the restart below returns once it answers.)
+async fn one_connection_reconnects_promptly_and_goes_with_the_watcher(flavor: Flavor) {
     const OUTAGE: Duration = Duration::from_secs(15);
     /// From the restart to the new connection, with room for a loaded CI.
     const RECONNECT_WITHIN: Duration = Duration::from_secs(8);
     const WATCHED: Duration = Duration::from_secs(20);
-    let mut nacos = rnacos(Options::default()).await;
+    let mut nacos = Owned::start(flavor).await.expect("start the server");
     nacos.register(&Instance::new("web", "127.0.0.2", 8080)).await.unwrap();
-    let port = nacos.grpc_port();
+    let port = nacos.http_port() + 1000;
     // The watcher's reachability check opens and drops a TCP connection:
     // count only what lasts over three samples 20 ms apart.
     let conns = || async move {
@@ -427,14 +428,14 @@ async fn grpc_one_connection_reconnects_promptly_and_goes_with_the_watcher() {
         }
         least
     };
-    let mut rec = watch(spec(GRPC, &nacos));
+    let mut rec = watch(spec_at(GRPC, nacos.http_port(), "public"));
     rec.until("web", |r| r.endpoints(WEB) == eps(&["127.0.0.2:8080"])).await;
     assert_eq!(conns().await, 1, "one gRPC connection while the watcher runs");
 
     nacos.stop();
     rec.idle(OUTAGE).await;
     assert_eq!(conns().await, 0);
-    nacos.restart().await.expect("restart rnacos");
+    nacos.restart().await.expect("restart the server");
     let restarted = Instant::now();
     // (seconds after the restart, connections) at every change of the count.
     let mut timeline: Vec<(f64, usize)> = Vec::new();
@@ -468,6 +469,16 @@ async fn grpc_one_connection_reconnects_promptly_and_goes_with_the_watcher() {
         assert!(gone.elapsed() < Duration::from_secs(5), "the connection outlived the watcher");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test]
+async fn grpc_one_connection_reconnects_promptly_and_goes_with_the_watcher() {
+    one_connection_reconnects_promptly_and_goes_with_the_watcher(Flavor::Rnacos).await;
+}
+
+#[tokio::test]
+async fn nacos3_grpc_one_connection_reconnects_promptly_and_goes_with_the_watcher() {
+    one_connection_reconnects_promptly_and_goes_with_the_watcher(Flavor::Nacos).await;
 }
 
 const ADMIN: &str = "mb-admin";
