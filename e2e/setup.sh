@@ -2,7 +2,7 @@
 # Installs the real servers the e2e tests run, into a cache that is reused on
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
-#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [eureka-client] [dubbo-provider] [spring-app] [docker-compose] [kubetools] [cargo-deny]
+#   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [nacos-server] [tinyproxy] [eureka-server] [eureka-client] [dubbo-provider] [spring-app] [docker-compose] [kubetools] [cargo-deny]
 #                [kube-apiserver] (also builds etcd; `etcd` is the same component) [helm]
 #                (default: consul envoy)
 #
@@ -185,6 +185,19 @@ install_dubbo_provider() {
   maven_jar dubbo-provider "$src" "dubbo-$dubbo" "Apache Dubbo $dubbo"
 }
 
+# A Nacos 3.1.0 server (e2e/nacos-server/: our launcher on the server
+# modules that `io.github.pig-mesh.nacos` republishes on Maven Central; see
+# e2e/README.md), one jar of about 150 MB, keyed by the Nacos version in
+# its pom.xml.
+install_nacos_server() {
+  local src version
+  src="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/nacos-server"
+  version=$(sed -n 's:.*<nacos.version>\(.*\)</nacos.version>.*:\1:p' "$src/pom.xml")
+  # The tests run the shared server under `setpriv --pdeathsig`.
+  command -v setpriv >/dev/null 2>&1 || apt_install util-linux
+  maven_jar nacos-server "$src" "$version" "Nacos $version"
+}
+
 # cargo-deny (licenses, bans, sources in e2e/test.sh), built once from crates.io.
 install_cargo_deny() {
   local bin="$CACHE/cargo-deny/bin/cargo-deny"
@@ -304,6 +317,7 @@ component() {
     eureka-server) v=$(install_spring_app eureka-server); echo "export MESHBRIDGE_EUREKA_SERVER_JAR=$v" ;;
     eureka-client) v=$(install_spring_app eureka-client); echo "export MESHBRIDGE_EUREKA_CLIENT_JAR=$v" ;;
     spring-app) v=$(install_spring_app spring-app deploy/examples/dubbo-spring/spring-app); echo "export MESHBRIDGE_SPRING_APP_JAR=$v" ;;
+    nacos-server) v=$(install_nacos_server); echo "export MESHBRIDGE_NACOS_SERVER_JAR=$v" ;;
     dubbo-provider) v=$(install_dubbo_provider); echo "export MESHBRIDGE_DUBBO_PROVIDER_JAR=$v" ;;
     docker-compose) v=$(install_docker_compose); echo "export MESHBRIDGE_DOCKER_COMPOSE_BIN=$v" ;;
     # Optional: a failed install leaves the kubectl test and the manifest
@@ -326,7 +340,7 @@ group_of() {
   case "$1" in
     rnacos|cargo-deny) echo cargo ;;
     kube-apiserver|etcd|helm) echo go ;;
-    eureka-server|eureka-client|dubbo-provider|spring-app) echo maven ;;
+    eureka-server|eureka-client|dubbo-provider|spring-app|nacos-server) echo maven ;;
     *) echo fetch ;;
   esac
 }

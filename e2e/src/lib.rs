@@ -4,7 +4,8 @@
 //!
 //! Binaries come from `e2e/setup.sh` (see `e2e/env.sh`): `MESHBRIDGE_CONSUL_BIN`,
 //! `MESHBRIDGE_ENVOY_BIN`, `MESHBRIDGE_TINYPROXY_BIN`,
-//! `MESHBRIDGE_EUREKA_SERVER_JAR`, `MESHBRIDGE_DUBBO_PROVIDER_JAR`, `MESHBRIDGE_SPRING_APP_JAR`, `MESHBRIDGE_HELM_BIN`. A test whose server is
+//! `MESHBRIDGE_EUREKA_SERVER_JAR`, `MESHBRIDGE_DUBBO_PROVIDER_JAR`, `MESHBRIDGE_SPRING_APP_JAR`, `MESHBRIDGE_HELM_BIN`,
+//! `MESHBRIDGE_RNACOS_BIN`, `MESHBRIDGE_NACOS_SERVER_JAR`. A test whose server is
 //! not installed fails with a message naming the variable, it never passes
 //! silently.
 
@@ -26,6 +27,7 @@ pub mod jvm;
 pub mod kube_fake;
 pub mod load;
 pub mod nacos;
+pub mod nacos_server;
 pub mod netns;
 pub mod process;
 pub mod recorder;

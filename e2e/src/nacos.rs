@@ -1,6 +1,6 @@
 //! A real Nacos-protocol server, rnacos (`MESHBRIDGE_RNACOS_BIN`), on free
-//! loopback ports in a temp dir, and the Nacos 1.x open API calls tests use
-//! to change it.
+//! loopback ports in a temp dir, and the HTTP calls tests use to change it
+//! or Nacos itself ([`Api`]; the Nacos 3 server is [`crate::nacos_server`]).
 //!
 //! Nacos clients find the gRPC port at the HTTP port + 1000, so both are picked
 //! together. The separate console is off (port 0); the Nacos console API
@@ -55,6 +55,8 @@ pub struct Instance {
     pub port: u16,
     pub weight: f64,
     pub enabled: bool,
+    /// Sent on register and update; rnacos ignores it, Nacos honours it.
+    pub healthy: bool,
     /// Persistent (`false`) instances need no heartbeats.
     pub ephemeral: bool,
     pub metadata: BTreeMap<String, String>,
@@ -71,6 +73,7 @@ impl Instance {
             port,
             weight: 1.0,
             enabled: true,
+            healthy: true,
             ephemeral: false,
             metadata: BTreeMap::new(),
         }
@@ -100,7 +103,7 @@ impl Instance {
             ("port", self.port.to_string()),
             ("weight", self.weight.to_string()),
             ("enabled", self.enabled.to_string()),
-            ("healthy", "true".into()),
+            ("healthy", self.healthy.to_string()),
             ("ephemeral", self.ephemeral.to_string()),
             ("metadata", serde_json::to_string(&self.metadata).unwrap_or_default()),
         ]
@@ -111,10 +114,18 @@ pub struct Rnacos {
     pub http_port: u16,
     pub host: Host,
     env: Vec<(String, String)>,
-    auth: Option<(String, String)>,
-    http: reqwest::Client,
+    api: Api,
     guard: ChildGuard,
     dir: TempDir,
+}
+
+/// The open API calls, on the server's HTTP port.
+impl std::ops::Deref for Rnacos {
+    type Target = Api;
+
+    fn deref(&self) -> &Api {
+        &self.api
+    }
 }
 
 impl Rnacos {
@@ -132,8 +143,8 @@ impl Rnacos {
             std::fs::write(dir.path().join("rnacos.env"), "")?;
             let host = opts.host.clone();
             let guard = spawn(&host, &bin, &env, &dir)?;
-            let http = reqwest::Client::new();
-            let mut rnacos = Rnacos { http_port, host, env, auth: opts.auth.clone(), http, guard, dir };
+            let api = Api::new(Flavor::Rnacos, format!("http://{}:{http_port}", host.ip), opts.auth.clone());
+            let mut rnacos = Rnacos { http_port, host, env, api, guard, dir };
             match rnacos.wait_ready().await {
                 Ok(()) => return Ok(rnacos),
                 Err(e) => last_err = Some(e.context(format!("rnacos log:\n{}", rnacos.log()))),
@@ -186,119 +197,6 @@ impl Rnacos {
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("rnacos did not restart")))
     }
 
-    /// `POST /nacos/v1/ns/instance`.
-    pub async fn register(&self, instance: &Instance) -> anyhow::Result<()> {
-        self.call(reqwest::Method::POST, "/nacos/v1/ns/instance", &instance.params()).await.map(drop)
-    }
-
-    /// `PUT /nacos/v1/ns/instance`: weight, enabled, metadata. rnacos only
-    /// applies a weight other than 1 and a metadata map other than `{}`.
-    pub async fn update(&self, instance: &Instance) -> anyhow::Result<()> {
-        self.call(reqwest::Method::PUT, "/nacos/v1/ns/instance", &instance.params()).await.map(drop)
-    }
-
-    /// `DELETE /nacos/v1/ns/instance`.
-    pub async fn deregister(&self, instance: &Instance) -> anyhow::Result<()> {
-        self.call(reqwest::Method::DELETE, "/nacos/v1/ns/instance", &instance.params()).await.map(drop)
-    }
-
-    /// `PUT /nacos/v1/ns/instance/beat`: an ephemeral instance's heartbeat.
-    pub async fn beat(&self, instance: &Instance) -> anyhow::Result<()> {
-        let beat = serde_json::json!({
-            "serviceName": instance.service, "ip": instance.ip, "port": instance.port,
-            "cluster": "DEFAULT", "weight": instance.weight, "metadata": instance.metadata,
-        });
-        let params = vec![
-            ("serviceName", instance.service.clone()),
-            ("groupName", instance.group.clone()),
-            ("namespaceId", instance.namespace.clone()),
-            ("ip", instance.ip.clone()),
-            ("port", instance.port.to_string()),
-            ("beat", beat.to_string()),
-        ];
-        self.call(reqwest::Method::PUT, "/nacos/v1/ns/instance/beat", &params).await.map(drop)
-    }
-
-    /// `POST /nacos/v1/console/namespaces`.
-    pub async fn create_namespace(&self, id: &str, name: &str) -> anyhow::Result<()> {
-        let params = vec![
-            ("customNamespaceId", id.to_string()),
-            ("namespaceName", name.to_string()),
-            ("namespaceDesc", format!("e2e {name}")),
-        ];
-        self.call(reqwest::Method::POST, "/nacos/v1/console/namespaces", &params).await.map(drop)
-    }
-
-    /// `GET /nacos/v1/ns/instance/list`, for failure messages.
-    pub async fn instances(&self, service: &str, group: &str, namespace: &str) -> anyhow::Result<String> {
-        let params = vec![
-            ("serviceName", service.to_string()),
-            ("groupName", group.to_string()),
-            ("namespaceId", namespace.to_string()),
-            ("healthyOnly", "false".to_string()),
-        ];
-        self.call(reqwest::Method::GET, "/nacos/v1/ns/instance/list", &params).await
-    }
-
-    /// One open API call. Failures and 5xx answers are retried for a
-    /// while: creating a namespace right after start failed once under load.
-    async fn call(&self, method: reqwest::Method, path: &str, params: &[(&str, String)]) -> anyhow::Result<String> {
-        let deadline = Instant::now() + CALL_RETRY;
-        loop {
-            let error = match self.call_once(method.clone(), path, params).await {
-                Ok((status, text)) if status.is_success() => return Ok(text),
-                Ok((status, text)) => {
-                    let error = anyhow::anyhow!("{method} {path}: {status}: {text}");
-                    if !status.is_server_error() {
-                        return Err(error);
-                    }
-                    error
-                }
-                Err(e) => e,
-            };
-            if Instant::now() >= deadline {
-                return Err(error);
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    async fn call_once(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        params: &[(&str, String)],
-    ) -> anyhow::Result<(reqwest::StatusCode, String)> {
-        let url = format!("{}{path}", self.url());
-        // Nacos (a servlet) reads a form body on POST and PUT only.
-        let mut req = if method == reqwest::Method::POST || method == reqwest::Method::PUT {
-            self.http.request(method.clone(), url).form(params)
-        } else {
-            self.http.request(method.clone(), url).query(params)
-        };
-        if let Some(token) = self.admin_token().await? {
-            req = req.header("accessToken", token);
-        }
-        let resp = req.timeout(Duration::from_secs(10)).send().await.with_context(|| format!("{method} {path}"))?;
-        let status = resp.status();
-        Ok((status, resp.text().await.unwrap_or_default()))
-    }
-
-    /// A fresh admin token when auth is on (tokens may be short-lived).
-    async fn admin_token(&self) -> anyhow::Result<Option<String>> {
-        let Some((user, password)) = &self.auth else {
-            return Ok(None);
-        };
-        let url = format!("{}/nacos/v1/auth/login", self.url());
-        let form = [("username", user.as_str()), ("password", password.as_str())];
-        let resp = self.http.post(url).form(&form).timeout(Duration::from_secs(5)).send().await?;
-        let status = resp.status();
-        let body: serde_json::Value = resp.json().await.context("login answer")?;
-        ensure!(status.is_success(), "login: {status}: {body}");
-        let token = body["accessToken"].as_str().context("no accessToken")?;
-        Ok(Some(token.to_string()))
-    }
-
     /// Ready: the open API answers (which needs the raft leader for naming)
     /// and the gRPC port accepts connections.
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
@@ -323,6 +221,160 @@ impl Rnacos {
             ensure!(Instant::now() < deadline, "rnacos not ready after {READY_TIMEOUT:?}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+/// Which server an [`Api`] talks to: their HTTP APIs differ where Nacos 3
+/// moved a call to its v3 admin API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    Rnacos,
+    /// Nacos 3 ([`crate::nacos_server`]).
+    Nacos,
+}
+
+/// The HTTP calls tests make to change a Nacos-protocol server.
+pub struct Api {
+    flavor: Flavor,
+    /// `http://host:port`.
+    base: String,
+    auth: Option<(String, String)>,
+    http: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(flavor: Flavor, base: String, auth: Option<(String, String)>) -> Api {
+        Api { flavor, base, auth, http: reqwest::Client::new() }
+    }
+
+    /// `POST /nacos/v1/ns/instance`.
+    pub async fn register(&self, instance: &Instance) -> anyhow::Result<()> {
+        self.call(reqwest::Method::POST, "/nacos/v1/ns/instance", &instance.params()).await.map(drop)
+    }
+
+    /// `PUT /nacos/v1/ns/instance` (rnacos) or `/nacos/v3/admin/ns/instance`
+    /// (Nacos 3 answers the 1.x one `410 Gone` unless its admin API
+    /// compatibility is on): weight, enabled, metadata. rnacos only applies
+    /// a weight other than 1 and a metadata map other than `{}`.
+    pub async fn update(&self, instance: &Instance) -> anyhow::Result<()> {
+        let path = match self.flavor {
+            Flavor::Rnacos => "/nacos/v1/ns/instance",
+            Flavor::Nacos => "/nacos/v3/admin/ns/instance",
+        };
+        self.call(reqwest::Method::PUT, path, &instance.params()).await.map(drop)
+    }
+
+    /// `DELETE /nacos/v1/ns/instance`.
+    pub async fn deregister(&self, instance: &Instance) -> anyhow::Result<()> {
+        self.call(reqwest::Method::DELETE, "/nacos/v1/ns/instance", &instance.params()).await.map(drop)
+    }
+
+    /// `PUT /nacos/v1/ns/instance/beat`: an ephemeral instance's heartbeat.
+    pub async fn beat(&self, instance: &Instance) -> anyhow::Result<()> {
+        let beat = serde_json::json!({
+            "serviceName": instance.service, "ip": instance.ip, "port": instance.port,
+            "cluster": "DEFAULT", "weight": instance.weight, "metadata": instance.metadata,
+        });
+        let params = vec![
+            ("serviceName", instance.service.clone()),
+            ("groupName", instance.group.clone()),
+            ("namespaceId", instance.namespace.clone()),
+            ("ip", instance.ip.clone()),
+            ("port", instance.port.to_string()),
+            ("beat", beat.to_string()),
+        ];
+        self.call(reqwest::Method::PUT, "/nacos/v1/ns/instance/beat", &params).await.map(drop)
+    }
+
+    /// `POST /nacos/v1/console/namespaces` (rnacos) or
+    /// `/nacos/v3/admin/core/namespace` (Nacos 3 serves the console API only
+    /// on its console).
+    pub async fn create_namespace(&self, id: &str, name: &str) -> anyhow::Result<()> {
+        let (path, id_param) = match self.flavor {
+            Flavor::Rnacos => ("/nacos/v1/console/namespaces", "customNamespaceId"),
+            Flavor::Nacos => ("/nacos/v3/admin/core/namespace", "namespaceId"),
+        };
+        let params = vec![
+            (id_param, id.to_string()),
+            ("namespaceName", name.to_string()),
+            ("namespaceDesc", format!("e2e {name}")),
+        ];
+        self.call(reqwest::Method::POST, path, &params).await.map(drop)
+    }
+
+    /// `GET /nacos/v1/ns/instance/list`, for failure messages.
+    pub async fn instances(&self, service: &str, group: &str, namespace: &str) -> anyhow::Result<String> {
+        let params = vec![
+            ("serviceName", service.to_string()),
+            ("groupName", group.to_string()),
+            ("namespaceId", namespace.to_string()),
+            ("healthyOnly", "false".to_string()),
+        ];
+        self.call(reqwest::Method::GET, "/nacos/v1/ns/instance/list", &params).await
+    }
+
+    /// One open API call. Failures and 5xx answers are retried for a
+    /// while: creating a namespace right after start failed once under load.
+    pub(crate) async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        params: &[(&str, String)],
+    ) -> anyhow::Result<String> {
+        let deadline = Instant::now() + CALL_RETRY;
+        loop {
+            let error = match self.call_once(method.clone(), path, params).await {
+                Ok((status, text)) if status.is_success() => return Ok(text),
+                Ok((status, text)) => {
+                    let error = anyhow::anyhow!("{method} {path}: {status}: {text}");
+                    if !status.is_server_error() {
+                        return Err(error);
+                    }
+                    error
+                }
+                Err(e) => e,
+            };
+            if Instant::now() >= deadline {
+                return Err(error);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    pub(crate) async fn call_once(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        params: &[(&str, String)],
+    ) -> anyhow::Result<(reqwest::StatusCode, String)> {
+        let url = format!("{}{path}", self.base);
+        // Nacos (a servlet) reads a form body on POST and PUT only.
+        let mut req = if method == reqwest::Method::POST || method == reqwest::Method::PUT {
+            self.http.request(method.clone(), url).form(params)
+        } else {
+            self.http.request(method.clone(), url).query(params)
+        };
+        if let Some(token) = self.admin_token().await? {
+            req = req.header("accessToken", token);
+        }
+        let resp = req.timeout(Duration::from_secs(10)).send().await.with_context(|| format!("{method} {path}"))?;
+        let status = resp.status();
+        Ok((status, resp.text().await.unwrap_or_default()))
+    }
+
+    /// A fresh admin token when auth is on (tokens may be short-lived).
+    async fn admin_token(&self) -> anyhow::Result<Option<String>> {
+        let Some((user, password)) = &self.auth else {
+            return Ok(None);
+        };
+        let url = format!("{}/nacos/v1/auth/login", self.base);
+        let form = [("username", user.as_str()), ("password", password.as_str())];
+        let resp = self.http.post(url).form(&form).timeout(Duration::from_secs(5)).send().await?;
+        let status = resp.status();
+        let body: serde_json::Value = resp.json().await.context("login answer")?;
+        ensure!(status.is_success(), "login: {status}: {body}");
+        let token = body["accessToken"].as_str().context("no accessToken")?;
+        Ok(Some(token.to_string()))
     }
 }
 

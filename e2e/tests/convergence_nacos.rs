@@ -1,19 +1,23 @@
-//! Issue 24: randomized bursts against rnacos (`MESHBRIDGE_RNACOS_BIN`),
-//! watched by meshbridge in-process, once over gRPC (`type: nacos2`, our
-//! own client, pushes) and once over HTTP (`type: nacos`, the 1.x open
-//! API); after each burst meshbridge's view of every service (admin API)
-//! must equal rnacos's instance lists, read directly.
+//! Issue 24: randomized bursts against rnacos (`MESHBRIDGE_RNACOS_BIN`)
+//! and Nacos 3.1.0 (`MESHBRIDGE_NACOS_SERVER_JAR`, one server for this
+//! binary, a namespace per test), watched by meshbridge in-process, once
+//! over gRPC (`type: nacos2`, our own client, pushes) and once over HTTP
+//! (`type: nacos`, the 1.x open API); after each burst meshbridge's view of
+//! every service (admin API) must equal the server's instance lists, read
+//! directly.
 //!
 //! Operations, 1–8 a burst, back to back, over 14 services: instances
-//! registered and deregistered, ephemeral or persistent; weight and metadata
+//! registered and deregistered, ephemeral or persistent (on Nacos by
+//! service: it refuses to mix them); weight and metadata
 //! (`rev`) edits; `enabled` flips; whole services emptied (their every
 //! instance deregistered) and filled again. Ten services keep one anchor
 //! instance that is never touched, so they stay listed; the other four come
-//! and go as whole services. Not here: `healthy` flips, which rnacos ignores
-//! on register and update (an instance turns unhealthy only when its
-//! heartbeats stop, and rnacos does not push that change; see
-//! `nacos_registry.rs`). Ephemeral instances get an hour of heartbeat
-//! timeout, so none turns unhealthy during a run.
+//! and go as whole services. On Nacos also `healthy` flips (a register
+//! again with the flag turned), which rnacos ignores (an instance turns
+//! unhealthy there only when its heartbeats stop, and rnacos does not push
+//! that change; see `nacos_registry.rs`). Ephemeral instances never turn
+//! unhealthy during a run: an hour of heartbeat timeout on rnacos, health
+//! checks off on Nacos.
 //!
 //! - gRPC: `nacosRefreshInterval` 300 s, so no refresh can hide a miss: an
 //!   instance change is pushed; a service that appears is found by the
@@ -23,13 +27,15 @@
 //! - HTTP: converges only at its polling interval, by design (no pushes in
 //!   the 1.x API): a 1 s refresh and a 3 s deadline.
 //!
-//! Seeded: see `meshbridge_e2e::convergence`. Needs `source e2e/env.sh rnacos`.
+//! Seeded: see `meshbridge_e2e::convergence`. Needs
+//! `source e2e/env.sh rnacos nacos-server`.
 
 use std::time::Duration;
 
 use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::convergence::{self, AdminView, Options, REV, Registry, Rng, Truth, endpoint_rev};
-use meshbridge_e2e::nacos::{self, Instance, Rnacos};
+use meshbridge_e2e::nacos::{self, Flavor, Instance};
+use meshbridge_e2e::nacos_server::Target;
 use serde_json::Value;
 
 const SERVICES: usize = 14;
@@ -39,8 +45,12 @@ fn service(i: usize) -> String {
     format!("conv-svc{i}")
 }
 
-fn host(service: &str) -> String {
-    format!("{service}.DEFAULT-GROUP.public.nacos")
+/// Nacos (2.x and later) keeps a service's instances all ephemeral or all
+/// persistent, and refuses the other kind (`400 … is persistent service,
+/// can't register ephemeral instance`): on Nacos the odd services are
+/// ephemeral (their anchors too), the even ones persistent.
+fn ephemeral_service(i: usize) -> bool {
+    i % 2 == 1
 }
 
 #[derive(Debug)]
@@ -51,10 +61,12 @@ enum Op {
     Edit(Instance),
     Enabled(Instance),
     EmptyService(usize),
+    /// Registered again with `healthy` turned (Nacos only).
+    Healthy(Instance),
 }
 
 struct Nacos {
-    server: Rnacos,
+    server: Target,
     /// What the test registered (anchors excluded).
     instances: Vec<Instance>,
     next_port: u16,
@@ -64,8 +76,12 @@ struct Nacos {
 impl Nacos {
     fn instance(&mut self, rng: &mut Rng) -> Instance {
         self.next_port += 1;
-        let mut i = Instance::new(&service(rng.index(SERVICES)), "127.0.0.1", self.next_port);
-        i.ephemeral = rng.chance(0.5);
+        let s = rng.index(SERVICES);
+        let mut i = self.server.instance(&service(s), "127.0.0.1", self.next_port);
+        i.ephemeral = match self.server.flavor {
+            Flavor::Rnacos => rng.chance(0.5),
+            Flavor::Nacos => ephemeral_service(s),
+        };
         // rnacos applies only a weight other than 1 on update: start at 1,
         // edits pick 2..9.
         self.with_rev(i, rng)
@@ -84,7 +100,8 @@ impl Registry for Nacos {
     fn next_op(&mut self, rng: &mut Rng) -> Op {
         loop {
             let pick = |s: &Nacos, rng: &mut Rng| s.instances[rng.index(s.instances.len())].clone();
-            return match rng.index(12) {
+            let flips = self.server.flavor == Flavor::Nacos;
+            return match rng.index(13) {
                 0..=3 => Op::Register(self.instance(rng)),
                 4..=5 if !self.instances.is_empty() => Op::Deregister(pick(self, rng)),
                 6..=8 if !self.instances.is_empty() => {
@@ -98,6 +115,11 @@ impl Registry for Nacos {
                     Op::Enabled(i)
                 }
                 11 => Op::EmptyService(rng.index(SERVICES)),
+                12 if flips && !self.instances.is_empty() => {
+                    let mut i = pick(self, rng);
+                    i.healthy = !i.healthy;
+                    Op::Healthy(i)
+                }
                 _ => continue,
             };
         }
@@ -120,6 +142,12 @@ impl Registry for Nacos {
                     *x = i.clone();
                 }
             }
+            Op::Healthy(i) => {
+                self.server.register(i).await?;
+                for x in self.instances.iter_mut().filter(|x| same(x, i)) {
+                    *x = i.clone();
+                }
+            }
             Op::EmptyService(s) => {
                 let name = service(*s);
                 for i in self.instances.iter().filter(|i| i.service == name) {
@@ -134,7 +162,7 @@ impl Registry for Nacos {
     async fn truth(&mut self) -> anyhow::Result<Truth> {
         let mut truth = Truth::new();
         for s in (0..SERVICES).map(service) {
-            let text = self.server.instances(&s, "DEFAULT_GROUP", "public").await?;
+            let text = self.server.instances(&s, "DEFAULT_GROUP", &self.server.namespace).await?;
             let list: Value = serde_json::from_str(&text)?;
             for i in list["hosts"].as_array().into_iter().flatten() {
                 let on = |k: &str| i[k].as_bool().unwrap_or(true);
@@ -143,19 +171,24 @@ impl Registry for Nacos {
                 }
                 let weight = i["weight"].as_f64().unwrap_or(1.0).round().max(1.0) as u32;
                 let (ip, port) = (i["ip"].as_str().unwrap_or_default(), i["port"].as_u64().unwrap_or(0) as u16);
-                convergence::push(&mut truth, &host(&s), endpoint_rev(ip, port, weight, i["metadata"]["rev"].as_str()));
+                convergence::push(
+                    &mut truth,
+                    &self.server.host(&s, "DEFAULT_GROUP"),
+                    endpoint_rev(ip, port, weight, i["metadata"]["rev"].as_str()),
+                );
             }
         }
         Ok(convergence::non_empty(truth))
     }
 }
 
-async fn start(kind: &str, refresh: Duration) -> (Nacos, App, tempfile::TempDir) {
+async fn start(flavor: Flavor, kind: &str, refresh: Duration) -> (Nacos, App, tempfile::TempDir) {
     // An hour of heartbeat timeout: ephemeral instances stay healthy unbeaten.
     let opts = nacos::Options { heartbeat_timeout: Some(Duration::from_secs(3600)), ..nacos::Options::default() };
-    let server = Rnacos::start_with(opts).await.expect("start rnacos");
+    let server = Target::start(flavor, opts).await.expect("start the server");
     for s in 0..ANCHORED {
-        let anchor = Instance::new(&service(s), "127.0.0.2", 40000 + s as u16).meta("rev", "anchor");
+        let mut anchor = server.instance(&service(s), "127.0.0.2", 40000 + s as u16).meta("rev", "anchor");
+        anchor.ephemeral = flavor == Flavor::Nacos && ephemeral_service(s);
         server.register(&anchor).await.unwrap();
     }
     let dir = tempfile::tempdir().unwrap();
@@ -169,9 +202,11 @@ spec:
       name: nacos
       domain: 127.0.0.1
       port: {port}
+      nacosNamespaceId: {namespace}
       nacosRefreshInterval: {nanos}
 "#,
         port = server.http_port,
+        namespace = server.namespace,
         nanos = refresh.as_nanos()
     );
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
@@ -180,19 +215,39 @@ spec:
     (Nacos { server, instances: Vec::new(), next_port: 30000, rev: 0 }, app, dir)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nacos_grpc_bursts_converge() {
-    let (mut registry, app, _dir) = start("nacos2", Duration::from_secs(300)).await;
+async fn grpc_bursts_converge(flavor: Flavor) {
+    let (mut registry, app, _dir) = start(flavor, "nacos2", Duration::from_secs(300)).await;
     let mut view = AdminView::new(&app, "nacos", &[REV]);
-    let opts = Options::new("nacos2-grpc", Duration::from_secs(8));
+    let what = if flavor == Flavor::Nacos { "nacos3-grpc" } else { "nacos2-grpc" };
+    let opts = Options::new(what, Duration::from_secs(8));
+    convergence::run(&mut registry, &mut view, &opts).await;
+}
+
+async fn http_bursts_converge_at_the_polling_interval(flavor: Flavor) {
+    let refresh = Duration::from_secs(1);
+    let (mut registry, app, _dir) = start(flavor, "nacos", refresh).await;
+    let mut view = AdminView::new(&app, "nacos", &[REV]);
+    let what = if flavor == Flavor::Nacos { "nacos3-http" } else { "nacos-http" };
+    let opts = Options::new(what, refresh * 3);
     convergence::run(&mut registry, &mut view, &opts).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacos_grpc_bursts_converge() {
+    grpc_bursts_converge(Flavor::Rnacos).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nacos_http_bursts_converge_at_the_polling_interval() {
-    let refresh = Duration::from_secs(1);
-    let (mut registry, app, _dir) = start("nacos", refresh).await;
-    let mut view = AdminView::new(&app, "nacos", &[REV]);
-    let opts = Options::new("nacos-http", refresh * 3);
-    convergence::run(&mut registry, &mut view, &opts).await;
+    http_bursts_converge_at_the_polling_interval(Flavor::Rnacos).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacos3_grpc_bursts_converge() {
+    grpc_bursts_converge(Flavor::Nacos).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacos3_http_bursts_converge_at_the_polling_interval() {
+    http_bursts_converge_at_the_polling_interval(Flavor::Nacos).await;
 }

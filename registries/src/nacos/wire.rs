@@ -181,7 +181,10 @@ impl Conn {
             reader: tokio::spawn(async {}),
         };
         conn.request("ServerCheckRequest", json!({}), Vec::new(), deadline).await?;
-        // The bi-stream: its first message sets the connection up.
+        // The bi-stream: its first message sets the connection up. With an
+        // `abilityTable` (even an empty one) Nacos 2.3+ answers at once with
+        // a `SetupAckRequest`, as it does for the Java client; without one
+        // it sends nothing until the first push.
         let setup = json!({
             "clientVersion": CLIENT_VERSION,
             "tenant": namespace,
@@ -191,6 +194,7 @@ impl Conn {
                 "configAbility": {"supportRemoteMetrics": false},
                 "namingAbility": {"supportDeltaPush": false, "supportRemoteMetric": false}
             },
+            "abilityTable": {},
         });
         outbox
             .send(payload("ConnectionSetupRequest", "internal", setup, Vec::new()))
@@ -199,14 +203,24 @@ impl Conn {
         let stream = tokio_stream_from(rx);
         let mut grpc = conn.grpc.clone();
         grpc.ready().await.map_err(|e| unreachable(e.to_string()))?;
-        let path = PathAndQuery::from_static(BI_STREAM_PATH);
-        let open = grpc.streaming(tonic::Request::new(stream), path, codec());
-        let inbound = tokio::time::timeout(deadline, open)
-            .await
-            .map_err(|_| unreachable(format!("bi-stream: timed out after {deadline:?}")))?
-            .map_err(|s| unreachable(format!("bi-stream: {}", s.message())))?
-            .into_inner();
-        conn.reader = tokio::spawn(read_stream(registry.to_string(), inbound, outbox, pushes, closed));
+        // Opening resolves with the server's response headers, which a
+        // grpc-java server sends with its first message: Nacos 2.3+ sends a
+        // `SetupAckRequest` at once (the `abilityTable` above), older ones
+        // nothing until the first push. So the reader opens the stream
+        // and the registration below, bounded by `deadline`, is what says
+        // the connection is up.
+        let reader_registry = registry.to_string();
+        conn.reader = tokio::spawn(async move {
+            let path = PathAndQuery::from_static(BI_STREAM_PATH);
+            match grpc.streaming(tonic::Request::new(stream), path, codec()).await {
+                Ok(inbound) => read_stream(reader_registry, inbound.into_inner(), outbox, pushes, closed).await,
+                Err(status) => {
+                    debug!(registry = reader_registry, code = ?status.code(), "nacos bi-stream not opened");
+                    closed.done.store(true, Ordering::SeqCst);
+                    closed.notify.notify_waiters();
+                }
+            }
+        });
         // The server registers the bi-stream asynchronously, and refuses
         // requests on the connection until it has (rnacos and Nacos answer
         // 301, "unregistered"): a subscription made before would be lost.
@@ -407,7 +421,7 @@ pub(crate) enum ServerRequest {
     /// session goes on with its own server list.)
     Reset(Value),
     /// `SetupAckRequest` (Nacos 2.3+): the server's abilities after a setup
-    /// that carried an `abilityTable` (ours does not). The server sends it
+    /// that carried an `abilityTable` (ours does, empty). The server sends it
     /// without waiting for an answer (`sendRequestNoAck`) and the Java
     /// client sends none: an answer would reach the server as the ack of an
     /// unknown request, which it logs as a warning.
