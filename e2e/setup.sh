@@ -3,7 +3,7 @@
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
 #   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [tinyproxy] [eureka-server] [eureka-client] [docker-compose] [kubetools] [cargo-deny]
-#                [kube-apiserver] (also builds etcd; `etcd` is the same component)
+#                [kube-apiserver] (also builds etcd; `etcd` is the same component) [istiod]
 #                (default: consul envoy)
 #
 # Prints `export` lines for the binaries it installed; e2e/env.sh sources them.
@@ -224,6 +224,46 @@ install_kube_apiserver() {
   echo "$dir/bin"
 }
 
+# istiod (`pilot-discovery`), built from the Go module istio.io/istio. Istio
+# tags its releases without the `v` Go wants (1.28.0, not v1.28.0), so the
+# module proxy serves only pseudo-versions of master commits; the VERSION
+# file in the module says which release that master was heading for (1.31
+# for the default). istio.io/istio has no replace directives, but a
+# throwaway module still lets us fetch the graph and build as two timed
+# steps, as for kube-apiserver. Modules go to the shared $CACHE/go/mod; the
+# build cache is the build's own and is removed afterwards.
+ISTIO_VERSION="${MESHBRIDGE_ISTIO_VERSION:-v0.0.0-20260827124520-eed52ebb66ad}"
+install_istiod() {
+  local dir="$CACHE/istiod-$ISTIO_VERSION"
+  if [ -x "$dir/bin/pilot-discovery" ]; then log "istiod $ISTIO_VERSION cached: $dir/bin"; echo "$dir/bin"; return; fi
+  command -v go >/dev/null 2>&1 || { log "istiod needs Go (go.mod of istio.io/istio $ISTIO_VERSION says which)"; exit 1; }
+  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build-istiod" GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+  local mod="$CACHE/go/wrap-istiod-$ISTIO_VERSION"
+  rm -rf "$mod"; mkdir -p "$mod" "$dir/bin"
+  local imod release rev="${ISTIO_VERSION##*-}"
+  imod=$(cd "$mod" && go mod download -json "istio.io/istio@$ISTIO_VERSION" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
+  release="$(cat "$imod/VERSION")-dev"
+  log "building pilot-discovery from istio.io/istio $ISTIO_VERSION (Istio $release, commit $rev) with $(go version | cut -d' ' -f3) in $mod"
+  printf 'module meshbridge.test/istiod-build\n\ngo %s\n\nrequire istio.io/istio %s\n' \
+    "$(awk '$1 == "go" {print $2; exit}' "$imod/go.mod")" "$ISTIO_VERSION" > "$mod/go.mod"
+  # Wall and CPU (user + sys, children included) of each step.
+  local TIMEFORMAT='%R s wall, %U s user + %S s sys CPU' took
+  exec 3>&2
+  took=$( { time (cd "$mod" && go list -deps istio.io/istio/pilot/cmd/pilot-discovery >/dev/null 2>&3); } 2>&1 )
+  log "istiod modules fetched in $took ($(du -sh "$GOMODCACHE" | cut -f1) module cache)"
+  local ldv=istio.io/istio/pkg/version
+  took=$( { time (cd "$mod" && go build -trimpath -o "$dir/bin/pilot-discovery.tmp" -ldflags "-s -w \
+      -X $ldv.buildVersion=$release -X $ldv.buildGitRevision=$rev -X $ldv.buildStatus=Clean \
+      -X $ldv.buildTag=$ISTIO_VERSION -X $ldv.buildHub=meshbridge.test" \
+      istio.io/istio/pilot/cmd/pilot-discovery >&3 2>&3); } 2>&1 )
+  exec 3>&-
+  log "pilot-discovery built in $took"
+  mv "$dir/bin/pilot-discovery.tmp" "$dir/bin/pilot-discovery"
+  "$dir/bin/pilot-discovery" version --short >&2
+  rm -rf "$GOCACHE" "$mod"
+  echo "$dir/bin"
+}
+
 for w in "${want[@]}"; do
   case "$w" in
     consul)    echo "export MESHBRIDGE_CONSUL_BIN=$(install_consul)" ;;
@@ -239,6 +279,7 @@ for w in "${want[@]}"; do
     kubetools) d=$(install_kubetools) && echo "export MESHBRIDGE_KUBECTL_BIN=$d/kubectl MESHBRIDGE_KUBE_VALIDATE_BIN=$d/kubernetes-validate" || log "kubetools not installed" ;;
     cargo-deny) echo "export MESHBRIDGE_CARGO_DENY_BIN=$(install_cargo_deny)" ;;
     kube-apiserver|etcd) d=$(install_kube_apiserver) && echo "export MESHBRIDGE_KUBE_APISERVER_BIN=$d/kube-apiserver MESHBRIDGE_ETCD_BIN=$d/etcd" ;;
+    istiod) d=$(install_istiod) && echo "export MESHBRIDGE_ISTIOD_BIN=$d/pilot-discovery" ;;
     *) log "unknown component $w"; exit 2 ;;
   esac
 done
