@@ -4,7 +4,7 @@
 //!
 //! Binaries come from `e2e/setup.sh` (see `e2e/env.sh`): `MESHBRIDGE_CONSUL_BIN`,
 //! `MESHBRIDGE_ENVOY_BIN`, `MESHBRIDGE_TINYPROXY_BIN`,
-//! `MESHBRIDGE_EUREKA_SERVER_JAR`. A test whose server is
+//! `MESHBRIDGE_EUREKA_SERVER_JAR`, `MESHBRIDGE_ISTIOD_BIN`. A test whose server is
 //! not installed fails with a message naming the variable, it never passes
 //! silently.
 
@@ -20,6 +20,7 @@ pub mod envoy;
 pub mod eureka;
 pub mod eureka_fake;
 pub mod faults;
+pub mod istiod;
 pub mod kube_fake;
 pub mod load;
 pub mod nacos;
