@@ -49,13 +49,11 @@ pub const NAMESPACE: &str = "istio-system";
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What to turn on or off beside the defaults.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Options {
     /// Serve a stock (upstream) Envoy: no metadata-exchange filters and no
     /// auto mTLS (see the module doc).
     pub upstream_envoy: bool,
-    /// More `KEY=VALUE` environment variables (istiod's feature flags).
-    pub env: Vec<(String, String)>,
 }
 
 /// A running istiod.
@@ -121,9 +119,6 @@ impl Istiod {
             .env("GOMAXPROCS", "2");
         if options.upstream_envoy {
             cmd.env("PILOT_ENABLE_METADATA_EXCHANGE", "false");
-        }
-        for (k, v) in &options.env {
-            cmd.env(k, v);
         }
         let guard = ChildGuard::spawn("istiod", cmd, dir.path().join("istiod.log"))?;
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;

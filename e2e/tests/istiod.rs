@@ -143,7 +143,7 @@ impl Stack {
         std::fs::write(dir.path().join("mcpbridge.yaml"), config(&consul)).unwrap();
         let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
         let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
-        let options = Options { upstream_envoy: true, ..Options::default() };
+        let options = Options { upstream_envoy: true };
         let istiod = Istiod::start(&api, app.xds_addr, options).await.expect("start istiod (source e2e/env.sh istiod)");
         Stack { consul, app, istiod, _api: api, _dir: dir }
     }
@@ -156,26 +156,6 @@ impl Stack {
             .filter(|(_, r)| !r.is_empty())
             .map(|(c, r)| (c.clone(), r.names().map(|n| n.to_string()).collect()))
             .collect()
-    }
-
-    /// Poll `probe` until it gives `Some`, failing with istiod's log tail.
-    async fn until<T, F, Fut>(&self, what: &str, timeout: Duration, mut probe: F) -> T
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Option<T>>,
-    {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(v) = probe().await {
-                return v;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for: {what}\n--- istiod ---\n{}",
-                self.istiod.log_tail(4000)
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
     }
 }
 
@@ -227,12 +207,13 @@ async fn registry_service_and_ingress_reach_istiod_over_mcp() {
         assert!(want.get(&collection).is_some_and(|n| !n.is_empty()), "meshbridge publishes no {kind}: {want:?}");
     }
     assert!(want["networking.istio.io/ServiceEntry"].contains(&format!("mcp/{HOST}")), "{want:?}");
-    let got = stack
-        .until("istiod holds what meshbridge publishes", Duration::from_secs(30), || async {
-            let got = istiod_configs(&stack.istiod).await;
-            (got == want).then_some(got)
-        })
-        .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut got = istiod_configs(&stack.istiod).await;
+    while got != want {
+        assert!(Instant::now() < deadline, "istiod holds {got:?}, not {want:?}\n{}", stack.istiod.log_tail(4000));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        got = istiod_configs(&stack.istiod).await;
+    }
     println!("istiod holds: {got:?}");
 
     // The ServiceEntry as istiod decoded it, and the service and endpoint
