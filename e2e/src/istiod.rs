@@ -219,6 +219,11 @@ impl Istiod {
         Ok(response.resources)
     }
 
+    /// istiod's process id (for its CPU time in `/proc`).
+    pub fn pid(&self) -> Option<u32> {
+        self.guard.id()
+    }
+
     /// istiod's log so far.
     pub fn log(&self) -> String {
         self.guard.log()

@@ -332,3 +332,103 @@ async fn envoy_on_istiod_gets_the_registry_service_and_follows_changes() {
         left.as_millis()
     );
 }
+
+/// MCP bytes meshbridge has sent so far (`meshbridge_xds_push_bytes_total`
+/// of every Istio collection).
+async fn mcp_bytes_sent(app: &App) -> f64 {
+    let url = format!("http://{}/metrics", app.admin_addr);
+    let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
+    let samples = meshbridge::testing::exposition::parse(&text).unwrap();
+    let mcp = samples.iter().filter(|s| s.name == "meshbridge_xds_push_bytes_total");
+    mcp.filter(|s| s.labels.get("type_url").is_some_and(|t| !t.starts_with("type.googleapis.com/")))
+        .map(|s| s.value)
+        .sum()
+}
+
+/// Poll `GET /` through `envoy` every 2 ms until `backend` answers.
+async fn first_answer_from(envoy: &Envoy, backend: &str, since: Instant) -> Duration {
+    loop {
+        if let Ok((200, body)) = envoy.get("/").await
+            && body == backend
+        {
+            return since.elapsed();
+        }
+        assert!(since.elapsed() < CHANGE_DEADLINE, "{backend} never answered\n{}", envoy.log());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e3
+}
+
+/// A figure, not a check: with 1,000 more services in Consul (1,000
+/// ServiceEntries in istiod, 1,000 clusters in each Envoy), the one
+/// instance of `web` moves between two backends 20 times, and each move is
+/// timed from the Consul write to the first answer from the new backend,
+/// through istiod (Envoy on istiod's xDS) and directly (an Envoy on
+/// meshbridge's own ADS), both watching the same change; with istiod's CPU
+/// and the MCP bytes per change. Run with
+/// `cargo test -p meshbridge-e2e --test istiod -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a figure at 1k services (about a minute); run with --ignored"]
+async fn figure_change_latency_through_istiod_at_1k_services() {
+    const SERVICES: usize = 1000;
+    const CHANGES: usize = 20;
+    let b1 = Backend::start("127.0.0.1", "backend-1").await.unwrap();
+    let b2 = Backend::start("127.0.0.1", "backend-2").await.unwrap();
+    let consul = Consul::start().await.expect("start consul");
+    let started = Instant::now();
+    for i in 0..SERVICES {
+        let other = json!({"ID": format!("svc-{i:04}"), "Name": format!("svc-{i:04}"), "Address": "127.0.0.1", "Port": 20000 + i});
+        consul.register(other).await.unwrap();
+    }
+    consul.register(instance("web-1", &b1)).await.unwrap();
+    println!("registered {SERVICES} services in {:?}", started.elapsed());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mcpbridge.yaml"), config(&consul)).unwrap();
+    let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
+    let api = ApiServer::start().await.expect("start kube-apiserver");
+    let started = Instant::now();
+    let istiod = Istiod::start(&api, app.xds_addr, Options { upstream_envoy: true }).await.expect("start istiod");
+    println!("istiod ready in {:?}", started.elapsed());
+    let node = Node {
+        id: format!("router~192.0.2.10~{GATEWAY_ID}~higress-system.svc.cluster.local"),
+        cluster: "higress-gateway".into(),
+        metadata: Some("{ LABELS: { higress: higress-system-higress-gateway } }".into()),
+    };
+    let via_istiod = Envoy::start_as(&node, istiod.grpc_addr, AdsMode::Sotw, CLUSTER).await.expect("start envoy");
+    let direct = Envoy::start(app.xds_addr, AdsMode::Delta, CLUSTER).await.expect("start envoy");
+    wait_for_traffic(&via_istiod, 200, &["backend-1"], "through istiod").await;
+    wait_for_traffic(&direct, 200, &["backend-1"], "direct").await;
+    let clusters = via_istiod.admin("/clusters").await.unwrap();
+    let count = clusters.lines().filter(|l| l.contains("::observability_name::")).count();
+    assert!(count > SERVICES, "Envoy on istiod has {count} clusters");
+
+    let proc = meshbridge_e2e::bench::procfs::Proc::pid(istiod.pid().unwrap());
+    let (cpu0, bytes0) = (proc.cpu(), mcp_bytes_sent(&app).await);
+    let (mut through, mut straight) = (Vec::new(), Vec::new());
+    for i in 0..CHANGES {
+        let (to, name) = if i % 2 == 0 { (&b2, "backend-2") } else { (&b1, "backend-1") };
+        let t0 = Instant::now();
+        consul.register(instance("web-1", to)).await.unwrap();
+        let (a, b) = tokio::join!(first_answer_from(&via_istiod, name, t0), first_answer_from(&direct, name, t0));
+        through.push(a);
+        straight.push(b);
+        // Let istiod's debounce window close before the next change.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (cpu, bytes) = (proc.cpu() - cpu0, mcp_bytes_sent(&app).await - bytes0);
+    through.sort();
+    straight.sort();
+    println!(
+        "FIGURE istiod_1k_change_to_traffic p50_ms={:.0} p99_ms={:.0} direct_p50_ms={:.0} direct_p99_ms={:.0} istiod_cpu_ms_per_change={:.0} mcp_kb_per_change={:.0}",
+        percentile(&through, 0.5),
+        percentile(&through, 0.99),
+        percentile(&straight, 0.5),
+        percentile(&straight, 0.99),
+        cpu * 1e3 / CHANGES as f64,
+        bytes / 1024.0 / CHANGES as f64,
+    );
+}
