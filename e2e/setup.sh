@@ -3,7 +3,7 @@
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
 #   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [nacos-server] [tinyproxy] [eureka-server] [eureka-client] [dubbo-provider] [spring-app] [docker-compose] [kubetools] [cargo-deny]
-#                [kube-apiserver] (also builds etcd; `etcd` is the same component) [helm]
+#                [kube-apiserver] (also builds etcd; `etcd` is the same component) [helm] [istiod]
 #                (default: consul envoy)
 #
 # Prints `export` lines for the binaries it installed; e2e/env.sh sources them.
@@ -305,6 +305,46 @@ install_helm() {
   echo "$dir/bin/helm"
 }
 
+# istiod (`pilot-discovery`), built from the Go module istio.io/istio. Istio
+# tags its releases without the `v` Go wants (1.28.0, not v1.28.0), so the
+# module proxy serves only pseudo-versions of master commits; the VERSION
+# file in the module says which release that master was heading for (1.31
+# for the default). istio.io/istio has no replace directives, but a
+# throwaway module still lets us fetch the graph and build as two timed
+# steps, as for kube-apiserver. Modules go to the shared $CACHE/go/mod; the
+# build cache is the build's own and is removed afterwards.
+ISTIO_VERSION="${MESHBRIDGE_ISTIO_VERSION:-v0.0.0-20260827124520-eed52ebb66ad}"
+install_istiod() {
+  local dir="$CACHE/istiod-$ISTIO_VERSION"
+  if [ -x "$dir/bin/pilot-discovery" ]; then log "istiod $ISTIO_VERSION cached: $dir/bin"; echo "$dir/bin"; return; fi
+  command -v go >/dev/null 2>&1 || { log "istiod needs Go (go.mod of istio.io/istio $ISTIO_VERSION says which)"; exit 1; }
+  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build-istiod" GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+  local mod="$CACHE/go/wrap-istiod-$ISTIO_VERSION"
+  rm -rf "$mod"; mkdir -p "$mod" "$dir/bin"
+  local imod release rev="${ISTIO_VERSION##*-}"
+  imod=$(cd "$mod" && go mod download -json "istio.io/istio@$ISTIO_VERSION" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
+  release="$(cat "$imod/VERSION")-dev"
+  log "building pilot-discovery from istio.io/istio $ISTIO_VERSION (Istio $release, commit $rev) with $(go version | cut -d' ' -f3) in $mod"
+  printf 'module meshbridge.test/istiod-build\n\ngo %s\n\nrequire istio.io/istio %s\n' \
+    "$(awk '$1 == "go" {print $2; exit}' "$imod/go.mod")" "$ISTIO_VERSION" > "$mod/go.mod"
+  # Wall and CPU (user + sys, children included) of each step.
+  local TIMEFORMAT='%R s wall, %U s user + %S s sys CPU' took
+  exec 3>&2
+  took=$( { time (cd "$mod" && go list -deps istio.io/istio/pilot/cmd/pilot-discovery >/dev/null 2>&3); } 2>&1 )
+  log "istiod modules fetched in $took ($(du -sh "$GOMODCACHE" | cut -f1) module cache)"
+  local ldv=istio.io/istio/pkg/version
+  took=$( { time (cd "$mod" && go build -trimpath -o "$dir/bin/pilot-discovery.tmp" -ldflags "-s -w \
+      -X $ldv.buildVersion=$release -X $ldv.buildGitRevision=$rev -X $ldv.buildStatus=Clean \
+      -X $ldv.buildTag=$ISTIO_VERSION -X $ldv.buildHub=meshbridge.test" \
+      istio.io/istio/pilot/cmd/pilot-discovery >&3 2>&3); } 2>&1 )
+  exec 3>&-
+  log "pilot-discovery built in $took"
+  mv "$dir/bin/pilot-discovery.tmp" "$dir/bin/pilot-discovery"
+  "$dir/bin/pilot-discovery" version --short >&2
+  rm -rf "$GOCACHE" "$mod"
+  echo "$dir/bin"
+}
+
 # One component: install it (or find it cached) and print its export line.
 component() {
   local w=$1 v d
@@ -328,6 +368,7 @@ component() {
     cargo-deny) v=$(install_cargo_deny); echo "export MESHBRIDGE_CARGO_DENY_BIN=$v" ;;
     kube-apiserver|etcd) d=$(install_kube_apiserver)
                echo "export MESHBRIDGE_KUBE_APISERVER_BIN=$d/kube-apiserver MESHBRIDGE_ETCD_BIN=$d/etcd" ;;
+    istiod)    d=$(install_istiod); echo "export MESHBRIDGE_ISTIOD_BIN=$d/pilot-discovery" ;;
     helm)      v=$(install_helm); echo "export MESHBRIDGE_HELM_BIN=$v" ;;
     *) log "unknown component $w"; return 2 ;;
   esac
@@ -339,7 +380,7 @@ component() {
 group_of() {
   case "$1" in
     rnacos|cargo-deny) echo cargo ;;
-    kube-apiserver|etcd|helm) echo go ;;
+    kube-apiserver|etcd|helm|istiod) echo go ;;
     eureka-server|eureka-client|dubbo-provider|spring-app|nacos-server) echo maven ;;
     *) echo fetch ;;
   esac

@@ -62,10 +62,26 @@ pub enum Listeners<'a> {
     Ads,
 }
 
+/// Who Envoy says it is on its xDS stream (`node` in the bootstrap).
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub id: String,
+    pub cluster: String,
+    /// `node.metadata` as a YAML flow mapping (`{ LABELS: { app: gw } }`).
+    pub metadata: Option<String>,
+}
+
+impl Node {
+    /// The node every harness used so far: `e2e-PID` in `meshbridge-e2e`.
+    pub fn e2e() -> Node {
+        Node { id: format!("e2e-{}", std::process::id()), cluster: "meshbridge-e2e".into(), metadata: None }
+    }
+}
+
 /// Bootstrap YAML: ADS over gRPC to `xds`, a static `xds` cluster, and
 /// either a static listener on `listen_port` or LDS over ADS.
 pub fn bootstrap(
-    node_id: &str,
+    node: &Node,
     xds: SocketAddr,
     mode: AdsMode,
     admin_port: u16,
@@ -80,11 +96,12 @@ pub fn bootstrap(
         AdsMode::Sotw => "GRPC",
         AdsMode::Delta => "DELTA_GRPC",
     };
+    let metadata = node.metadata.as_deref().map(|m| format!("  metadata: {m}\n")).unwrap_or_default();
     format!(
         r#"node:
-  id: {node_id}
-  cluster: meshbridge-e2e
-admin:
+  id: "{node_id}"
+  cluster: {node_cluster}
+{metadata}admin:
   address:
     socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}
 dynamic_resources:
@@ -115,6 +132,8 @@ dynamic_resources:
                   address:
                     socket_address: {{ address: {xds_ip}, port_value: {xds_port} }}
 {static_listener}"#,
+        node_id = node.id,
+        node_cluster = node.cluster,
         xds_ip = xds.ip(),
         xds_port = xds.port(),
     )
@@ -165,14 +184,20 @@ impl Envoy {
         stats: Stats,
     ) -> anyhow::Result<Envoy> {
         let listeners = Listeners::Static { route_cluster };
-        Envoy::start_inner(&[xds], mode, listeners, free_port(), stats).await
+        Envoy::start_inner(&Node::e2e(), &[xds], mode, listeners, free_port(), stats).await
+    }
+
+    /// Like [`Envoy::start`], presenting `node` (e.g. an Istio proxy's
+    /// `router~IP~name.ns~ns.svc.cluster.local` with its metadata).
+    pub async fn start_as(node: &Node, xds: SocketAddr, mode: AdsMode, route_cluster: &str) -> anyhow::Result<Envoy> {
+        Envoy::start_inner(node, &[xds], mode, Listeners::Static { route_cluster }, free_port(), Stats::All).await
     }
 
     /// Like [`Envoy::start`], with an xDS cluster of several endpoints (the
     /// replicas behind one xDS address); Envoy reconnects to another when
     /// its stream breaks.
     pub async fn start_replicas(xds: &[SocketAddr], mode: AdsMode, route_cluster: &str) -> anyhow::Result<Envoy> {
-        Envoy::start_inner(xds, mode, Listeners::Static { route_cluster }, free_port(), Stats::All).await
+        Envoy::start_inner(&Node::e2e(), xds, mode, Listeners::Static { route_cluster }, free_port(), Stats::All).await
     }
 
     /// Start Envoy as a standalone gateway: listeners and routes come over
@@ -187,10 +212,11 @@ impl Envoy {
         listeners: Listeners<'_>,
         listen_port: u16,
     ) -> anyhow::Result<Envoy> {
-        Envoy::start_inner(&[xds], mode, listeners, listen_port, Stats::All).await
+        Envoy::start_inner(&Node::e2e(), &[xds], mode, listeners, listen_port, Stats::All).await
     }
 
     async fn start_inner(
+        node: &Node,
         xds: &[SocketAddr],
         mode: AdsMode,
         listeners: Listeners<'_>,
@@ -198,8 +224,7 @@ impl Envoy {
         stats: Stats,
     ) -> anyhow::Result<Envoy> {
         let admin_port = free_port();
-        let node_id = format!("e2e-{}", std::process::id());
-        let mut yaml = bootstrap(&node_id, xds[0], mode, admin_port, listen_port, listeners);
+        let mut yaml = bootstrap(node, xds[0], mode, admin_port, listen_port, listeners);
         let first = format!("socket_address: {{ address: {}, port_value: {} }}\n", xds[0].ip(), xds[0].port());
         let at = yaml.find(&first).map(|i| i + first.len()).expect("xds endpoint in bootstrap");
         for more in &xds[1..] {

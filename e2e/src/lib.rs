@@ -5,7 +5,7 @@
 //! Binaries come from `e2e/setup.sh` (see `e2e/env.sh`): `MESHBRIDGE_CONSUL_BIN`,
 //! `MESHBRIDGE_ENVOY_BIN`, `MESHBRIDGE_TINYPROXY_BIN`,
 //! `MESHBRIDGE_EUREKA_SERVER_JAR`, `MESHBRIDGE_DUBBO_PROVIDER_JAR`, `MESHBRIDGE_SPRING_APP_JAR`, `MESHBRIDGE_HELM_BIN`,
-//! `MESHBRIDGE_RNACOS_BIN`, `MESHBRIDGE_NACOS_SERVER_JAR`. A test whose server is
+//! `MESHBRIDGE_RNACOS_BIN`, `MESHBRIDGE_NACOS_SERVER_JAR`, `MESHBRIDGE_ISTIOD_BIN`. A test whose server is
 //! not installed fails with a message naming the variable, it never passes
 //! silently.
 
@@ -23,6 +23,7 @@ pub mod eureka;
 pub mod eureka_fake;
 pub mod faults;
 pub mod helm;
+pub mod istiod;
 pub mod jvm;
 pub mod kube_fake;
 pub mod load;

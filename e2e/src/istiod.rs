@@ -1,0 +1,241 @@
+//! A REAL istiod (`pilot-discovery discovery`, built by `e2e/setup.sh
+//! istiod`, `MESHBRIDGE_ISTIOD_BIN`) reading its config from meshbridge
+//! over MCP (mesh config `configSources: [{address: xds://…}]`), with the
+//! real API server of [`crate::apiserver`] as its Kubernetes, on free
+//! loopback ports in a temp dir; killed when the value drops.
+//!
+//! How it runs outside a cluster, and why (istio.io/istio
+//! `pilot/pkg/bootstrap`, `pilot/pkg/features`):
+//! - `--kubeconfig` with the admin's kubeconfig; `POD_NAMESPACE`
+//!   `istio-system` (created here; its leader-election Leases and the
+//!   namespace controller's ConfigMaps land there and in the other
+//!   namespaces of this test's own API server, nowhere else), `POD_NAME`,
+//!   `REVISION=default`;
+//! - every listener on a free loopback port: `--grpcAddr` (plaintext xDS,
+//!   15010 in a cluster), `--httpAddr` (`/ready` and the `/debug/...`
+//!   endpoints, 8080), `--monitoringAddr` (metrics and debug, 15014),
+//!   `--ctrlz_port` (9876); `--secureGRPCAddr ""` and `--httpsAddr ""`
+//!   turn off the TLS xDS port (15012) and the webhook port (15017: its
+//!   handlers move onto `--httpAddr`), which need the certificates of a CA;
+//! - `ENABLE_CA_SERVER=false`: no CA, so no `istio-ca-secret` and no DNS
+//!   certificate (`PILOT_CERT_PROVIDER` is then "not implemented", a warning);
+//!   `VALIDATION_WEBHOOK_CONFIG_NAME=""`: no webhook configuration to patch;
+//!   the injector finds no `istio-sidecar-injector` ConfigMap and stays off;
+//! - mesh config: only `xds://` in `configSources`, so istiod reads no
+//!   Istio CRDs at all (none are installed); `ingressControllerMode: OFF`,
+//!   so Ingresses reach it only through meshbridge;
+//! - `PILOT_ENABLE_METADATA_EXCHANGE=false`, only when asked
+//!   ([`Options::upstream_envoy`]): without it every cluster carries Istio's
+//!   `istio.metadata_exchange` upstream filter, which only Istio's Envoy
+//!   build has, and a stock Envoy rejects the whole CDS update;
+//!   `enableAutoMtls: false` likewise, since auto mTLS gives each cluster a
+//!   TLS transport socket fed by SDS from the `sds-grpc` cluster of Istio's
+//!   bootstrap.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::apiserver::ApiServer;
+use crate::process::{ChildGuard, binary_from_env, free_port};
+
+/// istiod's own namespace (`POD_NAMESPACE`), and its root namespace.
+pub const NAMESPACE: &str = "istio-system";
+/// Until `/ready` answers 200: the API server's informers and the first
+/// answer to every MCP collection istiod asked meshbridge for.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What to turn on or off beside the defaults.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Serve a stock (upstream) Envoy: no metadata-exchange filters and no
+    /// auto mTLS (see the module doc).
+    pub upstream_envoy: bool,
+}
+
+/// A running istiod.
+pub struct Istiod {
+    /// Plaintext gRPC xDS (15010 in a cluster).
+    pub grpc_addr: SocketAddr,
+    /// `/ready` and `/debug/...` (8080 in a cluster).
+    pub http_addr: SocketAddr,
+    /// Prometheus metrics (15014 in a cluster).
+    pub monitoring_addr: SocketAddr,
+    http: reqwest::Client,
+    guard: ChildGuard,
+    dir: tempfile::TempDir,
+}
+
+impl Istiod {
+    /// Start istiod with `mcp` (meshbridge's xDS address) as its only
+    /// config source, against `api`, and wait until `/ready` says 200.
+    pub async fn start(api: &ApiServer, mcp: SocketAddr, options: Options) -> anyhow::Result<Istiod> {
+        let bin = binary_from_env("MESHBRIDGE_ISTIOD_BIN")?;
+        match api.kubectl(&["create", "namespace", NAMESPACE]).await {
+            Err(e) if !e.to_string().contains("AlreadyExists") => return Err(e),
+            _ => {}
+        }
+        let dir = tempfile::tempdir()?;
+        let mesh = dir.path().join("mesh.yaml");
+        let mut mesh_yaml = format!(
+            "configSources:\n  - address: xds://{mcp}\ningressControllerMode: \"OFF\"\nrootNamespace: {NAMESPACE}\n"
+        );
+        if options.upstream_envoy {
+            mesh_yaml.push_str("enableAutoMtls: false\n");
+        }
+        std::fs::write(&mesh, mesh_yaml)?;
+        let grpc_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let http_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let monitoring_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut cmd = Command::new(&bin);
+        cmd.arg("discovery")
+            .arg("--kubeconfig")
+            .arg(&api.admin_kubeconfig)
+            .arg("--meshConfig")
+            .arg(&mesh)
+            // Absent: istiod's default mesh networks.
+            .arg("--networksConfig")
+            .arg(dir.path().join("mesh-networks.yaml"))
+            .args(["--grpcAddr", &grpc_addr.to_string()])
+            .args(["--httpAddr", &http_addr.to_string()])
+            .args(["--monitoringAddr", &monitoring_addr.to_string()])
+            .args(["--secureGRPCAddr", "", "--httpsAddr", ""])
+            .args(["--ctrlz_address", "127.0.0.1", "--ctrlz_port", &free_port().to_string()])
+            .args(["--log_output_level", "default:info"])
+            // Relative paths it reads (./var/lib/istio/inject, ./etc/...)
+            // resolve inside the temp dir.
+            .current_dir(dir.path())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("POD_NAMESPACE", NAMESPACE)
+            .env("POD_NAME", "istiod-e2e")
+            .env("REVISION", "default")
+            .env("ENABLE_CA_SERVER", "false")
+            .env("VALIDATION_WEBHOOK_CONFIG_NAME", "")
+            // Go's runtime sizes itself by the cores it sees: 2 here.
+            .env("GOMAXPROCS", "2");
+        if options.upstream_envoy {
+            cmd.env("PILOT_ENABLE_METADATA_EXCHANGE", "false");
+        }
+        let guard = ChildGuard::spawn("istiod", cmd, dir.path().join("istiod.log"))?;
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+        let mut istiod = Istiod { grpc_addr, http_addr, monitoring_addr, http, guard, dir };
+        istiod.wait_ready().await?;
+        Ok(istiod)
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let url = format!("http://{}/ready", self.http_addr);
+        let started = Instant::now();
+        let mut last = String::new();
+        while started.elapsed() < READY_TIMEOUT {
+            anyhow::ensure!(self.guard.is_running(), "istiod exited\n{}", self.guard.log_tail(6000));
+            match self.http.get(&url).send().await {
+                Ok(r) if r.status().is_success() => return Ok(()),
+                Ok(r) => last = r.status().to_string(),
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        anyhow::bail!("istiod not ready in {READY_TIMEOUT:?} (last: {last})\n{}", self.guard.log_tail(6000))
+    }
+
+    /// `GET /debug/{what}` on the HTTP port: the body as text.
+    pub async fn debug_text(&self, what: &str) -> anyhow::Result<String> {
+        let url = format!("http://{}/debug/{what}", self.http_addr);
+        let resp = self.http.get(&url).send().await.with_context(|| format!("GET {url}"))?;
+        let status = resp.status();
+        let body = resp.text().await?;
+        anyhow::ensure!(status.is_success(), "GET {url}: {status}: {body}");
+        Ok(body)
+    }
+
+    /// `GET /debug/{what}` as JSON.
+    pub async fn debug(&self, what: &str) -> anyhow::Result<serde_json::Value> {
+        let text = self.debug_text(what).await?;
+        serde_json::from_str(&text).with_context(|| format!("/debug/{what} is not JSON: {text:.300}"))
+    }
+
+    /// The config objects istiod holds (`/debug/configz`), as
+    /// `Kind namespace/name` → the object.
+    pub async fn configs(&self) -> anyhow::Result<std::collections::BTreeMap<String, serde_json::Value>> {
+        let all = self.debug("configz").await?;
+        let list = all.as_array().context("/debug/configz is not a list")?;
+        Ok(list
+            .iter()
+            .map(|c| {
+                let m = &c["metadata"];
+                let key = format!(
+                    "{} {}/{}",
+                    c["kind"].as_str().unwrap_or_default(),
+                    m["namespace"].as_str().unwrap_or_default(),
+                    m["name"].as_str().unwrap_or_default()
+                );
+                (key, c.clone())
+            })
+            .collect())
+    }
+
+    /// Ask istiod's xDS for `type_url` (`names`, or all) as the proxy `id`
+    /// (`router~IP~name.ns~ns.svc.cluster.local`) with workload `labels`,
+    /// over a stream of its own, and return the first answer: what istiod
+    /// builds for that proxy, whether or not an Envoy could load it.
+    pub async fn fetch(
+        &self,
+        id: &str,
+        labels: &[(&str, &str)],
+        type_url: &str,
+        names: &[&str],
+    ) -> anyhow::Result<Vec<envoy_types::pb::google::protobuf::Any>> {
+        use envoy_types::pb::envoy::config::core::v3::Node;
+        use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+        let text = |s: &str| Value { kind: Some(Kind::StringValue(s.to_owned())) };
+        let labels = labels.iter().map(|(k, v)| (k.to_string(), text(v))).collect();
+        let metadata = Struct {
+            fields: [("LABELS".to_owned(), Value { kind: Some(Kind::StructValue(Struct { fields: labels })) })].into(),
+        };
+        use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+        let mut request = meshbridge::testing::SotwClient::request(type_url, names, "", "");
+        request.node = Some(Node { id: id.to_owned(), metadata: Some(metadata), ..Default::default() });
+        // Queued before the call: istiod (grpc-go) sends the response
+        // headers with its first message, which waits for this request.
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(request).await?;
+        let wait = Duration::from_secs(10);
+        let call = async {
+            let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{}", self.grpc_addr)).await?;
+            let mut stream =
+                client.stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
+            anyhow::Ok(stream.message().await?)
+        };
+        let response = tokio::time::timeout(wait, call)
+            .await
+            .with_context(|| format!("istiod sent no {type_url} in {wait:?}"))??;
+        let response = response.with_context(|| format!("istiod closed the stream without a {type_url}"))?;
+        drop(tx);
+        Ok(response.resources)
+    }
+
+    /// istiod's process id (for its CPU time in `/proc`).
+    pub fn pid(&self) -> Option<u32> {
+        self.guard.id()
+    }
+
+    /// istiod's log so far.
+    pub fn log(&self) -> String {
+        self.guard.log()
+    }
+
+    /// The last `max` bytes or so of the log.
+    pub fn log_tail(&self, max: usize) -> String {
+        self.guard.log_tail(max)
+    }
+
+    /// The temp dir it runs in.
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().to_owned()
+    }
+}
