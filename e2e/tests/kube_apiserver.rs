@@ -121,7 +121,21 @@ async fn kubectl_applies_the_kustomization_crd_and_examples() {
     let examples = repo().join("deploy/examples/dubbo-spring");
     let out = api.kubectl(&["apply", "-f", &examples.to_string_lossy()]).await.unwrap();
     assert!(out.contains("mcpbridge.networking.higress.io/default created"), "{out}");
-    assert!(out.contains("ingress.networking.k8s.io/users created"), "{out}");
+    // Every object of the example, the apps' Deployments (stored, not run:
+    // no kubelet) and Services included.
+    for created in [
+        "ingress.networking.k8s.io/greeter-spring created",
+        "ingress.networking.k8s.io/greeter-spring-canary created",
+        "ingress.networking.k8s.io/greeter-dubbo created",
+        "deployment.apps/greeter-spring created",
+        "deployment.apps/greeter-spring-canary created",
+        "deployment.apps/greeter-dubbo created",
+        "service/greeter-spring created",
+        "service/greeter-dubbo created",
+        "secret/greeter-nacos created",
+    ] {
+        assert!(out.contains(created), "{created}: {out}");
+    }
 
     // Nothing pruned: the stored registries are the file's.
     let docs: Vec<Value> =

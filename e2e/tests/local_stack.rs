@@ -1,9 +1,12 @@
 //! The local stack of docker-compose.yml, run with local binaries: rnacos,
-//! Consul and ZooKeeper, meshbridge in-process, Envoy, and the two demo
-//! backends (deploy/examples/demo-backend.py) registering themselves. It
-//! uses the compose stack's own files (McpBridge, Ingresses, Envoy
-//! bootstrap), with only addresses and ports replaced, so that what the
-//! compose file and deploy/README.md document is what runs here.
+//! Consul and ZooKeeper, meshbridge in-process, Envoy, the two demo
+//! backends (deploy/examples/demo-backend.py) registering themselves, and
+//! the demo apps of deploy/examples/dubbo-spring from their jars (the
+//! compose file builds them into images): the Spring Cloud app in Consul
+//! and the Dubbo provider in ZooKeeper at application level. It uses the
+//! compose stack's own files (McpBridge, Ingresses, Envoy bootstrap), with
+//! only addresses and ports replaced, so that what the compose file and
+//! deploy/README.md document is what runs here.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,10 +15,12 @@ use std::time::{Duration, Instant};
 use meshbridge::lifecycle::LifecycleArgs;
 use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
 use meshbridge_e2e::consul::Consul;
+use meshbridge_e2e::dubbo::{self, DubboProvider, Options, Protocol, RegisterMode};
 use meshbridge_e2e::envoy::Envoy;
 use meshbridge_e2e::free_port;
 use meshbridge_e2e::nacos::Rnacos;
 use meshbridge_e2e::process::ChildGuard;
+use meshbridge_e2e::spring_app::{self, SpringApp};
 use meshbridge_e2e::zookeeper::ZooKeeper;
 use meshbridge_registries::Secret;
 
@@ -64,6 +69,23 @@ async fn compose_topology_with_local_binaries() {
     let consul = Consul::start().await.expect("start consul (source e2e/env.sh consul)");
     let zk = ZooKeeper::start().await.expect("start zookeeper (source e2e/env.sh zookeeper)");
     let logs = tempfile::tempdir().unwrap();
+
+    // The two JVM apps start in parallel, beside everything below, as the
+    // compose services `greeter-spring` (profile consul) and `greeter-dubbo`
+    // (ZooKeeper, register-mode instance); each takes 10-40 s.
+    let spring_registry = spring_app::Registry::Consul { port: consul.http_port };
+    let dubbo_registry = format!("zookeeper://127.0.0.1:{}", zk.port);
+    let jvms = tokio::spawn(async move {
+        let dubbo_opts = Options { mode: RegisterMode::Instance, protocol: Protocol::Triple };
+        let (spring, dubbo) = tokio::join!(
+            SpringApp::start(&spring_registry, "greeter-spring-1"),
+            DubboProvider::start(&dubbo_registry, dubbo_opts, "greeter-dubbo-1")
+        );
+        (
+            spring.expect("start the Spring app (source e2e/env.sh spring-app)"),
+            dubbo.expect("start the Dubbo provider (source e2e/env.sh dubbo-provider)"),
+        )
+    });
 
     // The compose config dir, each registry pointed at its local server.
     let dir = tempfile::tempdir().unwrap();
@@ -125,8 +147,31 @@ async fn compose_topology_with_local_binaries() {
         }
     }
 
-    // The admin API with the documented token: every registry healthy.
+    // curl localhost:10080/spring and the Triple call the compose file
+    // documents: each app answers its instance id through Envoy.
+    let (spring, dubbo) = jvms.await.expect("the JVM apps");
     let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{}", envoy.listen_port);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got_spring = envoy.get("/spring").await;
+        let got_dubbo = dubbo::whoami(&http, &base).await;
+        let spring_ok = matches!(&got_spring, Ok((200, body)) if *body == spring.instance_id);
+        let dubbo_ok = matches!(&got_dubbo, Ok(id) if *id == dubbo.id);
+        if spring_ok && dubbo_ok {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/spring: {got_spring:?}, whoami: {got_dubbo:?}\nenvoy:\n{}\nspring:\n{}\ndubbo:\n{}",
+            envoy.log(),
+            spring.log(),
+            dubbo.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // The admin API with the documented token: every registry healthy.
     let url = format!("http://{}/v1/registries", app.admin_addr);
     let denied = http.get(&url).send().await.unwrap();
     assert_eq!(denied.status(), 401, "the token is enforced");
