@@ -648,3 +648,365 @@ fn hosts_are_normalised_and_checked() {
         assert_eq!(normalize_host(bad), None, "{bad}");
     }
 }
+
+/// The main Ingress every canary test attaches to: `/api` (Prefix) and
+/// `/login` (Exact) on shop.example.com, `/api` rewritten.
+const CANARY_MAIN: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: web
+  namespace: shop
+  creationTimestamp: "2026-01-01T00:00:00Z"
+  annotations:
+    higress.io/rewrite-path: /v1
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /api, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: login
+  namespace: shop
+  creationTimestamp: "2026-01-01T00:00:00Z"
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /login, pathType: Exact, backend: {service: {name: login, port: {number: 80}}}}
+"#;
+
+fn run_canary(canaries: &str) -> IngressTranslation {
+    run(&format!("{CANARY_MAIN}---{canaries}"))
+}
+
+#[test]
+fn canary_header_cookie_and_weight_in_precedence_order() {
+    let t = run_canary(
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: web-canary
+  namespace: shop
+  creationTimestamp: "2026-01-02T00:00:00Z"
+  annotations:
+    nginx.ingress.kubernetes.io/canary: "true"
+    nginx.ingress.kubernetes.io/canary-by-header: X-Canary
+    nginx.ingress.kubernetes.io/canary-by-cookie: beta_user
+    nginx.ingress.kubernetes.io/canary-weight: "30"
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /api/, pathType: Prefix, backend: {service: {name: web-canary, port: {number: 80}}}}
+"#,
+    );
+    assert_eq!(t.warnings, vec![]);
+    assert_eq!(t.ignored_annotations, 0);
+    // Header matches fit Istio's schema, so they reach Pilot over MCP.
+    for o in &t.objects {
+        if let Err(w) = crate::translate::mcp::resource(o, 0) {
+            panic!("{w}");
+        }
+    }
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn canary_header_alone_has_no_never_route() {
+    // The issue's reproduction: the header alone, with the higress.io prefix.
+    let t = run_canary(
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: web-canary
+  namespace: shop
+  annotations:
+    higress.io/canary: "true"
+    higress.io/canary-by-header: x-canary
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /api, pathType: Prefix, backend: {service: {name: web-canary, port: {number: 80}}}}
+"#,
+    );
+    assert_eq!(t.warnings, vec![]);
+    assert_eq!(
+        route_names(&t),
+        ["shop-login-0", "shop-web-canary-0-canary-header", "shop-web-0"].map(String::from),
+        "Exact paths first; the header route just before the main route of its path"
+    );
+    let vs = t.objects.iter().find(|o| o.kind() == "VirtualService").unwrap().spec.to_json();
+    let canary = &vs["http"][1];
+    assert_eq!(canary["match"][0]["headers"], serde_json::json!({"x-canary": {"exact": "always"}}));
+    assert_eq!(canary["match"][1]["uri"], serde_json::json!({"prefix": "/api/"}));
+    assert_eq!(canary["route"][0]["destination"]["host"], "web-canary.shop.svc.cluster.local");
+    // Inherited from the main route, as in Higress.
+    assert_eq!(canary["rewrite"], serde_json::json!({"uri": "/v1/"}));
+}
+
+#[test]
+fn canary_header_value_pattern_and_weight_total() {
+    let t = run_canary(
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: by-value
+  namespace: shop
+  creationTimestamp: "2026-01-02T00:00:00Z"
+  annotations:
+    higress.io/canary: "true"
+    higress.io/canary-by-header: x-region
+    higress.io/canary-by-header-value: eu-west
+    higress.io/canary-by-header-pattern: ignored-when-value-is-set
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /login, pathType: Exact, backend: {service: {name: login-eu, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: by-pattern
+  namespace: shop
+  creationTimestamp: "2026-01-03T00:00:00Z"
+  annotations:
+    nginx.ingress.kubernetes.io/canary: "true"
+    nginx.ingress.kubernetes.io/canary-by-header: x-user
+    nginx.ingress.kubernetes.io/canary-by-header-pattern: "^(alice|bob)$"
+    nginx.ingress.kubernetes.io/canary-weight: "1"
+    nginx.ingress.kubernetes.io/canary-weight-total: "3"
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /api, pathType: Prefix, backend: {service: {name: web-canary, port: {number: 80}}}}
+"#,
+    );
+    assert_eq!(t.warnings, vec![]);
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn canary_weight_splits_weighted_destinations_on_both_sides() {
+    let t = run(r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: orders
+  namespace: higress-system
+  annotations:
+    higress.io/destination: |
+      80% orders.DEFAULT-GROUP.public.nacos:8080 v1
+      20% orders.DEFAULT-GROUP.public.nacos:8080 v2
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - path: /orders
+            pathType: Prefix
+            backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: orders-canary
+  namespace: higress-system
+  creationTimestamp: "2026-01-02T00:00:00Z"
+  annotations:
+    higress.io/canary: "true"
+    higress.io/canary-weight: "25"
+    higress.io/destination: |
+      50% orders.DEFAULT-GROUP.public.nacos:8080 v3
+      50% orders-next.DEFAULT-GROUP.public.nacos:8080
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - path: /orders/
+            pathType: Prefix
+            backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}
+"#);
+    assert_eq!(t.warnings, vec![]);
+    let vs = t.objects.iter().find(|o| o.kind() == "VirtualService").unwrap().spec.to_json();
+    let weights: Vec<(String, u64)> = vs["http"][0]["route"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let dest = &d["destination"];
+            let name = format!("{} {}", dest["host"].as_str().unwrap(), dest["subset"].as_str().unwrap_or("-"));
+            (name, d["weight"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        weights,
+        [
+            ("orders.DEFAULT-GROUP.public.nacos v1", 60),
+            ("orders.DEFAULT-GROUP.public.nacos v2", 15),
+            ("orders.DEFAULT-GROUP.public.nacos v3", 13),
+            ("orders-next.DEFAULT-GROUP.public.nacos -", 12),
+        ]
+        .map(|(n, w)| (n.to_owned(), w))
+    );
+    // The canary's subset gets its DestinationRule like any other.
+    let dr = t.objects.iter().find(|o| o.kind() == "DestinationRule").unwrap().spec.to_json();
+    assert_eq!(dr["subsets"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn canary_bad_values_are_reported_and_only_their_rule_dropped() {
+    let t = run_canary(
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: bad-regex
+  namespace: shop
+  creationTimestamp: "2026-01-02T00:00:00Z"
+  annotations:
+    higress.io/canary: "true"
+    higress.io/canary-by-header: x-user
+    higress.io/canary-by-header-pattern: "(alice"
+    higress.io/canary-by-cookie: beta
+    higress.io/canary-weight: "150"
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /api, pathType: Prefix, backend: {service: {name: web-canary, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: bad-numbers
+  namespace: shop
+  creationTimestamp: "2026-01-03T00:00:00Z"
+  annotations:
+    nginx.ingress.kubernetes.io/canary: "true"
+    nginx.ingress.kubernetes.io/canary-by-header: "bad header"
+    nginx.ingress.kubernetes.io/canary-weight: "-5"
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /login, pathType: Exact, backend: {service: {name: login-canary, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: more-bad-numbers
+  namespace: shop
+  creationTimestamp: "2026-01-04T00:00:00Z"
+  annotations:
+    higress.io/canary: "yes"
+    higress.io/canary-weight: ten
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: bad-total
+  namespace: shop
+  creationTimestamp: "2026-01-05T00:00:00Z"
+  annotations:
+    higress.io/canary: "true"
+    higress.io/canary-weight: "10"
+    higress.io/canary-weight-total: "0"
+    higress.io/canary-by-header-value: orphan
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /login, pathType: Exact, backend: {service: {name: login-canary, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: non-numeric
+  namespace: shop
+  creationTimestamp: "2026-01-06T00:00:00Z"
+  annotations:
+    higress.io/canary: "true"
+    higress.io/canary-weight: "ten"
+spec:
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /login, pathType: Exact, backend: {service: {name: login-canary, port: {number: 80}}}}
+"#,
+    );
+    // The cookie rule of bad-regex survives its bad header and weight; the
+    // others have no rule left, so their canaries take nothing.
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn canary_without_a_main_route_is_ignored_with_a_warning() {
+    let t = run_canary(
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: orphan
+  namespace: shop
+  annotations:
+    higress.io/canary: "true"
+    higress.io/canary-by-header: x-canary
+spec:
+  tls:
+    - {hosts: [other.example.com], secretName: shop-tls}
+  defaultBackend: {service: {name: orphan, port: {number: 80}}}
+  rules:
+    - host: other.example.com
+      http:
+        paths:
+          - {path: /api, pathType: Prefix, backend: {service: {name: orphan, port: {number: 80}}}}
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /api, pathType: Exact, backend: {service: {name: orphan, port: {number: 80}}}}
+          - {path: /login, pathType: Prefix, backend: {service: {name: orphan, port: {number: 80}}}}
+"#,
+    );
+    assert_eq!(
+        t.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [
+            "Ingress shop/orphan: canary Ingress: defaultBackend ignored (only paths attach to a main route)",
+            "Ingress shop/orphan: canary path /api on host other.example.com has no non-canary route with the same \
+             host, path and pathType; ignored",
+            "Ingress shop/orphan: canary path /api on host shop.example.com has no non-canary route with the same \
+             host, path and pathType; ignored",
+            "Ingress shop/orphan: canary path /login on host shop.example.com has no non-canary route with the same \
+             host, path and pathType; ignored",
+        ]
+    );
+    // No routes, hosts, servers or TLS of its own.
+    assert_eq!(route_names(&t), ["shop-login-0", "shop-web-0"].map(String::from));
+    let gw = t.objects.iter().find(|o| o.kind() == "Gateway").unwrap().spec.to_json();
+    assert_eq!(gw["servers"].as_array().unwrap().len(), 1, "{gw}");
+    assert_eq!(gw["servers"][0]["hosts"], serde_json::json!(["shop.example.com"]));
+}
