@@ -16,85 +16,67 @@ use meshbridge_e2e::traffic::{mcpbridge, start_gateway};
 
 const HOST: &str = "shop.example.com";
 
+/// An Ingress in namespace `shop`, created on 2026-01-`day`, routing
+/// `paths` (Prefix) on [`HOST`] to the McpBridge service `destination`,
+/// with more `annotations`.
+fn ingress(name: &str, day: u32, destination: &str, annotations: &[(&str, &str)], paths: &[&str]) -> String {
+    let mut yaml = format!(
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  \
+         creationTimestamp: \"2026-01-{day:02}T00:00:00Z\"\n  annotations:\n    \
+         higress.io/destination: {destination}\n"
+    );
+    for (k, v) in annotations {
+        yaml.push_str(&format!("    {k}: {}\n", serde_json::to_string(v).unwrap()));
+    }
+    yaml.push_str(&format!(
+        "spec:\n  ingressClassName: higress\n  rules:\n    - host: {HOST}\n      http:\n        paths:\n"
+    ));
+    for path in paths {
+        yaml.push_str(&format!(
+            "          - {{ path: {path}, pathType: Prefix, backend: {{ resource: \
+             {{ apiGroup: networking.higress.io, kind: McpBridge, name: default }} }} }}\n"
+        ));
+    }
+    yaml
+}
+
 fn ingresses() -> String {
-    let mcp = "backend: { resource: { apiGroup: networking.higress.io, kind: McpBridge, name: default } }";
-    format!(
-        r#"apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: shop
-  namespace: shop
-  creationTimestamp: "2026-01-01T00:00:00Z"
-  annotations:
-    higress.io/destination: main.static:80
-spec:
-  ingressClassName: higress
-  rules:
-    - host: {HOST}
-      http:
-        paths:
-          - {{ path: /app, pathType: Prefix, {mcp} }}
-          - {{ path: /split, pathType: Prefix, {mcp} }}
----
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: shop-canary-app
-  namespace: shop
-  creationTimestamp: "2026-01-02T00:00:00Z"
-  annotations:
-    higress.io/destination: canary.static:80
-    nginx.ingress.kubernetes.io/canary: "true"
-    nginx.ingress.kubernetes.io/canary-by-header: x-canary
-    nginx.ingress.kubernetes.io/canary-by-cookie: beta_user
-spec:
-  ingressClassName: higress
-  rules:
-    - host: {HOST}
-      http:
-        paths:
-          - {{ path: /app, pathType: Prefix, {mcp} }}
----
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: shop-canary-split
-  namespace: shop
-  creationTimestamp: "2026-01-03T00:00:00Z"
-  annotations:
-    higress.io/destination: canary.static:80
-    higress.io/canary: "true"
-    higress.io/canary-by-header: x-canary
-    higress.io/canary-weight: "3"
-    higress.io/canary-weight-total: "10"
-spec:
-  ingressClassName: higress
-  rules:
-    - host: {HOST}
-      http:
-        paths:
-          - {{ path: /split, pathType: Prefix, {mcp} }}
----
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: shop-canary-bad
-  namespace: shop
-  creationTimestamp: "2026-01-04T00:00:00Z"
-  annotations:
-    higress.io/destination: canary.static:80
-    higress.io/canary: "true"
-    higress.io/canary-by-header: x-user
-    higress.io/canary-by-header-pattern: "(alice"
-spec:
-  ingressClassName: higress
-  rules:
-    - host: {HOST}
-      http:
-        paths:
-          - {{ path: /app, pathType: Prefix, {mcp} }}
-"#
-    )
+    let nginx = |key: &str| format!("nginx.ingress.kubernetes.io/{key}");
+    let (canary, by_header, by_cookie) = (nginx("canary"), nginx("canary-by-header"), nginx("canary-by-cookie"));
+    [
+        ingress("shop", 1, "main.static:80", &[], &["/app", "/split"]),
+        ingress(
+            "shop-canary-app",
+            2,
+            "canary.static:80",
+            &[(&canary, "true"), (&by_header, "x-canary"), (&by_cookie, "beta_user")],
+            &["/app"],
+        ),
+        ingress(
+            "shop-canary-split",
+            3,
+            "canary.static:80",
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-by-header", "x-canary"),
+                ("higress.io/canary-weight", "3"),
+                ("higress.io/canary-weight-total", "10"),
+            ],
+            &["/split"],
+        ),
+        ingress(
+            "shop-canary-bad",
+            4,
+            "canary.static:80",
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-by-header", "x-user"),
+                ("higress.io/canary-by-header-pattern", "(alice"),
+            ],
+            &["/app"],
+        ),
+    ]
+    .join("---\n")
 }
 
 /// `n` requests; the body (backend name) or status of each, counted.

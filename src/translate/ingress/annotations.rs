@@ -24,6 +24,16 @@ const CANARY_BY_HEADER_PATTERN: &str = "canary-by-header-pattern";
 const CANARY_BY_COOKIE: &str = "canary-by-cookie";
 const CANARY_WEIGHT: &str = "canary-weight";
 const CANARY_WEIGHT_TOTAL: &str = "canary-weight-total";
+/// The canary group, in the order [`read_canary`] takes their values.
+const CANARY_KEYS: [&str; 7] = [
+    CANARY,
+    CANARY_BY_HEADER,
+    CANARY_BY_HEADER_VALUE,
+    CANARY_BY_HEADER_PATTERN,
+    CANARY_BY_COOKIE,
+    CANARY_WEIGHT,
+    CANARY_WEIGHT_TOTAL,
+];
 /// Higress's and ingress-nginx's default `canary-weight-total`.
 const DEFAULT_WEIGHT_TOTAL: u32 = 100;
 
@@ -184,18 +194,7 @@ impl IngressAnnotations {
             }
         }
 
-        let canary: Vec<Option<(String, String)>> = [
-            CANARY,
-            CANARY_BY_HEADER,
-            CANARY_BY_HEADER_VALUE,
-            CANARY_BY_HEADER_PATTERN,
-            CANARY_BY_COOKIE,
-            CANARY_WEIGHT,
-            CANARY_WEIGHT_TOTAL,
-        ]
-        .iter()
-        .map(|k| get(k, true))
-        .collect();
+        let canary: Vec<Option<(String, String)>> = CANARY_KEYS.iter().map(|k| get(k, true)).collect();
         out.canary = read_canary(&canary, &mut out.warnings);
 
         out.ignored = meta
@@ -207,11 +206,10 @@ impl IngressAnnotations {
 }
 
 /// The canary group, given as the (key, value) found for each of
-/// `canary`, `canary-by-header`, `-value`, `-pattern`, `canary-by-cookie`,
-/// `canary-weight` and `canary-weight-total`, in that order. Unlike
-/// Higress, which keeps only the highest of header, cookie and weight, every
-/// valid rule is kept, as ingress-nginx does: a request the header leaves
-/// undecided goes on to the cookie, then to the weight. A rule whose value
+/// [`CANARY_KEYS`]. Unlike Higress, which keeps only the highest of header,
+/// cookie and weight, every valid rule is kept, as ingress-nginx does: a
+/// request the header leaves undecided goes on to the cookie, then to the
+/// weight. A rule whose value
 /// is bad is dropped with a warning naming the annotation; the others stay.
 fn read_canary(found: &[Option<(String, String)>], warnings: &mut Vec<String>) -> Option<Canary> {
     let [enabled, header, value, pattern, cookie, weight, total] = found else { return None };

@@ -149,17 +149,8 @@ fn arbitrary_input_never_panics() {
 /// `read_canary` on `higress.io/` keys: `canary`, `-by-header`, `-value`,
 /// `-pattern`, `-by-cookie`, `-weight`, `-weight-total`.
 fn canary(values: [Option<&str>; 7]) -> (Option<Canary>, Vec<String>) {
-    let keys = [
-        CANARY,
-        CANARY_BY_HEADER,
-        CANARY_BY_HEADER_VALUE,
-        CANARY_BY_HEADER_PATTERN,
-        CANARY_BY_COOKIE,
-        CANARY_WEIGHT,
-        CANARY_WEIGHT_TOTAL,
-    ];
     let found: Vec<_> =
-        keys.iter().zip(values).map(|(k, v)| v.map(|v| (format!("{HIGRESS}{k}"), v.to_owned()))).collect();
+        CANARY_KEYS.iter().zip(values).map(|(k, v)| v.map(|v| (format!("{HIGRESS}{k}"), v.to_owned()))).collect();
     let mut warnings = Vec::new();
     (read_canary(&found, &mut warnings), warnings)
 }

@@ -649,68 +649,54 @@ fn hosts_are_normalised_and_checked() {
     }
 }
 
-/// The main Ingress every canary test attaches to: `/api` (Prefix) and
-/// `/login` (Exact) on shop.example.com, `/api` rewritten.
-const CANARY_MAIN: &str = r#"
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: web
-  namespace: shop
-  creationTimestamp: "2026-01-01T00:00:00Z"
-  annotations:
-    higress.io/rewrite-path: /v1
-spec:
-  ingressClassName: higress
-  rules:
-    - host: shop.example.com
-      http:
-        paths:
-          - {path: /api, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
----
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: login
-  namespace: shop
-  creationTimestamp: "2026-01-01T00:00:00Z"
-spec:
-  ingressClassName: higress
-  rules:
-    - host: shop.example.com
-      http:
-        paths:
-          - {path: /login, pathType: Exact, backend: {service: {name: login, port: {number: 80}}}}
-"#;
+/// An Ingress in namespace `shop`, created on 2026-01-`day`, with
+/// `annotations`, routing each (path, pathType, Service on port 80) on
+/// shop.example.com.
+fn shop_ingress(name: &str, day: u32, annotations: &[(&str, &str)], paths: &[(&str, &str, &str)]) -> String {
+    let quote = |v: &str| serde_json::to_string(v).unwrap();
+    let mut yaml = format!(
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  \
+         creationTimestamp: \"2026-01-{day:02}T00:00:00Z\"\n  annotations:\n"
+    );
+    for (k, v) in annotations {
+        yaml.push_str(&format!("    {k}: {}\n", quote(v)));
+    }
+    yaml.push_str("spec:\n  ingressClassName: higress\n  rules:\n");
+    if !paths.is_empty() {
+        yaml.push_str("    - host: shop.example.com\n      http:\n        paths:\n");
+    }
+    for (path, kind, service) in paths {
+        yaml.push_str(&format!(
+            "          - {{path: {path}, pathType: {kind}, backend: {{service: {{name: {service}, port: {{number: 80}}}}}}}}\n"
+        ));
+    }
+    yaml
+}
 
-fn run_canary(canaries: &str) -> IngressTranslation {
-    run(&format!("{CANARY_MAIN}---{canaries}"))
+/// The main Ingresses every canary test attaches to: `/api` (Prefix,
+/// rewritten) and `/login` (Exact) on shop.example.com, then `canaries`.
+fn run_canary(canaries: &[String]) -> IngressTranslation {
+    let mut docs = vec![
+        shop_ingress("web", 1, &[("higress.io/rewrite-path", "/v1")], &[("/api", "Prefix", "web")]),
+        shop_ingress("login", 1, &[], &[("/login", "Exact", "login")]),
+    ];
+    docs.extend(canaries.iter().cloned());
+    run(&docs.join("---\n"))
 }
 
 #[test]
 fn canary_header_cookie_and_weight_in_precedence_order() {
-    let t = run_canary(
-        r#"
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: web-canary
-  namespace: shop
-  creationTimestamp: "2026-01-02T00:00:00Z"
-  annotations:
-    nginx.ingress.kubernetes.io/canary: "true"
-    nginx.ingress.kubernetes.io/canary-by-header: X-Canary
-    nginx.ingress.kubernetes.io/canary-by-cookie: beta_user
-    nginx.ingress.kubernetes.io/canary-weight: "30"
-spec:
-  ingressClassName: higress
-  rules:
-    - host: shop.example.com
-      http:
-        paths:
-          - {path: /api/, pathType: Prefix, backend: {service: {name: web-canary, port: {number: 80}}}}
-"#,
-    );
+    let t = run_canary(&[shop_ingress(
+        "web-canary",
+        2,
+        &[
+            ("nginx.ingress.kubernetes.io/canary", "true"),
+            ("nginx.ingress.kubernetes.io/canary-by-header", "X-Canary"),
+            ("nginx.ingress.kubernetes.io/canary-by-cookie", "beta_user"),
+            ("nginx.ingress.kubernetes.io/canary-weight", "30"),
+        ],
+        &[("/api/", "Prefix", "web-canary")],
+    )]);
     assert_eq!(t.warnings, vec![]);
     assert_eq!(t.ignored_annotations, 0);
     // Header matches fit Istio's schema, so they reach Pilot over MCP.
@@ -725,25 +711,12 @@ spec:
 #[test]
 fn canary_header_alone_has_no_never_route() {
     // The issue's reproduction: the header alone, with the higress.io prefix.
-    let t = run_canary(
-        r#"
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: web-canary
-  namespace: shop
-  annotations:
-    higress.io/canary: "true"
-    higress.io/canary-by-header: x-canary
-spec:
-  ingressClassName: higress
-  rules:
-    - host: shop.example.com
-      http:
-        paths:
-          - {path: /api, pathType: Prefix, backend: {service: {name: web-canary, port: {number: 80}}}}
-"#,
-    );
+    let t = run_canary(&[shop_ingress(
+        "web-canary",
+        2,
+        &[("higress.io/canary", "true"), ("higress.io/canary-by-header", "x-canary")],
+        &[("/api", "Prefix", "web-canary")],
+    )]);
     assert_eq!(t.warnings, vec![]);
     assert_eq!(
         route_names(&t),
@@ -761,92 +734,56 @@ spec:
 
 #[test]
 fn canary_header_value_pattern_and_weight_total() {
-    let t = run_canary(
-        r#"
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: by-value
-  namespace: shop
-  creationTimestamp: "2026-01-02T00:00:00Z"
-  annotations:
-    higress.io/canary: "true"
-    higress.io/canary-by-header: x-region
-    higress.io/canary-by-header-value: eu-west
-    higress.io/canary-by-header-pattern: ignored-when-value-is-set
-spec:
-  rules:
-    - host: shop.example.com
-      http:
-        paths:
-          - {path: /login, pathType: Exact, backend: {service: {name: login-eu, port: {number: 80}}}}
----
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: by-pattern
-  namespace: shop
-  creationTimestamp: "2026-01-03T00:00:00Z"
-  annotations:
-    nginx.ingress.kubernetes.io/canary: "true"
-    nginx.ingress.kubernetes.io/canary-by-header: x-user
-    nginx.ingress.kubernetes.io/canary-by-header-pattern: "^(alice|bob)$"
-    nginx.ingress.kubernetes.io/canary-weight: "1"
-    nginx.ingress.kubernetes.io/canary-weight-total: "3"
-spec:
-  rules:
-    - host: shop.example.com
-      http:
-        paths:
-          - {path: /api, pathType: Prefix, backend: {service: {name: web-canary, port: {number: 80}}}}
-"#,
-    );
+    let t = run_canary(&[
+        shop_ingress(
+            "by-value",
+            2,
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-by-header", "x-region"),
+                ("higress.io/canary-by-header-value", "eu-west"),
+                ("higress.io/canary-by-header-pattern", "ignored-when-value-is-set"),
+            ],
+            &[("/login", "Exact", "login-eu")],
+        ),
+        shop_ingress(
+            "by-pattern",
+            3,
+            &[
+                ("nginx.ingress.kubernetes.io/canary", "true"),
+                ("nginx.ingress.kubernetes.io/canary-by-header", "x-user"),
+                ("nginx.ingress.kubernetes.io/canary-by-header-pattern", "^(alice|bob)$"),
+                ("nginx.ingress.kubernetes.io/canary-weight", "1"),
+                ("nginx.ingress.kubernetes.io/canary-weight-total", "3"),
+            ],
+            &[("/api", "Prefix", "web-canary")],
+        ),
+    ]);
     assert_eq!(t.warnings, vec![]);
     insta::assert_json_snapshot!(t);
 }
 
 #[test]
 fn canary_weight_splits_weighted_destinations_on_both_sides() {
-    let t = run(r#"
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: orders
-  namespace: higress-system
-  annotations:
-    higress.io/destination: |
-      80% orders.DEFAULT-GROUP.public.nacos:8080 v1
-      20% orders.DEFAULT-GROUP.public.nacos:8080 v2
-spec:
-  rules:
-    - host: shop.example.com
-      http:
-        paths:
-          - path: /orders
-            pathType: Prefix
-            backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}
----
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: orders-canary
-  namespace: higress-system
-  creationTimestamp: "2026-01-02T00:00:00Z"
-  annotations:
-    higress.io/canary: "true"
-    higress.io/canary-weight: "25"
-    higress.io/destination: |
-      50% orders.DEFAULT-GROUP.public.nacos:8080 v3
-      50% orders-next.DEFAULT-GROUP.public.nacos:8080
-spec:
-  rules:
-    - host: shop.example.com
-      http:
-        paths:
-          - path: /orders/
-            pathType: Prefix
-            backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}
-"#);
+    let doc = |name: &str, annotations: &str, path: &str| {
+        format!(
+            "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: higress-system, \
+             creationTimestamp: \"2026-01-02T00:00:00Z\", annotations: {annotations}}}\nspec: {{rules: [{{host: \
+             shop.example.com, http: {{paths: [{{path: {path}, pathType: Prefix, backend: {{resource: \
+             {{apiGroup: networking.higress.io, kind: McpBridge, name: default}}}}}}]}}}}]}}\n"
+        )
+    };
+    let main = doc(
+        "orders",
+        r#"{higress.io/destination: "80% orders.DEFAULT-GROUP.public.nacos:8080 v1\n20% orders.DEFAULT-GROUP.public.nacos:8080 v2"}"#,
+        "/orders",
+    );
+    let canary = doc(
+        "orders-canary",
+        r#"{higress.io/canary: "true", higress.io/canary-weight: "25", higress.io/destination: "50% orders.DEFAULT-GROUP.public.nacos:8080 v3\n50% orders-next.DEFAULT-GROUP.public.nacos:8080"}"#,
+        "/orders/",
+    );
+    let t = run(&format!("{main}---\n{canary}"));
     assert_eq!(t.warnings, vec![]);
     let vs = t.objects.iter().find(|o| o.kind() == "VirtualService").unwrap().spec.to_json();
     let weights: Vec<(String, u64)> = vs["http"][0]["route"]
@@ -876,89 +813,51 @@ spec:
 
 #[test]
 fn canary_bad_values_are_reported_and_only_their_rule_dropped() {
-    let t = run_canary(
-        r#"
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: bad-regex
-  namespace: shop
-  creationTimestamp: "2026-01-02T00:00:00Z"
-  annotations:
-    higress.io/canary: "true"
-    higress.io/canary-by-header: x-user
-    higress.io/canary-by-header-pattern: "(alice"
-    higress.io/canary-by-cookie: beta
-    higress.io/canary-weight: "150"
-spec:
-  rules:
-    - host: shop.example.com
-      http:
-        paths:
-          - {path: /api, pathType: Prefix, backend: {service: {name: web-canary, port: {number: 80}}}}
----
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: bad-numbers
-  namespace: shop
-  creationTimestamp: "2026-01-03T00:00:00Z"
-  annotations:
-    nginx.ingress.kubernetes.io/canary: "true"
-    nginx.ingress.kubernetes.io/canary-by-header: "bad header"
-    nginx.ingress.kubernetes.io/canary-weight: "-5"
-spec:
-  rules:
-    - host: shop.example.com
-      http:
-        paths:
-          - {path: /login, pathType: Exact, backend: {service: {name: login-canary, port: {number: 80}}}}
----
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: more-bad-numbers
-  namespace: shop
-  creationTimestamp: "2026-01-04T00:00:00Z"
-  annotations:
-    higress.io/canary: "yes"
-    higress.io/canary-weight: ten
----
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: bad-total
-  namespace: shop
-  creationTimestamp: "2026-01-05T00:00:00Z"
-  annotations:
-    higress.io/canary: "true"
-    higress.io/canary-weight: "10"
-    higress.io/canary-weight-total: "0"
-    higress.io/canary-by-header-value: orphan
-spec:
-  rules:
-    - host: shop.example.com
-      http:
-        paths:
-          - {path: /login, pathType: Exact, backend: {service: {name: login-canary, port: {number: 80}}}}
----
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata:
-  name: non-numeric
-  namespace: shop
-  creationTimestamp: "2026-01-06T00:00:00Z"
-  annotations:
-    higress.io/canary: "true"
-    higress.io/canary-weight: "ten"
-spec:
-  rules:
-    - host: shop.example.com
-      http:
-        paths:
-          - {path: /login, pathType: Exact, backend: {service: {name: login-canary, port: {number: 80}}}}
-"#,
-    );
+    let canary = |day, name, annotations: &[(&str, &str)], path: &[(&str, &str, &str)]| {
+        shop_ingress(name, day, annotations, path)
+    };
+    let t = run_canary(&[
+        canary(
+            2,
+            "bad-regex",
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-by-header", "x-user"),
+                ("higress.io/canary-by-header-pattern", "(alice"),
+                ("higress.io/canary-by-cookie", "beta"),
+                ("higress.io/canary-weight", "150"),
+            ],
+            &[("/api", "Prefix", "web-canary")],
+        ),
+        canary(
+            3,
+            "bad-numbers",
+            &[
+                ("nginx.ingress.kubernetes.io/canary", "true"),
+                ("nginx.ingress.kubernetes.io/canary-by-header", "bad header"),
+                ("nginx.ingress.kubernetes.io/canary-weight", "-5"),
+            ],
+            &[("/login", "Exact", "login-canary")],
+        ),
+        canary(4, "more-bad-numbers", &[("higress.io/canary", "yes"), ("higress.io/canary-weight", "ten")], &[]),
+        canary(
+            5,
+            "bad-total",
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-weight", "10"),
+                ("higress.io/canary-weight-total", "0"),
+                ("higress.io/canary-by-header-value", "orphan"),
+            ],
+            &[("/login", "Exact", "login-canary")],
+        ),
+        canary(
+            6,
+            "non-numeric",
+            &[("higress.io/canary", "true"), ("higress.io/canary-weight", "ten")],
+            &[("/login", "Exact", "login-canary")],
+        ),
+    ]);
     // The cookie rule of bad-regex survives its bad header and weight; the
     // others have no rule left, so their canaries take nothing.
     insta::assert_json_snapshot!(t);
@@ -966,9 +865,7 @@ spec:
 
 #[test]
 fn canary_without_a_main_route_is_ignored_with_a_warning() {
-    let t = run_canary(
-        r#"
-apiVersion: networking.k8s.io/v1
+    let t = run_canary(&[r#"apiVersion: networking.k8s.io/v1
 kind: Ingress
 metadata:
   name: orphan
@@ -990,8 +887,8 @@ spec:
         paths:
           - {path: /api, pathType: Exact, backend: {service: {name: orphan, port: {number: 80}}}}
           - {path: /login, pathType: Prefix, backend: {service: {name: orphan, port: {number: 80}}}}
-"#,
-    );
+"#
+    .to_owned()]);
     assert_eq!(
         t.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
         [
