@@ -907,3 +907,27 @@ spec:
     assert_eq!(gw["servers"].as_array().unwrap().len(), 1, "{gw}");
     assert_eq!(gw["servers"][0]["hosts"], serde_json::json!(["shop.example.com"]));
 }
+
+#[test]
+fn a_second_canary_weight_on_one_route_conflicts_and_the_older_stands() {
+    let weighted = |name: &str, day, weight| {
+        let annotations = [("higress.io/canary", "true"), ("higress.io/canary-weight", weight)];
+        shop_ingress(name, day, &annotations, &[("/api", "Prefix", name)])
+    };
+    let t = run_canary(&[weighted("newer", 3, "50"), weighted("older", 2, "10")]);
+    assert_eq!(
+        t.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["Ingress shop/newer: canary weight on path /api of host shop.example.com conflicts with shop/older; ignored"]
+    );
+    assert_eq!(t.warnings[0].reason, Reason::IngressConflict);
+    let vs = t.objects.iter().find(|o| o.kind() == "VirtualService").unwrap().spec.to_json();
+    let main = &vs["http"][1];
+    assert_eq!(main["name"], "shop-web-0");
+    let split: Vec<(&str, u64)> = main["route"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["destination"]["host"].as_str().unwrap(), d["weight"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(split, [("web.shop.svc.cluster.local", 90), ("older.shop.svc.cluster.local", 10)]);
+}
