@@ -284,8 +284,18 @@ impl Envoy {
 
     /// `GET path` with a `Host` header, for virtual-host routing.
     pub async fn get_host(&self, path: &str, host: &str) -> anyhow::Result<(u16, String)> {
+        self.get_with(path, host, &[]).await
+    }
+
+    /// `GET path` with a `Host` header and more request headers, for
+    /// header- and cookie-matched routes.
+    pub async fn get_with(&self, path: &str, host: &str, headers: &[(&str, &str)]) -> anyhow::Result<(u16, String)> {
         let url = format!("http://127.0.0.1:{}{path}", self.listen_port);
-        let resp = reqwest::Client::new().get(url).header("host", host).timeout(Duration::from_secs(5)).send().await?;
+        let mut req = reqwest::Client::new().get(url).header("host", host).timeout(Duration::from_secs(5));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let resp = req.send().await?;
         let status = resp.status().as_u16();
         Ok((status, resp.text().await?))
     }

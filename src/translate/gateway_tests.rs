@@ -637,3 +637,49 @@ fn tls_debug_never_shows_the_key() {
     assert!(!shown.contains("TESTKEY"), "{shown}");
     assert!(shown.contains("web-cert"));
 }
+
+#[test]
+fn header_matches_become_string_matchers_in_order() {
+    use envoy_types::pb::envoy::config::route::v3::header_matcher::HeaderMatchSpecifier;
+    use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
+    let out = run(&[
+        http_gateway(),
+        vs(
+            "canary",
+            &["shop.example.com"],
+            json!([
+                {"name": "by-header", "match": [{"uri": {"prefix": "/"}, "headers": {"x-canary": {"exact": "always"}, "x-user": {"regex": ".*(?:bob).*"}}}], "route": [dest("api.dc1.consul", 9090)]},
+                {"name": "by-cookie", "match": [{"uri": {"prefix": "/"}, "headers": {"cookie": {"regex": "(.*;\\s*)?beta=always(;.*)?"}}}], "route": [dest("api.dc1.consul", 9090)]},
+                {"name": "main", "match": [{"uri": {"prefix": "/"}}], "route": [dest("web.dc1.consul", 8080)]}
+            ]),
+        ),
+    ]);
+    assert_eq!(texts(&out.warnings), Vec::<String>::new());
+    let routes = vhost(&out, "http.10080", "shop.example.com").routes;
+    let seen: Vec<(String, Vec<(String, String)>)> = routes
+        .iter()
+        .map(|r| {
+            let headers = r.r#match.as_ref().unwrap().headers.iter().map(|h| {
+                let Some(HeaderMatchSpecifier::StringMatch(sm)) = &h.header_match_specifier else {
+                    panic!("not a string_match: {h:?}")
+                };
+                let value = match sm.match_pattern.as_ref().unwrap() {
+                    MatchPattern::Exact(v) => format!("exact {v}"),
+                    MatchPattern::SafeRegex(re) => format!("regex {}", re.regex),
+                    other => panic!("unexpected {other:?}"),
+                };
+                (h.name.clone(), value)
+            });
+            (r.name.clone(), headers.collect())
+        })
+        .collect();
+    let owned = |v: &[(&str, &str)]| v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
+    assert_eq!(
+        seen,
+        [
+            ("by-header".to_owned(), owned(&[("x-canary", "exact always"), ("x-user", "regex .*(?:bob).*")])),
+            ("by-cookie".to_owned(), owned(&[("cookie", r"regex (.*;\s*)?beta=always(;.*)?")])),
+            ("main".to_owned(), vec![]),
+        ]
+    );
+}

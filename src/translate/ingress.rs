@@ -35,8 +35,12 @@
 //!   convention, and registry instance metadata become endpoint labels).
 //! - **defaultBackend.** As in Higress: a catch-all route, last, on `*` and
 //!   on every host of the same Ingress that has no `/` Prefix path.
+//! - **Canary.** An Ingress with `canary: "true"` makes no routes, servers
+//!   or default backend of its own: each of its paths attaches to the
+//!   non-canary route of the same host, path and type (see [`canary`]).
 
 mod annotations;
+mod canary;
 mod model;
 
 #[cfg(test)]
@@ -185,14 +189,24 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
                 "neither rules nor defaultBackend; nothing to route",
             ));
         }
-        t.tls(ing);
-        t.rules(ing);
+        if ing.ann.canary.is_none() {
+            t.tls(ing);
+            t.rules(ing);
+        }
     }
     // After every path is known, as Higress does: a host's own `/` path
     // takes precedence over any Ingress's defaultBackend.
-    for ing in &ours {
+    for ing in ours.iter().filter(|i| i.ann.canary.is_none()) {
         t.default_backend(ing);
     }
+    // Canaries last, oldest first, as Higress applies them.
+    let mut weights = Vec::new();
+    for ing in &ours {
+        if let Some(rules) = &ing.ann.canary {
+            t.canary(ing, rules, &mut weights);
+        }
+    }
+    t.apply_canary_weights(weights);
     t.finish()
 }
 
@@ -228,10 +242,20 @@ enum PathKind {
     Prefix,
 }
 
+/// Where a route stands among the routes of one path: a canary's header
+/// rules, then its cookie rules, then the path's own (maybe weighted) route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Rank {
+    Header,
+    Cookie,
+    Main,
+}
+
 /// A route for one host, before ordering.
 struct Candidate {
     /// `None` for the default backend.
     path: Option<(PathKind, String)>,
+    rank: Rank,
     route: HttpRoute,
 }
 
@@ -239,12 +263,14 @@ impl Candidate {
     /// Higress's order: Exact, then Prefix, longer first; then the `/`
     /// catch-all; then the default backend. Ties keep insertion order
     /// (older Ingress first), as the sort is stable.
-    fn order(&self) -> (u8, std::cmp::Reverse<usize>) {
+    /// Within a path, canary header rules, then cookie rules, then the
+    /// path's own route.
+    fn order(&self) -> (u8, std::cmp::Reverse<usize>, Rank) {
         match &self.path {
-            Some((PathKind::Exact, p)) => (0, std::cmp::Reverse(p.len())),
-            Some((PathKind::Prefix, p)) if p != "/" => (1, std::cmp::Reverse(p.len())),
-            Some((PathKind::Prefix, _)) => (2, std::cmp::Reverse(0)),
-            None => (3, std::cmp::Reverse(0)),
+            Some((PathKind::Exact, p)) => (0, std::cmp::Reverse(p.len()), self.rank),
+            Some((PathKind::Prefix, p)) if p != "/" => (1, std::cmp::Reverse(p.len()), self.rank),
+            Some((PathKind::Prefix, _)) => (2, std::cmp::Reverse(0), self.rank),
+            None => (3, std::cmp::Reverse(0), self.rank),
         }
     }
 }
@@ -326,8 +352,13 @@ impl Translator<'_> {
     }
 
     fn rules(&mut self, ing: &Parsed) {
-        // Counts every path, kept or not, so a route's name does not change
-        // when an earlier path is fixed or broken.
+        self.each_path(ing, |t, host, index, path| t.path(ing, host, index, path));
+    }
+
+    /// Call `f` with (host, index, path) for every path of the Ingress on a
+    /// valid host. The index counts every path, kept or not, so a route's
+    /// name does not change when an earlier path is fixed or broken.
+    fn each_path(&mut self, ing: &Parsed, mut f: impl FnMut(&mut Self, &str, usize, &HttpPath)) {
         let mut index = 0;
         for rule in &ing.ingress.spec.rules {
             let Some(http) = &rule.http else { continue };
@@ -343,24 +374,19 @@ impl Translator<'_> {
                 continue;
             };
             for path in &http.paths {
-                self.path(ing, &host, index, path);
+                f(self, &host, index, path);
                 index += 1;
             }
         }
     }
 
-    fn path(&mut self, ing: &Parsed, host: &str, index: usize, p: &HttpPath) {
+    /// The (type, path) a path is known by, or `None` with a warning.
+    fn path_key(&mut self, ing: &Parsed, host: &str, p: &HttpPath) -> Option<(PathKind, String)> {
         let raw = p.path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/");
-        let left_out = |why: String| {
-            Warning::new(
-                format!("Ingress {}", ing.id),
-                Reason::InvalidIngress,
-                format!("path {raw} on host {host} left out: {why}"),
-            )
-        };
+        let left_out = |why: String| path_left_out(ing, raw, host, why);
         if !raw.starts_with('/') {
             self.warnings.push(left_out("a path must start with '/'".into()));
-            return;
+            return None;
         }
         let kind = match p.path_type.as_deref() {
             // Higress defaults a missing pathType to Prefix, as ingress-nginx does.
@@ -368,7 +394,7 @@ impl Translator<'_> {
             Some("Exact") => PathKind::Exact,
             Some(other) => {
                 self.warnings.push(left_out(format!("unknown pathType {:?}", clip(other))));
-                return;
+                return None;
             }
         };
         // Higress trims one trailing '/' from a Prefix path: `/foo/` and
@@ -377,6 +403,14 @@ impl Translator<'_> {
             PathKind::Prefix if raw != "/" => raw.strip_suffix('/').unwrap_or(raw),
             _ => raw,
         };
+        Some((kind, origin.to_owned()))
+    }
+
+    fn path(&mut self, ing: &Parsed, host: &str, index: usize, p: &HttpPath) {
+        let Some(key) = self.path_key(ing, host, p) else { return };
+        let raw = p.path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/");
+        let left_out = |why: String| path_left_out(ing, raw, host, why);
+        let (kind, origin) = (key.0, key.1.as_str());
         let route = match self.destinations(ing, &p.backend) {
             Ok(route) => route,
             Err(why) => return self.warnings.push(left_out(why.to_string())),
@@ -385,7 +419,6 @@ impl Translator<'_> {
             Ok(r) => r.as_ref(),
             Err(why) => return self.warnings.push(left_out(why.to_string())),
         };
-        let key = (kind, origin.to_owned());
         let routes = self.hosts.entry(host.to_owned()).or_default();
         if let Some(owner) = routes.owners.get(&key) {
             self.warnings.push(Warning::new(
@@ -397,7 +430,7 @@ impl Translator<'_> {
         }
         routes.owners.insert(key.clone(), ing.id.clone());
         let ignore_uri_case = ing.ann.ignore_path_case;
-        let m = |uri| HttpMatch { uri: Some(uri), ignore_uri_case };
+        let m = |uri| HttpMatch { uri: Some(uri), ignore_uri_case, headers: BTreeMap::new() };
         let matches = match kind {
             PathKind::Exact => vec![m(StringMatch::Exact(origin.into()))],
             PathKind::Prefix if origin == "/" => vec![m(StringMatch::Prefix("/".into()))],
@@ -407,7 +440,8 @@ impl Translator<'_> {
         };
         let rewrite = rewrite.map(|r| rewrite_for(r, &matches, ignore_uri_case));
         let name = format!("{}-{}-{index}", ing.namespace, ing.name);
-        routes.routes.push(Candidate { path: Some(key), route: HttpRoute { name, matches, route, rewrite } });
+        let route = HttpRoute { name, matches, route, rewrite };
+        routes.routes.push(Candidate { path: Some(key), rank: Rank::Main, route });
     }
 
     fn default_backend(&mut self, ing: &Parsed) {
@@ -446,6 +480,7 @@ impl Translator<'_> {
             let name = format!("{}-{}-default", ing.namespace, ing.name);
             routes.routes.push(Candidate {
                 path: None,
+                rank: Rank::Main,
                 route: HttpRoute { name, matches: vec![], route: route.clone(), rewrite: None },
             });
         }
@@ -593,6 +628,15 @@ impl Translator<'_> {
         });
         IngressTranslation { objects, warnings: self.warnings, ignored_annotations: self.ignored_annotations }
     }
+}
+
+/// A path that cannot be routed, and why.
+fn path_left_out(ing: &Parsed, raw: &str, host: &str, why: String) -> Warning {
+    Warning::new(
+        format!("Ingress {}", ing.id),
+        Reason::InvalidIngress,
+        format!("path {raw} on host {host} left out: {why}"),
+    )
 }
 
 /// The rewrite of one route. `rewrite-path` follows Higress: the matched

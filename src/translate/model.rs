@@ -306,14 +306,19 @@ pub struct HttpRoute {
     pub rewrite: Option<Rewrite>,
 }
 
-/// `HTTPMatchRequest`, reduced to the URI.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `HTTPMatchRequest`, reduced to the URI and request headers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HttpMatch {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uri: Option<StringMatch>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ignore_uri_case: bool,
+    /// Header name (lowercase, as Istio requires) → how its value must
+    /// match; every entry must hold. Istio's `regex` is RE2 and must match
+    /// the whole value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, StringMatch>,
 }
 
 /// `StringMatch`: a oneof, so exactly one key in JSON.

@@ -9,10 +9,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use envoy_types::pb::envoy::config::route::v3::{
-    DirectResponseAction, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, WeightedCluster, route,
-    route_action, route_match::PathSpecifier, virtual_host::TlsRequirementType, weighted_cluster::ClusterWeight,
+    DirectResponseAction, HeaderMatcher, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
+    WeightedCluster, header_matcher::HeaderMatchSpecifier, route, route_action, route_match::PathSpecifier,
+    virtual_host::TlsRequirementType, weighted_cluster::ClusterWeight,
 };
-use envoy_types::pb::envoy::r#type::matcher::v3::{RegexMatchAndSubstitute, RegexMatcher};
+use envoy_types::pb::envoy::r#type::matcher::v3::{
+    RegexMatchAndSubstitute, RegexMatcher, StringMatcher, string_matcher::MatchPattern,
+};
 use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 
 use super::clusters::Clusters;
@@ -172,6 +175,26 @@ fn route_match(m: &HttpMatch) -> RouteMatch {
         // Istio: "the case will be ignored only in the case of exact and
         // prefix URI matches"; Envoy likewise ignores it for safe_regex.
         case_sensitive: m.ignore_uri_case.then_some(BoolValue { value: false }),
+        headers: m.headers.iter().map(|(name, value)| header_matcher(name, value)).collect(),
+        ..Default::default()
+    }
+}
+
+/// An Istio header match as Pilot writes it: a `string_match` on the
+/// header. Envoy's `safe_regex` must match the whole value, as Istio's
+/// `regex` is documented to.
+fn header_matcher(name: &str, value: &StringMatch) -> HeaderMatcher {
+    let pattern = match value {
+        StringMatch::Exact(v) => MatchPattern::Exact(v.clone()),
+        StringMatch::Prefix(v) => MatchPattern::Prefix(v.clone()),
+        StringMatch::Regex(r) => MatchPattern::SafeRegex(regex(r)),
+    };
+    HeaderMatcher {
+        name: name.to_string(),
+        header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
+            match_pattern: Some(pattern),
+            ..Default::default()
+        })),
         ..Default::default()
     }
 }

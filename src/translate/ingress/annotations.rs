@@ -2,8 +2,9 @@
 //! Ingress. Like Higress, `rewrite-target` and `ignore-path-case` are read
 //! under both `higress.io/` and `nginx.ingress.kubernetes.io/` (Higress's
 //! "ASAP" keys, `higress.io/` first); `destination` and `rewrite-path` only
-//! under `higress.io/`. Any other key under those two prefixes is counted as
-//! ignored.
+//! under `higress.io/`. The canary group (`canary`, `canary-by-*`,
+//! `canary-weight*`) is read under both prefixes too. Any other key under
+//! those two prefixes is counted as ignored.
 
 use meshbridge_registries::clip;
 
@@ -16,6 +17,25 @@ pub const DESTINATION: &str = "higress.io/destination";
 const REWRITE_PATH: &str = "higress.io/rewrite-path";
 const REWRITE_TARGET: &str = "rewrite-target";
 const IGNORE_PATH_CASE: &str = "ignore-path-case";
+const CANARY: &str = "canary";
+const CANARY_BY_HEADER: &str = "canary-by-header";
+const CANARY_BY_HEADER_VALUE: &str = "canary-by-header-value";
+const CANARY_BY_HEADER_PATTERN: &str = "canary-by-header-pattern";
+const CANARY_BY_COOKIE: &str = "canary-by-cookie";
+const CANARY_WEIGHT: &str = "canary-weight";
+const CANARY_WEIGHT_TOTAL: &str = "canary-weight-total";
+/// The canary group, in the order [`read_canary`] takes their values.
+const CANARY_KEYS: [&str; 7] = [
+    CANARY,
+    CANARY_BY_HEADER,
+    CANARY_BY_HEADER_VALUE,
+    CANARY_BY_HEADER_PATTERN,
+    CANARY_BY_COOKIE,
+    CANARY_WEIGHT,
+    CANARY_WEIGHT_TOTAL,
+];
+/// Higress's and ingress-nginx's default `canary-weight-total`.
+const DEFAULT_WEIGHT_TOTAL: u32 = 100;
 
 /// What one Ingress's annotations say.
 #[derive(Debug)]
@@ -26,6 +46,9 @@ pub struct IngressAnnotations {
     /// cannot honour, so its paths are left out rather than routed unrewritten.
     pub rewrite: Result<Option<RewriteRule>, RewriteError>,
     pub ignore_path_case: bool,
+    /// `Some` when `canary` is true: this Ingress's paths attach to the
+    /// non-canary routes they repeat instead of making routes of their own.
+    pub canary: Option<Canary>,
     /// `higress.io/*` and `nginx.ingress.kubernetes.io/*` keys not understood.
     pub ignored: u64,
     /// Annotations that were understood but whose value was not.
@@ -41,6 +64,42 @@ pub enum RewriteRule {
     /// `rewrite-target`: Higress substitutes the target for a regex match of
     /// the Ingress path (Istio `rewrite.uriRegexRewrite`).
     Target(String),
+}
+
+/// The rules of a canary Ingress that survived parsing, highest precedence
+/// first. None at all still makes it a canary (of weight 0), as in Higress.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Canary {
+    pub header: Option<CanaryHeader>,
+    /// `canary-by-cookie`: the cookie's name, checked to be a token.
+    pub cookie: Option<String>,
+    pub weight: Option<CanaryWeight>,
+}
+
+/// `canary-by-header` and how its value sends a request to the canary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CanaryHeader {
+    /// Lowercase, as Istio requires of header match keys.
+    pub name: String,
+    pub rule: HeaderRule,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderRule {
+    /// The header alone: `always` → canary, `never` → main.
+    AlwaysNever,
+    /// `canary-by-header-value`: this exact value → canary.
+    Value(String),
+    /// `canary-by-header-pattern`: a value the regex finds a match in →
+    /// canary.
+    Pattern(String),
+}
+
+/// `canary-weight` out of `canary-weight-total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CanaryWeight {
+    pub weight: u32,
+    pub total: u32,
 }
 
 /// One line of `higress.io/destination`: `[NN%] host[:port] [subset]`.
@@ -97,6 +156,7 @@ impl IngressAnnotations {
             destination: None,
             rewrite: Ok(None),
             ignore_path_case: false,
+            canary: None,
             ignored: 0,
             warnings: Vec::new(),
         };
@@ -134,12 +194,112 @@ impl IngressAnnotations {
             }
         }
 
+        let canary: Vec<Option<(String, String)>> = CANARY_KEYS.iter().map(|k| get(k, true)).collect();
+        out.canary = read_canary(&canary, &mut out.warnings);
+
         out.ignored = meta
             .annotation_keys()
             .filter(|k| (k.starts_with(HIGRESS) || k.starts_with(NGINX)) && !used.iter().any(|u| u == k))
             .count() as u64;
         out
     }
+}
+
+/// The canary group, given as the (key, value) found for each of
+/// [`CANARY_KEYS`]. Unlike Higress, which keeps only the highest of header,
+/// cookie and weight, every valid rule is kept, as ingress-nginx does: a
+/// request the header leaves undecided goes on to the cookie, then to the
+/// weight. A rule whose value
+/// is bad is dropped with a warning naming the annotation; the others stay.
+fn read_canary(found: &[Option<(String, String)>], warnings: &mut Vec<String>) -> Option<Canary> {
+    let [enabled, header, value, pattern, cookie, weight, total] = found else { return None };
+    let non_empty = |f: &Option<(String, String)>| f.clone().filter(|(_, v)| !v.trim().is_empty());
+    let (key, on) = enabled.as_ref()?;
+    match parse_bool(on.trim()) {
+        Some(true) => {}
+        Some(false) => return None,
+        None => {
+            warnings.push(format!("annotation {key}: {:?} is not a boolean; taken as false", clip(on)));
+            return None;
+        }
+    }
+    let mut canary = Canary::default();
+
+    let (value, pattern) = (non_empty(value), non_empty(pattern));
+    match non_empty(header) {
+        None => {
+            for (key, _) in value.iter().chain(&pattern) {
+                warnings.push(format!("annotation {key} has no effect without {CANARY_BY_HEADER}"));
+            }
+        }
+        Some((key, name)) if !is_token(name.trim()) => {
+            warnings.push(format!("annotation {key}: {:?} is not a header name; header rule dropped", clip(&name)))
+        }
+        Some((_, name)) => {
+            let name = name.trim().to_ascii_lowercase();
+            // ingress-nginx: the value wins over the pattern.
+            let rule = match (value, pattern) {
+                (Some((_, v)), _) => Some(HeaderRule::Value(v)),
+                (None, Some((key, p))) => match regex_syntax::Parser::new().parse(&p) {
+                    Ok(_) => Some(HeaderRule::Pattern(p)),
+                    Err(e) => {
+                        let e = e.to_string();
+                        let why = e.lines().last().unwrap_or_default().trim_start_matches("error: ");
+                        warnings.push(format!(
+                            "annotation {key}: {:?} is not a valid RE2 regex ({why}); header rule dropped",
+                            clip(&p)
+                        ));
+                        None
+                    }
+                },
+                (None, None) => Some(HeaderRule::AlwaysNever),
+            };
+            canary.header = rule.map(|rule| CanaryHeader { name, rule });
+        }
+    }
+
+    if let Some((key, name)) = non_empty(cookie) {
+        let name = name.trim();
+        if is_token(name) {
+            canary.cookie = Some(name.to_owned());
+        } else {
+            warnings.push(format!("annotation {key}: {:?} is not a cookie name; cookie rule dropped", clip(name)));
+        }
+    }
+
+    let number = |v: &str| v.trim().parse::<u32>().ok().filter(|_| !has_sign(v.trim()));
+    // `None`: the total is bad, and reported.
+    let total = match total {
+        None => Some(DEFAULT_WEIGHT_TOTAL),
+        Some((key, t)) => {
+            let n = number(t).filter(|t| *t > 0);
+            if n.is_none() {
+                warnings.push(format!(
+                    "annotation {key}: {:?} is not a whole number above 0; weight rule dropped",
+                    clip(t)
+                ));
+            }
+            n
+        }
+    };
+    if let Some((key, w)) = weight {
+        match (number(w), total) {
+            (None, _) => warnings.push(format!(
+                "annotation {key}: {:?} is not a whole number from 0 to the total; weight rule dropped",
+                clip(w)
+            )),
+            (Some(_), None) => {}
+            (Some(weight), Some(total)) if weight > total => warnings
+                .push(format!("annotation {key}: {weight} is more than the total of {total}; weight rule dropped")),
+            (Some(weight), Some(total)) => canary.weight = Some(CanaryWeight { weight, total }),
+        }
+    }
+    Some(canary)
+}
+
+/// An RFC 7230 token: what header and cookie names are made of.
+fn is_token(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// Parse `higress.io/destination`: one destination per line,

@@ -648,3 +648,286 @@ fn hosts_are_normalised_and_checked() {
         assert_eq!(normalize_host(bad), None, "{bad}");
     }
 }
+
+/// An Ingress in namespace `shop`, created on 2026-01-`day`, with
+/// `annotations`, routing each (path, pathType, Service on port 80) on
+/// shop.example.com.
+fn shop_ingress(name: &str, day: u32, annotations: &[(&str, &str)], paths: &[(&str, &str, &str)]) -> String {
+    let quote = |v: &str| serde_json::to_string(v).unwrap();
+    let mut yaml = format!(
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  \
+         creationTimestamp: \"2026-01-{day:02}T00:00:00Z\"\n  annotations:\n"
+    );
+    for (k, v) in annotations {
+        yaml.push_str(&format!("    {k}: {}\n", quote(v)));
+    }
+    yaml.push_str("spec:\n  ingressClassName: higress\n  rules:\n");
+    if !paths.is_empty() {
+        yaml.push_str("    - host: shop.example.com\n      http:\n        paths:\n");
+    }
+    for (path, kind, service) in paths {
+        yaml.push_str(&format!(
+            "          - {{path: {path}, pathType: {kind}, backend: {{service: {{name: {service}, port: {{number: 80}}}}}}}}\n"
+        ));
+    }
+    yaml
+}
+
+/// The main Ingresses every canary test attaches to: `/api` (Prefix,
+/// rewritten) and `/login` (Exact) on shop.example.com, then `canaries`.
+fn run_canary(canaries: &[String]) -> IngressTranslation {
+    let mut docs = vec![
+        shop_ingress("web", 1, &[("higress.io/rewrite-path", "/v1")], &[("/api", "Prefix", "web")]),
+        shop_ingress("login", 1, &[], &[("/login", "Exact", "login")]),
+    ];
+    docs.extend(canaries.iter().cloned());
+    run(&docs.join("---\n"))
+}
+
+#[test]
+fn canary_header_cookie_and_weight_in_precedence_order() {
+    let t = run_canary(&[shop_ingress(
+        "web-canary",
+        2,
+        &[
+            ("nginx.ingress.kubernetes.io/canary", "true"),
+            ("nginx.ingress.kubernetes.io/canary-by-header", "X-Canary"),
+            ("nginx.ingress.kubernetes.io/canary-by-cookie", "beta_user"),
+            ("nginx.ingress.kubernetes.io/canary-weight", "30"),
+        ],
+        &[("/api/", "Prefix", "web-canary")],
+    )]);
+    assert_eq!(t.warnings, vec![]);
+    assert_eq!(t.ignored_annotations, 0);
+    // Header matches fit Istio's schema, so they reach Pilot over MCP.
+    for o in &t.objects {
+        if let Err(w) = crate::translate::mcp::resource(o, 0) {
+            panic!("{w}");
+        }
+    }
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn canary_header_alone_has_no_never_route() {
+    // The issue's reproduction: the header alone, with the higress.io prefix.
+    let t = run_canary(&[shop_ingress(
+        "web-canary",
+        2,
+        &[("higress.io/canary", "true"), ("higress.io/canary-by-header", "x-canary")],
+        &[("/api", "Prefix", "web-canary")],
+    )]);
+    assert_eq!(t.warnings, vec![]);
+    assert_eq!(
+        route_names(&t),
+        ["shop-login-0", "shop-web-canary-0-canary-header", "shop-web-0"].map(String::from),
+        "Exact paths first; the header route just before the main route of its path"
+    );
+    let vs = t.objects.iter().find(|o| o.kind() == "VirtualService").unwrap().spec.to_json();
+    let canary = &vs["http"][1];
+    assert_eq!(canary["match"][0]["headers"], serde_json::json!({"x-canary": {"exact": "always"}}));
+    assert_eq!(canary["match"][1]["uri"], serde_json::json!({"prefix": "/api/"}));
+    assert_eq!(canary["route"][0]["destination"]["host"], "web-canary.shop.svc.cluster.local");
+    // Inherited from the main route, as in Higress.
+    assert_eq!(canary["rewrite"], serde_json::json!({"uri": "/v1/"}));
+}
+
+#[test]
+fn canary_header_value_pattern_and_weight_total() {
+    let t = run_canary(&[
+        shop_ingress(
+            "by-value",
+            2,
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-by-header", "x-region"),
+                ("higress.io/canary-by-header-value", "eu-west"),
+                ("higress.io/canary-by-header-pattern", "ignored-when-value-is-set"),
+            ],
+            &[("/login", "Exact", "login-eu")],
+        ),
+        shop_ingress(
+            "by-pattern",
+            3,
+            &[
+                ("nginx.ingress.kubernetes.io/canary", "true"),
+                ("nginx.ingress.kubernetes.io/canary-by-header", "x-user"),
+                ("nginx.ingress.kubernetes.io/canary-by-header-pattern", "^(alice|bob)$"),
+                ("nginx.ingress.kubernetes.io/canary-weight", "1"),
+                ("nginx.ingress.kubernetes.io/canary-weight-total", "3"),
+            ],
+            &[("/api", "Prefix", "web-canary")],
+        ),
+    ]);
+    assert_eq!(t.warnings, vec![]);
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn canary_weight_splits_weighted_destinations_on_both_sides() {
+    let doc = |name: &str, annotations: &str, path: &str| {
+        format!(
+            "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: higress-system, \
+             creationTimestamp: \"2026-01-02T00:00:00Z\", annotations: {annotations}}}\nspec: {{rules: [{{host: \
+             shop.example.com, http: {{paths: [{{path: {path}, pathType: Prefix, backend: {{resource: \
+             {{apiGroup: networking.higress.io, kind: McpBridge, name: default}}}}}}]}}}}]}}\n"
+        )
+    };
+    let main = doc(
+        "orders",
+        r#"{higress.io/destination: "80% orders.DEFAULT-GROUP.public.nacos:8080 v1\n20% orders.DEFAULT-GROUP.public.nacos:8080 v2"}"#,
+        "/orders",
+    );
+    let canary = doc(
+        "orders-canary",
+        r#"{higress.io/canary: "true", higress.io/canary-weight: "25", higress.io/destination: "50% orders.DEFAULT-GROUP.public.nacos:8080 v3\n50% orders-next.DEFAULT-GROUP.public.nacos:8080"}"#,
+        "/orders/",
+    );
+    let t = run(&format!("{main}---\n{canary}"));
+    assert_eq!(t.warnings, vec![]);
+    let vs = t.objects.iter().find(|o| o.kind() == "VirtualService").unwrap().spec.to_json();
+    let weights: Vec<(String, u64)> = vs["http"][0]["route"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let dest = &d["destination"];
+            let name = format!("{} {}", dest["host"].as_str().unwrap(), dest["subset"].as_str().unwrap_or("-"));
+            (name, d["weight"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        weights,
+        [
+            ("orders.DEFAULT-GROUP.public.nacos v1", 60),
+            ("orders.DEFAULT-GROUP.public.nacos v2", 15),
+            ("orders.DEFAULT-GROUP.public.nacos v3", 13),
+            ("orders-next.DEFAULT-GROUP.public.nacos -", 12),
+        ]
+        .map(|(n, w)| (n.to_owned(), w))
+    );
+    // The canary's subset gets its DestinationRule like any other.
+    let dr = t.objects.iter().find(|o| o.kind() == "DestinationRule").unwrap().spec.to_json();
+    assert_eq!(dr["subsets"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn canary_bad_values_are_reported_and_only_their_rule_dropped() {
+    let canary = |day, name, annotations: &[(&str, &str)], path: &[(&str, &str, &str)]| {
+        shop_ingress(name, day, annotations, path)
+    };
+    let t = run_canary(&[
+        canary(
+            2,
+            "bad-regex",
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-by-header", "x-user"),
+                ("higress.io/canary-by-header-pattern", "(alice"),
+                ("higress.io/canary-by-cookie", "beta"),
+                ("higress.io/canary-weight", "150"),
+            ],
+            &[("/api", "Prefix", "web-canary")],
+        ),
+        canary(
+            3,
+            "bad-numbers",
+            &[
+                ("nginx.ingress.kubernetes.io/canary", "true"),
+                ("nginx.ingress.kubernetes.io/canary-by-header", "bad header"),
+                ("nginx.ingress.kubernetes.io/canary-weight", "-5"),
+            ],
+            &[("/login", "Exact", "login-canary")],
+        ),
+        canary(4, "more-bad-numbers", &[("higress.io/canary", "yes"), ("higress.io/canary-weight", "ten")], &[]),
+        canary(
+            5,
+            "bad-total",
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-weight", "10"),
+                ("higress.io/canary-weight-total", "0"),
+                ("higress.io/canary-by-header-value", "orphan"),
+            ],
+            &[("/login", "Exact", "login-canary")],
+        ),
+        canary(
+            6,
+            "non-numeric",
+            &[("higress.io/canary", "true"), ("higress.io/canary-weight", "ten")],
+            &[("/login", "Exact", "login-canary")],
+        ),
+    ]);
+    // The cookie rule of bad-regex survives its bad header and weight; the
+    // others have no rule left, so their canaries take nothing.
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn canary_without_a_main_route_is_ignored_with_a_warning() {
+    let t = run_canary(&[r#"apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: orphan
+  namespace: shop
+  annotations:
+    higress.io/canary: "true"
+    higress.io/canary-by-header: x-canary
+spec:
+  tls:
+    - {hosts: [other.example.com], secretName: shop-tls}
+  defaultBackend: {service: {name: orphan, port: {number: 80}}}
+  rules:
+    - host: other.example.com
+      http:
+        paths:
+          - {path: /api, pathType: Prefix, backend: {service: {name: orphan, port: {number: 80}}}}
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /api, pathType: Exact, backend: {service: {name: orphan, port: {number: 80}}}}
+          - {path: /login, pathType: Prefix, backend: {service: {name: orphan, port: {number: 80}}}}
+"#
+    .to_owned()]);
+    assert_eq!(
+        t.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [
+            "Ingress shop/orphan: canary Ingress: defaultBackend ignored (only paths attach to a main route)",
+            "Ingress shop/orphan: canary path /api on host other.example.com has no non-canary route with the same \
+             host, path and pathType; ignored",
+            "Ingress shop/orphan: canary path /api on host shop.example.com has no non-canary route with the same \
+             host, path and pathType; ignored",
+            "Ingress shop/orphan: canary path /login on host shop.example.com has no non-canary route with the same \
+             host, path and pathType; ignored",
+        ]
+    );
+    // No routes, hosts, servers or TLS of its own.
+    assert_eq!(route_names(&t), ["shop-login-0", "shop-web-0"].map(String::from));
+    let gw = t.objects.iter().find(|o| o.kind() == "Gateway").unwrap().spec.to_json();
+    assert_eq!(gw["servers"].as_array().unwrap().len(), 1, "{gw}");
+    assert_eq!(gw["servers"][0]["hosts"], serde_json::json!(["shop.example.com"]));
+}
+
+#[test]
+fn a_second_canary_weight_on_one_route_conflicts_and_the_older_stands() {
+    let weighted = |name: &str, day, weight| {
+        let annotations = [("higress.io/canary", "true"), ("higress.io/canary-weight", weight)];
+        shop_ingress(name, day, &annotations, &[("/api", "Prefix", name)])
+    };
+    let t = run_canary(&[weighted("newer", 3, "50"), weighted("older", 2, "10")]);
+    assert_eq!(
+        t.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["Ingress shop/newer: canary weight on path /api of host shop.example.com conflicts with shop/older; ignored"]
+    );
+    assert_eq!(t.warnings[0].reason, Reason::IngressConflict);
+    let vs = t.objects.iter().find(|o| o.kind() == "VirtualService").unwrap().spec.to_json();
+    let main = &vs["http"][1];
+    assert_eq!(main["name"], "shop-web-0");
+    let split: Vec<(&str, u64)> = main["route"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["destination"]["host"].as_str().unwrap(), d["weight"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(split, [("web.shop.svc.cluster.local", 90), ("older.shop.svc.cluster.local", 10)]);
+}

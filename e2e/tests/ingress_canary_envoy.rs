@@ -1,0 +1,170 @@
+//! ingress-nginx / Higress canary Ingresses through a standalone Envoy
+//! (listeners and routes over ADS): a main Ingress on `/app` and `/split`,
+//! a canary on `/app` by header and cookie (`nginx.ingress.kubernetes.io/`
+//! keys), and a canary on `/split` by header and weight (`higress.io/`
+//! keys, 3 out of a total of 10). The backends are static registry
+//! services, so Envoy is the only real server; each answers with its name.
+//! A canary with a bad regex is reported on `/v1/config`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use meshbridge_e2e::backend::Backend;
+use meshbridge_e2e::envoy::{AdsMode, Envoy};
+use meshbridge_e2e::free_port;
+use meshbridge_e2e::traffic::{mcpbridge, start_gateway};
+
+const HOST: &str = "shop.example.com";
+
+/// An Ingress in namespace `shop`, created on 2026-01-`day`, routing
+/// `paths` (Prefix) on [`HOST`] to the McpBridge service `destination`,
+/// with more `annotations`.
+fn ingress(name: &str, day: u32, destination: &str, annotations: &[(&str, &str)], paths: &[&str]) -> String {
+    let mut yaml = format!(
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  \
+         creationTimestamp: \"2026-01-{day:02}T00:00:00Z\"\n  annotations:\n    \
+         higress.io/destination: {destination}\n"
+    );
+    for (k, v) in annotations {
+        yaml.push_str(&format!("    {k}: {}\n", serde_json::to_string(v).unwrap()));
+    }
+    yaml.push_str(&format!(
+        "spec:\n  ingressClassName: higress\n  rules:\n    - host: {HOST}\n      http:\n        paths:\n"
+    ));
+    for path in paths {
+        yaml.push_str(&format!(
+            "          - {{ path: {path}, pathType: Prefix, backend: {{ resource: \
+             {{ apiGroup: networking.higress.io, kind: McpBridge, name: default }} }} }}\n"
+        ));
+    }
+    yaml
+}
+
+fn ingresses() -> String {
+    let nginx = |key: &str| format!("nginx.ingress.kubernetes.io/{key}");
+    let (canary, by_header, by_cookie) = (nginx("canary"), nginx("canary-by-header"), nginx("canary-by-cookie"));
+    [
+        ingress("shop", 1, "main.static:80", &[], &["/app", "/split"]),
+        ingress(
+            "shop-canary-app",
+            2,
+            "canary.static:80",
+            &[(&canary, "true"), (&by_header, "x-canary"), (&by_cookie, "beta_user")],
+            &["/app"],
+        ),
+        ingress(
+            "shop-canary-split",
+            3,
+            "canary.static:80",
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-by-header", "x-canary"),
+                ("higress.io/canary-weight", "3"),
+                ("higress.io/canary-weight-total", "10"),
+            ],
+            &["/split"],
+        ),
+        ingress(
+            "shop-canary-bad",
+            4,
+            "canary.static:80",
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-by-header", "x-user"),
+                ("higress.io/canary-by-header-pattern", "(alice"),
+            ],
+            &["/app"],
+        ),
+    ]
+    .join("---\n")
+}
+
+/// `n` requests; the body (backend name) or status of each, counted.
+async fn count(envoy: &Envoy, path: &str, headers: &[(&str, &str)], n: usize) -> BTreeMap<String, u32> {
+    let mut counts = BTreeMap::new();
+    for _ in 0..n {
+        let (status, body) = envoy.get_with(path, HOST, headers).await.unwrap();
+        let key = if status == 200 { body } else { format!("status {status}") };
+        *counts.entry(key).or_default() += 1;
+    }
+    counts
+}
+
+fn only(name: &str, n: u32) -> BTreeMap<String, u32> {
+    BTreeMap::from([(name.to_owned(), n)])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_by_header_cookie_and_weight_through_envoy() {
+    let main = Backend::start("127.0.0.1", "main").await.unwrap();
+    let canary = Backend::start("127.0.0.1", "canary").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bridge = mcpbridge(&[
+        format!("{{type: static, name: main, domain: \"{}\", port: 80}}", main.addr),
+        format!("{{type: static, name: canary, domain: \"{}\", port: 80}}", canary.addr),
+    ]);
+    std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
+    std::fs::write(dir.path().join("shop.yaml"), ingresses()).unwrap();
+    let gateway_port = free_port();
+    let app = start_gateway(dir.path(), gateway_port).await.expect("start meshbridge");
+
+    // The bad pattern is a config error naming the Ingress and annotation.
+    let status_url = format!("http://{}/v1/config", app.admin_addr);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let bad = loop {
+        let body = reqwest::get(&status_url).await.unwrap().text().await.unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let found = v["warnings"]
+            .as_array()
+            .and_then(|w| w.iter().find(|w| w["object"] == "Ingress shop/shop-canary-bad").cloned());
+        if let Some(w) = found {
+            break w;
+        }
+        assert!(Instant::now() < deadline, "no warning for shop-canary-bad: {v:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(bad["reason"], "invalid_ingress", "{bad}");
+    let detail = bad["detail"].as_str().unwrap();
+    assert!(detail.starts_with("annotation higress.io/canary-by-header-pattern: \"(alice\""), "{detail}");
+
+    let envoy = Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, gateway_port).await.expect("start envoy");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let clusters = envoy.admin("/clusters").await.unwrap_or_default();
+        let ready = [&main, &canary].iter().all(|b| clusters.contains(&b.addr.to_string()));
+        if ready && matches!(envoy.get_host("/app", HOST).await, Ok((200, _))) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "routes or endpoints never arrived:\n{clusters}\n{}", envoy.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The issue's reproduction: the header sends every request to the canary.
+    assert_eq!(count(&envoy, "/app/x", &[("x-canary", "always")], 20).await, only("canary", 20));
+    assert_eq!(count(&envoy, "/app/x", &[], 20).await, only("main", 20));
+    assert_eq!(count(&envoy, "/app", &[("x-canary", "never")], 20).await, only("main", 20));
+    // Any other value leaves it to the cookie.
+    let beta = [("x-canary", "maybe"), ("cookie", "theme=dark; beta_user=always; lang=en")];
+    assert_eq!(count(&envoy, "/app", &beta, 20).await, only("canary", 20));
+    assert_eq!(count(&envoy, "/app", &[("cookie", "beta_user=always")], 20).await, only("canary", 20));
+    assert_eq!(count(&envoy, "/app", &[("cookie", "beta_user=never")], 20).await, only("main", 20));
+    // Not the cookie, only one named like it.
+    assert_eq!(count(&envoy, "/app", &[("cookie", "old_beta_user=always")], 20).await, only("main", 20));
+    // The header comes before the cookie.
+    let header_wins = [("x-canary", "never"), ("cookie", "beta_user=always")];
+    assert_eq!(count(&envoy, "/app", &header_wins, 20).await, only("main", 20));
+
+    // The header comes before the weight: at 30 % to the canary, 20 draws
+    // all landing on main by chance has a probability of 0.7^20 ≈ 0.0008.
+    assert_eq!(count(&envoy, "/split", &[("x-canary", "always")], 20).await, only("canary", 20));
+    assert_eq!(count(&envoy, "/split", &[("x-canary", "never")], 20).await, only("main", 20));
+    let counts = count(&envoy, "/split", &[], 200).await;
+    let to_canary = counts.get("canary").copied().unwrap_or(0);
+    let to_main = counts.get("main").copied().unwrap_or(0);
+    println!("FIGURE ingress_canary_weight canary={to_canary} main={to_main} of 200 (want 60/140)");
+    assert_eq!(to_canary + to_main, 200, "{counts:?}");
+    // 30/70 over 200 draws: the standard deviation is about 6.5, so ±27 is
+    // over four sigma.
+    assert!((33..=87).contains(&to_canary), "split off 30/70: {counts:?}");
+    app.stop().await;
+}
