@@ -370,22 +370,24 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 /// through istiod (Envoy on istiod's xDS) and directly (an Envoy on
 /// meshbridge's own ADS), both watching the same change; with istiod's CPU
 /// and the MCP bytes per change. Run with
-/// `cargo test -p meshbridge-e2e --test istiod -- --ignored --nocapture`.
+/// `cargo test -p meshbridge-e2e --test istiod -- --ignored --nocapture`;
+/// `MESHBRIDGE_ISTIOD_FIGURE_SERVICES=10000` for another catalog size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a figure at 1k services (about a minute); run with --ignored"]
+#[ignore = "a figure at 1k services (about a minute; 10k about 6 min); run with --ignored"]
 async fn figure_change_latency_through_istiod_at_1k_services() {
-    const SERVICES: usize = 1000;
+    let services: usize =
+        std::env::var("MESHBRIDGE_ISTIOD_FIGURE_SERVICES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     const CHANGES: usize = 20;
     let b1 = Backend::start("127.0.0.1", "backend-1").await.unwrap();
     let b2 = Backend::start("127.0.0.1", "backend-2").await.unwrap();
     let consul = Consul::start().await.expect("start consul");
     let started = Instant::now();
-    for i in 0..SERVICES {
-        let other = json!({"ID": format!("svc-{i:04}"), "Name": format!("svc-{i:04}"), "Address": "127.0.0.1", "Port": 20000 + i});
+    for i in 0..services {
+        let other = json!({"ID": format!("svc-{i:05}"), "Name": format!("svc-{i:05}"), "Address": "127.0.0.1", "Port": 20000 + i % 40000});
         consul.register(other).await.unwrap();
     }
     consul.register(instance("web-1", &b1)).await.unwrap();
-    println!("registered {SERVICES} services in {:?}", started.elapsed());
+    println!("registered {services} services in {:?}", started.elapsed());
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("mcpbridge.yaml"), config(&consul)).unwrap();
     let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
@@ -404,7 +406,7 @@ async fn figure_change_latency_through_istiod_at_1k_services() {
     wait_for_traffic(&direct, 200, &["backend-1"], "direct").await;
     let clusters = via_istiod.admin("/clusters").await.unwrap();
     let count = clusters.lines().filter(|l| l.contains("::observability_name::")).count();
-    assert!(count > SERVICES, "Envoy on istiod has {count} clusters");
+    assert!(count > services, "Envoy on istiod has {count} clusters");
 
     let proc = meshbridge_e2e::bench::procfs::Proc::pid(istiod.pid().unwrap());
     let (cpu0, bytes0) = (proc.cpu(), mcp_bytes_sent(&app).await);
@@ -423,7 +425,7 @@ async fn figure_change_latency_through_istiod_at_1k_services() {
     through.sort();
     straight.sort();
     println!(
-        "FIGURE istiod_1k_change_to_traffic p50_ms={:.0} p99_ms={:.0} direct_p50_ms={:.0} direct_p99_ms={:.0} istiod_cpu_ms_per_change={:.0} mcp_kb_per_change={:.0}",
+        "FIGURE istiod_change_to_traffic services={services} p50_ms={:.0} p99_ms={:.0} direct_p50_ms={:.0} direct_p99_ms={:.0} istiod_cpu_ms_per_change={:.0} mcp_kb_per_change={:.0}",
         percentile(&through, 0.5),
         percentile(&through, 0.99),
         percentile(&straight, 0.5),
