@@ -57,6 +57,9 @@ pub struct Options {
 }
 
 /// A running istiod.
+/// Starts tried when a port picked free was taken meanwhile.
+const START_ATTEMPTS: usize = 3;
+
 pub struct Istiod {
     /// Plaintext gRPC xDS (15010 in a cluster).
     pub grpc_addr: SocketAddr,
@@ -78,53 +81,65 @@ impl Istiod {
             Err(e) if !e.to_string().contains("AlreadyExists") => return Err(e),
             _ => {}
         }
-        let dir = tempfile::tempdir()?;
-        let mesh = dir.path().join("mesh.yaml");
-        let mut mesh_yaml = format!(
-            "configSources:\n  - address: xds://{mcp}\ningressControllerMode: \"OFF\"\nrootNamespace: {NAMESPACE}\n"
-        );
-        if options.upstream_envoy {
-            mesh_yaml.push_str("enableAutoMtls: false\n");
+        // A port picked free can be taken before istiod binds it (tests
+        // run side by side): then istiod exits saying so, and starts again
+        // on fresh ports.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let dir = tempfile::tempdir()?;
+            let mesh = dir.path().join("mesh.yaml");
+            let mut mesh_yaml = format!(
+                "configSources:\n  - address: xds://{mcp}\ningressControllerMode: \"OFF\"\nrootNamespace: {NAMESPACE}\n"
+            );
+            if options.upstream_envoy {
+                mesh_yaml.push_str("enableAutoMtls: false\n");
+            }
+            std::fs::write(&mesh, mesh_yaml)?;
+            let grpc_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let http_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let monitoring_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let mut cmd = Command::new(&bin);
+            cmd.arg("discovery")
+                .arg("--kubeconfig")
+                .arg(&api.admin_kubeconfig)
+                .arg("--meshConfig")
+                .arg(&mesh)
+                // Absent: istiod's default mesh networks.
+                .arg("--networksConfig")
+                .arg(dir.path().join("mesh-networks.yaml"))
+                .args(["--grpcAddr", &grpc_addr.to_string()])
+                .args(["--httpAddr", &http_addr.to_string()])
+                .args(["--monitoringAddr", &monitoring_addr.to_string()])
+                .args(["--secureGRPCAddr", "", "--httpsAddr", ""])
+                .args(["--ctrlz_address", "127.0.0.1", "--ctrlz_port", &free_port().to_string()])
+                .args(["--log_output_level", "default:info"])
+                // Relative paths it reads (./var/lib/istio/inject, ./etc/...)
+                // resolve inside the temp dir.
+                .current_dir(dir.path())
+                .env_clear()
+                .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+                .env("POD_NAMESPACE", NAMESPACE)
+                .env("POD_NAME", "istiod-e2e")
+                .env("REVISION", "default")
+                .env("ENABLE_CA_SERVER", "false")
+                .env("VALIDATION_WEBHOOK_CONFIG_NAME", "")
+                // Go's runtime sizes itself by the cores it sees: 2 here.
+                .env("GOMAXPROCS", "2");
+            if options.upstream_envoy {
+                cmd.env("PILOT_ENABLE_METADATA_EXCHANGE", "false");
+            }
+            let guard = ChildGuard::spawn("istiod", cmd, dir.path().join("istiod.log"))?;
+            let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+            let mut istiod = Istiod { grpc_addr, http_addr, monitoring_addr, http, guard, dir };
+            match istiod.wait_ready().await {
+                Ok(()) => return Ok(istiod),
+                Err(e) if attempt < START_ATTEMPTS && istiod.guard.log().contains("address already in use") => {
+                    eprintln!("istiod: a port was taken ({e:#}); starting again on fresh ports");
+                }
+                Err(e) => return Err(e),
+            }
         }
-        std::fs::write(&mesh, mesh_yaml)?;
-        let grpc_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let http_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let monitoring_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let mut cmd = Command::new(&bin);
-        cmd.arg("discovery")
-            .arg("--kubeconfig")
-            .arg(&api.admin_kubeconfig)
-            .arg("--meshConfig")
-            .arg(&mesh)
-            // Absent: istiod's default mesh networks.
-            .arg("--networksConfig")
-            .arg(dir.path().join("mesh-networks.yaml"))
-            .args(["--grpcAddr", &grpc_addr.to_string()])
-            .args(["--httpAddr", &http_addr.to_string()])
-            .args(["--monitoringAddr", &monitoring_addr.to_string()])
-            .args(["--secureGRPCAddr", "", "--httpsAddr", ""])
-            .args(["--ctrlz_address", "127.0.0.1", "--ctrlz_port", &free_port().to_string()])
-            .args(["--log_output_level", "default:info"])
-            // Relative paths it reads (./var/lib/istio/inject, ./etc/...)
-            // resolve inside the temp dir.
-            .current_dir(dir.path())
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("POD_NAMESPACE", NAMESPACE)
-            .env("POD_NAME", "istiod-e2e")
-            .env("REVISION", "default")
-            .env("ENABLE_CA_SERVER", "false")
-            .env("VALIDATION_WEBHOOK_CONFIG_NAME", "")
-            // Go's runtime sizes itself by the cores it sees: 2 here.
-            .env("GOMAXPROCS", "2");
-        if options.upstream_envoy {
-            cmd.env("PILOT_ENABLE_METADATA_EXCHANGE", "false");
-        }
-        let guard = ChildGuard::spawn("istiod", cmd, dir.path().join("istiod.log"))?;
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
-        let mut istiod = Istiod { grpc_addr, http_addr, monitoring_addr, http, guard, dir };
-        istiod.wait_ready().await?;
-        Ok(istiod)
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
