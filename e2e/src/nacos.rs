@@ -25,8 +25,9 @@ use crate::process::{ChildGuard, binary_from_env, free_port};
 const BIN_VAR: &str = "MESHBRIDGE_RNACOS_BIN";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Attempts at a fresh start: a port picked by `free_port` can be taken by
-/// another test before rnacos binds it.
-const START_ATTEMPTS: usize = 5;
+/// another test before rnacos binds it, and rnacos can lose its start-up
+/// race (`wait_ready`), every time while a JVM starts beside it.
+const START_ATTEMPTS: usize = 8;
 const GRPC_OFFSET: u16 = 1000;
 const CALL_RETRY: Duration = Duration::from_secs(10);
 
@@ -128,6 +129,13 @@ impl std::ops::Deref for Rnacos {
     }
 }
 
+/// A pause before the next start after a failed one, longer each time: the
+/// start-up race below is likeliest while the machine is busy (a JVM
+/// starting beside it), so tries back to back can all lose it.
+async fn retry_pause(attempt: usize) {
+    tokio::time::sleep(Duration::from_millis(500 * (attempt as u64 + 1))).await;
+}
+
 impl Rnacos {
     pub async fn start() -> anyhow::Result<Rnacos> {
         Rnacos::start_with(Options::default()).await
@@ -136,7 +144,7 @@ impl Rnacos {
     pub async fn start_with(opts: Options) -> anyhow::Result<Rnacos> {
         let bin = binary_from_env(BIN_VAR)?;
         let mut last_err = None;
-        for _ in 0..START_ATTEMPTS {
+        for attempt in 0..START_ATTEMPTS {
             let Some(http_port) = port_pair() else { continue };
             let dir = tempfile::Builder::new().prefix("meshbridge-rnacos-").tempdir()?;
             let env = environment(http_port, &dir, &opts);
@@ -149,6 +157,7 @@ impl Rnacos {
                 Ok(()) => return Ok(rnacos),
                 Err(e) => last_err = Some(e.context(format!("rnacos log:\n{}", rnacos.log()))),
             }
+            retry_pause(attempt).await;
         }
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("no free port pair for rnacos")))
     }
@@ -183,7 +192,7 @@ impl Rnacos {
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         let bin = binary_from_env(BIN_VAR)?;
         let mut last_err = None;
-        for _ in 0..START_ATTEMPTS {
+        for attempt in 0..START_ATTEMPTS {
             self.guard.kill();
             // A fresh log each time, so that a panic in an earlier run does
             // not fail this one.
@@ -193,6 +202,7 @@ impl Rnacos {
                 Ok(()) => return Ok(()),
                 Err(e) => last_err = Some(e.context(format!("rnacos log:\n{}", self.log()))),
             }
+            retry_pause(attempt).await;
         }
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("rnacos did not restart")))
     }
