@@ -108,8 +108,12 @@ impl Consul {
             }
             let guard = spawn(&host, &bin, &args, &dir)?;
             // No idle connections kept: tests count the watcher's connections
-            // to the agent, and the harness must not add to them.
-            let http = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
+            // to the agent, and the harness must not add to them. On
+            // loopback it also calls from its own address, which
+            // `established_to` leaves out, so a call still closing is not
+            // counted either.
+            let from = (host.ip == std::net::IpAddr::from([127, 0, 0, 1])).then_some(HARNESS_IP.into());
+            let http = reqwest::Client::builder().pool_max_idle_per_host(0).local_address(from).build()?;
             let mut consul = Consul { http_port, token: token.clone(), host: host.clone(), args, http, guard, dir };
             match consul.wait_ready().await {
                 Ok(()) => return Ok(consul),
@@ -232,18 +236,28 @@ impl Consul {
     }
 }
 
+/// The loopback address the harness's own calls to the agent come from.
+const HARNESS_IP: [u8; 4] = [127, 0, 0, 2];
+
 /// ESTABLISHED TCP connections whose remote port is `port`, from
 /// `/proc/net/tcp` and `/proc/net/tcp6` (rows: `sl local rem st ...`,
-/// addresses as `HEXIP:HEXPORT`, state `01` = ESTABLISHED).
+/// addresses as `HEXIP:HEXPORT`, state `01` = ESTABLISHED), but for the
+/// harness's own (from [`HARNESS_IP`]).
 pub fn established_to(port: u16) -> usize {
     let want = format!("{port:04X}");
+    // /proc/net/tcp writes an IPv4 address as the hex of its bytes in host
+    // order: 127.0.0.2 is 0200007F on x86.
+    let harness = format!("{:08X}", u32::from_ne_bytes(HARNESS_IP));
     ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
         .filter_map(|path| std::fs::read_to_string(path).ok())
         .map(|table| {
             let rows = table.lines().skip(1).filter(|row| {
                 let cols: Vec<&str> = row.split_whitespace().collect();
-                cols.len() > 3 && cols[3] == "01" && cols[2].rsplit(':').next() == Some(want.as_str())
+                cols.len() > 3
+                    && cols[3] == "01"
+                    && cols[2].rsplit(':').next() == Some(want.as_str())
+                    && !cols[1].starts_with(&format!("{harness}:"))
             });
             rows.count()
         })
