@@ -1,11 +1,12 @@
 //! Istio networking and MCP messages, from the hand-written protos in this
 //! crate (see `istio/`).
 //!
-//! meshbridge builds Istio objects as Kubernetes-style JSON, so the path the
-//! server uses is [`encode_json`]: the spec is checked against the schema
-//! and encoded through [`prost_reflect`], with no Rust struct in between.
-//! The prost structs below exist for the MCP envelope (`Resource`,
-//! `Metadata`) and for tests.
+//! The server encodes Istio specs through the generated prost structs below
+//! (meshbridge's `translate::pb` converts its typed model into them).
+//! [`encode_json`] and [`decode_to_json`] go through [`prost_reflect`]
+//! instead: JSON checked against the schema, with no Rust struct in
+//! between. They serve tests, the golden check of the typed encoding, and
+//! debugging.
 
 // No unwrap() outside tests: errors are handled, or expect()ed with a reason.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]

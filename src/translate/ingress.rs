@@ -55,7 +55,8 @@ use self::annotations::{DESTINATION, IngressAnnotations, RewriteRule};
 use self::model::{Backend, CLASS_ANNOTATION, HttpPath, Ingress};
 use super::model::{
     Destination, DestinationRuleSpec, GatewaySpec, HttpMatch, HttpRoute, IstioObject, PortSelector, RegexRewrite,
-    Rewrite, RouteDestination, Server, ServerPort, ServerTls, Spec, StringMatch, Subset, VirtualServiceSpec,
+    Rewrite, RouteDestination, Server, ServerPort, ServerTls, ServerTlsMode, Spec, StringMatch, Subset,
+    VirtualServiceSpec,
 };
 use super::names::short_hash;
 use super::warning::{Reason, Warning};
@@ -607,7 +608,7 @@ impl Translator<'_> {
             servers.push(Server {
                 port: ServerPort { number: HTTPS_PORT, protocol: "HTTPS".into(), name },
                 hosts: server.hosts.into_iter().collect(),
-                tls: Some(ServerTls { https_redirect: false, mode: "SIMPLE".into(), credential_name }),
+                tls: Some(ServerTls { https_redirect: false, mode: Some(ServerTlsMode::Simple), credential_name }),
             });
         }
         if !servers.is_empty() {

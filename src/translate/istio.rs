@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use meshbridge_registries::Service;
 
 use super::model::{
-    ClientTlsSettings, DestinationRuleSpec, IstioObject, LABEL_REGISTRY_NAME, LABEL_REGISTRY_TYPE, NAMESPACE,
-    ObjectMeta, Port, PortMap, PortSelector, PortTrafficPolicy, ServiceEntrySpec, Spec, TrafficPolicy, WorkloadEntry,
+    ClientTlsMode, ClientTlsSettings, DestinationRuleSpec, IstioObject, LABEL_REGISTRY_NAME, LABEL_REGISTRY_TYPE,
+    Location, NAMESPACE, ObjectMeta, Port, PortMap, PortSelector, PortTrafficPolicy, Resolution, ServiceEntrySpec,
+    Spec, TrafficPolicy, WorkloadEntry,
 };
 use super::names::object_name;
 use super::shared::intern;
@@ -61,8 +62,8 @@ pub fn service_entry(registry: &RegistryKey, svc: &Service) -> Result<IstioObjec
     let spec = ServiceEntrySpec {
         hosts: vec![svc.host.clone()],
         ports,
-        location: "MESH_INTERNAL".into(),
-        resolution: "STATIC".into(),
+        location: Location::MeshInternal,
+        resolution: Resolution::Static,
         endpoints,
     };
     Ok(IstioObject { metadata: meta(registry, svc), spec: Spec::ServiceEntry(spec) })
@@ -81,7 +82,7 @@ pub fn destination_rule(registry: &RegistryKey, svc: &Service) -> Option<IstioOb
         .iter()
         .map(|p| PortTrafficPolicy {
             port: PortSelector { number: p.number.into() },
-            tls: ClientTlsSettings { mode: "SIMPLE".into(), sni: tls.sni.clone() },
+            tls: ClientTlsSettings { mode: ClientTlsMode::Simple, sni: tls.sni.clone() },
         })
         .collect();
     let spec = DestinationRuleSpec {

@@ -4,9 +4,11 @@
 //! and whose `body` is an `Any` of the Istio spec message
 //! (`type.googleapis.com/istio.networking.v1alpha3.<Kind>`).
 //!
-//! Pilot never NACKs, so every spec is validated here by encoding it
-//! against the schema in `proto/`: an object that does not fit is left out
-//! with a reason and the rest go.
+//! Specs are encoded from the typed model through the generated prost
+//! messages ([`super::pb`]), so they fit the schema by construction. Pilot
+//! never NACKs, so what types cannot rule out is checked here (Kubernetes
+//! names and labels, an EnvoyFilter patch value that is not an object): an
+//! object that fails is left out with a reason and the rest go.
 
 use std::collections::BTreeMap;
 
@@ -76,7 +78,21 @@ pub fn resource(obj: &IstioObject, created: i64) -> Result<Resource, Warning> {
     };
     validate_meta(obj).map_err(|e| reject(e.to_string()))?;
     let message = format!("{}.{}", meshbridge_proto::NETWORKING_PACKAGE, obj.kind());
-    let spec = meshbridge_proto::encode_json(&message, &obj.spec.to_json()).map_err(|e| reject(e.to_string()))?;
+    let spec = super::pb::encode(&obj.spec).map_err(|e| reject(e.to_string()))?;
+    // The golden check: in unit tests, every object any test translates is
+    // also encoded the old way (JSON checked against the schema by
+    // reflection) and must give the same bytes.
+    #[cfg(test)]
+    {
+        let by_reflection = meshbridge_proto::encode_json(&message, &obj.spec.to_json())
+            .unwrap_or_else(|e| panic!("{} {}: {e}", obj.kind(), obj.key()));
+        assert!(
+            spec == by_reflection,
+            "{} {}: the typed encoding differs from the reflected one",
+            obj.kind(),
+            obj.key()
+        );
+    }
     // The version covers everything Pilot sees except the version itself and
     // the creation time, so an unchanged object keeps its version.
     let mut fingerprint = spec.clone();
@@ -161,8 +177,11 @@ mod tests {
 
     #[test]
     fn invalid_objects_are_left_out_and_the_rest_go() {
-        use crate::translate::model::{ObjectMeta, ServiceEntrySpec, Spec};
-        let object = |name: &str, label: &str, resolution: &str| IstioObject {
+        use crate::translate::model::{
+            ApplyTo, EnvoyConfigObjectPatch, EnvoyFilterSpec, Location, ObjectMeta, Operation, Patch, PatchContext,
+            PatchMatch, Resolution, ServiceEntrySpec, Spec,
+        };
+        let object = |name: &str, label: &str| IstioObject {
             metadata: ObjectMeta {
                 name: name.into(),
                 namespace: "mcp".into(),
@@ -172,22 +191,32 @@ mod tests {
             spec: Spec::ServiceEntry(ServiceEntrySpec {
                 hosts: vec![name.into()],
                 ports: vec![],
-                location: "MESH_INTERNAL".into(),
-                resolution: resolution.into(),
+                location: Location::MeshInternal,
+                resolution: Resolution::Static,
                 endpoints: vec![],
             }),
         };
-        let objects = vec![
-            object("a.example", "ok", "STATIC"),
-            object("b.example", "not ok!", "STATIC"),
-            object("c.example", "ok", "BY_MAGIC"),
-        ];
+        let filter = IstioObject::new(
+            "c-example",
+            "mcp",
+            Spec::EnvoyFilter(EnvoyFilterSpec {
+                config_patches: vec![EnvoyConfigObjectPatch {
+                    apply_to: ApplyTo::Cluster,
+                    matches: PatchMatch { context: PatchContext::Gateway, cluster: None },
+                    patch: Patch { operation: Operation::Add, value: Some(serde_json::json!(["not", "a", "Struct"])) },
+                }],
+            }),
+        );
+        let objects = vec![object("a.example", "ok"), object("b.example", "not ok!"), filter];
         let (out, rejected) = resources(&objects, |_| 0);
         let names: Vec<&String> = out["networking.istio.io/ServiceEntry"].keys().collect();
         assert_eq!(names, vec!["mcp/a.example"]);
         let rejected: Vec<String> = rejected.iter().map(ToString::to_string).collect();
         assert_eq!(rejected.len(), 2, "{rejected:?}");
         assert!(rejected[0].contains("mcp/b.example") && rejected[0].contains("metadata.labels[app]"), "{rejected:?}");
-        assert!(rejected[1].contains("mcp/c.example") && rejected[1].contains("BY_MAGIC"), "{rejected:?}");
+        assert!(
+            rejected[1].contains("mcp/c-example") && rejected[1].contains("configPatches[0].patch.value"),
+            "{rejected:?}"
+        );
     }
 }

@@ -8,7 +8,8 @@
 //!   DestinationRule, clusters and endpoints.
 //! - [`ingress`], [`gateway`], [`proxy`]: Ingresses → Istio objects →
 //!   standalone-gateway listeners and routes; McpBridge proxies.
-//! - [`mcp`]: Istio objects → MCP resources, checked against the schema.
+//! - [`pb`]: the model → Istio's generated prost messages, encoded.
+//! - [`mcp`]: Istio objects → MCP resources.
 //! - [`build`]: the incremental [`Translator`] that keeps a [`ConfigSet`]
 //!   up to date at the cost of what changed.
 
@@ -21,6 +22,7 @@ pub mod istio;
 pub mod mcp;
 pub mod model;
 pub mod names;
+pub mod pb;
 pub mod proxy;
 pub mod set;
 pub mod shared;

@@ -4,8 +4,9 @@
 //! mapping: camelCase, enums as strings, unset fields left out).
 //!
 //! Translation builds these and the standalone gateway reads them as they
-//! are. JSON exists only at the edges: MCP encoding (checked against the
-//! schema in `proto/`) and `/debug/configz`.
+//! are. MCP encodes them through the generated prost messages
+//! ([`super::pb`]); JSON exists only at the edges: `/debug/configz` and the
+//! snapshot tests.
 
 use std::collections::BTreeMap;
 
@@ -150,11 +151,28 @@ impl Serialize for IstioObject {
 pub struct ServiceEntrySpec {
     pub hosts: Vec<String>,
     pub ports: Vec<Port>,
-    /// `MESH_INTERNAL`.
-    pub location: String,
-    /// `STATIC`.
-    pub resolution: String,
+    pub location: Location,
+    pub resolution: Resolution,
     pub endpoints: Vec<WorkloadEntry>,
+}
+
+/// `ServiceEntry.Location`; the discriminants are the proto's numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Location {
+    MeshExternal = 0,
+    MeshInternal = 1,
+}
+
+/// `ServiceEntry.Resolution`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Resolution {
+    None = 0,
+    Static = 1,
+    Dns = 2,
+    DnsRoundRobin = 3,
+    DynamicDns = 4,
 }
 
 /// `ServicePort`.
@@ -220,9 +238,19 @@ pub struct PortTrafficPolicy {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClientTlsSettings {
     /// `SIMPLE`: TLS to the upstream, no client certificate.
-    pub mode: String,
+    pub mode: ClientTlsMode,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sni: Option<String>,
+}
+
+/// `ClientTLSSettings.TLSmode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ClientTlsMode {
+    Disable = 0,
+    Simple = 1,
+    Mutual = 2,
+    IstioMutual = 3,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -274,11 +302,37 @@ pub struct ServerTls {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub https_redirect: bool,
     /// `SIMPLE` for Ingress TLS (terminated at the gateway); Istio's
-    /// default, when empty, is `PASSTHROUGH`.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub mode: String,
+    /// default, when unset, is `PASSTHROUGH`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ServerTlsMode>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub credential_name: String,
+}
+
+/// `ServerTLSSettings.TLSmode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ServerTlsMode {
+    Passthrough = 0,
+    Simple = 1,
+    Mutual = 2,
+    AutoPassthrough = 3,
+    IstioMutual = 4,
+    OptionalMutual = 5,
+}
+
+impl ServerTlsMode {
+    /// The proto's (and the JSON's) name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServerTlsMode::Passthrough => "PASSTHROUGH",
+            ServerTlsMode::Simple => "SIMPLE",
+            ServerTlsMode::Mutual => "MUTUAL",
+            ServerTlsMode::AutoPassthrough => "AUTO_PASSTHROUGH",
+            ServerTlsMode::IstioMutual => "ISTIO_MUTUAL",
+            ServerTlsMode::OptionalMutual => "OPTIONAL_MUTUAL",
+        }
+    }
 }
 
 // ---- VirtualService -------------------------------------------------------
@@ -382,8 +436,7 @@ pub struct EnvoyFilterSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EnvoyConfigObjectPatch {
-    /// `CLUSTER`, `LISTENER`, …
-    pub apply_to: String,
+    pub apply_to: ApplyTo,
     #[serde(rename = "match")]
     pub matches: PatchMatch,
     pub patch: Patch,
@@ -392,8 +445,7 @@ pub struct EnvoyConfigObjectPatch {
 /// `EnvoyConfigObjectMatch`, reduced to a context and a cluster name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PatchMatch {
-    /// `GATEWAY`.
-    pub context: String,
+    pub context: PatchContext,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterMatch>,
 }
@@ -407,8 +459,45 @@ pub struct ClusterMatch {
 /// config in its JSON form, so a JSON value is its faithful type.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Patch {
-    /// `ADD`, `REMOVE`, …
-    pub operation: String,
+    pub operation: Operation,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<serde_json::Value>,
+}
+
+/// `EnvoyFilter.ApplyTo`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ApplyTo {
+    Listener = 1,
+    FilterChain = 2,
+    NetworkFilter = 3,
+    HttpFilter = 4,
+    RouteConfiguration = 5,
+    VirtualHost = 6,
+    HttpRoute = 7,
+    Cluster = 8,
+    ExtensionConfig = 9,
+}
+
+/// `EnvoyFilter.PatchContext`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum PatchContext {
+    Any = 0,
+    SidecarInbound = 1,
+    SidecarOutbound = 2,
+    Gateway = 3,
+}
+
+/// `EnvoyFilter.Patch.Operation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Operation {
+    Merge = 1,
+    Add = 2,
+    Remove = 3,
+    InsertBefore = 4,
+    InsertAfter = 5,
+    InsertFirst = 6,
+    Replace = 7,
 }

@@ -9,7 +9,7 @@
 
 use super::spec::Named;
 use crate::model::TlsSecret as GatewayTls;
-use crate::translate::model::{GatewaySpec, Server};
+use crate::translate::model::{GatewaySpec, Server, ServerTlsMode};
 use crate::translate::warning::{Reason, Warning};
 
 /// The listener kind a server feeds.
@@ -134,10 +134,11 @@ fn classify<'a>(
         "HTTP" | "HTTP2" | "GRPC" => Ok((Side::Http, None)),
         "HTTPS" => {
             let Some(t) = &server.tls else { return Err(unservable("HTTPS without tls".into())) };
-            let mode = if t.mode.is_empty() { "PASSTHROUGH" } else { t.mode.as_str() };
-            if !mode.eq_ignore_ascii_case("SIMPLE") {
+            let mode = t.mode.unwrap_or(ServerTlsMode::Passthrough);
+            if mode != ServerTlsMode::Simple {
                 return Err(unservable(format!(
-                    "tls.mode {mode} is not supported by the standalone gateway (SIMPLE only)"
+                    "tls.mode {} is not supported by the standalone gateway (SIMPLE only)",
+                    mode.as_str()
                 )));
             }
             if t.credential_name.is_empty() {

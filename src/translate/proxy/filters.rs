@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 use super::envoy::{LOCAL, TCP_PROXY, TLS_INSPECTOR};
 use super::types::{CONNECT_TARGET, Proxied, Proxy};
 use crate::translate::model::{
-    ClusterMatch, EnvoyConfigObjectPatch, EnvoyFilterSpec, IstioObject, Patch, PatchMatch, Spec,
+    ApplyTo, ClusterMatch, EnvoyConfigObjectPatch, EnvoyFilterSpec, IstioObject, Operation, Patch, PatchContext,
+    PatchMatch, Spec,
 };
 
 /// Istio's name for what an ingress controller generates; Higress prefixes
@@ -20,17 +21,17 @@ const TYPE_PREFIX: &str = "type.googleapis.com/";
 /// connection is to the local tunnel listener.
 const SERVICE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-const CONTEXT: &str = "GATEWAY";
+const CONTEXT: PatchContext = PatchContext::Gateway;
 
 fn object(name: String, namespace: &str, config_patches: Vec<EnvoyConfigObjectPatch>) -> IstioObject {
     IstioObject::new(name, namespace, Spec::EnvoyFilter(EnvoyFilterSpec { config_patches }))
 }
 
-fn add(apply_to: &str, value: Value) -> EnvoyConfigObjectPatch {
+fn add(apply_to: ApplyTo, value: Value) -> EnvoyConfigObjectPatch {
     EnvoyConfigObjectPatch {
-        apply_to: apply_to.into(),
-        matches: PatchMatch { context: CONTEXT.into(), cluster: None },
-        patch: Patch { operation: "ADD".into(), value: Some(value) },
+        apply_to,
+        matches: PatchMatch { context: CONTEXT, cluster: None },
+        patch: Patch { operation: Operation::Add, value: Some(value) },
     }
 }
 
@@ -82,7 +83,7 @@ pub fn proxy_filter(proxy: &Proxy, namespace: &str) -> IstioObject {
     object(
         format!("{NAME_PREFIX}-proxy-{}", proxy.name),
         namespace,
-        vec![add("CLUSTER", cluster), add("LISTENER", listener)],
+        vec![add(ApplyTo::Cluster, cluster), add(ApplyTo::Listener, listener)],
     )
 }
 
@@ -96,9 +97,9 @@ pub fn service_filter(proxied: &[Proxied<'_>], namespace: &str) -> Option<IstioO
     for p in proxied {
         for (name, h2) in p.clusters() {
             patches.push(EnvoyConfigObjectPatch {
-                apply_to: "CLUSTER".into(),
-                matches: PatchMatch { context: CONTEXT.into(), cluster: Some(ClusterMatch { name: name.clone() }) },
-                patch: Patch { operation: "REMOVE".into(), value: None },
+                apply_to: ApplyTo::Cluster,
+                matches: PatchMatch { context: CONTEXT, cluster: Some(ClusterMatch { name: name.clone() }) },
+                patch: Patch { operation: Operation::Remove, value: None },
             });
             let mut tls = json!({
                 "@type": format!("{TYPE_PREFIX}envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"),
@@ -124,7 +125,7 @@ pub fn service_filter(proxied: &[Proxied<'_>], namespace: &str) -> Option<IstioO
                 });
             }
             cluster["transport_socket"] = json!({ "name": "envoy.transport_sockets.tls", "typed_config": tls });
-            patches.push(add("CLUSTER", cluster));
+            patches.push(add(ApplyTo::Cluster, cluster));
         }
     }
     (!patches.is_empty()).then(|| object(format!("{NAME_PREFIX}-service-proxy"), namespace, patches))

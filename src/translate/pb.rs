@@ -1,0 +1,319 @@
+//! The typed model → the generated prost messages of `proto/` (Istio's
+//! `istio.networking.v1alpha3` package), encoded with `encode_to_vec`.
+//!
+//! The messages use ordered maps (`btree_map` in `proto/build.rs`) and
+//! prost writes fields by number, so equal specs give equal bytes and MCP
+//! versions stay content hashes. Enums carry the proto's numbers as their
+//! discriminants.
+//!
+//! Only one thing in the model can fall outside the schema: an EnvoyFilter
+//! patch value is any JSON, and the proto wants a `google.protobuf.Struct`,
+//! that is a JSON object. That is the one error here.
+
+use std::collections::BTreeMap;
+
+use meshbridge_proto::istio::networking::v1alpha3 as pb;
+use pb::envoy_filter as ef;
+use prost::Message;
+use prost_types::value::Kind;
+
+use super::model::{
+    ClientTlsSettings, Destination, DestinationRuleSpec, EnvoyConfigObjectPatch, EnvoyFilterSpec, GatewaySpec,
+    HttpMatch, HttpRoute, Patch, Port, PortSelector, PortTrafficPolicy, RegexRewrite, Rewrite, RouteDestination,
+    Server, ServerPort, ServerTls, ServiceEntrySpec, Spec, StringMatch, Subset, TrafficPolicy, VirtualServiceSpec,
+    WorkloadEntry,
+};
+
+/// Why a spec has no protobuf form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PbError {
+    /// `configPatches[i].patch.value` is JSON but not an object.
+    #[error("configPatches[{index}].patch.value: must be a JSON object (google.protobuf.Struct), got {got}")]
+    PatchValueNotObject { index: usize, got: &'static str },
+}
+
+/// The spec's message, encoded: the `body` of an MCP resource.
+pub fn encode(spec: &Spec) -> Result<Vec<u8>, PbError> {
+    Ok(match spec {
+        Spec::ServiceEntry(s) => pb::ServiceEntry::from(s).encode_to_vec(),
+        Spec::DestinationRule(s) => pb::DestinationRule::from(s).encode_to_vec(),
+        Spec::Gateway(s) => pb::Gateway::from(s).encode_to_vec(),
+        Spec::VirtualService(s) => pb::VirtualService::from(s).encode_to_vec(),
+        Spec::EnvoyFilter(s) => pb::EnvoyFilter::try_from(s)?.encode_to_vec(),
+    })
+}
+
+// ---- ServiceEntry ---------------------------------------------------------
+
+impl From<&ServiceEntrySpec> for pb::ServiceEntry {
+    fn from(s: &ServiceEntrySpec) -> Self {
+        pb::ServiceEntry {
+            hosts: s.hosts.clone(),
+            ports: s.ports.iter().map(pb::ServicePort::from).collect(),
+            location: s.location as i32,
+            resolution: s.resolution as i32,
+            endpoints: s.endpoints.iter().map(pb::WorkloadEntry::from).collect(),
+            ..Default::default()
+        }
+    }
+}
+
+impl From<&Port> for pb::ServicePort {
+    fn from(p: &Port) -> Self {
+        pb::ServicePort { number: p.number, protocol: p.protocol.clone(), name: p.name.clone(), target_port: 0 }
+    }
+}
+
+impl From<&WorkloadEntry> for pb::WorkloadEntry {
+    fn from(e: &WorkloadEntry) -> Self {
+        pb::WorkloadEntry {
+            address: e.address.clone(),
+            ports: (*e.ports).clone(),
+            labels: (*e.labels).clone(),
+            weight: e.weight,
+            ..Default::default()
+        }
+    }
+}
+
+// ---- DestinationRule ------------------------------------------------------
+
+impl From<&DestinationRuleSpec> for pb::DestinationRule {
+    fn from(d: &DestinationRuleSpec) -> Self {
+        pb::DestinationRule {
+            host: d.host.clone(),
+            traffic_policy: d.traffic_policy.as_ref().map(pb::TrafficPolicy::from),
+            subsets: d.subsets.iter().map(pb::Subset::from).collect(),
+            export_to: Vec::new(),
+        }
+    }
+}
+
+impl From<&TrafficPolicy> for pb::TrafficPolicy {
+    fn from(t: &TrafficPolicy) -> Self {
+        pb::TrafficPolicy {
+            port_level_settings: t
+                .port_level_settings
+                .iter()
+                .map(pb::traffic_policy::PortTrafficPolicy::from)
+                .collect(),
+            ..Default::default()
+        }
+    }
+}
+
+impl From<&PortTrafficPolicy> for pb::traffic_policy::PortTrafficPolicy {
+    fn from(p: &PortTrafficPolicy) -> Self {
+        pb::traffic_policy::PortTrafficPolicy {
+            port: Some(p.port.into()),
+            tls: Some(pb::ClientTlsSettings::from(&p.tls)),
+            ..Default::default()
+        }
+    }
+}
+
+impl From<&ClientTlsSettings> for pb::ClientTlsSettings {
+    fn from(t: &ClientTlsSettings) -> Self {
+        pb::ClientTlsSettings { mode: t.mode as i32, sni: t.sni.clone().unwrap_or_default(), ..Default::default() }
+    }
+}
+
+impl From<&Subset> for pb::Subset {
+    fn from(s: &Subset) -> Self {
+        pb::Subset { name: s.name.clone(), labels: s.labels.clone(), traffic_policy: None }
+    }
+}
+
+impl From<PortSelector> for pb::PortSelector {
+    fn from(p: PortSelector) -> Self {
+        pb::PortSelector { number: p.number }
+    }
+}
+
+// ---- Gateway --------------------------------------------------------------
+
+impl From<&GatewaySpec> for pb::Gateway {
+    fn from(g: &GatewaySpec) -> Self {
+        pb::Gateway { servers: g.servers.iter().map(pb::Server::from).collect(), selector: g.selector.clone() }
+    }
+}
+
+impl From<&Server> for pb::Server {
+    fn from(s: &Server) -> Self {
+        pb::Server {
+            port: Some(pb::Port::from(&s.port)),
+            hosts: s.hosts.clone(),
+            tls: s.tls.as_ref().map(pb::ServerTlsSettings::from),
+            ..Default::default()
+        }
+    }
+}
+
+impl From<&ServerPort> for pb::Port {
+    fn from(p: &ServerPort) -> Self {
+        pb::Port { number: p.number, protocol: p.protocol.clone(), name: p.name.clone() }
+    }
+}
+
+impl From<&ServerTls> for pb::ServerTlsSettings {
+    fn from(t: &ServerTls) -> Self {
+        pb::ServerTlsSettings {
+            https_redirect: t.https_redirect,
+            mode: t.mode.map_or(0, |m| m as i32),
+            credential_name: t.credential_name.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+// ---- VirtualService -------------------------------------------------------
+
+impl From<&VirtualServiceSpec> for pb::VirtualService {
+    fn from(v: &VirtualServiceSpec) -> Self {
+        pb::VirtualService {
+            hosts: v.hosts.clone(),
+            gateways: v.gateways.clone(),
+            http: v.http.iter().map(pb::HttpRoute::from).collect(),
+            ..Default::default()
+        }
+    }
+}
+
+impl From<&HttpRoute> for pb::HttpRoute {
+    fn from(r: &HttpRoute) -> Self {
+        pb::HttpRoute {
+            name: r.name.clone(),
+            r#match: r.matches.iter().map(pb::HttpMatchRequest::from).collect(),
+            route: r.route.iter().map(pb::HttpRouteDestination::from).collect(),
+            rewrite: r.rewrite.as_ref().map(pb::HttpRewrite::from),
+            ..Default::default()
+        }
+    }
+}
+
+impl From<&HttpMatch> for pb::HttpMatchRequest {
+    fn from(m: &HttpMatch) -> Self {
+        pb::HttpMatchRequest {
+            uri: m.uri.as_ref().map(pb::StringMatch::from),
+            ignore_uri_case: m.ignore_uri_case,
+            headers: m.headers.iter().map(|(k, v)| (k.clone(), pb::StringMatch::from(v))).collect(),
+            ..Default::default()
+        }
+    }
+}
+
+impl From<&StringMatch> for pb::StringMatch {
+    fn from(m: &StringMatch) -> Self {
+        use pb::string_match::MatchType;
+        let t = match m {
+            StringMatch::Exact(s) => MatchType::Exact(s.clone()),
+            StringMatch::Prefix(s) => MatchType::Prefix(s.clone()),
+            StringMatch::Regex(s) => MatchType::Regex(s.clone()),
+        };
+        pb::StringMatch { match_type: Some(t) }
+    }
+}
+
+impl From<&RouteDestination> for pb::HttpRouteDestination {
+    fn from(r: &RouteDestination) -> Self {
+        pb::HttpRouteDestination {
+            destination: Some(pb::Destination::from(&r.destination)),
+            // Weights are percentages (at most 100) or an Ingress's share of
+            // a total; they fit, and saturate if one ever did not.
+            weight: r.weight.map_or(0, |w| i32::try_from(w).unwrap_or(i32::MAX)),
+            headers: None,
+        }
+    }
+}
+
+impl From<&Destination> for pb::Destination {
+    fn from(d: &Destination) -> Self {
+        pb::Destination {
+            host: d.host.clone(),
+            subset: d.subset.clone().unwrap_or_default(),
+            port: d.port.map(pb::PortSelector::from),
+        }
+    }
+}
+
+impl From<&Rewrite> for pb::HttpRewrite {
+    fn from(r: &Rewrite) -> Self {
+        pb::HttpRewrite {
+            uri: r.uri.clone().unwrap_or_default(),
+            authority: r.authority.clone().unwrap_or_default(),
+            uri_regex_rewrite: r.uri_regex_rewrite.as_ref().map(pb::RegexRewrite::from),
+        }
+    }
+}
+
+impl From<&RegexRewrite> for pb::RegexRewrite {
+    fn from(r: &RegexRewrite) -> Self {
+        pb::RegexRewrite { r#match: r.pattern.clone(), rewrite: r.rewrite.clone() }
+    }
+}
+
+// ---- EnvoyFilter ----------------------------------------------------------
+
+impl TryFrom<&EnvoyFilterSpec> for pb::EnvoyFilter {
+    type Error = PbError;
+
+    fn try_from(f: &EnvoyFilterSpec) -> Result<Self, PbError> {
+        let config_patches =
+            f.config_patches.iter().enumerate().map(|(i, p)| patch(i, p)).collect::<Result<Vec<_>, _>>()?;
+        Ok(pb::EnvoyFilter { workload_selector: None, config_patches })
+    }
+}
+
+fn patch(index: usize, p: &EnvoyConfigObjectPatch) -> Result<ef::EnvoyConfigObjectPatch, PbError> {
+    let object_types = p.matches.cluster.as_ref().map(|c| {
+        ef::envoy_config_object_match::ObjectTypes::Cluster(ef::ClusterMatch {
+            name: c.name.clone(),
+            ..Default::default()
+        })
+    });
+    let Patch { operation, value } = &p.patch;
+    let value = match value {
+        None => None,
+        Some(serde_json::Value::Object(fields)) => Some(to_struct(fields)),
+        Some(other) => return Err(PbError::PatchValueNotObject { index, got: json_type(other) }),
+    };
+    Ok(ef::EnvoyConfigObjectPatch {
+        apply_to: p.apply_to as i32,
+        r#match: Some(ef::EnvoyConfigObjectMatch { context: p.matches.context as i32, proxy: None, object_types }),
+        patch: Some(ef::Patch { operation: *operation as i32, value, filter_class: 0 }),
+    })
+}
+
+fn to_struct(fields: &serde_json::Map<String, serde_json::Value>) -> prost_types::Struct {
+    prost_types::Struct { fields: fields.iter().map(|(k, v)| (k.clone(), to_value(v))).collect::<BTreeMap<_, _>>() }
+}
+
+/// JSON → `google.protobuf.Value`, as the protobuf JSON mapping reads it:
+/// every number becomes a double.
+fn to_value(v: &serde_json::Value) -> prost_types::Value {
+    use serde_json::Value as J;
+    let kind = match v {
+        J::Null => Kind::NullValue(0),
+        J::Bool(b) => Kind::BoolValue(*b),
+        J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(f64::NAN)),
+        J::String(s) => Kind::StringValue(s.clone()),
+        J::Array(items) => Kind::ListValue(prost_types::ListValue { values: items.iter().map(to_value).collect() }),
+        J::Object(fields) => Kind::StructValue(to_struct(fields)),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+fn json_type(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+#[path = "pb_tests.rs"]
+mod tests;
