@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use meshbridge_registries::{RegistryKind, Secret, Service};
 use serde_json::Value;
 
+pub mod ingress;
+
 /// Registries are keyed by (type, name), as the reconciler diffs them.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RegistryKey {
@@ -83,12 +85,21 @@ impl View {
     }
 }
 
-/// A `networking.k8s.io/v1` `Ingress`, kept as-is for the Ingress translator.
+/// A `networking.k8s.io/v1` `Ingress`, parsed once where it came in
+/// ([`ingress`]). `Err` when it does not have the shape of one: the
+/// translator reports that and leaves it out.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IngressDoc {
     pub namespace: String,
     pub name: String,
-    pub object: Value,
+    pub ingress: Result<Arc<ingress::Ingress>, ingress::InvalidIngress>,
+}
+
+impl IngressDoc {
+    /// An Ingress from its JSON form (a file's YAML document).
+    pub fn from_json(namespace: String, name: String, object: &Value) -> IngressDoc {
+        IngressDoc { namespace, name, ingress: ingress::parse(object).map(Arc::new) }
+    }
 }
 
 /// A certificate from a `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`),

@@ -15,7 +15,6 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::cache::{Cache, RegistryKey};
 use crate::config::{Desired, IngressDoc};
-use crate::translate::ingress::parse_destination;
 
 /// What the reconciler does for one registry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,16 +63,13 @@ struct Running {
 pub fn referenced_hosts(ingresses: &[IngressDoc]) -> Referenced {
     let mut hosts = std::collections::BTreeSet::new();
     for doc in ingresses {
-        let value = doc.object.pointer("/metadata/annotations").and_then(|a| a.get(DESTINATION_ANNOTATION));
-        let Some(value) = value.and_then(|v| v.as_str()) else { continue };
-        if let Ok(list) = parse_destination(value) {
-            hosts.extend(list.into_iter().map(|d| d.host.to_ascii_lowercase()));
+        let Ok(ingress) = &doc.ingress else { continue };
+        if let Some(Ok(list)) = ingress.metadata.destination() {
+            hosts.extend(list.iter().map(|d| d.host.to_ascii_lowercase()));
         }
     }
     Arc::new(hosts)
 }
-
-const DESTINATION_ANNOTATION: &str = "higress.io/destination";
 
 /// Start the reconciler task: apply the current `Desired` now (so watchers
 /// start before anything is served), then every new one, calling `observe`
@@ -265,13 +261,10 @@ mod tests {
         let ing = |name: &str, dest: Option<&str>| {
             let mut annotations = serde_json::Map::new();
             if let Some(d) = dest {
-                annotations.insert(DESTINATION_ANNOTATION.into(), d.into());
+                annotations.insert(crate::model::ingress::DESTINATION.into(), d.into());
             }
-            IngressDoc {
-                namespace: "default".into(),
-                name: name.into(),
-                object: serde_json::json!({"metadata": {"name": name, "annotations": annotations}}),
-            }
+            let object = serde_json::json!({"metadata": {"name": name, "annotations": annotations}});
+            IngressDoc::from_json("default".into(), name.into(), &object)
         };
         let got = referenced_hosts(&[
             ing("a", Some("web.DEFAULT-GROUP.public.nacos:8080")),

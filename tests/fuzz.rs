@@ -217,7 +217,7 @@ fn document() -> impl Strategy<Value = Value> {
     prop_oneof![
         3 => bridge,
         1 => secret,
-        2 => ingress().prop_map(|i| i.object),
+        2 => ingress(),
         1 => (word(), metadata(), json_value())
             .prop_map(|(kind, meta, spec)| json!({"kind": kind, "metadata": meta, "spec": spec})),
         1 => json_value(),
@@ -270,7 +270,8 @@ fn destination_text() -> impl Strategy<Value = String> {
     prop_oneof![prop::collection::vec(line, 0..4).prop_map(|l| l.join("\n")), word()]
 }
 
-fn ingress() -> impl Strategy<Value = IngressDoc> {
+/// An Ingress object, in its JSON form.
+fn ingress() -> impl Strategy<Value = Value> {
     let backend = prop_oneof![
         4 => (name(), prop_oneof![port().prop_map(|p| json!({"number": p})), name().prop_map(|n| json!({"name": n}))])
             .prop_map(|(n, p)| json!({"service": {"name": n, "port": p}})),
@@ -304,14 +305,18 @@ fn ingress() -> impl Strategy<Value = IngressDoc> {
             if let Some(odd) = odd {
                 spec["defaultBackend"] = odd;
             }
-            let object = json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-                "metadata": {"name": name, "namespace": ns, "annotations": ann}, "spec": spec});
-            IngressDoc {
-                namespace: ns.as_str().unwrap_or_default().to_owned(),
-                name: name.as_str().unwrap_or_default().to_owned(),
-                object,
-            }
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                "metadata": {"name": name, "namespace": ns, "annotations": ann}, "spec": spec})
         })
+}
+
+/// The document the config loader makes of an Ingress object.
+fn ingress_doc(object: &Value) -> IngressDoc {
+    IngressDoc::from_json(
+        object["metadata"]["namespace"].as_str().unwrap_or("default").to_owned(),
+        object["metadata"]["name"].as_str().unwrap_or_default().to_owned(),
+        object,
+    )
 }
 
 /// YAML text: documents as JSON or block YAML, separators, and noise.
@@ -449,19 +454,17 @@ fn check_ingresses(ingresses: &[IngressDoc], class: Option<String>) -> Result<()
 fn fuzz_ingress_translate() {
     let strategy =
         (prop::collection::vec(ingress(), 0..4), prop::option::of(prop_oneof![Just("higress".to_owned()), word()]));
-    runner::fuzz(&root(), "ingress", 300, strategy, |(ingresses, class)| check_ingresses(&ingresses, class));
+    runner::fuzz(&root(), "ingress", 300, strategy, |(ingresses, class)| {
+        let docs: Vec<IngressDoc> = ingresses.iter().map(ingress_doc).collect();
+        check_ingresses(&docs, class)
+    });
 }
 
 #[test]
 fn fuzz_ingress_corpus() {
     for (name, bytes) in runner::corpus(&root(), "ingress") {
         let object: Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("ingress/{name}: {e}"));
-        let doc = IngressDoc {
-            namespace: object["metadata"]["namespace"].as_str().unwrap_or("default").to_owned(),
-            name: object["metadata"]["name"].as_str().unwrap_or_default().to_owned(),
-            object,
-        };
-        if let Err(e) = check_ingresses(&[doc], None) {
+        if let Err(e) = check_ingresses(&[ingress_doc(&object)], None) {
             panic!("corpus ingress/{name}: {e}");
         }
     }

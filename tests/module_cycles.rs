@@ -441,6 +441,44 @@ fn translate_reads_its_inputs_from_the_leaf() {
     assert!(wrong.is_empty(), "translate reaching past the leaf:\n{}", wrong.join("\n"));
 }
 
+/// Issue 26: inputs are parsed once, where they come in (an Ingress into
+/// the leaf's `model::ingress`, its destination annotation included), so
+/// the reconciler does not reach into translate, and translation reads
+/// types, not JSON. JSON stays in translate only where Istio's API is
+/// free-form itself (an EnvoyFilter patch value, a `google.protobuf.Struct`).
+#[test]
+fn translation_and_the_reconciler_read_types_not_json() {
+    const JSON_ALLOWED: [&[&str]; 3] =
+        [&["translate", "model"], &["translate", "pb"], &["translate", "proxy", "filters"]];
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let krate = load(&workspace.join("src"));
+    let mut wrong = Vec::new();
+    let mut translate_files = 0;
+    for (module, code) in &krate.code {
+        let file = krate.files[module].display();
+        match module.first().map(String::as_str) {
+            Some("reconcile") => {
+                for path in
+                    paths(code).into_iter().filter(|p| p == "crate::translate" || p.starts_with("crate::translate::"))
+                {
+                    wrong.push(format!("{file}: {path}"));
+                }
+            }
+            Some("translate") => {
+                translate_files += 1;
+                let allowed = JSON_ALLOWED.iter().any(|m| module.iter().map(String::as_str).eq(m.iter().copied()));
+                if !allowed && code.contains("serde_json") {
+                    wrong.push(format!("{file}: serde_json outside the EnvoyFilter patch value"));
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(translate_files > 20, "translate files not read: {translate_files}");
+    assert!(krate.code.contains_key(&vec!["reconcile".to_string()]), "src/reconcile.rs not read");
+    assert!(wrong.is_empty(), "JSON or translate reached where types should be:\n{}", wrong.join("\n"));
+}
+
 #[test]
 fn the_error_scan_finds_the_error_type() {
     assert_eq!(

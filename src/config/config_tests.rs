@@ -89,7 +89,8 @@ fn full_higress_yaml() {
     );
     assert_eq!(d.ingresses.len(), 1);
     assert_eq!((d.ingresses[0].namespace.as_str(), d.ingresses[0].name.as_str()), ("default", "shop"));
-    assert_eq!(d.ingresses[0].object["spec"]["ingressClassName"], "higress");
+    let ingress = d.ingresses[0].ingress.as_ref().expect("a readable Ingress");
+    assert_eq!(ingress.spec.ingress_class_name.as_deref(), Some("higress"));
 
     assert_eq!(
         built.warnings,

@@ -94,7 +94,7 @@ fn parse_document(file: &str, index: usize, value: Value) -> Result<Option<Docum
     let doc = match kind.as_str() {
         "McpBridge" => Document::McpBridge(mcpbridge(namespace, name, obj.remove("spec"))?),
         "Secret" => Document::Secret(secret(namespace, name, &obj)?),
-        _ => Document::Ingress(IngressDoc { namespace, name, object: Value::Object(obj) }),
+        _ => Document::Ingress(IngressDoc::from_json(namespace, name, &Value::Object(obj))),
     };
     Ok(Some(doc))
 }

@@ -30,7 +30,8 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::args::{DEFAULT_MCPBRIDGE, KubeError, SourceOptions};
-use crate::config::{Builder, Desired, Document, parse_object};
+use crate::config::{Builder, Desired, Document, FieldError, IngressDoc, parse_object};
+use crate::model::ingress;
 
 /// Wait this long after a change for the rest of a burst (a relist, a
 /// `kubectl apply` of several objects) before rebuilding.
@@ -299,6 +300,7 @@ impl Assembler {
                 }
             }
             let key = ("McpBridge", bridge.namespace.clone(), bridge.name.clone());
+            let source = format!("McpBridge {}/{}", bridge.namespace, bridge.name);
             let value = || {
                 let mut value = serde_json::to_value(obj.as_ref()).unwrap_or_default();
                 if let Value::Object(map) = &mut value {
@@ -308,7 +310,7 @@ impl Assembler {
                     );
                     map.insert("kind".into(), super::args::MCPBRIDGE_KIND.into());
                 }
-                value
+                parse_object(&source, value)
             };
             self.parse(&key, version(obj.as_ref(), ""), value);
             order.push(key);
@@ -335,24 +337,24 @@ impl Assembler {
             if !auth_names.contains(&name) && !tls_names.contains(&(ns.clone(), name.clone())) {
                 continue;
             }
+            let source = format!("Secret {ns}/{name}");
             let key = ("Secret", ns, name);
             self.parse(&key, version(secret.as_ref(), ""), || {
-                serde_json::to_value(secret.as_ref()).unwrap_or_default()
+                parse_object(&source, serde_json::to_value(secret.as_ref()).unwrap_or_default())
             });
             order.push(key);
         }
         for (key, ing, set_class) in ours {
-            let class = self.ingress_class.clone();
-            let value = move || {
-                let mut value = serde_json::to_value(ing.as_ref()).unwrap_or_default();
-                if set_class {
-                    // What the API server's DefaultIngressClass admission
-                    // does to new Ingresses, so the translator sees the class.
-                    value["spec"]["ingressClassName"] = Value::String(class);
-                }
-                value
+            // The typed object becomes our model directly, no JSON between.
+            // A class set here is what the API server's DefaultIngressClass
+            // admission does to new Ingresses, so the translator sees it.
+            let class = set_class.then(|| self.ingress_class.clone());
+            let (namespace, name) = (key.1.clone(), key.2.clone());
+            let doc = move || {
+                let ingress = ingress::from_api(ing.as_ref(), class.as_deref());
+                Ok(Some(Document::Ingress(IngressDoc { namespace, name, ingress: Ok(Arc::new(ingress)) })))
             };
-            self.parse(&key, version(ing.as_ref(), if set_class { "+class" } else { "" }), value);
+            self.parse(&key, version(ing.as_ref(), if set_class { "+class" } else { "" }), doc);
             order.push(key);
         }
         let live: HashSet<&ObjectKey> = order.iter().collect();
@@ -377,7 +379,12 @@ impl Assembler {
 
     /// Parse one object unless this `version` was parsed already. A version
     /// that does not parse keeps the last good document.
-    fn parse(&mut self, key: &ObjectKey, version: Option<String>, value: impl FnOnce() -> Value) {
+    fn parse(
+        &mut self,
+        key: &ObjectKey,
+        version: Option<String>,
+        parse: impl FnOnce() -> Result<Option<Document>, FieldError>,
+    ) {
         let known = self.objects.get(key).is_some_and(|p| p.version.is_some() && p.version == version);
         if known {
             return;
@@ -386,8 +393,7 @@ impl Assembler {
         {
             self.parses += 1;
         }
-        let (kind, ns, name) = key;
-        let result = parse_object(&format!("{kind} {ns}/{name}"), value());
+        let result = parse();
         let entry = self.objects.entry(key.clone()).or_insert(Parsed { version: None, doc: None, error: None });
         entry.version = version;
         match result {

@@ -39,28 +39,28 @@ fn ingress() -> IngressDoc {
             {"path": "/", "pathType": "Prefix", "backend": {"resource": {
                 "apiGroup": "networking.higress.io", "kind": "McpBridge", "name": "default"}}}]}}]}
     });
-    IngressDoc { namespace: "shop".into(), name: "shop".into(), object }
+    IngressDoc::from_json("shop".into(), "shop".into(), &object)
 }
 
 fn api_ingress() -> IngressDoc {
+    api_ingress_named("api", "api.dc1.consul:9090")
+}
+
+fn api_ingress_named(name: &str, destination: &str) -> IngressDoc {
     let object = json!({
         "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-        "metadata": {"name": "api", "namespace": "shop", "annotations": {
-            "higress.io/destination": "api.dc1.consul:9090"}},
+        "metadata": {"name": name, "namespace": "shop", "annotations": {
+            "higress.io/destination": destination}},
         "spec": {"ingressClassName": "higress", "rules": [{"host": "api.example.com", "http": {"paths": [
             {"path": "/", "pathType": "Prefix", "backend": {"resource": {
                 "apiGroup": "networking.higress.io", "kind": "McpBridge", "name": "default"}}}]}}]}
     });
-    IngressDoc { namespace: "shop".into(), name: "api".into(), object }
+    IngressDoc::from_json("shop".into(), name.into(), &object)
 }
 
 /// `api_ingress` with the destination spelt in upper case.
 fn upper_ingress() -> IngressDoc {
-    let mut doc = api_ingress();
-    doc.object["metadata"]["annotations"]["higress.io/destination"] = json!("API.DC1.consul:9090");
-    doc.name = "upper".into();
-    doc.object["metadata"]["name"] = json!("upper");
-    doc
+    api_ingress_named("upper", "API.DC1.consul:9090")
 }
 
 fn proxies() -> Vec<ProxySpec> {

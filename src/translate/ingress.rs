@@ -41,18 +41,19 @@
 
 mod annotations;
 mod canary;
-mod model;
 
 #[cfg(test)]
 mod ingress_tests;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
 
 use meshbridge_registries::clip;
 use serde::Serialize;
 
 use self::annotations::{DESTINATION, IngressAnnotations, RewriteRule};
-use self::model::{Backend, CLASS_ANNOTATION, HttpPath, Ingress};
 use super::model::{
     Destination, DestinationRuleSpec, GatewaySpec, HttpMatch, HttpRoute, IstioObject, PortSelector, RegexRewrite,
     Rewrite, RouteDestination, Server, ServerPort, ServerTls, ServerTlsMode, Spec, StringMatch, Subset,
@@ -61,6 +62,7 @@ use super::model::{
 use super::names::short_hash;
 use super::warning::{Reason, Warning};
 use crate::model::IngressDoc;
+use crate::model::ingress::{Backend, CLASS_ANNOTATION, HttpPath, Ingress};
 
 pub use self::annotations::{DestinationError, McpDestination, parse_destination};
 
@@ -144,8 +146,8 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
     let mut ours = Vec::new();
     for doc in ingresses {
         let id = format!("{}/{}", doc.namespace, doc.name);
-        let ingress = match model::parse(&doc.object) {
-            Ok(i) => i,
+        let ingress = match &doc.ingress {
+            Ok(i) => i.clone(),
             Err(e) => {
                 t.warnings.push(Warning::new(
                     format!("Ingress {id}"),
@@ -158,17 +160,14 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
         if !class_matches(&ingress, opts.ingress_class.as_deref()) {
             continue;
         }
-        let created = ingress.metadata.creation_timestamp.as_deref().and_then(|ts| {
-            let parsed = model::parse_timestamp(ts);
-            if parsed.is_none() {
-                t.warnings.push(Warning::new(
-                    format!("Ingress {id}"),
-                    Reason::InvalidIngress,
-                    format!("metadata.creationTimestamp {:?} is not an RFC 3339 time", clip(ts)),
-                ));
+        let created = match ingress.metadata.created() {
+            None => None,
+            Some(Ok(t)) => Some(t),
+            Some(Err(e)) => {
+                t.warnings.push(Warning::new(format!("Ingress {id}"), Reason::InvalidIngress, e.to_string()));
+                None
             }
-            parsed
-        });
+        };
         let ann = IngressAnnotations::read(&ingress.metadata);
         t.ignored_annotations += ann.ignored;
         ours.push(Parsed { id, namespace: doc.namespace.clone(), name: doc.name.clone(), created, ingress, ann });
@@ -217,8 +216,8 @@ struct Parsed {
     id: String,
     namespace: String,
     name: String,
-    created: Option<(i64, u32)>,
-    ingress: Ingress,
+    created: Option<Timestamp>,
+    ingress: Arc<Ingress>,
     ann: IngressAnnotations,
 }
 
@@ -230,8 +229,8 @@ fn class_matches(ingress: &Ingress, wanted: Option<&str>) -> bool {
     if wanted.is_empty() {
         return true;
     }
-    let class = ingress.metadata.annotation(CLASS_ANNOTATION).or_else(|| ingress.spec.ingress_class_name.clone());
-    match class.as_deref() {
+    let class = ingress.metadata.annotation(CLASS_ANNOTATION).or(ingress.spec.ingress_class_name.as_deref());
+    match class {
         None | Some("") => wanted == DEFAULT_INGRESS_CLASS,
         Some(c) => c == wanted,
     }

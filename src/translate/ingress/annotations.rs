@@ -8,12 +8,14 @@
 
 use meshbridge_registries::clip;
 
-use super::model::Metadata;
+use crate::model::ingress::has_sign;
+pub use crate::model::ingress::{
+    DESTINATION, DestinationError, McpDestination, Metadata, parse_destination, valid_dns_label,
+};
 
 const HIGRESS: &str = "higress.io/";
 const NGINX: &str = "nginx.ingress.kubernetes.io/";
 
-pub const DESTINATION: &str = "higress.io/destination";
 const REWRITE_PATH: &str = "higress.io/rewrite-path";
 const REWRITE_TARGET: &str = "rewrite-target";
 const IGNORE_PATH_CASE: &str = "ignore-path-case";
@@ -102,52 +104,12 @@ pub struct CanaryWeight {
     pub total: u32,
 }
 
-/// One line of `higress.io/destination`: `[NN%] host[:port] [subset]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct McpDestination {
-    pub weight: u32,
-    pub host: String,
-    pub port: Option<u16>,
-    pub subset: Option<String>,
-}
-
-/// A rewrite annotation that cannot be honoured.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RewriteError {
     /// `rewrite-target` with `$n` or `\n` references: they need regex path
     /// matching (`use-regex`), which is not supported. `target` is clipped.
     #[error("annotation {key}: capture groups ({target:?}) need regex path matching, which is not supported")]
     CaptureGroups { key: String, target: String },
-}
-
-/// Why a `higress.io/destination` value was rejected. `line` is 1-based and
-/// counts blank lines, so it points into the value as written.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DestinationError {
-    /// No destination line at all.
-    #[error("no destination given")]
-    Empty,
-    /// The weight before `%` is not a whole number from 0 to 100.
-    #[error("line {line}: weight {weight:?} is not a percentage from 0 to 100")]
-    BadWeight { line: usize, weight: String },
-    /// A weight with nothing after it.
-    #[error("line {line}: no host after the weight")]
-    NoHost { line: usize },
-    /// The host is empty or has characters no registry host has.
-    #[error("line {line}: host {host:?} is not a valid host name")]
-    BadHost { line: usize, host: String },
-    /// The text after the last `:` is not a port from 1 to 65535.
-    #[error("line {line}: port {port:?} is not a number from 1 to 65535")]
-    BadPort { line: usize, port: String },
-    /// The subset is not a DNS label (what Istio requires of subset names).
-    #[error("line {line}: subset {subset:?} is not a valid subset name (lowercase letters, digits and '-')")]
-    BadSubset { line: usize, subset: String },
-    /// More than `[NN%] host[:port] [subset]` on one line.
-    #[error("line {line}: unexpected {extra:?} after the subset")]
-    Extra { line: usize, extra: String },
-    /// The weights do not add up to 100.
-    #[error("weights add up to {sum}, not 100")]
-    WeightSum { sum: u64 },
 }
 
 impl IngressAnnotations {
@@ -160,7 +122,7 @@ impl IngressAnnotations {
             ignored: 0,
             warnings: Vec::new(),
         };
-        let mut used: Vec<String> = Vec::new();
+        let mut used: Vec<String> = vec![DESTINATION.to_owned()];
         let mut get = |key: &str, both_prefixes: bool| -> Option<(String, String)> {
             let keys: Vec<String> = if both_prefixes {
                 vec![format!("{HIGRESS}{key}"), format!("{NGINX}{key}")]
@@ -168,10 +130,11 @@ impl IngressAnnotations {
                 vec![key.to_owned()]
             };
             used.extend(keys.iter().cloned());
-            keys.into_iter().find_map(|k| meta.annotation(&k).map(|v| (k, v)))
+            keys.into_iter().find_map(|k| meta.annotation(&k).map(|v| (k, v.to_owned())))
         };
 
-        out.destination = get(DESTINATION, false).map(|(_, v)| parse_destination(&v));
+        // Parsed with the Ingress, where it came in.
+        out.destination = meta.destination().cloned();
 
         let rewrite_path = get(REWRITE_PATH, false).filter(|(_, v)| !v.is_empty());
         let rewrite_target = get(REWRITE_TARGET, true).filter(|(_, v)| !v.is_empty());
@@ -301,81 +264,6 @@ fn read_canary(found: &[Option<(String, String)>], warnings: &mut Vec<String>) -
 fn is_token(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
-
-/// Parse `higress.io/destination`: one destination per line,
-/// `[NN%] host[:port] [subset]` (Higress's format, e.g.
-/// `80% orders.DEFAULT-GROUP.public.nacos:8080 v1`). Blank lines are
-/// skipped; a line without a weight weighs 100, so the weights must add up
-/// to 100. Stricter than Higress, which takes `host:junk` as a host name,
-/// ignores extra words and only logs a bad weight sum.
-pub fn parse_destination(value: &str) -> Result<Vec<McpDestination>, DestinationError> {
-    let mut out = Vec::new();
-    let mut sum: u64 = 0;
-    for (i, text) in value.lines().enumerate() {
-        let line = i + 1;
-        let mut words = text.split_whitespace().peekable();
-        let Some(first) = words.peek().copied() else { continue };
-        let weight = match first.strip_suffix('%') {
-            Some(w) => {
-                words.next();
-                match w.parse::<u32>() {
-                    Ok(w) if w <= 100 && !has_sign(first) => w,
-                    _ => return Err(DestinationError::BadWeight { line, weight: clip(first).into_owned() }),
-                }
-            }
-            None => 100,
-        };
-        let address = words.next().ok_or(DestinationError::NoHost { line })?;
-        let (host, port) = match address.rsplit_once(':') {
-            Some((host, port)) => {
-                let number = port.parse::<u16>().ok().filter(|p| *p != 0 && !has_sign(port));
-                let number = number.ok_or_else(|| DestinationError::BadPort { line, port: clip(port).into_owned() })?;
-                (host, Some(number))
-            }
-            None => (address, None),
-        };
-        if !valid_registry_host(host) {
-            return Err(DestinationError::BadHost { line, host: clip(host).into_owned() });
-        }
-        let subset = match words.next() {
-            Some(s) if valid_dns_label(s) => Some(s.to_owned()),
-            Some(s) => return Err(DestinationError::BadSubset { line, subset: clip(s).into_owned() }),
-            None => None,
-        };
-        if let Some(extra) = words.next() {
-            return Err(DestinationError::Extra { line, extra: clip(extra).into_owned() });
-        }
-        sum += u64::from(weight);
-        out.push(McpDestination { weight, host: host.to_owned(), port, subset });
-    }
-    if out.is_empty() {
-        return Err(DestinationError::Empty);
-    }
-    if sum != 100 {
-        return Err(DestinationError::WeightSum { sum });
-    }
-    Ok(out)
-}
-
-/// Rust's integer parsers accept a leading `+`; a weight or port never has one.
-fn has_sign(s: &str) -> bool {
-    s.starts_with('+')
-}
-
-/// Registry hosts keep the registry's spelling (`orders.DEFAULT-GROUP.public.nacos`,
-/// `DEFAULT_GROUP`), so case and `_` are allowed; anything that could not be
-/// a host name is not.
-fn valid_registry_host(host: &str) -> bool {
-    !host.is_empty()
-        && host.len() <= 253
-        && !host.starts_with('.')
-        && !host.ends_with('.')
-        && !host.contains("..")
-        && host.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
-}
-
-/// RFC 1123 label: what Istio requires of subset names.
-pub use meshbridge_registries::names::is_dns1123_label as valid_dns_label;
 
 /// Go's `strconv.ParseBool`, which Higress uses for boolean annotations.
 pub fn parse_bool(s: &str) -> Option<bool> {
