@@ -3,7 +3,7 @@
 # later runs. Nothing here starts a server: each test starts and stops its own.
 #
 #   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [nacos-server] [tinyproxy] [eureka-server] [eureka-client] [dubbo-provider] [spring-app] [docker-compose] [kubetools] [cargo-deny]
-#                [kube-apiserver] (also builds etcd; `etcd` is the same component) [helm] [istiod]
+#                [mdbook] [kube-apiserver] (also builds etcd; `etcd` is the same component) [helm] [istiod]
 #                (default: consul envoy)
 #
 # Prints `export` lines for the binaries it installed; e2e/env.sh sources them.
@@ -214,6 +214,23 @@ install_cargo_deny() {
   echo "$bin"
 }
 
+# mdbook (the user guide in docs/ is an mdBook), built once from crates.io,
+# pinned, without its default features (serve, watch, search): CI only
+# builds the book; tests/docs_links.rs checks its links.
+MDBOOK_VERSION=0.4.52
+install_mdbook() {
+  local root="$CACHE/mdbook-$MDBOOK_VERSION" bin
+  bin="$root/bin/mdbook"
+  if [ -x "$bin" ]; then log "mdbook $MDBOOK_VERSION cached: $bin"; echo "$bin"; return; fi
+  log "building mdbook $MDBOOK_VERSION from crates.io (dev profile, no default features)"
+  local t0=$SECONDS
+  CARGO_PROFILE_DEV_DEBUG=0 CARGO_TARGET_DIR="$CACHE/mdbook-target" \
+    cargo install --locked --debug --no-default-features --version "$MDBOOK_VERSION" --root "$root" mdbook >&2
+  log "mdbook built in $((SECONDS - t0)) s"
+  rm -rf "$CACHE/mdbook-target"
+  echo "$bin"
+}
+
 # kube-apiserver and etcd, built from their Go modules (Go from the image or
 # GOTOOLCHAIN; modules from the Go module proxy). k8s.io/kubernetes replaces
 # its staging modules (k8s.io/api, k8s.io/apiserver, ...) with paths inside
@@ -366,6 +383,7 @@ component() {
                  echo "export MESHBRIDGE_KUBECTL_BIN=$d/kubectl MESHBRIDGE_KUBE_VALIDATE_BIN=$d/kubernetes-validate"
                else log "kubetools not installed"; fi ;;
     cargo-deny) v=$(install_cargo_deny); echo "export MESHBRIDGE_CARGO_DENY_BIN=$v" ;;
+    mdbook)    v=$(install_mdbook); echo "export MESHBRIDGE_MDBOOK_BIN=$v" ;;
     kube-apiserver|etcd) d=$(install_kube_apiserver)
                echo "export MESHBRIDGE_KUBE_APISERVER_BIN=$d/kube-apiserver MESHBRIDGE_ETCD_BIN=$d/etcd" ;;
     istiod)    d=$(install_istiod); echo "export MESHBRIDGE_ISTIOD_BIN=$d/pilot-discovery" ;;
@@ -379,7 +397,7 @@ component() {
 # packages take their own lock (apt_install).
 group_of() {
   case "$1" in
-    rnacos|cargo-deny) echo cargo ;;
+    rnacos|cargo-deny|mdbook) echo cargo ;;
     kube-apiserver|etcd|helm|istiod) echo go ;;
     eureka-server|eureka-client|dubbo-provider|spring-app|nacos-server) echo maven ;;
     *) echo fetch ;;

@@ -11,7 +11,7 @@ export MESHBRIDGE_CACHE="${MESHBRIDGE_CACHE:-$HOME/.cache/meshbridge}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MESHBRIDGE_CACHE/target}"
 
 # shellcheck source=e2e/env.sh
-source e2e/env.sh consul envoy rnacos nacos-server zookeeper tinyproxy eureka-server eureka-client dubbo-provider spring-app docker-compose kubetools cargo-deny kube-apiserver helm istiod
+source e2e/env.sh consul envoy rnacos nacos-server zookeeper tinyproxy eureka-server eureka-client dubbo-provider spring-app docker-compose kubetools cargo-deny mdbook kube-apiserver helm istiod
 
 echo "== kubernetes manifests"
 if [ -n "${MESHBRIDGE_KUBECTL_BIN:-}" ] && [ -n "${MESHBRIDGE_KUBE_VALIDATE_BIN:-}" ]; then
@@ -53,6 +53,12 @@ echo "== docker-compose config"
 "$MESHBRIDGE_DOCKER_COMPOSE_BIN" -f docker-compose.yml config -q
 echo "== envoy --mode validate"
 e2e/validate-envoy.sh
+echo "== mdbook build docs (links: tests/docs_links.rs)"
+book=$(mktemp -d)
+"$MESHBRIDGE_MDBOOK_BIN" build docs --dest-dir "$book"
+test -s "$book/index.html" || { echo "mdbook build docs: no index.html: FAILED"; exit 1; }
+echo "built $(find "$book" -name '*.html' | wc -l) pages"
+rm -rf "$book"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
