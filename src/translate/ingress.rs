@@ -41,6 +41,7 @@
 
 mod annotations;
 mod canary;
+mod upstream;
 
 #[cfg(test)]
 mod ingress_tests;
@@ -56,7 +57,7 @@ use serde::Serialize;
 use self::annotations::{DESTINATION, IngressAnnotations, RewriteRule};
 use super::model::{
     Destination, DestinationRuleSpec, GatewaySpec, HttpMatch, HttpRoute, IstioObject, PortSelector, RegexRewrite,
-    Rewrite, RouteDestination, Server, ServerPort, ServerTls, ServerTlsMode, Spec, StringMatch, Subset,
+    Rewrite, RouteDestination, Server, ServerPort, ServerTls, ServerTlsMode, Spec, StringMatch, Subset, TrafficPolicy,
     VirtualServiceSpec,
 };
 use super::names::short_hash;
@@ -140,6 +141,7 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
         hosts: BTreeMap::new(),
         tls_servers: BTreeMap::new(),
         tls_hosts: BTreeMap::new(),
+        policies: BTreeMap::new(),
         warnings: Vec::new(),
         ignored_annotations: 0,
     };
@@ -297,6 +299,9 @@ struct Translator<'a> {
     tls_servers: BTreeMap<(String, String), TlsServer>,
     /// TLS host → (namespace, secret, Ingress) that claimed it first.
     tls_hosts: BTreeMap<String, (String, String, String)>,
+    /// Destination host → the upstream policy of the first Ingress (oldest)
+    /// that routes to it with one, and that Ingress.
+    policies: BTreeMap<String, (TrafficPolicy, String)>,
     warnings: Vec<Warning>,
     ignored_annotations: u64,
 }
@@ -493,8 +498,30 @@ impl Translator<'_> {
         hosts.get(host).or_else(|| hosts.get(&host.to_ascii_lowercase())).cloned().unwrap_or_else(|| host.to_string())
     }
 
-    /// Where a backend sends traffic, or why it cannot be routed.
+    /// Where a backend sends traffic, or why it cannot be routed; the
+    /// Ingress's upstream policy is noted for each destination host.
     fn destinations(&mut self, ing: &Parsed, backend: &Backend) -> Result<Vec<RouteDestination>, BackendError> {
+        let route = self.destinations_of(ing, backend)?;
+        if let Some(policy) = &ing.ann.upstream {
+            for d in &route {
+                let host = &d.destination.host;
+                match self.policies.get(host) {
+                    None => {
+                        self.policies.insert(host.clone(), (policy.clone(), ing.id.clone()));
+                    }
+                    Some((p, owner)) if p != policy && *owner != ing.id => self.warnings.push(Warning::new(
+                        format!("Ingress {}", ing.id),
+                        Reason::IngressConflict,
+                        format!("upstream policy for {host} conflicts with {owner}'s; ignored"),
+                    )),
+                    Some(_) => {}
+                }
+            }
+        }
+        Ok(route)
+    }
+
+    fn destinations_of(&mut self, ing: &Parsed, backend: &Backend) -> Result<Vec<RouteDestination>, BackendError> {
         if let Some(svc) = &backend.service {
             if !annotations::valid_dns_label(&svc.name) {
                 return Err(BackendError::ServiceName(clip(&svc.name).to_string()));
@@ -573,13 +600,16 @@ impl Translator<'_> {
             objects.push(IstioObject::new(&vs_names[host.as_str()], &ns, Spec::VirtualService(spec)));
         }
 
-        let dr_names = object_names(subsets.keys().map(String::as_str));
-        for (host, names) in &subsets {
+        // A DestinationRule for each host with subsets or an upstream policy.
+        let mut policies = std::mem::take(&mut self.policies);
+        let dr_hosts: BTreeSet<String> = subsets.keys().chain(policies.keys()).cloned().collect();
+        let dr_names = object_names(dr_hosts.iter().map(String::as_str));
+        for host in &dr_hosts {
+            let names = subsets.get(host).into_iter().flatten();
             let spec = DestinationRuleSpec {
                 host: host.clone(),
-                traffic_policy: None,
+                traffic_policy: policies.remove(host).map(|(p, _)| p),
                 subsets: names
-                    .iter()
                     .map(|n| Subset { name: n.clone(), labels: BTreeMap::from([("version".into(), n.clone())]) })
                     .collect(),
             };

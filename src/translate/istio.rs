@@ -82,12 +82,14 @@ pub fn destination_rule(registry: &RegistryKey, svc: &Service) -> Option<IstioOb
         .iter()
         .map(|p| PortTrafficPolicy {
             port: PortSelector { number: p.number.into() },
-            tls: ClientTlsSettings { mode: ClientTlsMode::Simple, sni: tls.sni.clone() },
+            load_balancer: None,
+            connection_pool: None,
+            tls: ClientTlsSettings { mode: ClientTlsMode::Simple, sni: tls.sni.clone(), insecure_skip_verify: None },
         })
         .collect();
     let spec = DestinationRuleSpec {
         host: svc.host.clone(),
-        traffic_policy: Some(TrafficPolicy { port_level_settings }),
+        traffic_policy: Some(TrafficPolicy { port_level_settings, ..TrafficPolicy::default() }),
         subsets: Vec::new(),
     };
     Some(IstioObject { metadata: meta(registry, svc), spec: Spec::DestinationRule(spec) })

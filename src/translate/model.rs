@@ -195,7 +195,8 @@ pub struct WorkloadEntry {
 
 // ---- DestinationRule ------------------------------------------------------
 
-/// Subsets from Ingress destinations, TLS origination from registries.
+/// Subsets and upstream policy (load balancing, HTTP/2, TLS) from Ingress
+/// annotations, TLS origination from registries.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DestinationRuleSpec {
@@ -213,7 +214,19 @@ impl DestinationRuleSpec {
         match (&mut self.traffic_policy, &fallback.traffic_policy) {
             (None, Some(f)) => self.traffic_policy = Some(f.clone()),
             (Some(p), Some(f)) if p.port_level_settings.is_empty() => {
-                p.port_level_settings = f.port_level_settings.clone()
+                // In Istio a port's settings replace the rule's, not add to
+                // them: each registry port keeps this rule's load balancing
+                // and pool beside the registry's TLS.
+                let (lb, pool) = (p.load_balancer.clone(), p.connection_pool.clone());
+                p.port_level_settings = f
+                    .port_level_settings
+                    .iter()
+                    .map(|port| PortTrafficPolicy {
+                        load_balancer: port.load_balancer.clone().or_else(|| lb.clone()),
+                        connection_pool: port.connection_pool.clone().or_else(|| pool.clone()),
+                        ..port.clone()
+                    })
+                    .collect();
             }
             _ => {}
         }
@@ -223,24 +236,124 @@ impl DestinationRuleSpec {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TrafficPolicy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_balancer: Option<LoadBalancerSettings>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_pool: Option<ConnectionPoolSettings>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ClientTlsSettings>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub port_level_settings: Vec<PortTrafficPolicy>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PortTrafficPolicy {
     pub port: PortSelector,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_balancer: Option<LoadBalancerSettings>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_pool: Option<ConnectionPoolSettings>,
     pub tls: ClientTlsSettings,
 }
 
+/// `LoadBalancerSettings`: its `lbPolicy` oneof.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LoadBalancerSettings {
+    Simple(SimpleLb),
+    ConsistentHash(ConsistentHash),
+}
+
+/// `LoadBalancerSettings.SimpleLB`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum SimpleLb {
+    Unspecified = 0,
+    LeastConn = 1,
+    Random = 2,
+    Passthrough = 3,
+    RoundRobin = 4,
+    LeastRequest = 5,
+}
+
+/// `ConsistentHashLB`, reduced to its `hashKey` oneof (the ring is
+/// Istio's default).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ConsistentHash {
+    HttpHeaderName(String),
+    HttpCookie(HttpCookie),
+    UseSourceIp(bool),
+    HttpQueryParameterName(String),
+}
+
+/// `ConsistentHashLB.HTTPCookie`: Envoy generates the cookie when a
+/// request has none.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HttpCookie {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub path: String,
+    /// Protobuf JSON for a Duration in whole seconds (`3600s`); `0s` makes
+    /// a session cookie.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "duration_secs")]
+    pub ttl: Option<u64>,
+}
+
+/// `ConnectionPoolSettings`, reduced to the HTTP/2 upgrade.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectionPoolSettings {
+    pub http: HttpPoolSettings,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpPoolSettings {
+    pub h2_upgrade_policy: H2UpgradePolicy,
+}
+
+/// `ConnectionPoolSettings.HTTPSettings.H2UpgradePolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum H2UpgradePolicy {
+    Default = 0,
+    DoNotUpgrade = 1,
+    Upgrade = 2,
+}
+
+/// `Option<u64>` seconds as a protobuf JSON Duration string.
+mod duration_secs {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(n) => s.serialize_str(&format!("{n}s")),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        let Some(text) = Option::<String>::deserialize(d)? else { return Ok(None) };
+        let n = text.strip_suffix('s').and_then(|n| n.parse().ok());
+        n.map(Some).ok_or_else(|| D::Error::custom(format!("{text:?} is not a Duration in whole seconds")))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ClientTlsSettings {
     /// `SIMPLE`: TLS to the upstream, no client certificate.
     pub mode: ClientTlsMode,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sni: Option<String>,
+    /// `google.protobuf.BoolValue`: `true` when the upstream certificate is
+    /// not checked (Higress's `backend-protocol: HTTPS`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub insecure_skip_verify: Option<bool>,
 }
 
 /// `ClientTLSSettings.TLSmode`.

@@ -18,8 +18,9 @@ use prost::Message;
 use prost_types::value::Kind;
 
 use super::model::{
-    ClientTlsSettings, Destination, DestinationRuleSpec, EnvoyConfigObjectPatch, EnvoyFilterSpec, GatewaySpec,
-    HttpMatch, HttpRoute, Patch, Port, PortSelector, PortTrafficPolicy, RegexRewrite, Rewrite, RouteDestination,
+    ClientTlsSettings, ConnectionPoolSettings, ConsistentHash, Destination, DestinationRuleSpec,
+    EnvoyConfigObjectPatch, EnvoyFilterSpec, GatewaySpec, HttpCookie, HttpMatch, HttpPoolSettings, HttpRoute,
+    LoadBalancerSettings, Patch, Port, PortSelector, PortTrafficPolicy, RegexRewrite, Rewrite, RouteDestination,
     Server, ServerPort, ServerTls, ServiceEntrySpec, Spec, StringMatch, Subset, TrafficPolicy, VirtualServiceSpec,
     WorkloadEntry,
 };
@@ -89,14 +90,17 @@ impl From<&DestinationRuleSpec> for pb::DestinationRule {
     }
 }
 
+// The impls below destructure the model, so a field added to it is a
+// compile error here until it is converted, not a silent default.
+
 impl From<&TrafficPolicy> for pb::TrafficPolicy {
     fn from(t: &TrafficPolicy) -> Self {
+        let TrafficPolicy { load_balancer, connection_pool, tls, port_level_settings } = t;
         pb::TrafficPolicy {
-            port_level_settings: t
-                .port_level_settings
-                .iter()
-                .map(pb::traffic_policy::PortTrafficPolicy::from)
-                .collect(),
+            load_balancer: load_balancer.as_ref().map(pb::LoadBalancerSettings::from),
+            connection_pool: connection_pool.as_ref().map(pb::ConnectionPoolSettings::from),
+            tls: tls.as_ref().map(pb::ClientTlsSettings::from),
+            port_level_settings: port_level_settings.iter().map(pb::traffic_policy::PortTrafficPolicy::from).collect(),
             ..Default::default()
         }
     }
@@ -104,17 +108,67 @@ impl From<&TrafficPolicy> for pb::TrafficPolicy {
 
 impl From<&PortTrafficPolicy> for pb::traffic_policy::PortTrafficPolicy {
     fn from(p: &PortTrafficPolicy) -> Self {
+        let PortTrafficPolicy { port, load_balancer, connection_pool, tls } = p;
         pb::traffic_policy::PortTrafficPolicy {
-            port: Some(p.port.into()),
-            tls: Some(pb::ClientTlsSettings::from(&p.tls)),
-            ..Default::default()
+            port: Some((*port).into()),
+            load_balancer: load_balancer.as_ref().map(pb::LoadBalancerSettings::from),
+            connection_pool: connection_pool.as_ref().map(pb::ConnectionPoolSettings::from),
+            tls: Some(pb::ClientTlsSettings::from(tls)),
+            outlier_detection: None,
+        }
+    }
+}
+
+impl From<&LoadBalancerSettings> for pb::LoadBalancerSettings {
+    fn from(l: &LoadBalancerSettings) -> Self {
+        use pb::load_balancer_settings::{ConsistentHashLb, LbPolicy, consistent_hash_lb as ch};
+        let policy = match l {
+            LoadBalancerSettings::Simple(s) => LbPolicy::Simple(*s as i32),
+            LoadBalancerSettings::ConsistentHash(key) => {
+                let key = match key {
+                    ConsistentHash::HttpHeaderName(h) => ch::HashKey::HttpHeaderName(h.clone()),
+                    ConsistentHash::HttpCookie(HttpCookie { name, path, ttl }) => {
+                        ch::HashKey::HttpCookie(ch::HttpCookie {
+                            name: name.clone(),
+                            path: path.clone(),
+                            ttl: ttl.map(|s| prost_types::Duration {
+                                seconds: i64::try_from(s).unwrap_or(i64::MAX),
+                                nanos: 0,
+                            }),
+                        })
+                    }
+                    ConsistentHash::UseSourceIp(b) => ch::HashKey::UseSourceIp(*b),
+                    ConsistentHash::HttpQueryParameterName(q) => ch::HashKey::HttpQueryParameterName(q.clone()),
+                };
+                LbPolicy::ConsistentHash(ConsistentHashLb { hash_key: Some(key), ..Default::default() })
+            }
+        };
+        pb::LoadBalancerSettings { lb_policy: Some(policy), ..Default::default() }
+    }
+}
+
+impl From<&ConnectionPoolSettings> for pb::ConnectionPoolSettings {
+    fn from(c: &ConnectionPoolSettings) -> Self {
+        let ConnectionPoolSettings { http: HttpPoolSettings { h2_upgrade_policy } } = c;
+        pb::ConnectionPoolSettings {
+            tcp: None,
+            http: Some(pb::connection_pool_settings::HttpSettings {
+                h2_upgrade_policy: *h2_upgrade_policy as i32,
+                ..Default::default()
+            }),
         }
     }
 }
 
 impl From<&ClientTlsSettings> for pb::ClientTlsSettings {
     fn from(t: &ClientTlsSettings) -> Self {
-        pb::ClientTlsSettings { mode: t.mode as i32, sni: t.sni.clone().unwrap_or_default(), ..Default::default() }
+        let ClientTlsSettings { mode, sni, insecure_skip_verify } = t;
+        pb::ClientTlsSettings {
+            mode: *mode as i32,
+            sni: sni.clone().unwrap_or_default(),
+            insecure_skip_verify: *insecure_skip_verify,
+            ..Default::default()
+        }
     }
 }
 

@@ -205,3 +205,44 @@ spec:
     let clusters: Vec<&str> = w.clusters.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(clusters, ["outbound|8080||orders.eureka", "outbound|8080||UserService.DEFAULT-GROUP.public.nacos"]);
 }
+
+/// Istio takes a port's settings instead of the rule's: when an Ingress
+/// rule with an upstream policy takes a registry rule's per-port TLS, each
+/// port keeps the Ingress's load balancing and pool beside that TLS.
+#[test]
+fn an_ingress_policy_reaches_the_registry_rules_ports() {
+    use crate::translate::model::{
+        ConnectionPoolSettings, ConsistentHash, DestinationRuleSpec, H2UpgradePolicy, HttpPoolSettings,
+        LoadBalancerSettings, TrafficPolicy,
+    };
+    let set = config_set(&view(tls_services()));
+    let registry = set
+        .objects("DestinationRule")
+        .find_map(|o| match &o.spec {
+            model::Spec::DestinationRule(d) if !d.traffic_policy.as_ref().unwrap().port_level_settings.is_empty() => {
+                Some(d.clone())
+            }
+            _ => None,
+        })
+        .expect("a registry rule with per-port TLS");
+    let lb = LoadBalancerSettings::ConsistentHash(ConsistentHash::UseSourceIp(true));
+    let pool = ConnectionPoolSettings { http: HttpPoolSettings { h2_upgrade_policy: H2UpgradePolicy::Upgrade } };
+    let mut ingress = DestinationRuleSpec {
+        host: registry.host.clone(),
+        traffic_policy: Some(TrafficPolicy {
+            load_balancer: Some(lb.clone()),
+            connection_pool: Some(pool.clone()),
+            ..TrafficPolicy::default()
+        }),
+        subsets: vec![],
+    };
+    ingress.fill_unset(&registry);
+    let policy = ingress.traffic_policy.unwrap();
+    assert_eq!(policy.load_balancer.as_ref(), Some(&lb));
+    let ports = &policy.port_level_settings;
+    assert_eq!(ports.len(), registry.traffic_policy.unwrap().port_level_settings.len());
+    for p in ports {
+        assert_eq!((p.load_balancer.as_ref(), p.connection_pool.as_ref()), (Some(&lb), Some(&pool)), "{p:?}");
+        assert_eq!(p.tls.mode, model::ClientTlsMode::Simple);
+    }
+}

@@ -8,10 +8,12 @@
 
 use meshbridge_registries::clip;
 
+use super::upstream;
 use crate::model::ingress::has_sign;
 pub use crate::model::ingress::{
     DESTINATION, DestinationError, McpDestination, Metadata, parse_destination, valid_dns_label,
 };
+use crate::translate::model::TrafficPolicy;
 
 const HIGRESS: &str = "higress.io/";
 const NGINX: &str = "nginx.ingress.kubernetes.io/";
@@ -51,6 +53,9 @@ pub struct IngressAnnotations {
     /// `Some` when `canary` is true: this Ingress's paths attach to the
     /// non-canary routes they repeat instead of making routes of their own.
     pub canary: Option<Canary>,
+    /// The upstream group's traffic policy, for the DestinationRule of every
+    /// service this Ingress routes to; `None` when it sets none.
+    pub upstream: Option<TrafficPolicy>,
     /// `higress.io/*` and `nginx.ingress.kubernetes.io/*` keys not understood.
     pub ignored: u64,
     /// Annotations that were understood but whose value was not.
@@ -119,6 +124,7 @@ impl IngressAnnotations {
             rewrite: Ok(None),
             ignore_path_case: false,
             canary: None,
+            upstream: None,
             ignored: 0,
             warnings: Vec::new(),
         };
@@ -156,6 +162,18 @@ impl IngressAnnotations {
                 }
             }
         }
+
+        let found = upstream::Found {
+            load_balance: get(upstream::LOAD_BALANCE, true),
+            hash_by: get(upstream::UPSTREAM_HASH_BY, true),
+            affinity: get(upstream::AFFINITY, true),
+            cookie_name: get(upstream::SESSION_COOKIE_NAME, true),
+            cookie_path: get(upstream::SESSION_COOKIE_PATH, true),
+            cookie_max_age: get(upstream::SESSION_COOKIE_MAX_AGE, true),
+            cookie_expires: get(upstream::SESSION_COOKIE_EXPIRES, true),
+            backend_protocol: get(upstream::BACKEND_PROTOCOL, true),
+        };
+        out.upstream = upstream::read(&found, &mut out.warnings);
 
         let canary: Vec<Option<(String, String)>> = CANARY_KEYS.iter().map(|k| get(k, true)).collect();
         out.canary = read_canary(&canary, &mut out.warnings);
@@ -261,7 +279,7 @@ fn read_canary(found: &[Option<(String, String)>], warnings: &mut Vec<String>) -
 }
 
 /// An RFC 7230 token: what header and cookie names are made of.
-fn is_token(s: &str) -> bool {
+pub(super) fn is_token(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 

@@ -931,3 +931,78 @@ fn a_second_canary_weight_on_one_route_conflicts_and_the_older_stands() {
         .collect();
     assert_eq!(split, [("web.shop.svc.cluster.local", 90), ("older.shop.svc.cluster.local", 10)]);
 }
+
+/// The DestinationRule of each host an Ingress routes to, and its traffic
+/// policy: (host, policy JSON), sorted by host.
+fn rule_policies(t: &IngressTranslation) -> Vec<(String, serde_json::Value)> {
+    t.objects
+        .iter()
+        .filter_map(|o| match &o.spec {
+            Spec::DestinationRule(d) => Some((d.host.clone(), serde_json::to_value(&d.traffic_policy).unwrap())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn messages(t: &IngressTranslation) -> Vec<String> {
+    t.warnings.iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn upstream_annotations_make_each_destination_host_a_traffic_policy() {
+    let ingress = |name: &str, dest: &str, annotations: &str| {
+        format!(
+            "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  \
+             annotations:\n    higress.io/destination: \"{dest}\"\n{annotations}spec:\n  ingressClassName: higress\n  \
+             rules:\n    - host: {name}.example.com\n      http:\n        paths:\n          - path: /\n            \
+             pathType: Prefix\n            backend: {{resource: {{apiGroup: networking.higress.io, kind: McpBridge, \
+             name: default}}}}\n---\n"
+        )
+    };
+    let yaml = [
+        // Cookie affinity wins over the hash and the balancer, as in Higress.
+        ingress(
+            "cookie",
+            "a.dc1.consul:80",
+            "    nginx.ingress.kubernetes.io/affinity: cookie\n    nginx.ingress.kubernetes.io/session-cookie-name: \
+             route\n    nginx.ingress.kubernetes.io/session-cookie-max-age: \"3600\"\n    \
+             higress.io/upstream-hash-by: $host\n    higress.io/load-balance: random\n",
+        ),
+        ingress("header", "b.dc1.consul:80", "    higress.io/upstream-hash-by: $http_x_user_id\n"),
+        ingress("source", "c.dc1.consul:80", "    nginx.ingress.kubernetes.io/upstream-hash-by: $remote_addr\n"),
+        ingress("query", "d.dc1.consul:80", "    nginx.ingress.kubernetes.io/upstream-hash-by: $arg_id\n"),
+        ingress("balance", "e.dc1.consul:80", "    nginx.ingress.kubernetes.io/load-balance: least_conn\n"),
+        ingress(
+            "grpcs",
+            "f.dc1.consul:80",
+            "    nginx.ingress.kubernetes.io/backend-protocol: GRPCS\n    higress.io/load-balance: round_robin\n",
+        ),
+        ingress("h2", "g.dc1.consul:80", "    nginx.ingress.kubernetes.io/backend-protocol: http2\n"),
+        ingress("plain", "h.dc1.consul:80", "    nginx.ingress.kubernetes.io/backend-protocol: HTTP\n"),
+        // Bad values: each dropped with a warning naming the annotation.
+        ingress(
+            "bad",
+            "i.dc1.consul:80",
+            "    nginx.ingress.kubernetes.io/load-balance: ewma\n    nginx.ingress.kubernetes.io/backend-protocol: \
+             AJP\n",
+        ),
+        ingress("badhash", "j.dc1.consul:80", "    nginx.ingress.kubernetes.io/upstream-hash-by: $request_body\n"),
+        // A second Ingress asking another policy of the same host: ignored.
+        ingress("zlater", "a.dc1.consul:80", "    higress.io/load-balance: random\n"),
+    ]
+    .concat();
+    let t = run(&yaml);
+    insta::assert_json_snapshot!(rule_policies(&t));
+    let warnings = messages(&t);
+    for want in [
+        "Ingress shop/bad: annotation nginx.ingress.kubernetes.io/load-balance: \"ewma\" is not a supported load balancer",
+        "Ingress shop/bad: annotation nginx.ingress.kubernetes.io/backend-protocol: \"AJP\" is not a supported protocol",
+        "Ingress shop/badhash: annotation nginx.ingress.kubernetes.io/upstream-hash-by: \"$request_body\" is not a supported key",
+        "Ingress shop/zlater: upstream policy for a.dc1.consul conflicts with shop/cookie's; ignored",
+    ] {
+        assert!(warnings.iter().any(|w| w.starts_with(want)), "missing {want:?} in {warnings:#?}");
+    }
+    assert_eq!(warnings.len(), 4, "{warnings:#?}");
+    // The routes are there whatever the policy.
+    assert_eq!(route_names(&t).len(), 11);
+}
