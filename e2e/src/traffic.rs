@@ -113,3 +113,49 @@ pub async fn eds_ack_after(app: &App, since: SystemTime) -> Duration {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
+
+/// The first warning on meshbridge's `/v1/config` whose `object` is
+/// `object` (e.g. `Ingress shop/web`), waiting up to 15 s for it.
+pub async fn config_warning(admin_addr: std::net::SocketAddr, object: &str) -> serde_json::Value {
+    let url = format!("http://{admin_addr}/v1/config");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let v: serde_json::Value = reqwest::get(&url).await.unwrap().json().await.unwrap();
+        if let Some(w) = v["warnings"].as_array().and_then(|w| w.iter().find(|w| w["object"] == object)) {
+            return w.clone();
+        }
+        assert!(Instant::now() < deadline, "no warning for {object}: {v:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An Ingress in namespace `shop`, created on 2026-01-`day`, routing
+/// `paths` (Prefix) on `host` to the McpBridge service `destination`, with
+/// more `annotations`.
+pub fn mcp_ingress(
+    name: &str,
+    day: u32,
+    host: &str,
+    destination: &str,
+    annotations: &[(&str, &str)],
+    paths: &[&str],
+) -> String {
+    let mut yaml = format!(
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  \
+         creationTimestamp: \"2026-01-{day:02}T00:00:00Z\"\n  annotations:\n    \
+         higress.io/destination: {destination}\n"
+    );
+    for (k, v) in annotations {
+        yaml.push_str(&format!("    {k}: {}\n", serde_json::to_string(v).unwrap()));
+    }
+    yaml.push_str(&format!(
+        "spec:\n  ingressClassName: higress\n  rules:\n    - host: {host}\n      http:\n        paths:\n"
+    ));
+    for path in paths {
+        yaml.push_str(&format!(
+            "          - {{ path: {path}, pathType: Prefix, backend: {{ resource: \
+             {{ apiGroup: networking.higress.io, kind: McpBridge, name: default }} }} }}\n"
+        ));
+    }
+    yaml
+}

@@ -12,32 +12,12 @@ use std::time::{Duration, Instant};
 use meshbridge_e2e::backend::Backend;
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::free_port;
-use meshbridge_e2e::traffic::{mcpbridge, start_gateway};
+use meshbridge_e2e::traffic::{config_warning, mcp_ingress, mcpbridge, start_gateway};
 
 const HOST: &str = "shop.example.com";
 
-/// An Ingress in namespace `shop`, created on 2026-01-`day`, routing
-/// `paths` (Prefix) on [`HOST`] to the McpBridge service `destination`,
-/// with more `annotations`.
 fn ingress(name: &str, day: u32, destination: &str, annotations: &[(&str, &str)], paths: &[&str]) -> String {
-    let mut yaml = format!(
-        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  \
-         creationTimestamp: \"2026-01-{day:02}T00:00:00Z\"\n  annotations:\n    \
-         higress.io/destination: {destination}\n"
-    );
-    for (k, v) in annotations {
-        yaml.push_str(&format!("    {k}: {}\n", serde_json::to_string(v).unwrap()));
-    }
-    yaml.push_str(&format!(
-        "spec:\n  ingressClassName: higress\n  rules:\n    - host: {HOST}\n      http:\n        paths:\n"
-    ));
-    for path in paths {
-        yaml.push_str(&format!(
-            "          - {{ path: {path}, pathType: Prefix, backend: {{ resource: \
-             {{ apiGroup: networking.higress.io, kind: McpBridge, name: default }} }} }}\n"
-        ));
-    }
-    yaml
+    mcp_ingress(name, day, HOST, destination, annotations, paths)
 }
 
 fn ingresses() -> String {
@@ -109,20 +89,7 @@ async fn canary_by_header_cookie_and_weight_through_envoy() {
     let app = start_gateway(dir.path(), gateway_port).await.expect("start meshbridge");
 
     // The bad pattern is a config error naming the Ingress and annotation.
-    let status_url = format!("http://{}/v1/config", app.admin_addr);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let bad = loop {
-        let body = reqwest::get(&status_url).await.unwrap().text().await.unwrap();
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        let found = v["warnings"]
-            .as_array()
-            .and_then(|w| w.iter().find(|w| w["object"] == "Ingress shop/shop-canary-bad").cloned());
-        if let Some(w) = found {
-            break w;
-        }
-        assert!(Instant::now() < deadline, "no warning for shop-canary-bad: {v:#}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let bad = config_warning(app.admin_addr, "Ingress shop/shop-canary-bad").await;
     assert_eq!(bad["reason"], "invalid_ingress", "{bad}");
     let detail = bad["detail"].as_str().unwrap();
     assert!(detail.starts_with("annotation higress.io/canary-by-header-pattern: \"(alice\""), "{detail}");

@@ -77,20 +77,31 @@ fn cluster(svc: &Service, port: &ServicePort, ecdh_curves: &[String]) -> Cluster
         cluster.transport_socket = Some(tls_socket(tls, h2, ecdh_curves));
     }
     if h2 {
-        let opts = HttpProtocolOptions {
-            upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
-                protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(Http2ProtocolOptions::default())),
-            })),
-            ..Default::default()
-        };
-        cluster.typed_extension_protocol_options.insert(HTTP_PROTOCOL_OPTIONS.into(), pack_any(opts));
+        set_http2(&mut cluster);
     }
     cluster
 }
 
+/// HTTP/2 to the endpoints (prior knowledge, or by ALPN over TLS).
+pub fn set_http2(cluster: &mut Cluster) {
+    let opts = HttpProtocolOptions {
+        upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
+            protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(Http2ProtocolOptions::default())),
+        })),
+        ..Default::default()
+    };
+    cluster.typed_extension_protocol_options.insert(HTTP_PROTOCOL_OPTIONS.into(), pack_any(opts));
+}
+
+/// Whether the cluster speaks HTTP/2 to its endpoints.
+pub fn is_http2(cluster: &Cluster) -> bool {
+    cluster.typed_extension_protocol_options.contains_key(HTTP_PROTOCOL_OPTIONS)
+}
+
 /// TLS origination to the endpoints. HTTP/2 must be negotiated by ALPN over
-/// TLS, and gRPC servers refuse a TLS connection that did not.
-fn tls_socket(tls: &Tls, h2: bool, ecdh_curves: &[String]) -> TransportSocket {
+/// TLS, and gRPC servers refuse a TLS connection that did not. No
+/// validation context: the upstream's certificate is not checked.
+pub fn tls_socket(tls: &Tls, h2: bool, ecdh_curves: &[String]) -> TransportSocket {
     let alpn_protocols = if h2 { vec!["h2".into()] } else { Vec::new() };
     let tls_params =
         (!ecdh_curves.is_empty()).then(|| TlsParameters { ecdh_curves: ecdh_curves.to_vec(), ..Default::default() });

@@ -8,16 +8,28 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster::LbPolicy};
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::config::route::v3::route_action::{HashPolicy, hash_policy};
+use envoy_types::pb::google::protobuf::Duration;
 use envoy_types::util::pack_any;
-use meshbridge_registries::Service;
+use meshbridge_registries::{Service, Tls};
 use prost::Message;
 
 use super::spec::Named;
 use crate::resources::Resource;
 use crate::translate::envoy;
-use crate::translate::model::{Destination, DestinationRuleSpec};
+use crate::translate::model::{
+    ClientTlsSettings, ConsistentHash, Destination, DestinationRuleSpec, H2UpgradePolicy, HttpCookie,
+    LoadBalancerSettings, SimpleLb,
+};
+
+/// The subset part of the name of a cluster that carries an Ingress
+/// DestinationRule's upstream policy for all of a host's endpoints: `_` is
+/// never in a subset name (a DNS label), so it cannot clash with one.
+pub const POLICY_SUBSET: &str = "_policy";
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
 /// Host → registry service: how the gateway sees the registries.
 pub type ServiceLookup<'a> = dyn Fn(&str) -> Option<Arc<Service>> + 'a;
@@ -53,11 +65,21 @@ pub struct Clusters<'a> {
     made: BTreeMap<String, (Resource, Resource)>,
     /// Every destination host asked for, found or not.
     referenced: BTreeSet<String>,
+    /// Cluster → the hash its routes must compute (consistent hashing).
+    hashes: BTreeMap<String, HashPolicy>,
+}
+
+/// What an Ingress DestinationRule asks of a host's cluster on one port.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Policy {
+    lb: Option<LoadBalancerSettings>,
+    h2: bool,
+    tls: Option<ClientTlsSettings>,
 }
 
 impl<'a> Clusters<'a> {
     pub fn new(services: &'a ServiceLookup<'a>, rules: &'a [Named<'a, DestinationRuleSpec>]) -> Self {
-        Clusters { services, rules, made: BTreeMap::new(), referenced: BTreeSet::new() }
+        Clusters { services, rules, made: BTreeMap::new(), referenced: BTreeSet::new(), hashes: BTreeMap::new() }
     }
 
     /// The cluster a destination goes to, or why there is none.
@@ -77,16 +99,45 @@ impl<'a> Clusters<'a> {
                 return Err(NoCluster::AmbiguousPort { host: host.to_string(), ports: ports.len() });
             }
         };
-        let Some(subset) = dest.subset.as_deref().filter(|s| !s.is_empty()) else {
+        let subset = dest.subset.as_deref().filter(|s| !s.is_empty());
+        let policy = self.policy(host, port);
+        if subset.is_none() && policy.is_none() {
             return Ok(envoy::cluster_name(port, "", host));
-        };
-        let name = envoy::cluster_name(port, subset, host);
+        }
+        let name = envoy::cluster_name(port, subset.unwrap_or(POLICY_SUBSET), host);
         if !self.made.contains_key(&name) {
-            let labels = self.subset_labels(host, subset)?;
-            let made = subset_cluster(&svc, port, &name, labels)?;
+            let labels = match subset {
+                Some(subset) => self.subset_labels(host, subset)?,
+                None => &NO_LABELS,
+            };
+            let made = subset_cluster(&svc, port, &name, labels, policy.as_ref())?;
+            if let Some(LoadBalancerSettings::ConsistentHash(key)) = policy.as_ref().and_then(|p| p.lb.as_ref()) {
+                self.hashes.insert(name.clone(), hash_policy(key));
+            }
             self.made.insert(name.clone(), made);
         }
         Ok(name)
+    }
+
+    /// The hash a route to `cluster` must compute, when its rule hashes.
+    pub fn hash_policy(&self, cluster: &str) -> Option<HashPolicy> {
+        self.hashes.get(cluster).cloned()
+    }
+
+    /// The upstream policy of `host`'s DestinationRule on `port`, as Istio
+    /// applies it: the port's own settings when the rule has some (they
+    /// carry the registry's TLS, already on the host's cluster), else the
+    /// rule's. `None` when it asks for nothing.
+    fn policy(&self, host: &str, port: u16) -> Option<Policy> {
+        let rule = self.rules.iter().find(|r| r.spec.host == host && r.spec.traffic_policy.is_some())?;
+        let tp = rule.spec.traffic_policy.as_ref()?;
+        let (lb, pool, tls) = match tp.port_level_settings.iter().find(|p| p.port.number == u32::from(port)) {
+            Some(p) => (&p.load_balancer, &p.connection_pool, None),
+            None => (&tp.load_balancer, &tp.connection_pool, tp.tls.clone()),
+        };
+        let h2 = pool.as_ref().is_some_and(|p| p.http.h2_upgrade_policy == H2UpgradePolicy::Upgrade);
+        let policy = Policy { lb: lb.clone(), h2, tls };
+        (policy != Policy::default()).then_some(policy)
     }
 
     /// The labels of `subset` for `host`: the first DestinationRule (by
@@ -118,12 +169,14 @@ impl<'a> Clusters<'a> {
 
 /// A subset cluster: the service's own cluster for `port` under another name
 /// (so it keeps whatever protocol options and TLS that cluster has), with a
-/// load assignment of only the endpoints carrying every subset label.
+/// load assignment of only the endpoints carrying every subset label, and
+/// the host's upstream policy.
 fn subset_cluster(
     svc: &Service,
     port: u16,
     name: &str,
     labels: &BTreeMap<String, String>,
+    policy: Option<&Policy>,
 ) -> Result<(Resource, Resource), NoCluster> {
     let base = envoy::cluster_name(port, "", &svc.host);
     let broken = || NoCluster::Undecodable { base: base.clone(), name: name.to_string() };
@@ -136,6 +189,9 @@ fn subset_cluster(
     if let Some(eds) = cluster.eds_cluster_config.as_mut() {
         // Endpoints are looked up by the cluster's own name.
         eds.service_name.clear();
+    }
+    if let Some(p) = policy {
+        apply(&mut cluster, p);
     }
 
     let matching = Service {
@@ -155,4 +211,51 @@ fn subset_cluster(
     cla.cluster_name = name.to_string();
 
     Ok((Resource::new(name.to_string(), pack_any(cluster)), Resource::new(name.to_string(), pack_any(cla))))
+}
+
+/// An upstream policy on a cluster, as Pilot applies a DestinationRule:
+/// the balancer (a consistent hash is a ring), HTTP/2, and TLS origination
+/// unless the cluster has TLS already (the registry's).
+fn apply(cluster: &mut Cluster, p: &Policy) {
+    if let Some(lb) = &p.lb {
+        let policy = match lb {
+            LoadBalancerSettings::Simple(SimpleLb::LeastConn | SimpleLb::LeastRequest) => LbPolicy::LeastRequest,
+            LoadBalancerSettings::Simple(SimpleLb::Random) => LbPolicy::Random,
+            LoadBalancerSettings::Simple(_) => LbPolicy::RoundRobin,
+            LoadBalancerSettings::ConsistentHash(_) => LbPolicy::RingHash,
+        };
+        cluster.lb_policy = policy as i32;
+    }
+    if p.h2 && !envoy::is_http2(cluster) {
+        envoy::set_http2(cluster);
+    }
+    if let Some(t) = &p.tls
+        && cluster.transport_socket.is_none()
+    {
+        let h2 = envoy::is_http2(cluster);
+        cluster.transport_socket = Some(envoy::tls_socket(&Tls { sni: t.sni.clone() }, h2, &[]));
+    }
+}
+
+/// The route's hash for a consistent-hash rule, as Pilot writes it.
+fn hash_policy(key: &ConsistentHash) -> HashPolicy {
+    use hash_policy::PolicySpecifier;
+    let specifier = match key {
+        ConsistentHash::HttpHeaderName(h) => {
+            PolicySpecifier::Header(hash_policy::Header { header_name: h.clone(), regex_rewrite: None })
+        }
+        ConsistentHash::HttpCookie(HttpCookie { name, path, ttl }) => PolicySpecifier::Cookie(hash_policy::Cookie {
+            name: name.clone(),
+            path: path.clone(),
+            ttl: ttl.map(|s| Duration { seconds: i64::try_from(s).unwrap_or(i64::MAX), nanos: 0 }),
+            ..Default::default()
+        }),
+        ConsistentHash::UseSourceIp(_) => {
+            PolicySpecifier::ConnectionProperties(hash_policy::ConnectionProperties { source_ip: true })
+        }
+        ConsistentHash::HttpQueryParameterName(q) => {
+            PolicySpecifier::QueryParameter(hash_policy::QueryParameter { name: q.clone() })
+        }
+    };
+    HashPolicy { policy_specifier: Some(specifier), terminal: false }
 }

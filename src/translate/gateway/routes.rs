@@ -231,6 +231,8 @@ fn action(http: &HttpRoute, at: &str, clusters: &mut Clusters<'_>, warnings: &mu
     for reason in missing {
         warnings.push(Warning::new(at, Reason::NoCluster, format!("{reason}; left out of the weighted route")));
     }
+    // A consistent-hash rule on a target's host hashes on the route.
+    let hash_policy: Vec<_> = targets.iter().find_map(|(name, _)| clusters.hash_policy(name)).into_iter().collect();
     let cluster_specifier = if let [(name, _)] = targets.as_slice() {
         route_action::ClusterSpecifier::Cluster(name.clone())
     } else {
@@ -246,7 +248,7 @@ fn action(http: &HttpRoute, at: &str, clusters: &mut Clusters<'_>, warnings: &mu
             ..Default::default()
         })
     };
-    let mut ra = RouteAction { cluster_specifier: Some(cluster_specifier), ..Default::default() };
+    let mut ra = RouteAction { cluster_specifier: Some(cluster_specifier), hash_policy, ..Default::default() };
     if let Some(rw) = &http.rewrite {
         let uri = rw.uri.as_deref().unwrap_or_default();
         ra.prefix_rewrite = uri.to_string();
