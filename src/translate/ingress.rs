@@ -435,7 +435,7 @@ impl Translator<'_> {
         }
         routes.owners.insert(key.clone(), ing.id.clone());
         let ignore_uri_case = ing.ann.ignore_path_case;
-        let m = |uri| HttpMatch { uri: Some(uri), ignore_uri_case, headers: BTreeMap::new() };
+        let m = |uri| HttpMatch { uri: Some(uri), ignore_uri_case, ..Default::default() };
         let matches = match kind {
             PathKind::Exact => vec![m(StringMatch::Exact(origin.into()))],
             PathKind::Prefix if origin == "/" => vec![m(StringMatch::Prefix("/".into()))],
@@ -445,7 +445,7 @@ impl Translator<'_> {
         };
         let rewrite = rewrite.map(|r| rewrite_for(r, &matches, ignore_uri_case));
         let name = format!("{}-{}-{index}", ing.namespace, ing.name);
-        let route = HttpRoute { name, matches, route, rewrite };
+        let route = HttpRoute { name, matches, route, rewrite, ..Default::default() };
         routes.routes.push(Candidate { path: Some(key), rank: Rank::Main, route });
     }
 
@@ -486,7 +486,7 @@ impl Translator<'_> {
             routes.routes.push(Candidate {
                 path: None,
                 rank: Rank::Main,
-                route: HttpRoute { name, matches: vec![], route: route.clone(), rewrite: None },
+                route: HttpRoute { name, route: route.clone(), ..Default::default() },
             });
         }
     }
@@ -544,7 +544,8 @@ impl Translator<'_> {
                 (None, None) => return Err(BackendError::NoPort(svc.name.clone())),
             };
             let host = format!("{}.{}.svc.cluster.local", svc.name, ing.namespace);
-            return Ok(vec![RouteDestination { destination: Destination { host, subset: None, port }, weight: None }]);
+            let destination = Destination { host, subset: None, port };
+            return Ok(vec![RouteDestination { destination, weight: None, headers: None }]);
         }
         let Some(resource) = &backend.resource else {
             return Err(BackendError::Empty);
@@ -571,6 +572,7 @@ impl Translator<'_> {
                     port: d.port.map(|p| PortSelector { number: p.into() }),
                 },
                 weight: (!single).then_some(d.weight),
+                headers: None,
             })
             .collect())
     }

@@ -142,7 +142,7 @@ fn routed(main: &HttpRoute, name: String, header: &str, value: StringMatch, to: 
             m
         })
         .collect();
-    HttpRoute { name, matches, route: to.to_vec(), rewrite: main.rewrite.clone() }
+    HttpRoute { name, matches, route: to.to_vec(), rewrite: main.rewrite.clone(), ..Default::default() }
 }
 
 /// A `cookie` header holding `name=value` as one of its cookies (Higress's
