@@ -778,6 +778,8 @@ fn route_policy_redirects_timeouts_retries_headers_and_cors() {
 
     let Some(route::Action::Route(off)) = &routes[4].action else { panic!() };
     assert_eq!(off.retry_policy, None);
+    // No timeout: none at all, as Pilot writes it, not Envoy's 15 s.
+    assert_eq!(off.timeout.as_ref().map(|d| (d.seconds, d.nanos)), Some((0, 0)));
 }
 
 #[test]

@@ -278,7 +278,8 @@ fn action<'h>(
     };
     let mut ra = RouteAction {
         cluster_specifier: Some(cluster_specifier),
-        timeout: http.timeout.map(duration),
+        // Pilot: no `timeout` is none at all (0s), not Envoy's 15 s default.
+        timeout: Some(http.timeout.map(duration).unwrap_or_default()),
         retry_policy: http.retries.as_ref().and_then(retry_policy),
         hash_policy,
         ..Default::default()
