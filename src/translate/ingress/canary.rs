@@ -57,6 +57,22 @@ impl Translator<'_> {
             let detail = "canary Ingress: defaultBackend ignored (only paths attach to a main route)".to_owned();
             self.warnings.push(warn(Reason::InvalidIngress, detail));
         }
+        let p = &ing.ann.policy;
+        let copied = [
+            ("redirects", p.redirect.is_some() || p.ssl_redirect || p.app_root.is_some()),
+            ("timeout", p.timeout.is_some()),
+            ("retries", p.retries.is_some()),
+            ("upstream-vhost", p.authority.is_some()),
+            ("CORS", p.cors.is_some()),
+        ];
+        let ignored: Vec<&str> = copied.iter().filter(|(_, set)| *set).map(|(what, _)| *what).collect();
+        if !ignored.is_empty() {
+            let detail = format!(
+                "canary Ingress: {} ignored (its routes take the main route's; only header control is its own)",
+                ignored.join(", ")
+            );
+            self.warnings.push(warn(Reason::InvalidIngress, detail));
+        }
         self.each_path(ing, |t, host, index, p| {
             let Some(key) = t.path_key(ing, host, p) else { return };
             let raw = p.path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/");

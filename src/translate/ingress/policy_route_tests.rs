@@ -257,3 +257,38 @@ fn canary_weight_keeps_each_sides_header_control_on_its_destination() {
     assert_eq!((side(0), side(1)), (serde_json::json!("main"), serde_json::json!("canary")));
     assert_eq!((main["route"][0]["weight"].clone(), main["route"][1]["weight"].clone()), (75.into(), 25.into()));
 }
+
+/// A canary's own policy annotations other than header control do nothing
+/// (its routes take the main route's, as in Higress), and it is said.
+#[test]
+fn a_canarys_own_policy_is_reported_as_ignored() {
+    let t = run(&[
+        shop_ingress("web", 1, &[("higress.io/timeout", "3")], &[("/web", "Prefix", "web")]),
+        shop_ingress(
+            "web-canary",
+            2,
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-by-header", "x-canary"),
+                ("higress.io/timeout", "9"),
+                ("higress.io/ssl-redirect", "true"),
+                ("higress.io/enable-cors", "true"),
+                ("higress.io/response-header-control-add", "x-canary yes"),
+            ],
+            &[("/web", "Prefix", "web-canary")],
+        ),
+    ]
+    .join("---\n"));
+    assert_eq!(
+        t.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [
+            "Ingress shop/web-canary: canary Ingress: redirects, timeout, CORS ignored (its routes take the main route's; \
+          only header control is its own)"
+        ]
+    );
+    let routes = http_routes(&t);
+    let canary = route(&routes, "shop-web-canary-0-canary-header");
+    assert_eq!((canary["timeout"].as_str(), canary.get("corsPolicy")), (Some("3s"), None), "{canary}");
+    assert_eq!(canary["headers"]["response"]["add"]["x-canary"], "yes", "{canary}");
+    assert!(routes.iter().all(|r| r.get("redirect").is_none()), "{routes:#?}");
+}
