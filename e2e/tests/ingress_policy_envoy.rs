@@ -16,36 +16,24 @@ use meshbridge::testing::pki::{Issued, TestPki};
 use meshbridge_e2e::backend::EchoBackend;
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::free_port;
-use meshbridge_e2e::traffic::mcpbridge;
+use meshbridge_e2e::traffic::{mcp_ingress, mcpbridge};
 use reqwest::Method;
 use reqwest::header::HeaderMap;
 
 const HOST: &str = "shop.example.com";
 
-/// An Ingress in namespace `shop`, created on 2026-01-`day`, routing
-/// `paths` (Prefix) on [`HOST`] to the McpBridge service `echo.static:80`,
-/// with `annotations`; `tls` names its TLS Secret for [`HOST`].
+/// An Ingress routing `paths` on [`HOST`] to the echo backend; `tls`
+/// names its TLS Secret for [`HOST`].
 fn ingress(name: &str, day: u32, annotations: &[(&str, &str)], paths: &[&str], tls: Option<&str>) -> String {
-    let mut yaml = format!(
-        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  \
-         creationTimestamp: \"2026-01-{day:02}T00:00:00Z\"\n  annotations:\n    \
-         higress.io/destination: echo.static:80\n"
-    );
-    for (k, v) in annotations {
-        yaml.push_str(&format!("    {k}: {}\n", serde_json::to_string(v).unwrap()));
+    let yaml = mcp_ingress(name, day, HOST, "echo.static:80", annotations, paths);
+    match tls {
+        None => yaml,
+        Some(secret) => yaml.replacen(
+            "  rules:\n",
+            &format!("  tls:\n    - hosts: [{HOST}]\n      secretName: {secret}\n  rules:\n"),
+            1,
+        ),
     }
-    yaml.push_str("spec:\n  ingressClassName: higress\n");
-    if let Some(secret) = tls {
-        yaml.push_str(&format!("  tls:\n    - hosts: [{HOST}]\n      secretName: {secret}\n"));
-    }
-    yaml.push_str(&format!("  rules:\n    - host: {HOST}\n      http:\n        paths:\n"));
-    for path in paths {
-        yaml.push_str(&format!(
-            "          - {{ path: {path}, pathType: Prefix, backend: {{ resource: \
-             {{ apiGroup: networking.higress.io, kind: McpBridge, name: default }} }} }}\n"
-        ));
-    }
-    yaml
 }
 
 /// A `kubernetes.io/tls` Secret `shop/{name}` holding `cert`.

@@ -19,7 +19,7 @@ use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::apiserver::ApiServer;
 use meshbridge_e2e::free_port;
 use meshbridge_e2e::istiod::{Istiod, Options};
-use meshbridge_e2e::traffic::mcpbridge;
+use meshbridge_e2e::traffic::{mcp_ingress, mcpbridge};
 use prost::Message;
 
 const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
@@ -30,22 +30,7 @@ const NODE: &str = "router~192.0.2.10~higress-gateway-e2e.higress-system~higress
 const LABELS: [(&str, &str); 1] = [("higress", "higress-system-higress-gateway")];
 
 fn ingresses() -> String {
-    let ingress = |name: &str, day: u32, annotations: &[(&str, &str)], path: &str| {
-        let mut yaml = format!(
-            "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  \
-             creationTimestamp: \"2026-01-{day:02}T00:00:00Z\"\n  annotations:\n    \
-             higress.io/destination: web.static:80\n"
-        );
-        for (k, v) in annotations {
-            yaml.push_str(&format!("    {k}: {}\n", serde_json::to_string(v).unwrap()));
-        }
-        yaml.push_str(&format!(
-            "spec:\n  ingressClassName: higress\n  rules:\n    - host: {HOST}\n      http:\n        paths:\n          \
-             - {{ path: {path}, pathType: Prefix, backend: {{ resource: {{ apiGroup: networking.higress.io, \
-             kind: McpBridge, name: default }} }} }}\n"
-        ));
-        yaml
-    };
+    let ingress = |name, day, annotations, path| mcp_ingress(name, day, HOST, "web.static:80", annotations, &[path]);
     [
         ingress(
             "api",
