@@ -238,11 +238,27 @@ fn annotations() -> impl Strategy<Value = Value> {
         Just("higress.io/ignore-path-case".to_owned()),
         Just("nginx.ingress.kubernetes.io/use-regex".to_owned()),
         Just("higress.io/ssl-redirect".to_owned()),
+        Just("nginx.ingress.kubernetes.io/permanent-redirect".to_owned()),
+        Just("higress.io/app-root".to_owned()),
+        Just("higress.io/timeout".to_owned()),
+        Just("higress.io/proxy-next-upstream".to_owned()),
+        Just("higress.io/request-header-control-add".to_owned()),
+        Just("nginx.ingress.kubernetes.io/upstream-vhost".to_owned()),
+        Just("higress.io/enable-cors".to_owned()),
+        Just("higress.io/cors-allow-origin".to_owned()),
         Just("kubernetes.io/ingress.class".to_owned()),
         "higress\\.io/[a-z-]{1,12}",
         word(),
     ];
-    let value = prop_oneof![destination_text(), Just("true".to_owned()), Just("/$1".to_owned()), word(),];
+    let value = prop_oneof![
+        destination_text(),
+        Just("true".to_owned()),
+        Just("/$1".to_owned()),
+        Just("https://a.example/x".to_owned()),
+        Just("5".to_owned()),
+        Just("x-a 1\nx-b".to_owned()),
+        word(),
+    ];
     prop::collection::btree_map(key, value, 0..4).prop_map(|m| json!(m))
 }
 

@@ -21,6 +21,7 @@
 
 mod clusters;
 mod listeners;
+mod policy;
 mod routes;
 mod servers;
 mod spec;

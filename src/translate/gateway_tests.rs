@@ -577,7 +577,10 @@ fn listener_rds_names_match_route_configurations() {
             assert!(route_names.contains(&rds.route_config_name.as_str()));
             let rc = route_config(&out, &rds.route_config_name);
             assert_eq!(rc.name, rds.route_config_name);
-            let [router] = hcm.http_filters.as_slice() else { panic!("one http filter expected") };
+            // CORS, which acts only on routes with a policy for it, then the router.
+            let [cors, router] = hcm.http_filters.as_slice() else { panic!("two http filters expected") };
+            let Some(http_filter::ConfigType::TypedConfig(any)) = &cors.config_type else { panic!() };
+            assert_eq!(any.type_url, "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors");
             let Some(http_filter::ConfigType::TypedConfig(any)) = &router.config_type else { panic!() };
             assert_eq!(any.type_url, "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router");
         }
@@ -682,4 +685,132 @@ fn header_matches_become_string_matchers_in_order() {
             ("main".to_owned(), vec![]),
         ]
     );
+}
+
+#[test]
+fn route_policy_redirects_timeouts_retries_headers_and_cors() {
+    use envoy_types::pb::envoy::config::route::v3::redirect_action::{
+        PathRewriteSpecifier, RedirectResponseCode, SchemeRewriteSpecifier,
+    };
+    use envoy_types::pb::envoy::extensions::filters::http::cors::v3::CorsPolicy;
+    let out = run(&[
+        http_gateway(),
+        vs(
+            "policy",
+            &["policy.example.com"],
+            json!([
+                {"name": "ssl", "match": [{"uri": {"prefix": "/a/"}, "scheme": {"exact": "http"}}],
+                 "redirect": {"scheme": "https", "redirectCode": 308}},
+                {"name": "moved", "match": [{"uri": {"exact": "/old"}}],
+                 "redirect": {"uri": "/new", "authority": "new.example.com", "scheme": "https", "redirectCode": 302}},
+                {"name": "odd", "match": [{"uri": {"exact": "/odd"}}], "redirect": {"uri": "/x", "redirectCode": 305}},
+                {"name": "main", "match": [{"uri": {"prefix": "/a/"}}], "route": [dest("web.dc1.consul", 8080)],
+                 "timeout": "5s",
+                 "retries": {"attempts": 2, "perTryTimeout": "0.5s", "retryOn": "5xx,retriable-status-codes,502"},
+                 "headers": {"request": {"set": {"x-a": "1"}, "add": {"x-b": "2"}, "remove": ["x-c"]},
+                             "response": {"set": {"x-d": "4"}, "remove": ["server"]}},
+                 "corsPolicy": {"allowOrigins": [{"exact": "https://app.example.com"}, {"regex": "https://[^/]+\\.example\\.org"}],
+                                "allowMethods": ["GET", "POST"], "allowHeaders": ["x-token"], "exposeHeaders": ["x-id"],
+                                "maxAge": "60s", "allowCredentials": false}},
+                {"name": "off", "match": [{"uri": {"exact": "/off"}}], "route": [dest("web.dc1.consul", 8080)],
+                 "retries": {"attempts": 0}}
+            ]),
+        ),
+    ]);
+    assert_eq!(
+        texts(&out.warnings),
+        ["VirtualService default/policy: http[2] (odd): redirect code 305 not supported; 301 sent"]
+    );
+    let routes = vhost(&out, "http.10080", "policy.example.com").routes;
+    let names: Vec<&str> = routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["ssl", "moved", "odd", "main", "off"]);
+
+    let Some(route::Action::Redirect(ssl)) = &routes[0].action else { panic!("{:?}", routes[0]) };
+    assert_eq!(ssl.scheme_rewrite_specifier, Some(SchemeRewriteSpecifier::SchemeRedirect("https".into())));
+    assert_eq!(ssl.response_code, RedirectResponseCode::PermanentRedirect as i32);
+    let scheme = &routes[0].r#match.as_ref().unwrap().headers;
+    assert_eq!(scheme.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(), [":scheme"]);
+    let Some(route::Action::Redirect(moved)) = &routes[1].action else { panic!() };
+    assert_eq!(
+        (moved.host_redirect.as_str(), &moved.path_rewrite_specifier, moved.response_code),
+        (
+            "new.example.com",
+            &Some(PathRewriteSpecifier::PathRedirect("/new".into())),
+            RedirectResponseCode::Found as i32
+        )
+    );
+
+    let main = &routes[3];
+    let Some(route::Action::Route(ra)) = &main.action else { panic!() };
+    assert_eq!(ra.timeout.as_ref().map(|d| (d.seconds, d.nanos)), Some((5, 0)));
+    let retry = ra.retry_policy.as_ref().unwrap();
+    assert_eq!(
+        (retry.retry_on.as_str(), retry.num_retries.as_ref().map(|n| n.value), retry.retriable_status_codes.as_slice()),
+        ("5xx,retriable-status-codes", Some(2), &[502][..])
+    );
+    assert_eq!(retry.per_try_timeout.as_ref().map(|d| (d.seconds, d.nanos)), Some((0, 500_000_000)));
+    let header = |o: &envoy_types::pb::envoy::config::core::v3::HeaderValueOption| {
+        let h = o.header.as_ref().unwrap();
+        (h.key.clone(), h.value.clone(), o.append_action)
+    };
+    assert_eq!(
+        main.request_headers_to_add.iter().map(header).collect::<Vec<_>>(),
+        [("x-a".to_owned(), "1".to_owned(), 2), ("x-b".to_owned(), "2".to_owned(), 0)]
+    );
+    assert_eq!(
+        (main.request_headers_to_remove.as_slice(), main.response_headers_to_remove.as_slice()),
+        (&["x-c".to_owned()][..], &["server".to_owned()][..])
+    );
+    assert_eq!(
+        main.response_headers_to_add.iter().map(header).collect::<Vec<_>>(),
+        [("x-d".to_owned(), "4".to_owned(), 2)]
+    );
+    let any = &main.typed_per_filter_config["envoy.filters.http.cors"];
+    let cors = CorsPolicy::decode(any.value.as_slice()).unwrap();
+    assert_eq!(
+        (cors.allow_methods.as_str(), cors.allow_headers.as_str(), cors.expose_headers.as_str(), cors.max_age.as_str()),
+        ("GET,POST", "x-token", "x-id", "60")
+    );
+    assert_eq!(
+        (cors.allow_origin_string_match.len(), cors.allow_credentials.as_ref().map(|b| b.value)),
+        (2, Some(false))
+    );
+
+    let Some(route::Action::Route(off)) = &routes[4].action else { panic!() };
+    assert_eq!(off.retry_policy, None);
+    // No timeout: none at all, as Pilot writes it, not Envoy's 15 s.
+    assert_eq!(off.timeout.as_ref().map(|d| (d.seconds, d.nanos)), Some((0, 0)));
+}
+
+#[test]
+fn destination_headers_go_on_the_weighted_cluster_or_the_route() {
+    let side = |s: &str| json!({"response": {"set": {"x-side": s}}});
+    let out = run(&[
+        http_gateway(),
+        vs(
+            "split",
+            &["split.example.com"],
+            json!([
+                {"name": "split", "match": [{"uri": {"prefix": "/"}}],
+                 "route": [{"destination": {"host": "web.dc1.consul", "port": {"number": 8080}}, "weight": 75, "headers": side("main")},
+                           {"destination": {"host": "api.dc1.consul", "port": {"number": 9090}}, "weight": 25, "headers": side("canary")}]},
+                {"name": "one", "match": [{"uri": {"exact": "/one"}}],
+                 "headers": {"response": {"set": {"x-route": "1"}}},
+                 "route": [{"destination": {"host": "web.dc1.consul", "port": {"number": 8080}}, "headers": side("only")}]}
+            ]),
+        ),
+    ]);
+    assert_eq!(texts(&out.warnings), Vec::<String>::new());
+    let routes = vhost(&out, "http.10080", "split.example.com").routes;
+    let value =
+        |o: &envoy_types::pb::envoy::config::core::v3::HeaderValueOption| o.header.as_ref().unwrap().value.clone();
+    let one = routes.iter().find(|r| r.name == "one").unwrap();
+    assert_eq!(one.response_headers_to_add.iter().map(value).collect::<Vec<_>>(), ["1", "only"]);
+    let split = routes.iter().find(|r| r.name == "split").unwrap();
+    assert!(split.response_headers_to_add.is_empty());
+    let Some(route::Action::Route(ra)) = &split.action else { panic!() };
+    let Some(ClusterSpecifier::WeightedClusters(wc)) = &ra.cluster_specifier else { panic!("{ra:?}") };
+    let sides: Vec<Vec<String>> =
+        wc.clusters.iter().map(|c| c.response_headers_to_add.iter().map(value).collect()).collect();
+    assert_eq!(sides, [["main"], ["canary"]]);
 }

@@ -38,13 +38,20 @@
 //! - **Canary.** An Ingress with `canary: "true"` makes no routes, servers
 //!   or default backend of its own: each of its paths attaches to the
 //!   non-canary route of the same host, path and type (see [`canary`]).
+//! - **Policy.** Redirects, timeout, retries, header control,
+//!   `upstream-vhost` and CORS set fields of each route of the Ingress (an
+//!   HTTPS redirect and `app-root` add routes of their own; see [`policy`]).
 
 mod annotations;
 mod canary;
+mod policy;
+mod syntax;
 mod upstream;
 
 #[cfg(test)]
 mod ingress_tests;
+#[cfg(test)]
+mod policy_route_tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -55,6 +62,7 @@ use meshbridge_registries::clip;
 use serde::Serialize;
 
 use self::annotations::{DESTINATION, IngressAnnotations, RewriteRule};
+use self::policy::RoutePolicy;
 use super::model::{
     Destination, DestinationRuleSpec, GatewaySpec, HttpMatch, HttpRoute, IstioObject, PortSelector, RegexRewrite,
     Rewrite, RouteDestination, Server, ServerPort, ServerTls, ServerTlsMode, Spec, StringMatch, Subset, TrafficPolicy,
@@ -244,10 +252,15 @@ enum PathKind {
     Prefix,
 }
 
-/// Where a route stands among the routes of one path: a canary's header
-/// rules, then its cookie rules, then the path's own (maybe weighted) route.
+/// Where a route stands among the routes of one path: its HTTPS redirect,
+/// a canary's header rules, then its cookie rules, then the path's own
+/// (maybe weighted) route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Rank {
+    /// A host's `app-root` redirect of `/`: before every route of the host.
+    AppRoot,
+    /// The HTTPS redirect of a route, for plain HTTP requests only.
+    SslRedirect,
     Header,
     Cookie,
     Main,
@@ -268,6 +281,9 @@ impl Candidate {
     /// Within a path, canary header rules, then cookie rules, then the
     /// path's own route.
     fn order(&self) -> (u8, std::cmp::Reverse<usize>, Rank) {
+        if self.rank == Rank::AppRoot {
+            return (0, std::cmp::Reverse(usize::MAX), self.rank);
+        }
         match &self.path {
             Some((PathKind::Exact, p)) => (0, std::cmp::Reverse(p.len()), self.rank),
             Some((PathKind::Prefix, p)) if p != "/" => (1, std::cmp::Reverse(p.len()), self.rank),
@@ -284,6 +300,8 @@ struct HostRoutes {
     owners: BTreeMap<(PathKind, String), String>,
     /// The Ingress whose defaultBackend this host uses.
     default_owner: Option<String>,
+    /// `app-root`: (the Ingress that set it, its route name, the path).
+    app_root: Option<(String, String, String)>,
 }
 
 /// An HTTPS server being built: hosts served with one Secret.
@@ -358,6 +376,39 @@ impl Translator<'_> {
 
     fn rules(&mut self, ing: &Parsed) {
         self.each_path(ing, |t, host, index, path| t.path(ing, host, index, path));
+        if let Some(root) = &ing.ann.policy.app_root {
+            self.app_root(ing, root);
+        }
+    }
+
+    /// `app-root` on every host the Ingress has paths for. Higress keeps
+    /// the last Ingress's; like a path, the oldest one's stands here and a
+    /// different one is reported.
+    fn app_root(&mut self, ing: &Parsed, root: &str) {
+        let mut hosts = BTreeSet::new();
+        for rule in ing.ingress.spec.rules.iter().filter(|r| r.http.as_ref().is_some_and(|h| !h.paths.is_empty())) {
+            match rule.host.as_deref() {
+                None | Some("") => {
+                    hosts.insert("*".to_owned());
+                }
+                Some(h) => hosts.extend(normalize_host(h)),
+            }
+        }
+        for host in hosts {
+            let routes = self.hosts.entry(host.clone()).or_default();
+            match &routes.app_root {
+                Some((_, _, path)) if path == root => {}
+                Some((owner, _, path)) => self.warnings.push(Warning::new(
+                    format!("Ingress {}", ing.id),
+                    Reason::IngressConflict,
+                    format!("app-root {} on host {host} conflicts with {} of {owner}; ignored", clip(root), clip(path)),
+                )),
+                None => {
+                    let name = format!("{}-{}-app-root", ing.namespace, ing.name);
+                    routes.app_root = Some((ing.id.clone(), name, root.to_owned()));
+                }
+            }
+        }
     }
 
     /// Call `f` with (host, index, path) for every path of the Ingress on a
@@ -435,7 +486,7 @@ impl Translator<'_> {
         }
         routes.owners.insert(key.clone(), ing.id.clone());
         let ignore_uri_case = ing.ann.ignore_path_case;
-        let m = |uri| HttpMatch { uri: Some(uri), ignore_uri_case, headers: BTreeMap::new() };
+        let m = |uri| HttpMatch { uri: Some(uri), ignore_uri_case, ..Default::default() };
         let matches = match kind {
             PathKind::Exact => vec![m(StringMatch::Exact(origin.into()))],
             PathKind::Prefix if origin == "/" => vec![m(StringMatch::Prefix("/".into()))],
@@ -445,7 +496,13 @@ impl Translator<'_> {
         };
         let rewrite = rewrite.map(|r| rewrite_for(r, &matches, ignore_uri_case));
         let name = format!("{}-{}-{index}", ing.namespace, ing.name);
-        let route = HttpRoute { name, matches, route, rewrite };
+        let mut route = HttpRoute { name, matches, route, rewrite, ..Default::default() };
+        let policy = &ing.ann.policy;
+        policy.apply(&mut route);
+        if policy.ssl_redirect && policy.redirect.is_none() {
+            let route = RoutePolicy::https_redirect_of(&route);
+            routes.routes.push(Candidate { path: Some(key.clone()), rank: Rank::SslRedirect, route });
+        }
         routes.routes.push(Candidate { path: Some(key), rank: Rank::Main, route });
     }
 
@@ -486,7 +543,7 @@ impl Translator<'_> {
             routes.routes.push(Candidate {
                 path: None,
                 rank: Rank::Main,
-                route: HttpRoute { name, matches: vec![], route: route.clone(), rewrite: None },
+                route: HttpRoute { name, route: route.clone(), ..Default::default() },
             });
         }
     }
@@ -544,7 +601,8 @@ impl Translator<'_> {
                 (None, None) => return Err(BackendError::NoPort(svc.name.clone())),
             };
             let host = format!("{}.{}.svc.cluster.local", svc.name, ing.namespace);
-            return Ok(vec![RouteDestination { destination: Destination { host, subset: None, port }, weight: None }]);
+            let destination = Destination { host, subset: None, port };
+            return Ok(vec![RouteDestination { destination, weight: None, headers: None }]);
         }
         let Some(resource) = &backend.resource else {
             return Err(BackendError::Empty);
@@ -571,6 +629,7 @@ impl Translator<'_> {
                     port: d.port.map(|p| PortSelector { number: p.into() }),
                 },
                 weight: (!single).then_some(d.weight),
+                headers: None,
             })
             .collect())
     }
@@ -582,6 +641,16 @@ impl Translator<'_> {
 
         let routed: Vec<String> =
             self.hosts.iter().filter(|(_, r)| !r.routes.is_empty()).map(|(h, _)| h.clone()).collect();
+        // Higress puts a host's app-root redirect before all its routes.
+        for host in &routed {
+            let routes = self.hosts.get_mut(host).expect("routed host");
+            if let Some((_, name, path)) = routes.app_root.take() {
+                let matches = vec![HttpMatch { uri: Some(StringMatch::Exact("/".into())), ..Default::default() }];
+                let redirect = Some(RoutePolicy::app_root_redirect(&path));
+                let route = HttpRoute { name, matches, redirect, ..Default::default() };
+                routes.routes.insert(0, Candidate { path: None, rank: Rank::AppRoot, route });
+            }
+        }
         let vs_names = object_names(routed.iter().map(String::as_str));
         let mut subsets: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for host in &routed {

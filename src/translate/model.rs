@@ -460,8 +460,10 @@ pub struct VirtualServiceSpec {
 }
 
 /// `HTTPRoute`. A route without `match` matches every request (the default
-/// backend); Istio wants it last.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// backend); Istio wants it last. A route with a `redirect` has no `route`
+/// and no `rewrite` (Istio's validation rejects either beside it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct HttpRoute {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
@@ -470,7 +472,18 @@ pub struct HttpRoute {
     #[serde(default)]
     pub route: Vec<RouteDestination>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect: Option<Redirect>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewrite: Option<Rewrite>,
+    /// The whole request, retries included; unset, Istio sets none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<ProtoDuration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<Retry>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cors_policy: Option<CorsPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<Headers>,
 }
 
 /// `HTTPMatchRequest`, reduced to the URI and request headers.
@@ -486,6 +499,10 @@ pub struct HttpMatch {
     /// the whole value.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, StringMatch>,
+    /// The request's scheme (`http`, `https`): what an HTTPS redirect of
+    /// one route matches, so that HTTPS requests go on to the route itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<StringMatch>,
 }
 
 /// `StringMatch`: a oneof, so exactly one key in JSON.
@@ -504,6 +521,10 @@ pub struct RouteDestination {
     /// Left out for a single destination (Istio then sends it everything).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
+    /// Header operations for the requests sent to this destination only
+    /// (a canary's own header control, beside a weight).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<Headers>,
 }
 
 /// `Destination`.
@@ -536,6 +557,124 @@ pub struct RegexRewrite {
     #[serde(rename = "match")]
     pub pattern: String,
     pub rewrite: String,
+}
+
+/// `HTTPRedirect`: the parts of the URL to replace; those unset keep the
+/// request's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Redirect {
+    /// The path (and only the path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    /// Unset: 301. Istio's gateway (and Envoy) send 301, 302, 303, 307 and
+    /// 308 only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect_code: Option<u32>,
+}
+
+/// `HTTPRetry`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Retry {
+    /// Retries after the first try; 0 turns retries off.
+    #[serde(default)]
+    pub attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_try_timeout: Option<ProtoDuration>,
+    /// Envoy's `retry_on` conditions, comma-separated; a bare status code
+    /// (`502`) is one of `retriable-status-codes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_on: Option<String>,
+}
+
+/// `Headers`: operations on the request before it goes upstream and on the
+/// response before it goes back.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Headers {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<HeaderOperations>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<HeaderOperations>,
+}
+
+/// `Headers.HeaderOperations`. Header names are lowercase.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct HeaderOperations {
+    /// Overwrite (or add) the header.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub set: BTreeMap<String, String>,
+    /// Append a value (or add the header).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub add: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
+}
+
+/// `CorsPolicy`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CorsPolicy {
+    /// An origin is allowed when one of these matches the whole `Origin`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_origins: Vec<StringMatch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_methods: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_headers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expose_headers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<ProtoDuration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_credentials: Option<bool>,
+}
+
+/// A `google.protobuf.Duration`, in its JSON form a decimal number of
+/// seconds ending in `s` (`"5s"`, `"0.250s"`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ProtoDuration(pub std::time::Duration);
+
+impl ProtoDuration {
+    pub fn from_secs(secs: u64) -> ProtoDuration {
+        ProtoDuration(std::time::Duration::from_secs(secs))
+    }
+}
+
+impl Serialize for ProtoDuration {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (secs, nanos) = (self.0.as_secs(), self.0.subsec_nanos());
+        let text = if nanos == 0 {
+            format!("{secs}s")
+        } else {
+            let frac = format!("{nanos:09}");
+            format!("{secs}.{}s", frac.trim_end_matches('0'))
+        };
+        s.serialize_str(&text)
+    }
+}
+
+impl<'de> Deserialize<'de> for ProtoDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        let bad =
+            || <D::Error as serde::de::Error>::custom(format!("{text:?} is not a duration like \"5s\" or \"0.5s\""));
+        let number = text.strip_suffix('s').ok_or_else(bad)?;
+        let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+        if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        if frac.len() > 9 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let secs: u64 = whole.parse().map_err(|_| bad())?;
+        let nanos: u32 = if frac.is_empty() { 0 } else { format!("{frac:0<9}").parse().map_err(|_| bad())? };
+        Ok(ProtoDuration(std::time::Duration::new(secs, nanos)))
+    }
 }
 
 // ---- EnvoyFilter ----------------------------------------------------------

@@ -18,11 +18,11 @@ use prost::Message;
 use prost_types::value::Kind;
 
 use super::model::{
-    ClientTlsSettings, ConnectionPoolSettings, ConsistentHash, Destination, DestinationRuleSpec,
-    EnvoyConfigObjectPatch, EnvoyFilterSpec, GatewaySpec, HttpCookie, HttpMatch, HttpPoolSettings, HttpRoute,
-    LoadBalancerSettings, Patch, Port, PortSelector, PortTrafficPolicy, RegexRewrite, Rewrite, RouteDestination,
-    Server, ServerPort, ServerTls, ServiceEntrySpec, Spec, StringMatch, Subset, TrafficPolicy, VirtualServiceSpec,
-    WorkloadEntry,
+    ClientTlsSettings, ConnectionPoolSettings, ConsistentHash, CorsPolicy, Destination, DestinationRuleSpec,
+    EnvoyConfigObjectPatch, EnvoyFilterSpec, GatewaySpec, HeaderOperations, Headers, HttpCookie, HttpMatch,
+    HttpPoolSettings, HttpRoute, LoadBalancerSettings, Patch, Port, PortSelector, PortTrafficPolicy, ProtoDuration,
+    Redirect, RegexRewrite, Retry, Rewrite, RouteDestination, Server, ServerPort, ServerTls, ServiceEntrySpec, Spec,
+    StringMatch, Subset, TrafficPolicy, VirtualServiceSpec, WorkloadEntry,
 };
 
 /// Why a spec has no protobuf form.
@@ -239,7 +239,12 @@ impl From<&HttpRoute> for pb::HttpRoute {
             name: r.name.clone(),
             r#match: r.matches.iter().map(pb::HttpMatchRequest::from).collect(),
             route: r.route.iter().map(pb::HttpRouteDestination::from).collect(),
+            redirect: r.redirect.as_ref().map(pb::HttpRedirect::from),
             rewrite: r.rewrite.as_ref().map(pb::HttpRewrite::from),
+            timeout: r.timeout.map(prost_types::Duration::from),
+            retries: r.retries.as_ref().map(pb::HttpRetry::from),
+            cors_policy: r.cors_policy.as_ref().map(pb::CorsPolicy::from),
+            headers: r.headers.as_ref().map(pb::Headers::from),
             ..Default::default()
         }
     }
@@ -251,6 +256,7 @@ impl From<&HttpMatch> for pb::HttpMatchRequest {
             uri: m.uri.as_ref().map(pb::StringMatch::from),
             ignore_uri_case: m.ignore_uri_case,
             headers: m.headers.iter().map(|(k, v)| (k.clone(), pb::StringMatch::from(v))).collect(),
+            scheme: m.scheme.as_ref().map(pb::StringMatch::from),
             ..Default::default()
         }
     }
@@ -275,7 +281,7 @@ impl From<&RouteDestination> for pb::HttpRouteDestination {
             // Weights are percentages (at most 100) or an Ingress's share of
             // a total; they fit, and saturate if one ever did not.
             weight: r.weight.map_or(0, |w| i32::try_from(w).unwrap_or(i32::MAX)),
-            headers: None,
+            headers: r.headers.as_ref().map(pb::Headers::from),
         }
     }
 }
@@ -303,6 +309,68 @@ impl From<&Rewrite> for pb::HttpRewrite {
 impl From<&RegexRewrite> for pb::RegexRewrite {
     fn from(r: &RegexRewrite) -> Self {
         pb::RegexRewrite { r#match: r.pattern.clone(), rewrite: r.rewrite.clone() }
+    }
+}
+
+impl From<&Redirect> for pb::HttpRedirect {
+    fn from(r: &Redirect) -> Self {
+        pb::HttpRedirect {
+            uri: r.uri.clone().unwrap_or_default(),
+            authority: r.authority.clone().unwrap_or_default(),
+            scheme: r.scheme.clone().unwrap_or_default(),
+            redirect_code: r.redirect_code.unwrap_or_default(),
+            redirect_port: None,
+        }
+    }
+}
+
+impl From<&Retry> for pb::HttpRetry {
+    fn from(r: &Retry) -> Self {
+        pb::HttpRetry {
+            // At most i32::MAX: the parser takes no more.
+            attempts: i32::try_from(r.attempts).unwrap_or(i32::MAX),
+            per_try_timeout: r.per_try_timeout.map(prost_types::Duration::from),
+            retry_on: r.retry_on.clone().unwrap_or_default(),
+            retry_remote_localities: None,
+        }
+    }
+}
+
+impl From<&Headers> for pb::Headers {
+    fn from(h: &Headers) -> Self {
+        pb::Headers {
+            request: h.request.as_ref().map(pb::headers::HeaderOperations::from),
+            response: h.response.as_ref().map(pb::headers::HeaderOperations::from),
+        }
+    }
+}
+
+impl From<&HeaderOperations> for pb::headers::HeaderOperations {
+    fn from(o: &HeaderOperations) -> Self {
+        pb::headers::HeaderOperations { set: o.set.clone(), add: o.add.clone(), remove: o.remove.clone() }
+    }
+}
+
+impl From<&CorsPolicy> for pb::CorsPolicy {
+    fn from(c: &CorsPolicy) -> Self {
+        pb::CorsPolicy {
+            allow_origins: c.allow_origins.iter().map(pb::StringMatch::from).collect(),
+            allow_methods: c.allow_methods.clone(),
+            allow_headers: c.allow_headers.clone(),
+            expose_headers: c.expose_headers.clone(),
+            max_age: c.max_age.map(prost_types::Duration::from),
+            allow_credentials: c.allow_credentials,
+        }
+    }
+}
+
+impl From<ProtoDuration> for prost_types::Duration {
+    fn from(d: ProtoDuration) -> Self {
+        // Whole seconds up to 10,000 years (what the parsers take) fit.
+        prost_types::Duration {
+            seconds: i64::try_from(d.0.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(d.0.subsec_nanos()).unwrap_or_default(),
+        }
     }
 }
 

@@ -103,6 +103,41 @@ fn virtual_service_with_matches_weights_and_rewrites() {
 }
 
 #[test]
+fn virtual_service_with_redirects_timeouts_retries_headers_and_cors() {
+    assert_same(
+        "VirtualService",
+        json!({
+            "hosts": ["a.example"],
+            "gateways": ["higress-system/higress-gateway"],
+            "http": [
+                {"name": "app-root", "match": [{"uri": {"exact": "/"}}], "route": [],
+                 "redirect": {"uri": "/app", "redirectCode": 302}},
+                {"name": "ssl", "match": [{"uri": {"prefix": "/a/"}, "scheme": {"exact": "http"}}], "route": [],
+                 "redirect": {"scheme": "https", "redirectCode": 308},
+                 "headers": {"response": {"remove": ["server"]}}},
+                {"name": "moved", "match": [{"uri": {"exact": "/old"}}], "route": [],
+                 "redirect": {"uri": "/new", "authority": "b.example:8080", "scheme": "https"}},
+                {"name": "main", "match": [{"uri": {"prefix": "/a/"}}],
+                 "route": [{"destination": {"host": "web", "port": {"number": 80}}, "weight": 75,
+                            "headers": {"response": {"add": {"x-side": "main"}}}},
+                           {"destination": {"host": "web-canary"}, "weight": 25,
+                            "headers": {"request": {"remove": ["x-a"]}}}],
+                 "rewrite": {"authority": "web.internal"},
+                 "timeout": "5s",
+                 "retries": {"attempts": 2, "perTryTimeout": "0.5s", "retryOn": "5xx,retriable-status-codes,503"},
+                 "corsPolicy": {"allowOrigins": [{"exact": "https://app.example"}, {"regex": "https://[^/]+\\.b\\.example"}],
+                                "allowMethods": ["GET", "POST"], "allowHeaders": ["x-token"],
+                                "exposeHeaders": ["x-request-id"], "maxAge": "1728000s", "allowCredentials": false},
+                 "headers": {"request": {"set": {"x-user": "meshbridge"}, "add": {"x-env": "prod", "x-a": "1"},
+                                         "remove": ["x-debug", "x-trace"]},
+                             "response": {"set": {"x-served-by": "gw"}}}},
+                {"name": "no-retries", "route": [{"destination": {"host": "web"}}], "retries": {"attempts": 0}},
+            ],
+        }),
+    );
+}
+
+#[test]
 fn envoy_filter_with_a_nested_struct_value() {
     assert_same(
         "EnvoyFilter",

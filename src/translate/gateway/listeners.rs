@@ -17,6 +17,7 @@ use envoy_types::pb::envoy::config::core::v3::{
 use envoy_types::pb::envoy::config::listener::v3::{
     Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
 };
+use envoy_types::pb::envoy::extensions::filters::http::cors::v3::Cors;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
@@ -29,6 +30,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
+use super::policy::CORS_FILTER;
 use super::servers::{BoundServer, Side};
 use crate::model::TlsSecret as GatewayTls;
 use crate::resources::Resource;
@@ -66,11 +68,19 @@ fn hcm(route_config: &str) -> Filter {
             config_source: Some(ads()),
             route_config_name: route_config.to_string(),
         })),
-        http_filters: vec![HttpFilter {
-            name: ROUTER_FILTER.into(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(Router::default()))),
-            ..Default::default()
-        }],
+        // CORS acts only on routes that carry a policy for it.
+        http_filters: vec![
+            HttpFilter {
+                name: CORS_FILTER.into(),
+                config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(Cors::default()))),
+                ..Default::default()
+            },
+            HttpFilter {
+                name: ROUTER_FILTER.into(),
+                config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(Router::default()))),
+                ..Default::default()
+            },
+        ],
         // An edge proxy: the peer address is the client's, so X-Forwarded-For
         // is appended to rather than trusted.
         use_remote_address: Some(BoolValue { value: true }),

@@ -19,9 +19,10 @@ use envoy_types::pb::envoy::r#type::matcher::v3::{
 use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 
 use super::clusters::Clusters;
+use super::policy::{HeaderFields, duration, redirect_action, retry_policy, route_base};
 use super::servers::{BoundServer, Side, intersect};
 use super::spec::{Named, Specs};
-use crate::translate::model::{HttpMatch, HttpRoute, StringMatch, VirtualServiceSpec};
+use crate::translate::model::{Headers, HttpMatch, HttpRoute, StringMatch, VirtualServiceSpec};
 use crate::translate::warning::{Reason, Warning};
 
 /// A VirtualService bound to at least one existing Gateway, translated.
@@ -134,11 +135,15 @@ fn translate(
         } else {
             format!("VirtualService {}: http[{i}] ({})", vs.key(), http.name)
         };
-        if http.route.is_empty() {
-            warnings.push(Warning::new(at, Reason::Unservable, "no route; left out"));
-            continue;
-        }
-        let action = action(http, &at, clusters, warnings);
+        let (action, destination_headers) = match &http.redirect {
+            Some(r) => (route::Action::Redirect(redirect_action(r, &at, warnings)), None),
+            None if http.route.is_empty() => {
+                warnings.push(Warning::new(at, Reason::Unservable, "no route; left out"));
+                continue;
+            }
+            None => action(http, &at, clusters, warnings),
+        };
+        let base = route_base(http, destination_headers);
         let matches: Vec<RouteMatch> = if http.matches.is_empty() {
             vec![prefix_match("/")]
         } else {
@@ -148,7 +153,7 @@ fn translate(
             name: http.name.clone(),
             r#match: Some(m),
             action: Some(action.clone()),
-            ..Default::default()
+            ..base.clone()
         }));
     }
     routes
@@ -175,7 +180,14 @@ fn route_match(m: &HttpMatch) -> RouteMatch {
         // Istio: "the case will be ignored only in the case of exact and
         // prefix URI matches"; Envoy likewise ignores it for safe_regex.
         case_sensitive: m.ignore_uri_case.then_some(BoolValue { value: false }),
-        headers: m.headers.iter().map(|(name, value)| header_matcher(name, value)).collect(),
+        // Pilot matches `scheme` on the `:scheme` pseudo-header, which Envoy
+        // sets from the downstream connection.
+        headers: m
+            .headers
+            .iter()
+            .map(|(name, value)| header_matcher(name, value))
+            .chain(m.scheme.as_ref().map(|s| header_matcher(":scheme", s)))
+            .collect(),
         ..Default::default()
     }
 }
@@ -199,14 +211,20 @@ fn header_matcher(name: &str, value: &StringMatch) -> HeaderMatcher {
     }
 }
 
-/// The action of an `http[]` entry. Destinations without a cluster are left
-/// out so that no route names a cluster the Envoy lacks; with none left the
-/// route answers 503.
-fn action(http: &HttpRoute, at: &str, clusters: &mut Clusters<'_>, warnings: &mut Vec<Warning>) -> route::Action {
+/// The action of an `http[]` entry, and the header operations of its one
+/// destination when it has one (they go on the route, as Pilot puts them).
+/// Destinations without a cluster are left out so that no route names a
+/// cluster the Envoy lacks; with none left the route answers 503.
+fn action<'h>(
+    http: &'h HttpRoute,
+    at: &str,
+    clusters: &mut Clusters<'_>,
+    warnings: &mut Vec<Warning>,
+) -> (route::Action, Option<&'h Headers>) {
     // Istio: one destination takes all traffic whatever its weight; with
     // several, a zero weight takes none, and all unset means an even split.
     let weighted = http.route.len() > 1 && http.route.iter().any(|d| d.weight.unwrap_or(0) > 0);
-    let mut targets: Vec<(String, u32)> = Vec::new();
+    let mut targets: Vec<(String, u32, Option<&Headers>)> = Vec::new();
     let mut missing = Vec::new();
     for rd in &http.route {
         let weight = if weighted { rd.weight.unwrap_or(0) } else { 1 };
@@ -214,10 +232,11 @@ fn action(http: &HttpRoute, at: &str, clusters: &mut Clusters<'_>, warnings: &mu
             continue;
         }
         match clusters.resolve(&rd.destination) {
-            // Two destinations on one cluster: one entry with both weights.
-            Ok(name) => match targets.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, w)) => *w = w.saturating_add(weight),
-                None => targets.push((name, weight)),
+            // Two destinations on one cluster: one entry with both weights
+            // (and the first one's header operations).
+            Ok(name) => match targets.iter_mut().find(|(n, _, _)| *n == name) {
+                Some((_, w, _)) => *w = w.saturating_add(weight),
+                None => targets.push((name, weight, rd.headers.as_ref())),
             },
             Err(reason) => missing.push(reason),
         }
@@ -226,29 +245,45 @@ fn action(http: &HttpRoute, at: &str, clusters: &mut Clusters<'_>, warnings: &mu
         for reason in missing {
             warnings.push(Warning::new(at, Reason::NoCluster, format!("{reason}; answering 503")));
         }
-        return route::Action::DirectResponse(DirectResponseAction { status: 503, ..Default::default() });
+        return (route::Action::DirectResponse(DirectResponseAction { status: 503, ..Default::default() }), None);
     }
     for reason in missing {
         warnings.push(Warning::new(at, Reason::NoCluster, format!("{reason}; left out of the weighted route")));
     }
     // A consistent-hash rule on a target's host hashes on the route.
-    let hash_policy: Vec<_> = targets.iter().find_map(|(name, _)| clusters.hash_policy(name)).into_iter().collect();
-    let cluster_specifier = if let [(name, _)] = targets.as_slice() {
+    let hash_policy: Vec<_> = targets.iter().find_map(|(name, _, _)| clusters.hash_policy(name)).into_iter().collect();
+    let mut single_headers = None;
+    let cluster_specifier = if let [(name, _, headers)] = targets.as_slice() {
+        single_headers = *headers;
         route_action::ClusterSpecifier::Cluster(name.clone())
     } else {
         route_action::ClusterSpecifier::WeightedClusters(WeightedCluster {
             clusters: targets
                 .into_iter()
-                .map(|(name, weight)| ClusterWeight {
-                    name,
-                    weight: Some(UInt32Value { value: weight }),
-                    ..Default::default()
+                .map(|(name, weight, headers)| {
+                    let mut cw =
+                        ClusterWeight { name, weight: Some(UInt32Value { value: weight }), ..Default::default() };
+                    if let Some(h) = headers {
+                        let ops = HeaderFields::of(h);
+                        cw.request_headers_to_add = ops.request_add;
+                        cw.request_headers_to_remove = ops.request_remove;
+                        cw.response_headers_to_add = ops.response_add;
+                        cw.response_headers_to_remove = ops.response_remove;
+                    }
+                    cw
                 })
                 .collect(),
             ..Default::default()
         })
     };
-    let mut ra = RouteAction { cluster_specifier: Some(cluster_specifier), hash_policy, ..Default::default() };
+    let mut ra = RouteAction {
+        cluster_specifier: Some(cluster_specifier),
+        // Pilot: no `timeout` is none at all (0s), not Envoy's 15 s default.
+        timeout: Some(http.timeout.map(duration).unwrap_or_default()),
+        retry_policy: http.retries.as_ref().and_then(retry_policy),
+        hash_policy,
+        ..Default::default()
+    };
     if let Some(rw) = &http.rewrite {
         let uri = rw.uri.as_deref().unwrap_or_default();
         ra.prefix_rewrite = uri.to_string();
@@ -271,5 +306,5 @@ fn action(http: &HttpRoute, at: &str, clusters: &mut Clusters<'_>, warnings: &mu
             ra.host_rewrite_specifier = Some(route_action::HostRewriteSpecifier::HostRewriteLiteral(authority.into()));
         }
     }
-    route::Action::Route(ra)
+    (route::Action::Route(ra), single_headers)
 }

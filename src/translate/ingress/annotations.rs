@@ -3,11 +3,15 @@
 //! under both `higress.io/` and `nginx.ingress.kubernetes.io/` (Higress's
 //! "ASAP" keys, `higress.io/` first); `destination` and `rewrite-path` only
 //! under `higress.io/`. The canary group (`canary`, `canary-by-*`,
-//! `canary-weight*`) is read under both prefixes too. Any other key under
-//! those two prefixes is counted as ignored.
+//! `canary-weight*`) is read under both prefixes too, and so are the route
+//! policy annotations, each under the prefixes Higress reads it with (see
+//! [`policy`]). Any other key under those two prefixes is counted as
+//! ignored.
 
 use meshbridge_registries::clip;
 
+use super::policy::{self, RoutePolicy};
+use super::syntax::{is_token, parse_bool};
 use super::upstream;
 use crate::model::ingress::has_sign;
 pub use crate::model::ingress::{
@@ -56,6 +60,8 @@ pub struct IngressAnnotations {
     /// The upstream group's traffic policy, for the DestinationRule of every
     /// service this Ingress routes to; `None` when it sets none.
     pub upstream: Option<TrafficPolicy>,
+    /// Redirects, timeout, retries, header control, upstream-vhost, CORS.
+    pub policy: RoutePolicy,
     /// `higress.io/*` and `nginx.ingress.kubernetes.io/*` keys not understood.
     pub ignored: u64,
     /// Annotations that were understood but whose value was not.
@@ -125,6 +131,7 @@ impl IngressAnnotations {
             ignore_path_case: false,
             canary: None,
             upstream: None,
+            policy: RoutePolicy::default(),
             ignored: 0,
             warnings: Vec::new(),
         };
@@ -177,6 +184,7 @@ impl IngressAnnotations {
 
         let canary: Vec<Option<(String, String)>> = CANARY_KEYS.iter().map(|k| get(k, true)).collect();
         out.canary = read_canary(&canary, &mut out.warnings);
+        out.policy = policy::read(&mut get, &mut out.warnings);
 
         out.ignored = meta
             .annotation_keys()
@@ -276,20 +284,6 @@ fn read_canary(found: &[Option<(String, String)>], warnings: &mut Vec<String>) -
         }
     }
     Some(canary)
-}
-
-/// An RFC 7230 token: what header and cookie names are made of.
-pub(super) fn is_token(s: &str) -> bool {
-    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
-
-/// Go's `strconv.ParseBool`, which Higress uses for boolean annotations.
-pub fn parse_bool(s: &str) -> Option<bool> {
-    match s {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

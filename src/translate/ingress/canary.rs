@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 
 use super::annotations::{Canary, CanaryWeight, HeaderRule};
 use super::{Candidate, Parsed, PathKind, Rank, Translator, regex_escape};
-use crate::translate::model::{HttpRoute, RouteDestination, StringMatch};
+use crate::translate::model::{Headers, HttpRoute, RouteDestination, StringMatch};
 use crate::translate::warning::{Reason, Warning};
 
 /// A `canary-weight` to apply once every header and cookie route is made,
@@ -44,6 +44,8 @@ pub(super) struct PendingWeight {
     host: String,
     key: (PathKind, String),
     canary: Vec<RouteDestination>,
+    /// The canary's own header control.
+    headers: Option<Headers>,
     weight: CanaryWeight,
 }
 
@@ -53,6 +55,22 @@ impl Translator<'_> {
         let warn = |reason, detail: String| Warning::new(format!("Ingress {}", ing.id), reason, detail);
         if ing.ingress.spec.default_backend.is_some() {
             let detail = "canary Ingress: defaultBackend ignored (only paths attach to a main route)".to_owned();
+            self.warnings.push(warn(Reason::InvalidIngress, detail));
+        }
+        let p = &ing.ann.policy;
+        let copied = [
+            ("redirects", p.redirect.is_some() || p.ssl_redirect || p.app_root.is_some()),
+            ("timeout", p.timeout.is_some()),
+            ("retries", p.retries.is_some()),
+            ("upstream-vhost", p.authority.is_some()),
+            ("CORS", p.cors.is_some()),
+        ];
+        let ignored: Vec<&str> = copied.iter().filter(|(_, set)| *set).map(|(what, _)| *what).collect();
+        if !ignored.is_empty() {
+            let detail = format!(
+                "canary Ingress: {} ignored (its routes take the main route's; only header control is its own)",
+                ignored.join(", ")
+            );
             self.warnings.push(warn(Reason::InvalidIngress, detail));
         }
         self.each_path(ing, |t, host, index, p| {
@@ -75,8 +93,12 @@ impl Translator<'_> {
                 return t.warnings.push(warn(Reason::InvalidIngress, detail));
             };
             let name = |rule: &str| format!("{}-{}-{index}-canary-{rule}", ing.namespace, ing.name);
-            let mut add = |rank, rule: &str, header: &str, value: StringMatch, to: &[RouteDestination]| {
-                let route = routed(&main, name(rule), header, value, to);
+            // Higress: a canary's routes copy the main route, all but its
+            // header control, which is the canary's own.
+            let to_canary = (canary.as_slice(), ing.ann.policy.headers.as_ref());
+            let to_main = (main.route.as_slice(), main.headers.as_ref());
+            let mut add = |rank, rule: &str, header: &str, value: StringMatch, (to, headers): Target<'_>| {
+                let route = routed(&main, name(rule), header, value, to, headers);
                 routes.routes.push(Candidate { path: Some(key.clone()), rank, route });
             };
             let later_rules = rules.cookie.is_some() || rules.weight.is_some_and(|w| w.weight > 0);
@@ -86,19 +108,20 @@ impl Translator<'_> {
                     HeaderRule::Value(v) => StringMatch::Exact(v.clone()),
                     HeaderRule::Pattern(p) => StringMatch::Regex(format!(".*(?:{p}).*")),
                 };
-                add(Rank::Header, "header", &h.name, always, &canary);
+                add(Rank::Header, "header", &h.name, always, to_canary);
                 if h.rule == HeaderRule::AlwaysNever && later_rules {
-                    add(Rank::Header, "header-never", &h.name, StringMatch::Exact("never".into()), &main.route);
+                    add(Rank::Header, "header-never", &h.name, StringMatch::Exact("never".into()), to_main);
                 }
             }
             if let Some(c) = &rules.cookie {
-                add(Rank::Cookie, "cookie", "cookie", cookie_regex(c, "always"), &canary);
+                add(Rank::Cookie, "cookie", "cookie", cookie_regex(c, "always"), to_canary);
                 if rules.weight.is_some_and(|w| w.weight > 0) {
-                    add(Rank::Cookie, "cookie-never", "cookie", cookie_regex(c, "never"), &main.route);
+                    add(Rank::Cookie, "cookie-never", "cookie", cookie_regex(c, "never"), to_main);
                 }
             }
             if let Some(weight) = rules.weight {
-                weights.push(PendingWeight { id: ing.id.clone(), host: host.to_owned(), key, canary, weight });
+                let headers = ing.ann.policy.headers.clone();
+                weights.push(PendingWeight { id: ing.id.clone(), host: host.to_owned(), key, canary, headers, weight });
             }
         });
     }
@@ -124,15 +147,39 @@ impl Translator<'_> {
             else {
                 continue;
             };
-            main.route.route = weighted(&main.route.route, &w.canary, w.weight);
+            // A redirect answers every request of the route: nothing to split.
+            if main.route.redirect.is_some() {
+                continue;
+            }
+            // Higress (`ApplyByWeight`): each side keeps its own header
+            // control on its destination; a main route with several
+            // destinations keeps its own on the route, for both sides.
+            let main = &mut main.route;
+            let mut own = main.route.clone();
+            if let [only] = own.as_mut_slice() {
+                only.headers = main.headers.take();
+            }
+            let canary: Vec<RouteDestination> =
+                w.canary.iter().map(|d| RouteDestination { headers: w.headers.clone(), ..d.clone() }).collect();
+            main.route = weighted(&own, &canary, w.weight);
             split.insert(at, w.id);
         }
     }
 }
 
-/// A copy of `main` that also requires `header` to match `value`, and
-/// sends to `to`.
-fn routed(main: &HttpRoute, name: String, header: &str, value: StringMatch, to: &[RouteDestination]) -> HttpRoute {
+/// Where a canary's route sends, and the header control it has.
+type Target<'a> = (&'a [RouteDestination], Option<&'a Headers>);
+
+/// A copy of `main` that also requires `header` to match `value`, sends to
+/// `to` (unless `main` redirects) and has `headers`.
+fn routed(
+    main: &HttpRoute,
+    name: String,
+    header: &str,
+    value: StringMatch,
+    to: &[RouteDestination],
+    headers: Option<&Headers>,
+) -> HttpRoute {
     let matches = main
         .matches
         .iter()
@@ -142,7 +189,8 @@ fn routed(main: &HttpRoute, name: String, header: &str, value: StringMatch, to: 
             m
         })
         .collect();
-    HttpRoute { name, matches, route: to.to_vec(), rewrite: main.rewrite.clone() }
+    let route = if main.redirect.is_some() { Vec::new() } else { to.to_vec() };
+    HttpRoute { name, matches, route, headers: headers.cloned(), ..main.clone() }
 }
 
 /// A `cookie` header holding `name=value` as one of its cookies (Higress's

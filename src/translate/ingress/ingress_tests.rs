@@ -20,7 +20,7 @@ fn opts() -> IngressOptions {
     }
 }
 
-fn run(yaml: &str) -> IngressTranslation {
+pub(super) fn run(yaml: &str) -> IngressTranslation {
     translate(&docs(yaml), &opts())
 }
 
@@ -558,9 +558,9 @@ metadata:
   name: annotated
   namespace: shop
   annotations:
-    higress.io/cors-allow-origin: "*"
+    higress.io/mirror-target-service: mirror
     higress.io/use-regex: "true"
-    nginx.ingress.kubernetes.io/ssl-redirect: "false"
+    nginx.ingress.kubernetes.io/whitelist-source-range: 10.0.0.0/8
     nginx.ingress.kubernetes.io/ignore-path-case: "false"
     higress.io/rewrite-path: ""
     kubernetes.io/ingress.class: higress
@@ -652,7 +652,7 @@ fn hosts_are_normalised_and_checked() {
 /// An Ingress in namespace `shop`, created on 2026-01-`day`, with
 /// `annotations`, routing each (path, pathType, Service on port 80) on
 /// shop.example.com.
-fn shop_ingress(name: &str, day: u32, annotations: &[(&str, &str)], paths: &[(&str, &str, &str)]) -> String {
+pub(super) fn shop_ingress(name: &str, day: u32, annotations: &[(&str, &str)], paths: &[(&str, &str, &str)]) -> String {
     let quote = |v: &str| serde_json::to_string(v).unwrap();
     let mut yaml = format!(
         "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  \

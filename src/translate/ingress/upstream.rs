@@ -16,7 +16,7 @@
 
 use meshbridge_registries::clip;
 
-use super::annotations::is_token;
+use super::syntax::is_token;
 use crate::translate::model::{
     ClientTlsMode, ClientTlsSettings, ConnectionPoolSettings, ConsistentHash, H2UpgradePolicy, HttpCookie,
     HttpPoolSettings, LoadBalancerSettings, SimpleLb, TrafficPolicy,

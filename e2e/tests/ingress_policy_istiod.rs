@@ -1,0 +1,129 @@
+//! The route policy annotations through a REAL istiod (`pilot-discovery`,
+//! see `e2e/tests/istiod.rs` for the setup): istiod takes the
+//! VirtualService's new fields over MCP (its `/debug/configz` decodes
+//! them), and the routes it builds for the gateway hold the Envoy config
+//! the standalone gateway gets from meshbridge directly: the HTTPS
+//! redirect for `:scheme` http only, a URL redirect, the route timeout,
+//! the retry policy, the headers, the Host rewrite and the CORS policy.
+//! The routes are fetched from istiod's xDS as the gateway proxy; no
+//! Envoy is needed (istiod's gateway listeners carry Istio-only filters).
+//!
+//! Needs `source e2e/env.sh kubetools kube-apiserver istiod`.
+
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::config::route::v3::{
+    RouteConfiguration, redirect_action::RedirectResponseCode, route, route_action::HostRewriteSpecifier,
+};
+use meshbridge::run::{App, RunArgs};
+use meshbridge_e2e::apiserver::ApiServer;
+use meshbridge_e2e::free_port;
+use meshbridge_e2e::istiod::{Istiod, Options};
+use meshbridge_e2e::traffic::{mcp_ingress, mcpbridge};
+use prost::Message;
+
+const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+const HOST: &str = "shop.example.com";
+/// An Istio gateway node with the labels the Ingress Gateway selects (a
+/// documentation address: istiod never connects to it).
+const NODE: &str = "router~192.0.2.10~higress-gateway-e2e.higress-system~higress-system.svc.cluster.local";
+const LABELS: [(&str, &str); 1] = [("higress", "higress-system-higress-gateway")];
+
+fn ingresses() -> String {
+    let ingress = |name, day, annotations, path| mcp_ingress(name, day, HOST, "web.static:80", annotations, &[path]);
+    [
+        ingress(
+            "api",
+            1,
+            &[
+                ("nginx.ingress.kubernetes.io/ssl-redirect", "true"),
+                ("higress.io/timeout", "5"),
+                ("nginx.ingress.kubernetes.io/proxy-next-upstream-tries", "2"),
+                ("nginx.ingress.kubernetes.io/proxy-next-upstream", "error http_503"),
+                ("higress.io/request-header-control-add", "x-env staging"),
+                ("higress.io/response-header-control-remove", "x-powered-by"),
+                ("nginx.ingress.kubernetes.io/upstream-vhost", "web.internal"),
+                ("nginx.ingress.kubernetes.io/enable-cors", "true"),
+                ("nginx.ingress.kubernetes.io/cors-allow-origin", "https://app.example.com"),
+            ],
+            "/api",
+        ),
+        ingress("old", 2, &[("higress.io/permanent-redirect", "https://new.example.com/catalog")], "/old"),
+    ]
+    .join("---\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let bridge = mcpbridge(&[format!("{{type: static, name: web, domain: \"127.0.0.1:{}\", port: 80}}", free_port())]);
+    std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
+    std::fs::write(dir.path().join("shop.yaml"), ingresses()).unwrap();
+    let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
+    let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
+    let istiod = Istiod::start(&api, app.xds_addr, Options { upstream_envoy: true })
+        .await
+        .expect("start istiod (source e2e/env.sh istiod)");
+
+    // istiod decoded every new field of the VirtualService.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let vs = loop {
+        let configs = istiod.configs().await.unwrap_or_default();
+        if let Some(vs) = configs.values().find(|c| c["kind"] == "VirtualService") {
+            break vs.clone();
+        }
+        assert!(Instant::now() < deadline, "istiod has no VirtualService\n{}", istiod.log_tail(4000));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let http = vs["spec"]["http"].as_array().unwrap();
+    let by_name = |name: &str| http.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{name}: {vs}"));
+    let main = by_name("shop-api-0");
+    assert_eq!((main["timeout"].as_str(), main["retries"]["attempts"].as_i64()), (Some("5s"), Some(2)), "{main}");
+    assert_eq!(main["corsPolicy"]["allowOrigins"][0]["exact"], "https://app.example.com", "{main}");
+    assert_eq!(main["headers"]["request"]["add"]["x-env"], "staging", "{main}");
+    assert_eq!(by_name("shop-api-0-ssl-redirect")["match"][0]["scheme"]["exact"], "http", "{vs}");
+    assert_eq!(by_name("shop-old-0")["redirect"]["authority"], "new.example.com", "{vs}");
+
+    // The routes istiod builds for the gateway from them.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let routes = loop {
+        let got = istiod.fetch(NODE, &LABELS, ROUTE_TYPE, &["http.80"]).await;
+        let rc = got.ok().and_then(|r| r.first().map(|a| RouteConfiguration::decode(a.value.as_slice()).unwrap()));
+        let vhost = rc.and_then(|rc| rc.virtual_hosts.into_iter().find(|v| v.domains.iter().any(|d| d == HOST)));
+        if let Some(v) = vhost.filter(|v| v.routes.len() >= 3) {
+            break v.routes;
+        }
+        assert!(Instant::now() < deadline, "istiod built no routes for {HOST}\n{}", istiod.log_tail(4000));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let named = |name: &str| {
+        routes.iter().find(|r| r.name == name).unwrap_or_else(|| {
+            let names: Vec<&String> = routes.iter().map(|r| &r.name).collect();
+            panic!("no route {name} among {names:?}")
+        })
+    };
+
+    let ssl = named("shop-api-0-ssl-redirect");
+    let Some(route::Action::Redirect(redirect)) = &ssl.action else { panic!("{ssl:?}") };
+    assert_eq!(redirect.response_code, RedirectResponseCode::PermanentRedirect as i32, "{redirect:?}");
+    let scheme = ssl.r#match.as_ref().unwrap().headers.iter().find(|h| h.name == ":scheme");
+    assert!(scheme.is_some(), "the HTTPS redirect is not for plain HTTP only: {ssl:?}");
+
+    let old = named("shop-old-0");
+    let Some(route::Action::Redirect(redirect)) = &old.action else { panic!("{old:?}") };
+    assert_eq!((redirect.host_redirect.as_str(), redirect.response_code), ("new.example.com", 0), "{redirect:?}");
+
+    let main = named("shop-api-0");
+    let Some(route::Action::Route(ra)) = &main.action else { panic!("{main:?}") };
+    assert_eq!(ra.timeout.as_ref().map(|d| d.seconds), Some(5), "{ra:?}");
+    let retry = ra.retry_policy.as_ref().unwrap_or_else(|| panic!("no retry policy: {ra:?}"));
+    assert_eq!(retry.num_retries.as_ref().map(|n| n.value), Some(2), "{retry:?}");
+    assert!(retry.retry_on.contains("5xx") && retry.retriable_status_codes.contains(&503), "{retry:?}");
+    assert_eq!(ra.host_rewrite_specifier, Some(HostRewriteSpecifier::HostRewriteLiteral("web.internal".into())));
+    let added: Vec<&str> =
+        main.request_headers_to_add.iter().filter_map(|h| h.header.as_ref()).map(|h| h.key.as_str()).collect();
+    assert!(added.contains(&"x-env"), "{added:?}");
+    assert!(main.response_headers_to_remove.contains(&"x-powered-by".to_owned()), "{main:?}");
+    assert!(main.typed_per_filter_config.contains_key("envoy.filters.http.cors"), "no CORS policy: {main:?}");
+    app.stop().await;
+}

@@ -1,0 +1,294 @@
+//! Snapshot tests of the route policy annotations (redirects, timeout and
+//! retries, header control and upstream-vhost, CORS): Ingress YAML to the
+//! exact VirtualServices and warnings, each of which Pilot's schema takes.
+
+use super::ingress_tests::{run, shop_ingress};
+use super::*;
+
+/// Every object encodes against Istio's schema, as MCP sends it.
+fn assert_valid_for_pilot(t: &IngressTranslation) {
+    for o in &t.objects {
+        if let Err(w) = crate::translate::mcp::resource(o, 0) {
+            panic!("{w}");
+        }
+    }
+}
+
+fn http_routes(t: &IngressTranslation) -> Vec<serde_json::Value> {
+    t.objects
+        .iter()
+        .filter(|o| o.kind() == "VirtualService")
+        .flat_map(|o| o.spec.to_json()["http"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+fn route<'a>(routes: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value {
+    routes.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("no route {name}: {routes:#?}"))
+}
+
+#[test]
+fn redirects_ssl_permanent_temporal_and_app_root() {
+    let t = run(&[
+        shop_ingress(
+            "secure",
+            1,
+            &[("nginx.ingress.kubernetes.io/force-ssl-redirect", "true"), ("higress.io/app-root", "/shop")],
+            &[("/shop", "Prefix", "web")],
+        ),
+        shop_ingress(
+            "moved",
+            2,
+            &[
+                ("nginx.ingress.kubernetes.io/permanent-redirect", "https://new.example.com/catalog"),
+                ("nginx.ingress.kubernetes.io/permanent-redirect-code", "308"),
+                ("higress.io/rewrite-path", "/ignored"),
+                ("higress.io/timeout", "5"),
+            ],
+            &[("/old", "Exact", "web")],
+        ),
+        shop_ingress(
+            "sale",
+            3,
+            &[
+                ("higress.io/temporal-redirect", "http://sale.example.com"),
+                ("higress.io/permanent-redirect", "https://never.example.com/"),
+                // Another app-root on the same host: the older one stands.
+                ("higress.io/app-root", "/sale"),
+            ],
+            &[("/sale", "Prefix", "web")],
+        ),
+        // A canary by header of the redirected path redirects too, as its
+        // routes copy the main route.
+        shop_ingress(
+            "secure-canary",
+            4,
+            &[("higress.io/canary", "true"), ("higress.io/canary-by-header", "x-canary")],
+            &[("/shop", "Prefix", "web-canary")],
+        ),
+    ]
+    .join("---\n"));
+    assert_eq!(
+        t.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["Ingress shop/sale: app-root /sale on host shop.example.com conflicts with /shop of shop/secure; ignored"]
+    );
+    assert_eq!(t.ignored_annotations, 0);
+    assert_valid_for_pilot(&t);
+    let routes = http_routes(&t);
+    let names: Vec<&str> = routes.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "shop-secure-app-root",
+            "shop-moved-0",
+            "shop-secure-0-ssl-redirect",
+            "shop-secure-canary-0-canary-header",
+            "shop-secure-0",
+            "shop-sale-0"
+        ]
+    );
+    // The redirect route carries no destination, rewrite or timeout.
+    let moved = route(&routes, "shop-moved-0");
+    assert!(moved.get("route").is_none_or(|r| r.as_array().is_some_and(Vec::is_empty)), "{moved}");
+    assert!(moved.get("rewrite").is_none() && moved.get("timeout").is_none(), "{moved}");
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn timeout_and_retries() {
+    let t = run(&[
+        shop_ingress(
+            "api",
+            1,
+            &[
+                ("higress.io/timeout", "5"),
+                ("nginx.ingress.kubernetes.io/proxy-next-upstream-tries", "2"),
+                ("nginx.ingress.kubernetes.io/proxy-next-upstream-timeout", "1"),
+                ("nginx.ingress.kubernetes.io/proxy-next-upstream", "error timeout http_503"),
+            ],
+            &[("/api", "Prefix", "api")],
+        ),
+        shop_ingress("no-retry", 2, &[("higress.io/proxy-next-upstream", "off")], &[("/pay", "Exact", "pay")]),
+    ]
+    .join("---\n"));
+    assert_eq!(t.warnings, vec![]);
+    assert_valid_for_pilot(&t);
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn header_control_and_upstream_vhost() {
+    let t = run(&[
+        shop_ingress(
+            "web",
+            1,
+            &[
+                ("higress.io/request-header-control-add", "x-env staging"),
+                ("higress.io/request-header-control-update", "x-user-agent meshbridge"),
+                ("higress.io/request-header-control-remove", "x-debug"),
+                ("higress.io/response-header-control-update", "x-served-by gateway"),
+                ("higress.io/response-header-control-remove", "x-powered-by"),
+                ("nginx.ingress.kubernetes.io/upstream-vhost", "web.internal"),
+                ("higress.io/rewrite-path", "/v2"),
+            ],
+            &[("/web", "Prefix", "web")],
+        ),
+        // A canary keeps its own header control, not the main route's.
+        shop_ingress(
+            "web-canary",
+            2,
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-by-header", "x-canary"),
+                ("higress.io/response-header-control-add", "x-canary yes"),
+            ],
+            &[("/web", "Prefix", "web-canary")],
+        ),
+    ]
+    .join("---\n"));
+    assert_eq!(t.warnings, vec![]);
+    assert_valid_for_pilot(&t);
+    let routes = http_routes(&t);
+    let canary = route(&routes, "shop-web-canary-0-canary-header");
+    assert_eq!(canary["headers"], serde_json::json!({"response": {"add": {"x-canary": "yes"}}}));
+    assert_eq!(canary["rewrite"]["authority"], "web.internal");
+    insta::assert_json_snapshot!(t);
+}
+
+#[test]
+fn cors() {
+    let t = run(&[
+        shop_ingress(
+            "cors-default",
+            1,
+            &[("nginx.ingress.kubernetes.io/enable-cors", "true")],
+            &[("/default", "Prefix", "web")],
+        ),
+        shop_ingress(
+            "cors-set",
+            2,
+            &[
+                ("higress.io/enable-cors", "true"),
+                ("higress.io/cors-allow-origin", "https://app.example.com,https://*.example.org"),
+                ("higress.io/cors-allow-methods", "GET, POST"),
+                ("higress.io/cors-allow-headers", "x-token"),
+                ("higress.io/cors-expose-headers", "x-request-id"),
+                ("higress.io/cors-allow-credentials", "false"),
+                ("higress.io/cors-max-age", "60"),
+            ],
+            &[("/set", "Prefix", "web")],
+        ),
+    ]
+    .join("---\n"));
+    assert_eq!(t.warnings, vec![]);
+    assert_valid_for_pilot(&t);
+    insta::assert_json_snapshot!(t);
+}
+
+/// Each bad value is an `invalid_ingress` warning naming the Ingress and
+/// the annotation, and the Ingress's routes still apply with the rest.
+#[test]
+fn bad_values_are_reported_and_the_ingress_still_routes() {
+    let t = run(&shop_ingress(
+        "bad",
+        1,
+        &[
+            ("higress.io/permanent-redirect", "https://new.example.com/"),
+            ("higress.io/permanent-redirect-code", "304"),
+            ("higress.io/timeout", "-5"),
+            ("nginx.ingress.kubernetes.io/proxy-next-upstream-tries", "many"),
+            ("higress.io/request-header-control-add", "x-ok 1\nbroken"),
+            ("higress.io/enable-cors", "true"),
+            ("higress.io/cors-max-age", "forever"),
+            ("nginx.ingress.kubernetes.io/ssl-redirect", "sure"),
+        ],
+        &[("/bad", "Prefix", "web")],
+    ));
+    assert!(t.warnings.iter().all(|w| w.reason == Reason::InvalidIngress), "{:?}", t.warnings);
+    let warnings: Vec<String> = t.warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        warnings,
+        [
+            r#"Ingress shop/bad: annotation nginx.ingress.kubernetes.io/ssl-redirect: "sure" is not a boolean; taken as false"#,
+            r#"Ingress shop/bad: annotation higress.io/permanent-redirect-code: "304" is not a redirect code Envoy can send (301, 302, 303, 307 or 308); 301 used"#,
+            r#"Ingress shop/bad: annotation higress.io/timeout: "-5" is not a whole number of seconds (0 or more); no timeout set"#,
+            r#"Ingress shop/bad: annotation nginx.ingress.kubernetes.io/proxy-next-upstream-tries: "many" is not a whole number of tries (0 or more); 3 used"#,
+            r#"Ingress shop/bad: annotation higress.io/request-header-control-add: line 2: "broken" is not a header name and a value; line left out"#,
+            r#"Ingress shop/bad: annotation higress.io/cors-max-age: "forever" is not a whole number of seconds (0 or more); 1728000 used"#,
+        ]
+    );
+    assert_valid_for_pilot(&t);
+    let routes = http_routes(&t);
+    let bad = route(&routes, "shop-bad-0");
+    assert_eq!(bad["redirect"]["redirectCode"], 301);
+    assert_eq!(bad["headers"]["request"]["add"]["x-ok"], "1");
+    assert_eq!(bad["corsPolicy"]["maxAge"], "1728000s");
+}
+
+/// Higress's `ApplyByWeight`: a canary by weight shares its main route,
+/// and each side keeps its own header control on its destination.
+#[test]
+fn canary_weight_keeps_each_sides_header_control_on_its_destination() {
+    let t = run(&[
+        shop_ingress(
+            "web",
+            1,
+            &[("higress.io/response-header-control-add", "x-side main"), ("higress.io/timeout", "3")],
+            &[("/web", "Prefix", "web")],
+        ),
+        shop_ingress(
+            "web-canary",
+            2,
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-weight", "25"),
+                ("higress.io/response-header-control-add", "x-side canary"),
+            ],
+            &[("/web", "Prefix", "web-canary")],
+        ),
+    ]
+    .join("---\n"));
+    assert_eq!(t.warnings, vec![]);
+    assert_valid_for_pilot(&t);
+    let routes = http_routes(&t);
+    let main = route(&routes, "shop-web-0");
+    assert!(main.get("headers").is_none(), "{main}");
+    assert_eq!(main["timeout"], "3s");
+    let side = |i: usize| main["route"][i]["headers"]["response"]["add"]["x-side"].clone();
+    assert_eq!((side(0), side(1)), (serde_json::json!("main"), serde_json::json!("canary")));
+    assert_eq!((main["route"][0]["weight"].clone(), main["route"][1]["weight"].clone()), (75.into(), 25.into()));
+}
+
+/// A canary's own policy annotations other than header control do nothing
+/// (its routes take the main route's, as in Higress), and it is said.
+#[test]
+fn a_canarys_own_policy_is_reported_as_ignored() {
+    let t = run(&[
+        shop_ingress("web", 1, &[("higress.io/timeout", "3")], &[("/web", "Prefix", "web")]),
+        shop_ingress(
+            "web-canary",
+            2,
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-by-header", "x-canary"),
+                ("higress.io/timeout", "9"),
+                ("higress.io/ssl-redirect", "true"),
+                ("higress.io/enable-cors", "true"),
+                ("higress.io/response-header-control-add", "x-canary yes"),
+            ],
+            &[("/web", "Prefix", "web-canary")],
+        ),
+    ]
+    .join("---\n"));
+    assert_eq!(
+        t.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [
+            "Ingress shop/web-canary: canary Ingress: redirects, timeout, CORS ignored (its routes take the main route's; \
+          only header control is its own)"
+        ]
+    );
+    let routes = http_routes(&t);
+    let canary = route(&routes, "shop-web-canary-0-canary-header");
+    assert_eq!((canary["timeout"].as_str(), canary.get("corsPolicy")), (Some("3s"), None), "{canary}");
+    assert_eq!(canary["headers"]["response"]["add"]["x-canary"], "yes", "{canary}");
+    assert!(routes.iter().all(|r| r.get("redirect").is_none()), "{routes:#?}");
+}
