@@ -298,10 +298,9 @@ pub struct HttpCookie {
     pub name: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub path: String,
-    /// Protobuf JSON for a Duration in whole seconds (`3600s`); `0s` makes
-    /// a session cookie.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "duration_secs")]
-    pub ttl: Option<u64>,
+    /// `0s` makes a session cookie.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<ProtoDuration>,
 }
 
 /// `ConnectionPoolSettings`, reduced to the HTTP/2 upgrade.
@@ -323,24 +322,6 @@ pub enum H2UpgradePolicy {
     Default = 0,
     DoNotUpgrade = 1,
     Upgrade = 2,
-}
-
-/// `Option<u64>` seconds as a protobuf JSON Duration string.
-mod duration_secs {
-    use serde::{Deserialize, Deserializer, Serializer, de::Error};
-
-    pub fn serialize<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
-        match v {
-            Some(n) => s.serialize_str(&format!("{n}s")),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-        let Some(text) = Option::<String>::deserialize(d)? else { return Ok(None) };
-        let n = text.strip_suffix('s').and_then(|n| n.parse().ok());
-        n.map(Some).ok_or_else(|| D::Error::custom(format!("{text:?} is not a Duration in whole seconds")))
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -131,10 +131,7 @@ impl From<&LoadBalancerSettings> for pb::LoadBalancerSettings {
                         ch::HashKey::HttpCookie(ch::HttpCookie {
                             name: name.clone(),
                             path: path.clone(),
-                            ttl: ttl.map(|s| prost_types::Duration {
-                                seconds: i64::try_from(s).unwrap_or(i64::MAX),
-                                nanos: 0,
-                            }),
+                            ttl: ttl.map(prost_types::Duration::from),
                         })
                     }
                     ConsistentHash::UseSourceIp(b) => ch::HashKey::UseSourceIp(*b),

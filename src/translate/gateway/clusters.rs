@@ -11,7 +11,6 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster::LbPolicy};
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::route::v3::route_action::{HashPolicy, hash_policy};
-use envoy_types::pb::google::protobuf::Duration;
 use envoy_types::util::pack_any;
 use meshbridge_registries::{Service, Tls};
 use prost::Message;
@@ -247,7 +246,7 @@ fn hash_policy(key: &ConsistentHash) -> HashPolicy {
         ConsistentHash::HttpCookie(HttpCookie { name, path, ttl }) => PolicySpecifier::Cookie(hash_policy::Cookie {
             name: name.clone(),
             path: path.clone(),
-            ttl: ttl.map(|s| Duration { seconds: i64::try_from(s).unwrap_or(i64::MAX), nanos: 0 }),
+            ttl: ttl.map(super::policy::duration),
             ..Default::default()
         }),
         ConsistentHash::UseSourceIp(_) => {

@@ -19,7 +19,7 @@ use meshbridge_registries::clip;
 use super::syntax::is_token;
 use crate::translate::model::{
     ClientTlsMode, ClientTlsSettings, ConnectionPoolSettings, ConsistentHash, H2UpgradePolicy, HttpCookie,
-    HttpPoolSettings, LoadBalancerSettings, SimpleLb, TrafficPolicy,
+    HttpPoolSettings, LoadBalancerSettings, ProtoDuration, SimpleLb, TrafficPolicy,
 };
 
 pub const LOAD_BALANCE: &str = "load-balance";
@@ -104,7 +104,7 @@ fn load_balancer(f: &Found, warnings: &mut Vec<String>) -> Option<LoadBalancerSe
         return Some(LoadBalancerSettings::ConsistentHash(ConsistentHash::HttpCookie(HttpCookie {
             name,
             path,
-            ttl: Some(ttl),
+            ttl: Some(ProtoDuration::from_secs(ttl)),
         })));
     }
     if let Some((key, value)) = &f.hash_by {
