@@ -147,11 +147,12 @@ fn assert_routes_resolve(out: &GatewayOutput) {
         let rc: RouteConfiguration = decode(rc);
         for route in rc.virtual_hosts.iter().flat_map(|v| &v.routes) {
             if let Some(route::Action::Route(ra)) = &route.action {
-                let names: Vec<String> = match ra.cluster_specifier.as_ref().unwrap() {
+                let mut names: Vec<String> = match ra.cluster_specifier.as_ref().unwrap() {
                     ClusterSpecifier::Cluster(c) => vec![c.clone()],
                     ClusterSpecifier::WeightedClusters(w) => w.clusters.iter().map(|c| c.name.clone()).collect(),
                     other => panic!("unexpected {other:?}"),
                 };
+                names.extend(ra.request_mirror_policies.iter().map(|m| m.cluster.clone()));
                 for n in names {
                     assert!(known.contains(&n), "route {} names unknown cluster {n}", rc.name);
                 }
@@ -813,4 +814,43 @@ fn destination_headers_go_on_the_weighted_cluster_or_the_route() {
     let sides: Vec<Vec<String>> =
         wc.clusters.iter().map(|c| c.response_headers_to_add.iter().map(value).collect()).collect();
     assert_eq!(sides, [["main"], ["canary"]]);
+}
+
+#[test]
+fn mirror_is_a_request_mirror_policy_with_its_share_per_million() {
+    let out = run(&[
+        http_gateway(),
+        vs(
+            "mirrored",
+            &["m.example.com"],
+            json!([
+                {"name": "some", "match": [{"uri": {"prefix": "/some"}}], "route": [dest("web.dc1.consul", 8080)],
+                 "mirror": {"host": "api.dc1.consul", "port": {"number": 9090}}, "mirrorPercentage": {"value": 25.0}},
+                {"name": "all", "match": [{"uri": {"prefix": "/all"}}], "route": [dest("web.dc1.consul", 8080)],
+                 "mirror": {"host": "api.dc1.consul"}},
+                {"name": "gone", "route": [dest("web.dc1.consul", 8080)], "mirror": {"host": "gone.dc1.consul"}}
+            ]),
+        ),
+    ]);
+    assert_routes_resolve(&out);
+    let routes = vhost(&out, "http.10080", "m.example.com").routes;
+    let mirrors = |name: &str| {
+        let r = routes.iter().find(|r| r.name == name).unwrap();
+        let Some(route::Action::Route(ra)) = &r.action else { panic!("{r:?}") };
+        ra.request_mirror_policies
+            .iter()
+            .map(|m| {
+                (
+                    m.cluster.clone(),
+                    m.runtime_fraction.as_ref().and_then(|f| f.default_value).map(|v| (v.numerator, v.denominator)),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let million = envoy_types::pb::envoy::r#type::v3::fractional_percent::DenominatorType::Million as i32;
+    assert_eq!(mirrors("some"), [("outbound|9090||api.dc1.consul".to_owned(), Some((250_000, million)))]);
+    assert_eq!(mirrors("all"), [("outbound|9090||api.dc1.consul".to_owned(), None)]);
+    assert_eq!(mirrors("gone"), []);
+    assert_eq!(texts(&out.warnings).len(), 1, "{:?}", texts(&out.warnings));
+    assert!(texts(&out.warnings)[0].contains("gone.dc1.consul") && texts(&out.warnings)[0].contains("mirror left out"));
 }

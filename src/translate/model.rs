@@ -484,6 +484,18 @@ pub struct HttpRoute {
     pub cors_policy: Option<CorsPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<Headers>,
+    /// A copy of each request goes here too (its answer is dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<Destination>,
+    /// The share of requests `mirror` gets; unset, Istio mirrors all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror_percentage: Option<Percent>,
+}
+
+/// `Percent`: a share from 0 to 100.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Percent {
+    pub value: f64,
 }
 
 /// `HTTPMatchRequest`, reduced to the URI and request headers.

@@ -64,6 +64,7 @@ impl Translator<'_> {
             ("retries", p.retries.is_some()),
             ("upstream-vhost", p.authority.is_some()),
             ("CORS", p.cors.is_some()),
+            ("mirror", p.mirror.is_some()),
         ];
         let ignored: Vec<&str> = copied.iter().filter(|(_, set)| *set).map(|(what, _)| *what).collect();
         if !ignored.is_empty() {

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use meshbridge_registries::clip;
 
 use super::syntax::{is_token, parse_bool};
+use super::traffic::{Mirror, read_mirror};
 use crate::translate::model::{
     CorsPolicy, HeaderOperations, Headers, HttpMatch, HttpRoute, ProtoDuration, Redirect, Retry, Rewrite, StringMatch,
 };
@@ -85,6 +86,9 @@ pub struct RoutePolicy {
     /// `upstream-vhost`: the Host (authority) sent upstream.
     pub authority: Option<String>,
     pub cors: Option<CorsPolicy>,
+    /// `mirror-target-service` or `mirror-target-fqdn`, with
+    /// `mirror-percentage` (see `traffic.rs`).
+    pub mirror: Option<Mirror>,
 }
 
 impl RoutePolicy {
@@ -259,6 +263,7 @@ pub fn read(get: &mut Lookup<'_>, warnings: &mut Vec<String>) -> RoutePolicy {
     }
 
     out.cors = read_cors(get, &mut warn);
+    out.mirror = read_mirror(get, warnings);
     out
 }
 

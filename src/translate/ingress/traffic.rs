@@ -1,0 +1,120 @@
+//! The traffic group as Higress reads it (`mirror.go`): a copy of each
+//! request, or of a share of them, goes to another service as well; its
+//! answers are dropped. `mirror-target-fqdn` (with `mirror-target-fqdn-port`,
+//! 80 by default) names any host and comes first; `mirror-target-service`
+//! names a service as `[namespace/]name[:port]`, which Higress looks up
+//! among the Kubernetes Services. meshbridge watches no Services, so a name
+//! without a dot is taken as one (`name.namespace.svc.cluster.local`, the
+//! Ingress's namespace by default) and a dotted name without a namespace as
+//! a registry service, as `higress.io/destination` names them
+//! (`shadow.static:80`), which must exist. `mirror-percentage` is a whole
+//! percentage; Higress mirrors everything for 100 or more (and for values
+//! it cannot read), meshbridge reports those and leaves the mirror out.
+
+use meshbridge_registries::clip;
+
+use super::policy::Lookup;
+use crate::model::ingress::valid_dns_label;
+
+pub const MIRROR_TARGET_SERVICE: &str = "mirror-target-service";
+pub const MIRROR_PERCENTAGE: &str = "mirror-percentage";
+pub const MIRROR_TARGET_FQDN: &str = "mirror-target-fqdn";
+pub const MIRROR_TARGET_FQDN_PORT: &str = "mirror-target-fqdn-port";
+/// Higress's port for `mirror-target-fqdn`.
+const DEFAULT_FQDN_PORT: u16 = 80;
+
+/// Where the mirror annotations send copies, before the host is looked up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mirror {
+    /// The annotation that named the target, for warnings.
+    pub key: String,
+    pub target: MirrorTarget,
+    /// Unset: every request.
+    pub percentage: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MirrorTarget {
+    /// A Kubernetes Service: `name.namespace.svc.cluster.local`, in the
+    /// Ingress's namespace when none is given.
+    Service { namespace: Option<String>, name: String, port: Option<u16> },
+    /// A registry service, by the name `higress.io/destination` uses.
+    Registry { name: String, port: Option<u16> },
+    /// `mirror-target-fqdn`: the host as written.
+    Fqdn { host: String, port: u16 },
+}
+
+/// Read the mirror annotations; bad values go to `warnings`, naming the
+/// annotation, and leave the mirror out.
+pub fn read_mirror(get: &mut Lookup<'_>, warnings: &mut Vec<String>) -> Option<Mirror> {
+    let fqdn = get(MIRROR_TARGET_FQDN, true).filter(|(_, v)| !v.trim().is_empty());
+    let service = get(MIRROR_TARGET_SERVICE, true).filter(|(_, v)| !v.trim().is_empty());
+    let fqdn_port = get(MIRROR_TARGET_FQDN_PORT, true);
+    let percentage = get(MIRROR_PERCENTAGE, true);
+    let mut bad = |key: &str, why: String| {
+        warnings.push(format!("annotation {key}: {why}; mirror left out"));
+        None
+    };
+    let (key, target) = if let Some((key, v)) = fqdn {
+        let host = v.trim();
+        let host_ok =
+            host.split('.').all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+        if !host_ok {
+            return bad(&key, format!("{:?} is not a host name", clip(&v)));
+        }
+        let port = match &fqdn_port {
+            None => DEFAULT_FQDN_PORT,
+            Some((pkey, p)) => match port(p) {
+                Some(n) => n,
+                None => return bad(pkey, format!("{:?} is not a port (1 to 65535)", clip(p))),
+            },
+        };
+        (key, MirrorTarget::Fqdn { host: host.to_ascii_lowercase(), port })
+    } else if let Some((key, v)) = service {
+        match service_target(v.trim()) {
+            Ok(t) => (key, t),
+            Err(why) => return bad(&key, why),
+        }
+    } else {
+        return None;
+    };
+    let percentage = match percentage {
+        None => None,
+        Some((pkey, p)) => match p.trim().parse::<u32>() {
+            Ok(100) => None,
+            Ok(n @ 0..=99) if !p.trim().starts_with('+') => Some(n),
+            _ => return bad(&pkey, format!("{:?} is not a whole percentage from 0 to 100", clip(&p))),
+        },
+    };
+    Some(Mirror { key, target, percentage })
+}
+
+/// `[namespace/]name[:port]`.
+fn service_target(v: &str) -> Result<MirrorTarget, String> {
+    let (rest, port) = match v.rsplit_once(':') {
+        Some((rest, p)) => match port(p) {
+            Some(n) => (rest, Some(n)),
+            None => return Err(format!("{:?} has no port 1 to 65535 after ':'", clip(v))),
+        },
+        None => (v, None),
+    };
+    match rest.split_once('/') {
+        Some((ns, name)) if valid_dns_label(ns) && valid_dns_label(name) => {
+            Ok(MirrorTarget::Service { namespace: Some(ns.to_owned()), name: name.to_owned(), port })
+        }
+        None if valid_dns_label(rest) => Ok(MirrorTarget::Service { namespace: None, name: rest.to_owned(), port }),
+        None if rest.contains('.') && rest.split('.').all(|l| !l.is_empty()) && !rest.contains(char::is_whitespace) => {
+            Ok(MirrorTarget::Registry { name: rest.to_owned(), port })
+        }
+        _ => Err(format!("{:?} is not [namespace/]service[:port] nor a registry service", clip(v))),
+    }
+}
+
+fn port(p: &str) -> Option<u16> {
+    let p = p.trim();
+    p.parse::<u16>().ok().filter(|n| *n > 0 && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[cfg(test)]
+#[path = "traffic_tests.rs"]
+mod traffic_tests;
