@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use envoy_types::pb::envoy::config::route::v3::{
     RouteConfiguration, redirect_action::RedirectResponseCode, route, route_action::HostRewriteSpecifier,
 };
+use envoy_types::pb::envoy::r#type::v3::fractional_percent::DenominatorType;
 use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::apiserver::ApiServer;
 use meshbridge_e2e::free_port;
@@ -49,8 +50,23 @@ fn ingresses() -> String {
             "/api",
         ),
         ingress("old", 2, &[("higress.io/permanent-redirect", "https://new.example.com/catalog")], "/old"),
+        ingress(
+            "shadowed",
+            3,
+            &[("higress.io/mirror-target-service", "web.static:80"), ("higress.io/mirror-percentage", "25")],
+            "/shadowed",
+        ),
     ]
     .join("---\n")
+}
+
+/// Per how many a `FractionalPercent` counts.
+fn denominator(d: i32) -> u64 {
+    match DenominatorType::try_from(d) {
+        Ok(DenominatorType::Hundred) => 100,
+        Ok(DenominatorType::TenThousand) => 10_000,
+        _ => 1_000_000,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,6 +99,12 @@ async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
     assert_eq!(main["headers"]["request"]["add"]["x-env"], "staging", "{main}");
     assert_eq!(by_name("shop-api-0-ssl-redirect")["match"][0]["scheme"]["exact"], "http", "{vs}");
     assert_eq!(by_name("shop-old-0")["redirect"]["authority"], "new.example.com", "{vs}");
+    let shadowed = by_name("shop-shadowed-0");
+    assert_eq!(
+        (shadowed["mirror"]["host"].as_str(), shadowed["mirrorPercentage"]["value"].as_f64()),
+        (Some("web.static"), Some(25.0)),
+        "{shadowed}"
+    );
 
     // The routes istiod builds for the gateway from them.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -90,7 +112,7 @@ async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
         let got = istiod.fetch(NODE, &LABELS, ROUTE_TYPE, &["http.80"]).await;
         let rc = got.ok().and_then(|r| r.first().map(|a| RouteConfiguration::decode(a.value.as_slice()).unwrap()));
         let vhost = rc.and_then(|rc| rc.virtual_hosts.into_iter().find(|v| v.domains.iter().any(|d| d == HOST)));
-        if let Some(v) = vhost.filter(|v| v.routes.len() >= 3) {
+        if let Some(v) = vhost.filter(|v| v.routes.len() >= 5) {
             break v.routes;
         }
         assert!(Instant::now() < deadline, "istiod built no routes for {HOST}\n{}", istiod.log_tail(4000));
@@ -125,5 +147,18 @@ async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
     assert!(added.contains(&"x-env"), "{added:?}");
     assert!(main.response_headers_to_remove.contains(&"x-powered-by".to_owned()), "{main:?}");
     assert!(main.typed_per_filter_config.contains_key("envoy.filters.http.cors"), "no CORS policy: {main:?}");
+
+    // The mirror, as the standalone gateway sends it: a quarter, per million.
+    let shadowed = named("shop-shadowed-0");
+    let Some(route::Action::Route(ra)) = &shadowed.action else { panic!("{shadowed:?}") };
+    let mirrors: Vec<(&str, Option<u64>)> = ra
+        .request_mirror_policies
+        .iter()
+        .map(|m| {
+            let fraction = m.runtime_fraction.as_ref().and_then(|f| f.default_value.as_ref());
+            (m.cluster.as_str(), fraction.map(|f| u64::from(f.numerator) * 1_000_000 / denominator(f.denominator)))
+        })
+        .collect();
+    assert_eq!(mirrors, [("outbound|80||web.static", Some(250_000))], "{ra:?}");
     app.stop().await;
 }
