@@ -578,8 +578,15 @@ fn listener_rds_names_match_route_configurations() {
             assert!(route_names.contains(&rds.route_config_name.as_str()));
             let rc = route_config(&out, &rds.route_config_name);
             assert_eq!(rc.name, rds.route_config_name);
-            // CORS, which acts only on routes with a policy for it, then the router.
-            let [cors, router] = hcm.http_filters.as_slice() else { panic!("two http filters expected") };
+            // RBAC and CORS, which act only on routes with a policy for
+            // them, then the router.
+            let [rbac, cors, router] = hcm.http_filters.as_slice() else { panic!("three http filters expected") };
+            let Some(http_filter::ConfigType::TypedConfig(any)) = &rbac.config_type else { panic!() };
+            assert_eq!(any.type_url, "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC");
+            assert!(
+                RbacFilter::decode(any.value.as_slice()).unwrap().rules.is_none(),
+                "the listener's RBAC enforces nothing"
+            );
             let Some(http_filter::ConfigType::TypedConfig(any)) = &cors.config_type else { panic!() };
             assert_eq!(any.type_url, "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors");
             let Some(http_filter::ConfigType::TypedConfig(any)) = &router.config_type else { panic!() };
@@ -853,4 +860,47 @@ fn mirror_is_a_request_mirror_policy_with_its_share_per_million() {
     assert_eq!(mirrors("gone"), []);
     assert_eq!(texts(&out.warnings).len(), 1, "{:?}", texts(&out.warnings));
     assert!(texts(&out.warnings)[0].contains("gone.dc1.consul") && texts(&out.warnings)[0].contains("mirror left out"));
+}
+
+use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as RbacFilter;
+
+#[test]
+fn source_ranges_are_the_rbac_filter_config_of_their_routes() {
+    use crate::translate::model::{Cidr, SourceRanges, Spec};
+    use envoy_types::pb::envoy::config::rbac::v3::principal::Identifier;
+    use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::RbacPerRoute;
+    let mut object = vs(
+        "ranged",
+        &["r.example.com"],
+        json!([
+            {"name": "both", "match": [{"uri": {"prefix": "/both"}}], "route": [dest("web.dc1.consul", 8080)]},
+            {"name": "open", "route": [dest("web.dc1.consul", 8080)]}
+        ]),
+    );
+    let Spec::VirtualService(spec) = &mut object.spec else { panic!() };
+    let cidr = |a: &str, prefix_len| Cidr { address: a.parse().unwrap(), prefix_len };
+    spec.http[0].source_ranges =
+        Some(SourceRanges { allow: Some(vec![cidr("127.0.0.0", 8)]), deny: vec![cidr("127.0.0.2", 32)] });
+    let out = run(&[http_gateway(), object]);
+    assert_eq!(texts(&out.warnings), Vec::<String>::new());
+    let routes = vhost(&out, "http.10080", "r.example.com").routes;
+    let rbac = |name: &str| {
+        let r = routes.iter().find(|r| r.name == name).unwrap();
+        r.typed_per_filter_config
+            .get("envoy.filters.http.rbac")
+            .map(|a| RbacPerRoute::decode(a.value.as_slice()).unwrap())
+    };
+    assert!(rbac("open").is_none());
+    let rules = rbac("both").unwrap().rbac.unwrap().rules.unwrap();
+    let policy = &rules.policies["source-range"];
+    let Some(Identifier::AndIds(and)) = &policy.principals[0].identifier else { panic!("{policy:?}") };
+    let text = |p: &envoy_types::pb::envoy::config::rbac::v3::Principal| format!("{:?}", p.identifier);
+    assert!(text(&and.ids[0]).starts_with("Some(OrIds") && text(&and.ids[0]).contains("\"127.0.0.0\""), "{and:?}");
+    assert!(text(&and.ids[1]).starts_with("Some(NotId") && text(&and.ids[1]).contains("\"127.0.0.2\""), "{and:?}");
+    // Every listener runs the RBAC filter before CORS and the router.
+    for l in &out.listeners {
+        let view = view_listener(l);
+        let names: Vec<&str> = view.hcm.iter().flat_map(|h| &h.http_filters).map(|f| f.name.as_str()).collect();
+        assert_eq!(names[..3], ["envoy.filters.http.rbac", "envoy.filters.http.cors", "envoy.filters.http.router"]);
+    }
 }

@@ -247,6 +247,8 @@ impl From<&HttpRoute> for pb::HttpRoute {
             headers: r.headers.as_ref().map(pb::Headers::from),
             mirror: r.mirror.as_ref().map(pb::Destination::from),
             mirror_percentage: r.mirror_percentage.map(|p| pb::Percent { value: p.value }),
+            // `source_ranges` has no field in Istio's HTTPRoute: the
+            // standalone gateway's only.
             ..Default::default()
         }
     }

@@ -65,6 +65,7 @@ impl Translator<'_> {
             ("upstream-vhost", p.authority.is_some()),
             ("CORS", p.cors.is_some()),
             ("mirror", p.mirror.is_some()),
+            ("source ranges", p.source_ranges.is_some()),
         ];
         let ignored: Vec<&str> = copied.iter().filter(|(_, set)| *set).map(|(what, _)| *what).collect();
         if !ignored.is_empty() {

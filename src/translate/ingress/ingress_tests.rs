@@ -560,7 +560,7 @@ metadata:
   annotations:
     nginx.ingress.kubernetes.io/proxy-body-size: 8m
     higress.io/use-regex: "true"
-    nginx.ingress.kubernetes.io/whitelist-source-range: 10.0.0.0/8
+    nginx.ingress.kubernetes.io/auth-type: basic
     nginx.ingress.kubernetes.io/ignore-path-case: "false"
     higress.io/rewrite-path: ""
     kubernetes.io/ingress.class: higress

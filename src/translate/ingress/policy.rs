@@ -22,9 +22,10 @@ use std::collections::BTreeMap;
 use meshbridge_registries::clip;
 
 use super::syntax::{is_token, parse_bool};
-use super::traffic::{Mirror, read_mirror};
+use super::traffic::{Mirror, read_mirror, read_source_ranges};
 use crate::translate::model::{
-    CorsPolicy, HeaderOperations, Headers, HttpMatch, HttpRoute, ProtoDuration, Redirect, Retry, Rewrite, StringMatch,
+    CorsPolicy, HeaderOperations, Headers, HttpMatch, HttpRoute, ProtoDuration, Redirect, Retry, Rewrite, SourceRanges,
+    StringMatch,
 };
 
 const SSL_REDIRECT: &str = "ssl-redirect";
@@ -89,6 +90,9 @@ pub struct RoutePolicy {
     /// `mirror-target-service` or `mirror-target-fqdn`, with
     /// `mirror-percentage` (see `traffic.rs`).
     pub mirror: Option<Mirror>,
+    /// `whitelist-source-range`, `denylist-source-range`: the standalone
+    /// gateway's only (see `traffic.rs`).
+    pub source_ranges: Option<SourceRanges>,
 }
 
 impl RoutePolicy {
@@ -105,6 +109,7 @@ impl RoutePolicy {
         route.retries = self.retries.clone();
         route.headers = self.headers.clone();
         route.cors_policy = self.cors.clone();
+        route.source_ranges = self.source_ranges.clone();
         if let Some(authority) = &self.authority {
             let rewrite = route.rewrite.get_or_insert(Rewrite { uri: None, authority: None, uri_regex_rewrite: None });
             rewrite.authority = Some(authority.clone());
@@ -138,6 +143,7 @@ impl RoutePolicy {
             redirect: Some(redirect),
             headers: main.headers.clone(),
             cors_policy: main.cors_policy.clone(),
+            source_ranges: main.source_ranges.clone(),
             ..Default::default()
         }
     }
@@ -264,6 +270,7 @@ pub fn read(get: &mut Lookup<'_>, warnings: &mut Vec<String>) -> RoutePolicy {
 
     out.cors = read_cors(get, &mut warn);
     out.mirror = read_mirror(get, warnings);
+    out.source_ranges = read_source_ranges(get, warnings);
     out
 }
 

@@ -356,3 +356,27 @@ fn mirror_to_a_service_a_registry_service_or_a_host_with_its_share() {
     );
     assert_eq!(unknown[0].reason, Reason::InvalidIngress);
 }
+
+#[test]
+fn source_ranges_reach_the_routes_but_not_the_virtual_service_istiod_gets() {
+    let t = run(&shop_ingress(
+        "office",
+        1,
+        &[
+            ("nginx.ingress.kubernetes.io/whitelist-source-range", "10.0.0.0/8"),
+            ("nginx.ingress.kubernetes.io/ssl-redirect", "true"),
+        ],
+        &[("/office", "Exact", "web")],
+    ));
+    assert_valid_for_pilot(&t);
+    let want = crate::translate::model::SourceRanges {
+        allow: Some(vec![crate::translate::model::Cidr { address: "10.0.0.0".parse().unwrap(), prefix_len: 8 }]),
+        deny: vec![],
+    };
+    let vs = t.objects.iter().find(|o| o.kind() == "VirtualService").unwrap();
+    let Spec::VirtualService(spec) = &vs.spec else { panic!() };
+    let ranged: Vec<(&str, bool)> =
+        spec.http.iter().map(|r| (r.name.as_str(), r.source_ranges.as_ref() == Some(&want))).collect();
+    assert_eq!(ranged, [("shop-office-0-ssl-redirect", true), ("shop-office-0", true)]);
+    assert!(!vs.spec.to_json().to_string().contains("10.0.0.0"), "an Istio field was made up");
+}

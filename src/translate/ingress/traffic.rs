@@ -1,4 +1,7 @@
-//! The traffic group as Higress reads it (`mirror.go`): a copy of each
+//! The traffic group as Higress reads it (`mirror.go`,
+//! `ip_access_control.go`), and ingress-nginx's `denylist-source-range`.
+//!
+//! Mirroring: a copy of each
 //! request, or of a share of them, goes to another service as well; its
 //! answers are dropped. `mirror-target-fqdn` (with `mirror-target-fqdn-port`,
 //! 80 by default) names any host and comes first; `mirror-target-service`
@@ -11,15 +14,20 @@
 //! percentage; Higress mirrors everything for 100 or more (and for values
 //! it cannot read), meshbridge reports those and leaves the mirror out.
 
+use std::net::IpAddr;
+
 use meshbridge_registries::clip;
 
 use super::policy::Lookup;
 use crate::model::ingress::valid_dns_label;
+use crate::translate::model::{Cidr, SourceRanges};
 
 pub const MIRROR_TARGET_SERVICE: &str = "mirror-target-service";
 pub const MIRROR_PERCENTAGE: &str = "mirror-percentage";
 pub const MIRROR_TARGET_FQDN: &str = "mirror-target-fqdn";
 pub const MIRROR_TARGET_FQDN_PORT: &str = "mirror-target-fqdn-port";
+pub const WHITELIST_SOURCE_RANGE: &str = "whitelist-source-range";
+pub const DENYLIST_SOURCE_RANGE: &str = "denylist-source-range";
 /// Higress's port for `mirror-target-fqdn`.
 const DEFAULT_FQDN_PORT: u16 = 80;
 
@@ -113,6 +121,51 @@ fn service_target(v: &str) -> Result<MirrorTarget, String> {
 fn port(p: &str) -> Option<u16> {
     let p = p.trim();
     p.parse::<u16>().ok().filter(|n| *n > 0 && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// `whitelist-source-range` (Higress reads it under both prefixes) and
+/// ingress-nginx's `denylist-source-range`: comma-separated CIDRs or bare
+/// addresses. A bad entry is reported and left out; an allow list left
+/// with none serves no one rather than everyone.
+pub fn read_source_ranges(get: &mut Lookup<'_>, warnings: &mut Vec<String>) -> Option<SourceRanges> {
+    let allow = get(WHITELIST_SOURCE_RANGE, true);
+    let deny = get(DENYLIST_SOURCE_RANGE, true);
+    if allow.is_none() && deny.is_none() {
+        return None;
+    }
+    let mut list = |(key, v): (String, String)| {
+        let mut out = Vec::new();
+        for entry in v.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            match cidr(entry) {
+                Some(c) => out.push(c),
+                None => {
+                    warnings.push(format!("annotation {key}: {:?} is not an address or CIDR; left out", clip(entry)))
+                }
+            }
+        }
+        (key, out)
+    };
+    let allow = allow.map(&mut list);
+    let deny = deny.map(&mut list).map(|(_, d)| d).unwrap_or_default();
+    if let Some((key, a)) = &allow
+        && a.is_empty()
+    {
+        warnings.push(format!("annotation {key}: no usable address; every client is denied"));
+    }
+    Some(SourceRanges { allow: allow.map(|(_, a)| a), deny })
+}
+
+/// `10.0.0.0/8`, `2001:db8::/32`, or an address alone (all its bits).
+fn cidr(v: &str) -> Option<Cidr> {
+    let (addr, len) = match v.split_once('/') {
+        Some((a, l)) if !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()) => (a, Some(l.parse::<u8>().ok()?)),
+        Some(_) => return None,
+        None => (v, None),
+    };
+    let address: IpAddr = addr.parse().ok()?;
+    let max = if address.is_ipv4() { 32 } else { 128 };
+    let prefix_len = len.unwrap_or(max);
+    (prefix_len <= max).then_some(Cidr { address, prefix_len })
 }
 
 #[cfg(test)]

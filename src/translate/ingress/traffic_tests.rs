@@ -119,3 +119,54 @@ fn bad_values_are_reported_and_leave_the_mirror_out() {
         ["annotation higress.io/mirror-target-fqdn-port: \"70000\" is not a port (1 to 65535); mirror left out"]
     );
 }
+
+/// `read_source_ranges` over `annotations` (full keys).
+fn ranges(annotations: &[(&str, &str)]) -> (Option<SourceRanges>, Vec<String>) {
+    let map: BTreeMap<String, String> = annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let mut get = |key: &str, both: bool| -> Option<(String, String)> {
+        let keys = if both {
+            vec![format!("higress.io/{key}"), format!("nginx.ingress.kubernetes.io/{key}")]
+        } else {
+            vec![key.to_owned()]
+        };
+        keys.into_iter().find_map(|k| map.get(&k).map(|v| (k, v.clone())))
+    };
+    let mut warnings = Vec::new();
+    let r = read_source_ranges(&mut get, &mut warnings);
+    (r, warnings)
+}
+
+fn cidr_of(address: &str, prefix_len: u8) -> Cidr {
+    Cidr { address: address.parse().unwrap(), prefix_len }
+}
+
+#[test]
+fn source_ranges_cidrs_and_bare_addresses_under_either_prefix() {
+    assert_eq!(ranges(&[]), (None, vec![]));
+    let (r, w) = ranges(&[
+        ("nginx.ingress.kubernetes.io/whitelist-source-range", "10.0.0.0/8, 127.0.0.1 ,2001:db8::/32"),
+        ("higress.io/denylist-source-range", "10.1.2.3/32"),
+    ]);
+    assert!(w.is_empty(), "{w:?}");
+    let want = SourceRanges {
+        allow: Some(vec![cidr_of("10.0.0.0", 8), cidr_of("127.0.0.1", 32), cidr_of("2001:db8::", 32)]),
+        deny: vec![cidr_of("10.1.2.3", 32)],
+    };
+    assert_eq!(r, Some(want));
+    let (r, _) = ranges(&[("higress.io/denylist-source-range", "::1")]);
+    assert_eq!(r, Some(SourceRanges { allow: None, deny: vec![cidr_of("::1", 128)] }));
+}
+
+#[test]
+fn bad_source_ranges_are_left_out_and_an_empty_allow_list_denies_all() {
+    let key = "higress.io/whitelist-source-range";
+    let (r, w) = ranges(&[(key, "10.0.0.0/33, 127.0.0.1/32, 1.2.3/8, 10.0.0.0/, ::1/129, 10.0.0.0/-1")]);
+    assert_eq!(r, Some(SourceRanges { allow: Some(vec![cidr_of("127.0.0.1", 32)]), deny: vec![] }));
+    let bad = ["10.0.0.0/33", "1.2.3/8", "10.0.0.0/", "::1/129", "10.0.0.0/-1"];
+    let want: Vec<String> =
+        bad.iter().map(|b| format!("annotation {key}: {b:?} is not an address or CIDR; left out")).collect();
+    assert_eq!(w, want);
+    let (r, w) = ranges(&[(key, "everyone")]);
+    assert_eq!(r, Some(SourceRanges { allow: Some(vec![]), deny: vec![] }));
+    assert_eq!(w.last().unwrap(), &format!("annotation {key}: no usable address; every client is denied"));
+}
