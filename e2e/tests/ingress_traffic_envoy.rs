@@ -6,6 +6,10 @@
 //! each path got), so Envoy is the only real server. A percentage over 100
 //! and an unknown service are reported on `/v1/config`, and the paths of
 //! those Ingresses still route.
+//!
+//! `whitelist-source-range` and `denylist-source-range`, from clients bound
+//! to loopback addresses of their own (127.0.0.1, .2, .3): Envoy answers
+//! 403 to a client the ranges leave out and routes the others.
 
 use std::time::{Duration, Instant};
 
@@ -118,5 +122,77 @@ async fn mirror_copies_requests_to_a_second_backend_through_envoy() {
     send(&envoy, "/lost/x", 10).await;
     assert_eq!((settled(&shadow, "/too-much/x", 0).await, settled(&shadow, "/lost/x", 0).await), (0, 0));
     assert_eq!((main.hits("/too-much/x"), main.hits("/lost/x")), (10, 10));
+    app.stop().await;
+}
+
+fn ranged_ingresses() -> String {
+    let ingress = |name, day, annotations, path| mcp_ingress(name, day, HOST, "main.static:80", annotations, &[path]);
+    [
+        ingress("office", 1, &[("nginx.ingress.kubernetes.io/whitelist-source-range", "127.0.0.1/32")], "/office"),
+        ingress("blocked", 2, &[("nginx.ingress.kubernetes.io/denylist-source-range", "127.0.0.2")], "/blocked"),
+        ingress(
+            "both",
+            3,
+            &[
+                ("higress.io/whitelist-source-range", "127.0.0.0/29"),
+                ("higress.io/denylist-source-range", "127.0.0.3/32"),
+            ],
+            "/both",
+        ),
+        // The bad entry is left out: only 127.0.0.3 is let in.
+        ingress("typo", 4, &[("higress.io/whitelist-source-range", "127.0.0.1/33, 127.0.0.3")], "/typo"),
+    ]
+    .join("---\n")
+}
+
+/// The status of a GET for `path` sent from `source` to the gateway.
+async fn status_from(source: &str, port: u16, path: &str) -> u16 {
+    let client = reqwest::Client::builder().local_address(source.parse::<std::net::IpAddr>().ok()).build().unwrap();
+    let url = format!("http://127.0.0.1:{port}{path}");
+    let response = client.get(url).header("host", HOST).timeout(Duration::from_secs(5)).send().await.unwrap();
+    response.status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_ranges_allow_and_deny_clients_by_address_through_envoy() {
+    let main = EchoBackend::start("127.0.0.1", "main").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bridge = mcpbridge(&[format!("{{type: static, name: main, domain: \"{}\", port: 80}}", main.addr)]);
+    std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
+    std::fs::write(dir.path().join("shop.yaml"), ranged_ingresses()).unwrap();
+    let port = free_port();
+    let app = start_gateway(dir.path(), port).await.expect("start meshbridge");
+    let typo = config_warning(app.admin_addr, "Ingress shop/typo").await;
+    assert_eq!(typo["reason"], "invalid_ingress", "{typo}");
+    assert_eq!(
+        typo["detail"],
+        "annotation higress.io/whitelist-source-range: \"127.0.0.1/33\" is not an address or CIDR; left out"
+    );
+
+    let envoy = Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, port).await.expect("start envoy");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if matches!(envoy.get_host("/blocked", HOST).await, Ok((200, _))) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "routes never arrived:\n{}", envoy.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let cases = [
+        ("/office", [200, 403, 403]),
+        ("/blocked", [200, 403, 200]),
+        ("/both", [200, 200, 403]),
+        ("/typo", [403, 403, 200]),
+    ];
+    for (path, want) in cases {
+        let mut got = [0; 3];
+        for (i, source) in ["127.0.0.1", "127.0.0.2", "127.0.0.3"].iter().enumerate() {
+            got[i] = status_from(source, port, path).await;
+        }
+        assert_eq!(got, want, "{path} from 127.0.0.1, .2, .3");
+    }
+    // Only the requests let through reached the backend.
+    let hits: Vec<u32> = ["/office", "/blocked", "/both", "/typo"].iter().map(|p| main.hits(p)).collect();
+    assert_eq!(hits, [1, 2 + 1, 2, 1], "backend hits (the readiness probe counts for /blocked)");
     app.stop().await;
 }
