@@ -66,9 +66,9 @@ const DEFAULT_CORS_MAX_AGE: u64 = 1_728_000;
 /// The largest `google.protobuf.Duration` (10,000 years).
 const MAX_SECONDS: u64 = 315_576_000_000;
 
-/// Looks an annotation up: `(key, both prefixes)` → the key found and its
-/// value.
-pub type Lookup<'a> = dyn FnMut(&str, bool) -> Option<(String, String)> + 'a;
+/// Looks an annotation up (defined beside the traffic group, which this
+/// module reads too).
+pub use super::traffic::Lookup;
 
 /// What the policy annotations of one Ingress say.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

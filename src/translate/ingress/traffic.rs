@@ -18,7 +18,6 @@ use std::net::IpAddr;
 
 use meshbridge_registries::clip;
 
-use super::policy::Lookup;
 use crate::model::ingress::valid_dns_label;
 use crate::translate::model::{Cidr, SourceRanges};
 
@@ -30,6 +29,19 @@ pub const WHITELIST_SOURCE_RANGE: &str = "whitelist-source-range";
 pub const DENYLIST_SOURCE_RANGE: &str = "denylist-source-range";
 /// Higress's port for `mirror-target-fqdn`.
 const DEFAULT_FQDN_PORT: u16 = 80;
+
+/// Looks an annotation up: `(key, both prefixes)` → the key found and its
+/// value.
+pub type Lookup<'a> = dyn FnMut(&str, bool) -> Option<(String, String)> + 'a;
+
+/// Why a `mirror-target-service` value was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    #[error("{0:?} has no port 1 to 65535 after ':'")]
+    Port(String),
+    #[error("{0:?} is not [namespace/]service[:port] nor a registry service")]
+    Form(String),
+}
 
 /// Where the mirror annotations send copies, before the host is looked up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,7 +93,7 @@ pub fn read_mirror(get: &mut Lookup<'_>, warnings: &mut Vec<String>) -> Option<M
     } else if let Some((key, v)) = service {
         match service_target(v.trim()) {
             Ok(t) => (key, t),
-            Err(why) => return bad(&key, why),
+            Err(why) => return bad(&key, why.to_string()),
         }
     } else {
         return None;
@@ -98,11 +110,11 @@ pub fn read_mirror(get: &mut Lookup<'_>, warnings: &mut Vec<String>) -> Option<M
 }
 
 /// `[namespace/]name[:port]`.
-fn service_target(v: &str) -> Result<MirrorTarget, String> {
+fn service_target(v: &str) -> Result<MirrorTarget, TargetError> {
     let (rest, port) = match v.rsplit_once(':') {
         Some((rest, p)) => match port(p) {
             Some(n) => (rest, Some(n)),
-            None => return Err(format!("{:?} has no port 1 to 65535 after ':'", clip(v))),
+            None => return Err(TargetError::Port(clip(v).into_owned())),
         },
         None => (v, None),
     };
@@ -114,7 +126,7 @@ fn service_target(v: &str) -> Result<MirrorTarget, String> {
         None if rest.contains('.') && rest.split('.').all(|l| !l.is_empty()) && !rest.contains(char::is_whitespace) => {
             Ok(MirrorTarget::Registry { name: rest.to_owned(), port })
         }
-        _ => Err(format!("{:?} is not [namespace/]service[:port] nor a registry service", clip(v))),
+        _ => Err(TargetError::Form(clip(v).into_owned())),
     }
 }
 
