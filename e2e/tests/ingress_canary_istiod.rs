@@ -1,4 +1,4 @@
-//! The canary Ingresses of `ingress_canary_envoy.rs` through a REAL istiod
+//! The canary Ingresses of `ingress_canary_envoy.rs` (`traffic::canary_ingresses`) through a REAL istiod
 //! (`pilot-discovery`, see `e2e/tests/istiod.rs` for the setup): istiod
 //! takes the canary routes of the VirtualService over MCP, and the routes
 //! it builds for the gateway send by header, by cookie and by weight as
@@ -10,58 +10,17 @@
 //!
 //! Needs `source e2e/env.sh kubetools kube-apiserver istiod`.
 
-use std::time::{Duration, Instant};
-
 use envoy_types::pb::envoy::config::route::v3::{
-    Route, RouteConfiguration, header_matcher::HeaderMatchSpecifier, route, route_action::ClusterSpecifier,
+    Route, header_matcher::HeaderMatchSpecifier, route, route_action::ClusterSpecifier,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
 use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::apiserver::ApiServer;
 use meshbridge_e2e::free_port;
 use meshbridge_e2e::istiod::{Istiod, Options};
-use meshbridge_e2e::traffic::{mcp_ingress, mcpbridge};
-use prost::Message;
+use meshbridge_e2e::traffic::{canary_ingresses, mcpbridge};
 
-const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 const HOST: &str = "shop.example.com";
-/// An Istio gateway node with the labels the Ingress Gateway selects (a
-/// documentation address: istiod never connects to it).
-const NODE: &str = "router~192.0.2.10~higress-gateway-e2e.higress-system~higress-system.svc.cluster.local";
-const LABELS: [(&str, &str); 1] = [("higress", "higress-system-higress-gateway")];
-
-/// The same Ingresses as the Envoy test, less the bad one.
-fn ingresses() -> String {
-    let ingress =
-        |name, day, destination, annotations, paths| mcp_ingress(name, day, HOST, destination, annotations, paths);
-    [
-        ingress("shop", 1, "main.static:80", &[], &["/app", "/split"]),
-        ingress(
-            "shop-canary-app",
-            2,
-            "canary.static:80",
-            &[
-                ("nginx.ingress.kubernetes.io/canary", "true"),
-                ("nginx.ingress.kubernetes.io/canary-by-header", "x-canary"),
-                ("nginx.ingress.kubernetes.io/canary-by-cookie", "beta_user"),
-            ],
-            &["/app"],
-        ),
-        ingress(
-            "shop-canary-split",
-            3,
-            "canary.static:80",
-            &[
-                ("higress.io/canary", "true"),
-                ("higress.io/canary-by-header", "x-canary"),
-                ("higress.io/canary-weight", "3"),
-                ("higress.io/canary-weight-total", "10"),
-            ],
-            &["/split"],
-        ),
-    ]
-    .join("---\n")
-}
 
 /// The single cluster `route` sends to, or its weighted clusters.
 fn clusters(route: &Route) -> Vec<(String, u32)> {
@@ -101,7 +60,7 @@ async fn canary_routes_reach_istiod_and_its_gateway_routes() {
         format!("{{type: static, name: canary, domain: \"127.0.0.1:{}\", port: 80}}", free_port()),
     ]);
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
-    std::fs::write(dir.path().join("shop.yaml"), ingresses()).unwrap();
+    std::fs::write(dir.path().join("shop.yaml"), canary_ingresses(HOST).join("---\n")).unwrap();
     let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
     let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
     let istiod = Istiod::start(&api, app.xds_addr, Options { upstream_envoy: true })
@@ -109,15 +68,7 @@ async fn canary_routes_reach_istiod_and_its_gateway_routes() {
         .expect("start istiod (source e2e/env.sh istiod)");
 
     // istiod decoded the canary routes of the VirtualService.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let vs = loop {
-        let configs = istiod.configs().await.unwrap_or_default();
-        if let Some(vs) = configs.values().find(|c| c["kind"] == "VirtualService") {
-            break vs.clone();
-        }
-        assert!(Instant::now() < deadline, "istiod has no VirtualService\n{}", istiod.log_tail(4000));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let vs = istiod.virtual_service().await;
     let http = vs["spec"]["http"].as_array().unwrap();
     let names: Vec<&str> = http.iter().filter_map(|r| r["name"].as_str()).collect();
     let app_order = ["shop-shop-canary-app-0-canary-header", "shop-shop-canary-app-0-canary-cookie", "shop-shop-0"];
@@ -129,17 +80,7 @@ async fn canary_routes_reach_istiod_and_its_gateway_routes() {
     }
 
     // The routes istiod builds for the gateway from them.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let routes = loop {
-        let got = istiod.fetch(NODE, &LABELS, ROUTE_TYPE, &["http.80"]).await;
-        let rc = got.ok().and_then(|r| r.first().map(|a| RouteConfiguration::decode(a.value.as_slice()).unwrap()));
-        let vhost = rc.and_then(|rc| rc.virtual_hosts.into_iter().find(|v| v.domains.iter().any(|d| d == HOST)));
-        if let Some(v) = vhost.filter(|v| v.routes.len() >= 6) {
-            break v.routes;
-        }
-        assert!(Instant::now() < deadline, "istiod built no routes for {HOST}\n{}", istiod.log_tail(4000));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    let routes = istiod.gateway_routes(HOST, 6).await;
     let names: Vec<&str> = routes.iter().map(|r| r.name.as_str()).collect();
     // Every Envoy route of a VirtualService route (one per match: the
     // prefix is an exact and a `/…/` prefix match), in the same order.

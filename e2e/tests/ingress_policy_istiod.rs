@@ -10,10 +10,8 @@
 //!
 //! Needs `source e2e/env.sh kubetools kube-apiserver istiod`.
 
-use std::time::{Duration, Instant};
-
 use envoy_types::pb::envoy::config::route::v3::{
-    RouteConfiguration, redirect_action::RedirectResponseCode, route, route_action::HostRewriteSpecifier,
+    redirect_action::RedirectResponseCode, route, route_action::HostRewriteSpecifier,
 };
 use envoy_types::pb::envoy::r#type::v3::fractional_percent::DenominatorType;
 use meshbridge::run::{App, RunArgs};
@@ -21,14 +19,8 @@ use meshbridge_e2e::apiserver::ApiServer;
 use meshbridge_e2e::free_port;
 use meshbridge_e2e::istiod::{Istiod, Options};
 use meshbridge_e2e::traffic::{mcp_ingress, mcpbridge};
-use prost::Message;
 
-const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 const HOST: &str = "shop.example.com";
-/// An Istio gateway node with the labels the Ingress Gateway selects (a
-/// documentation address: istiod never connects to it).
-const NODE: &str = "router~192.0.2.10~higress-gateway-e2e.higress-system~higress-system.svc.cluster.local";
-const LABELS: [(&str, &str); 1] = [("higress", "higress-system-higress-gateway")];
 
 fn ingresses() -> String {
     let ingress = |name, day, annotations, path| mcp_ingress(name, day, HOST, "web.static:80", annotations, &[path]);
@@ -82,15 +74,7 @@ async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
         .expect("start istiod (source e2e/env.sh istiod)");
 
     // istiod decoded every new field of the VirtualService.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let vs = loop {
-        let configs = istiod.configs().await.unwrap_or_default();
-        if let Some(vs) = configs.values().find(|c| c["kind"] == "VirtualService") {
-            break vs.clone();
-        }
-        assert!(Instant::now() < deadline, "istiod has no VirtualService\n{}", istiod.log_tail(4000));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let vs = istiod.virtual_service().await;
     let http = vs["spec"]["http"].as_array().unwrap();
     let by_name = |name: &str| http.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{name}: {vs}"));
     let main = by_name("shop-api-0");
@@ -107,17 +91,7 @@ async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
     );
 
     // The routes istiod builds for the gateway from them.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let routes = loop {
-        let got = istiod.fetch(NODE, &LABELS, ROUTE_TYPE, &["http.80"]).await;
-        let rc = got.ok().and_then(|r| r.first().map(|a| RouteConfiguration::decode(a.value.as_slice()).unwrap()));
-        let vhost = rc.and_then(|rc| rc.virtual_hosts.into_iter().find(|v| v.domains.iter().any(|d| d == HOST)));
-        if let Some(v) = vhost.filter(|v| v.routes.len() >= 5) {
-            break v.routes;
-        }
-        assert!(Instant::now() < deadline, "istiod built no routes for {HOST}\n{}", istiod.log_tail(4000));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    let routes = istiod.gateway_routes(HOST, 5).await;
     let named = |name: &str| {
         routes.iter().find(|r| r.name == name).unwrap_or_else(|| {
             let names: Vec<&String> = routes.iter().map(|r| &r.name).collect();

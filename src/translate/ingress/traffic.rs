@@ -182,4 +182,4 @@ fn cidr(v: &str) -> Option<Cidr> {
 
 #[cfg(test)]
 #[path = "traffic_tests.rs"]
-mod traffic_tests;
+pub(super) mod traffic_tests;

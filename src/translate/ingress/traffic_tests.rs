@@ -4,8 +4,12 @@ use std::collections::BTreeMap;
 
 use super::*;
 
-/// `read_mirror` over `annotations` (full keys), as `policy::read` calls it.
-fn mirror(annotations: &[(&str, &str)]) -> (Option<Mirror>, Vec<String>) {
+/// `read` over `annotations` (full keys), as `IngressAnnotations` calls
+/// the group readers, and the warnings it gave.
+pub(in crate::translate::ingress) fn read_with<T>(
+    annotations: &[(&str, &str)],
+    read: impl FnOnce(&mut Lookup<'_>, &mut Vec<String>) -> T,
+) -> (T, Vec<String>) {
     let map: BTreeMap<String, String> = annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let mut get = |key: &str, both: bool| -> Option<(String, String)> {
         let keys = if both {
@@ -16,8 +20,12 @@ fn mirror(annotations: &[(&str, &str)]) -> (Option<Mirror>, Vec<String>) {
         keys.into_iter().find_map(|k| map.get(&k).map(|v| (k, v.clone())))
     };
     let mut warnings = Vec::new();
-    let m = read_mirror(&mut get, &mut warnings);
-    (m, warnings)
+    let out = read(&mut get, &mut warnings);
+    (out, warnings)
+}
+
+fn mirror(annotations: &[(&str, &str)]) -> (Option<Mirror>, Vec<String>) {
+    read_with(annotations, read_mirror)
 }
 
 fn target(m: &(Option<Mirror>, Vec<String>)) -> Option<(&MirrorTarget, Option<u32>)> {
@@ -120,20 +128,8 @@ fn bad_values_are_reported_and_leave_the_mirror_out() {
     );
 }
 
-/// `read_source_ranges` over `annotations` (full keys).
 fn ranges(annotations: &[(&str, &str)]) -> (Option<SourceRanges>, Vec<String>) {
-    let map: BTreeMap<String, String> = annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    let mut get = |key: &str, both: bool| -> Option<(String, String)> {
-        let keys = if both {
-            vec![format!("higress.io/{key}"), format!("nginx.ingress.kubernetes.io/{key}")]
-        } else {
-            vec![key.to_owned()]
-        };
-        keys.into_iter().find_map(|k| map.get(&k).map(|v| (k, v.clone())))
-    };
-    let mut warnings = Vec::new();
-    let r = read_source_ranges(&mut get, &mut warnings);
-    (r, warnings)
+    read_with(annotations, read_source_ranges)
 }
 
 fn cidr_of(address: &str, prefix_len: u8) -> Cidr {
