@@ -46,6 +46,11 @@ use crate::process::{ChildGuard, binary_from_env, free_port};
 pub const NAMESPACE: &str = "istio-system";
 /// Until `/ready` answers 200: the API server's informers and the first
 /// answer to every MCP collection istiod asked meshbridge for.
+/// An Istio gateway node with the labels meshbridge's Ingress Gateway
+/// selects (a documentation address: istiod never connects to it).
+pub const GATEWAY_NODE: &str = "router~192.0.2.10~higress-gateway-e2e.higress-system~higress-system.svc.cluster.local";
+pub const GATEWAY_LABELS: [(&str, &str); 1] = [("higress", "higress-system-higress-gateway")];
+
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What to turn on or off beside the defaults.
@@ -192,6 +197,43 @@ impl Istiod {
                 (key, c.clone())
             })
             .collect())
+    }
+
+    /// The first VirtualService istiod holds, waiting up to 30 s for one.
+    pub async fn virtual_service(&self) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let configs = self.configs().await.unwrap_or_default();
+            if let Some(vs) = configs.values().find(|c| c["kind"] == "VirtualService") {
+                return vs.clone();
+            }
+            assert!(Instant::now() < deadline, "istiod has no VirtualService\n{}", self.log_tail(4000));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The routes istiod builds for `host` in the `http.80` RouteConfiguration
+    /// of the Ingress Gateway ([`GATEWAY_NODE`]), once there are at least
+    /// `at_least` of them, waiting up to 30 s.
+    pub async fn gateway_routes(
+        &self,
+        host: &str,
+        at_least: usize,
+    ) -> Vec<envoy_types::pb::envoy::config::route::v3::Route> {
+        use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+        use prost::Message;
+        const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = self.fetch(GATEWAY_NODE, &GATEWAY_LABELS, ROUTE_TYPE, &["http.80"]).await;
+            let rc = got.ok().and_then(|r| r.first().and_then(|a| RouteConfiguration::decode(a.value.as_slice()).ok()));
+            let vhost = rc.and_then(|rc| rc.virtual_hosts.into_iter().find(|v| v.domains.iter().any(|d| d == host)));
+            if let Some(v) = vhost.filter(|v| v.routes.len() >= at_least) {
+                return v.routes;
+            }
+            assert!(Instant::now() < deadline, "istiod built no routes for {host}\n{}", self.log_tail(4000));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
     }
 
     /// Ask istiod's xDS for `type_url` (`names`, or all) as the proxy `id`

@@ -159,3 +159,37 @@ pub fn mcp_ingress(
     }
     yaml
 }
+
+/// The canary Ingresses the canary tests share, on `host`: a main Ingress
+/// (`main.static:80`) on `/app` and `/split`; a canary (`canary.static:80`)
+/// on `/app` by header `x-canary` and cookie `beta_user`
+/// (`nginx.ingress.kubernetes.io/` keys); and one on `/split` by the same
+/// header and a weight of 3 out of a total of 10 (`higress.io/` keys).
+pub fn canary_ingresses(host: &str) -> Vec<String> {
+    let nginx = |key: &str| format!("nginx.ingress.kubernetes.io/{key}");
+    let (canary, by_header, by_cookie) = (nginx("canary"), nginx("canary-by-header"), nginx("canary-by-cookie"));
+    vec![
+        mcp_ingress("shop", 1, host, "main.static:80", &[], &["/app", "/split"]),
+        mcp_ingress(
+            "shop-canary-app",
+            2,
+            host,
+            "canary.static:80",
+            &[(&canary, "true"), (&by_header, "x-canary"), (&by_cookie, "beta_user")],
+            &["/app"],
+        ),
+        mcp_ingress(
+            "shop-canary-split",
+            3,
+            host,
+            "canary.static:80",
+            &[
+                ("higress.io/canary", "true"),
+                ("higress.io/canary-by-header", "x-canary"),
+                ("higress.io/canary-weight", "3"),
+                ("higress.io/canary-weight-total", "10"),
+            ],
+            &["/split"],
+        ),
+    ]
+}

@@ -12,51 +12,25 @@ use std::time::{Duration, Instant};
 use meshbridge_e2e::backend::Backend;
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::free_port;
-use meshbridge_e2e::traffic::{config_warning, mcp_ingress, mcpbridge, start_gateway};
+use meshbridge_e2e::traffic::{canary_ingresses, config_warning, mcp_ingress, mcpbridge, start_gateway};
 
 const HOST: &str = "shop.example.com";
 
-fn ingress(name: &str, day: u32, destination: &str, annotations: &[(&str, &str)], paths: &[&str]) -> String {
-    mcp_ingress(name, day, HOST, destination, annotations, paths)
-}
-
 fn ingresses() -> String {
-    let nginx = |key: &str| format!("nginx.ingress.kubernetes.io/{key}");
-    let (canary, by_header, by_cookie) = (nginx("canary"), nginx("canary-by-header"), nginx("canary-by-cookie"));
-    [
-        ingress("shop", 1, "main.static:80", &[], &["/app", "/split"]),
-        ingress(
-            "shop-canary-app",
-            2,
-            "canary.static:80",
-            &[(&canary, "true"), (&by_header, "x-canary"), (&by_cookie, "beta_user")],
-            &["/app"],
-        ),
-        ingress(
-            "shop-canary-split",
-            3,
-            "canary.static:80",
-            &[
-                ("higress.io/canary", "true"),
-                ("higress.io/canary-by-header", "x-canary"),
-                ("higress.io/canary-weight", "3"),
-                ("higress.io/canary-weight-total", "10"),
-            ],
-            &["/split"],
-        ),
-        ingress(
-            "shop-canary-bad",
-            4,
-            "canary.static:80",
-            &[
-                ("higress.io/canary", "true"),
-                ("higress.io/canary-by-header", "x-user"),
-                ("higress.io/canary-by-header-pattern", "(alice"),
-            ],
-            &["/app"],
-        ),
-    ]
-    .join("---\n")
+    let mut all = canary_ingresses(HOST);
+    all.push(mcp_ingress(
+        "shop-canary-bad",
+        4,
+        HOST,
+        "canary.static:80",
+        &[
+            ("higress.io/canary", "true"),
+            ("higress.io/canary-by-header", "x-user"),
+            ("higress.io/canary-by-header-pattern", "(alice"),
+        ],
+        &["/app"],
+    ));
+    all.join("---\n")
 }
 
 /// `n` requests; the body (backend name) or status of each, counted.

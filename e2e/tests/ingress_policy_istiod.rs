@@ -10,24 +10,17 @@
 //!
 //! Needs `source e2e/env.sh kubetools kube-apiserver istiod`.
 
-use std::time::{Duration, Instant};
-
 use envoy_types::pb::envoy::config::route::v3::{
-    RouteConfiguration, redirect_action::RedirectResponseCode, route, route_action::HostRewriteSpecifier,
+    redirect_action::RedirectResponseCode, route, route_action::HostRewriteSpecifier,
 };
+use envoy_types::pb::envoy::r#type::v3::fractional_percent::DenominatorType;
 use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::apiserver::ApiServer;
 use meshbridge_e2e::free_port;
 use meshbridge_e2e::istiod::{Istiod, Options};
 use meshbridge_e2e::traffic::{mcp_ingress, mcpbridge};
-use prost::Message;
 
-const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 const HOST: &str = "shop.example.com";
-/// An Istio gateway node with the labels the Ingress Gateway selects (a
-/// documentation address: istiod never connects to it).
-const NODE: &str = "router~192.0.2.10~higress-gateway-e2e.higress-system~higress-system.svc.cluster.local";
-const LABELS: [(&str, &str); 1] = [("higress", "higress-system-higress-gateway")];
 
 fn ingresses() -> String {
     let ingress = |name, day, annotations, path| mcp_ingress(name, day, HOST, "web.static:80", annotations, &[path]);
@@ -49,8 +42,23 @@ fn ingresses() -> String {
             "/api",
         ),
         ingress("old", 2, &[("higress.io/permanent-redirect", "https://new.example.com/catalog")], "/old"),
+        ingress(
+            "shadowed",
+            3,
+            &[("higress.io/mirror-target-service", "web.static:80"), ("higress.io/mirror-percentage", "25")],
+            "/shadowed",
+        ),
     ]
     .join("---\n")
+}
+
+/// Per how many a `FractionalPercent` counts.
+fn denominator(d: i32) -> u64 {
+    match DenominatorType::try_from(d) {
+        Ok(DenominatorType::Hundred) => 100,
+        Ok(DenominatorType::TenThousand) => 10_000,
+        _ => 1_000_000,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,15 +74,7 @@ async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
         .expect("start istiod (source e2e/env.sh istiod)");
 
     // istiod decoded every new field of the VirtualService.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let vs = loop {
-        let configs = istiod.configs().await.unwrap_or_default();
-        if let Some(vs) = configs.values().find(|c| c["kind"] == "VirtualService") {
-            break vs.clone();
-        }
-        assert!(Instant::now() < deadline, "istiod has no VirtualService\n{}", istiod.log_tail(4000));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let vs = istiod.virtual_service().await;
     let http = vs["spec"]["http"].as_array().unwrap();
     let by_name = |name: &str| http.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{name}: {vs}"));
     let main = by_name("shop-api-0");
@@ -83,19 +83,15 @@ async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
     assert_eq!(main["headers"]["request"]["add"]["x-env"], "staging", "{main}");
     assert_eq!(by_name("shop-api-0-ssl-redirect")["match"][0]["scheme"]["exact"], "http", "{vs}");
     assert_eq!(by_name("shop-old-0")["redirect"]["authority"], "new.example.com", "{vs}");
+    let shadowed = by_name("shop-shadowed-0");
+    assert_eq!(
+        (shadowed["mirror"]["host"].as_str(), shadowed["mirrorPercentage"]["value"].as_f64()),
+        (Some("web.static"), Some(25.0)),
+        "{shadowed}"
+    );
 
     // The routes istiod builds for the gateway from them.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let routes = loop {
-        let got = istiod.fetch(NODE, &LABELS, ROUTE_TYPE, &["http.80"]).await;
-        let rc = got.ok().and_then(|r| r.first().map(|a| RouteConfiguration::decode(a.value.as_slice()).unwrap()));
-        let vhost = rc.and_then(|rc| rc.virtual_hosts.into_iter().find(|v| v.domains.iter().any(|d| d == HOST)));
-        if let Some(v) = vhost.filter(|v| v.routes.len() >= 3) {
-            break v.routes;
-        }
-        assert!(Instant::now() < deadline, "istiod built no routes for {HOST}\n{}", istiod.log_tail(4000));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    let routes = istiod.gateway_routes(HOST, 5).await;
     let named = |name: &str| {
         routes.iter().find(|r| r.name == name).unwrap_or_else(|| {
             let names: Vec<&String> = routes.iter().map(|r| &r.name).collect();
@@ -125,5 +121,18 @@ async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
     assert!(added.contains(&"x-env"), "{added:?}");
     assert!(main.response_headers_to_remove.contains(&"x-powered-by".to_owned()), "{main:?}");
     assert!(main.typed_per_filter_config.contains_key("envoy.filters.http.cors"), "no CORS policy: {main:?}");
+
+    // The mirror, as the standalone gateway sends it: a quarter, per million.
+    let shadowed = named("shop-shadowed-0");
+    let Some(route::Action::Route(ra)) = &shadowed.action else { panic!("{shadowed:?}") };
+    let mirrors: Vec<(&str, Option<u64>)> = ra
+        .request_mirror_policies
+        .iter()
+        .map(|m| {
+            let fraction = m.runtime_fraction.as_ref().and_then(|f| f.default_value.as_ref());
+            (m.cluster.as_str(), fraction.map(|f| u64::from(f.numerator) * 1_000_000 / denominator(f.denominator)))
+        })
+        .collect();
+    assert_eq!(mirrors, [("outbound|80||web.static", Some(250_000))], "{ra:?}");
     app.stop().await;
 }

@@ -147,11 +147,12 @@ fn assert_routes_resolve(out: &GatewayOutput) {
         let rc: RouteConfiguration = decode(rc);
         for route in rc.virtual_hosts.iter().flat_map(|v| &v.routes) {
             if let Some(route::Action::Route(ra)) = &route.action {
-                let names: Vec<String> = match ra.cluster_specifier.as_ref().unwrap() {
+                let mut names: Vec<String> = match ra.cluster_specifier.as_ref().unwrap() {
                     ClusterSpecifier::Cluster(c) => vec![c.clone()],
                     ClusterSpecifier::WeightedClusters(w) => w.clusters.iter().map(|c| c.name.clone()).collect(),
                     other => panic!("unexpected {other:?}"),
                 };
+                names.extend(ra.request_mirror_policies.iter().map(|m| m.cluster.clone()));
                 for n in names {
                     assert!(known.contains(&n), "route {} names unknown cluster {n}", rc.name);
                 }
@@ -577,8 +578,15 @@ fn listener_rds_names_match_route_configurations() {
             assert!(route_names.contains(&rds.route_config_name.as_str()));
             let rc = route_config(&out, &rds.route_config_name);
             assert_eq!(rc.name, rds.route_config_name);
-            // CORS, which acts only on routes with a policy for it, then the router.
-            let [cors, router] = hcm.http_filters.as_slice() else { panic!("two http filters expected") };
+            // RBAC and CORS, which act only on routes with a policy for
+            // them, then the router.
+            let [rbac, cors, router] = hcm.http_filters.as_slice() else { panic!("three http filters expected") };
+            let Some(http_filter::ConfigType::TypedConfig(any)) = &rbac.config_type else { panic!() };
+            assert_eq!(any.type_url, "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC");
+            assert!(
+                RbacFilter::decode(any.value.as_slice()).unwrap().rules.is_none(),
+                "the listener's RBAC enforces nothing"
+            );
             let Some(http_filter::ConfigType::TypedConfig(any)) = &cors.config_type else { panic!() };
             assert_eq!(any.type_url, "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors");
             let Some(http_filter::ConfigType::TypedConfig(any)) = &router.config_type else { panic!() };
@@ -813,4 +821,86 @@ fn destination_headers_go_on_the_weighted_cluster_or_the_route() {
     let sides: Vec<Vec<String>> =
         wc.clusters.iter().map(|c| c.response_headers_to_add.iter().map(value).collect()).collect();
     assert_eq!(sides, [["main"], ["canary"]]);
+}
+
+#[test]
+fn mirror_is_a_request_mirror_policy_with_its_share_per_million() {
+    let out = run(&[
+        http_gateway(),
+        vs(
+            "mirrored",
+            &["m.example.com"],
+            json!([
+                {"name": "some", "match": [{"uri": {"prefix": "/some"}}], "route": [dest("web.dc1.consul", 8080)],
+                 "mirror": {"host": "api.dc1.consul", "port": {"number": 9090}}, "mirrorPercentage": {"value": 25.0}},
+                {"name": "all", "match": [{"uri": {"prefix": "/all"}}], "route": [dest("web.dc1.consul", 8080)],
+                 "mirror": {"host": "api.dc1.consul"}},
+                {"name": "gone", "route": [dest("web.dc1.consul", 8080)], "mirror": {"host": "gone.dc1.consul"}}
+            ]),
+        ),
+    ]);
+    assert_routes_resolve(&out);
+    let routes = vhost(&out, "http.10080", "m.example.com").routes;
+    let mirrors = |name: &str| {
+        let r = routes.iter().find(|r| r.name == name).unwrap();
+        let Some(route::Action::Route(ra)) = &r.action else { panic!("{r:?}") };
+        ra.request_mirror_policies
+            .iter()
+            .map(|m| {
+                (
+                    m.cluster.clone(),
+                    m.runtime_fraction.as_ref().and_then(|f| f.default_value).map(|v| (v.numerator, v.denominator)),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let million = envoy_types::pb::envoy::r#type::v3::fractional_percent::DenominatorType::Million as i32;
+    assert_eq!(mirrors("some"), [("outbound|9090||api.dc1.consul".to_owned(), Some((250_000, million)))]);
+    assert_eq!(mirrors("all"), [("outbound|9090||api.dc1.consul".to_owned(), None)]);
+    assert_eq!(mirrors("gone"), []);
+    assert_eq!(texts(&out.warnings).len(), 1, "{:?}", texts(&out.warnings));
+    assert!(texts(&out.warnings)[0].contains("gone.dc1.consul") && texts(&out.warnings)[0].contains("mirror left out"));
+}
+
+use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as RbacFilter;
+
+#[test]
+fn source_ranges_are_the_rbac_filter_config_of_their_routes() {
+    use crate::translate::model::{Cidr, SourceRanges, Spec};
+    use envoy_types::pb::envoy::config::rbac::v3::principal::Identifier;
+    use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::RbacPerRoute;
+    let mut object = vs(
+        "ranged",
+        &["r.example.com"],
+        json!([
+            {"name": "both", "match": [{"uri": {"prefix": "/both"}}], "route": [dest("web.dc1.consul", 8080)]},
+            {"name": "open", "route": [dest("web.dc1.consul", 8080)]}
+        ]),
+    );
+    let Spec::VirtualService(spec) = &mut object.spec else { panic!() };
+    let cidr = |a: &str, prefix_len| Cidr { address: a.parse().unwrap(), prefix_len };
+    spec.http[0].source_ranges =
+        Some(SourceRanges { allow: Some(vec![cidr("127.0.0.0", 8)]), deny: vec![cidr("127.0.0.2", 32)] });
+    let out = run(&[http_gateway(), object]);
+    assert_eq!(texts(&out.warnings), Vec::<String>::new());
+    let routes = vhost(&out, "http.10080", "r.example.com").routes;
+    let rbac = |name: &str| {
+        let r = routes.iter().find(|r| r.name == name).unwrap();
+        r.typed_per_filter_config
+            .get("envoy.filters.http.rbac")
+            .map(|a| RbacPerRoute::decode(a.value.as_slice()).unwrap())
+    };
+    assert!(rbac("open").is_none());
+    let rules = rbac("both").unwrap().rbac.unwrap().rules.unwrap();
+    let policy = &rules.policies["source-range"];
+    let Some(Identifier::AndIds(and)) = &policy.principals[0].identifier else { panic!("{policy:?}") };
+    let text = |p: &envoy_types::pb::envoy::config::rbac::v3::Principal| format!("{:?}", p.identifier);
+    assert!(text(&and.ids[0]).starts_with("Some(OrIds") && text(&and.ids[0]).contains("\"127.0.0.0\""), "{and:?}");
+    assert!(text(&and.ids[1]).starts_with("Some(NotId") && text(&and.ids[1]).contains("\"127.0.0.2\""), "{and:?}");
+    // Every listener runs the RBAC filter before CORS and the router.
+    for l in &out.listeners {
+        let view = view_listener(l);
+        let names: Vec<&str> = view.hcm.iter().flat_map(|h| &h.http_filters).map(|f| f.name.as_str()).collect();
+        assert_eq!(names[..3], ["envoy.filters.http.rbac", "envoy.filters.http.cors", "envoy.filters.http.router"]);
+    }
 }

@@ -46,6 +46,7 @@ mod annotations;
 mod canary;
 mod policy;
 mod syntax;
+mod traffic;
 mod upstream;
 
 #[cfg(test)]
@@ -63,10 +64,11 @@ use serde::Serialize;
 
 use self::annotations::{DESTINATION, IngressAnnotations, RewriteRule};
 use self::policy::RoutePolicy;
+use self::traffic::MirrorTarget;
 use super::model::{
-    Destination, DestinationRuleSpec, GatewaySpec, HttpMatch, HttpRoute, IstioObject, PortSelector, RegexRewrite,
-    Rewrite, RouteDestination, Server, ServerPort, ServerTls, ServerTlsMode, Spec, StringMatch, Subset, TrafficPolicy,
-    VirtualServiceSpec,
+    Destination, DestinationRuleSpec, GatewaySpec, HttpMatch, HttpRoute, IstioObject, Percent, PortSelector,
+    RegexRewrite, Rewrite, RouteDestination, Server, ServerPort, ServerTls, ServerTlsMode, Spec, StringMatch, Subset,
+    TrafficPolicy, VirtualServiceSpec,
 };
 use super::names::short_hash;
 use super::warning::{Reason, Warning};
@@ -475,6 +477,7 @@ impl Translator<'_> {
             Ok(r) => r.as_ref(),
             Err(why) => return self.warnings.push(left_out(why.to_string())),
         };
+        let mirror = self.mirror_of(ing);
         let routes = self.hosts.entry(host.to_owned()).or_default();
         if let Some(owner) = routes.owners.get(&key) {
             self.warnings.push(Warning::new(
@@ -499,6 +502,11 @@ impl Translator<'_> {
         let mut route = HttpRoute { name, matches, route, rewrite, ..Default::default() };
         let policy = &ing.ann.policy;
         policy.apply(&mut route);
+        // A redirect answers itself: nothing goes upstream to copy.
+        if let Some((to, share)) = mirror.filter(|_| route.redirect.is_none()) {
+            route.mirror = Some(to);
+            route.mirror_percentage = share;
+        }
         if policy.ssl_redirect && policy.redirect.is_none() {
             let route = RoutePolicy::https_redirect_of(&route);
             routes.routes.push(Candidate { path: Some(key.clone()), rank: Rank::SslRedirect, route });
@@ -553,6 +561,40 @@ impl Translator<'_> {
     fn service_host(&self, host: &str) -> String {
         let hosts = &self.opts.service_hosts;
         hosts.get(host).or_else(|| hosts.get(&host.to_ascii_lowercase())).cloned().unwrap_or_else(|| host.to_string())
+    }
+
+    /// Where the Ingress's mirror annotations send copies, with the host
+    /// looked up; a registry service that does not exist is reported (once)
+    /// and leaves the mirror out.
+    fn mirror_of(&mut self, ing: &Parsed) -> Option<(Destination, Option<Percent>)> {
+        let m = ing.ann.policy.mirror.as_ref()?;
+        let (host, port) = match &m.target {
+            MirrorTarget::Fqdn { host, port } => (host.clone(), Some(*port)),
+            MirrorTarget::Service { namespace, name, port } => {
+                let namespace = namespace.as_deref().unwrap_or(&ing.namespace);
+                (format!("{name}.{namespace}.svc.cluster.local"), *port)
+            }
+            MirrorTarget::Registry { name, port } => {
+                let hosts = &self.opts.service_hosts;
+                match hosts.get(name.as_str()).or_else(|| hosts.get(&name.to_ascii_lowercase())) {
+                    Some(host) => (host.clone(), *port),
+                    None => {
+                        let w = Warning::new(
+                            format!("Ingress {}", ing.id),
+                            Reason::InvalidIngress,
+                            format!("annotation {}: no registry service {:?}; mirror left out", m.key, clip(name)),
+                        );
+                        if !self.warnings.contains(&w) {
+                            self.warnings.push(w);
+                        }
+                        return None;
+                    }
+                }
+            }
+        };
+        let port = port.map(|n| PortSelector { number: n.into() });
+        let share = m.percentage.map(|p| Percent { value: p.into() });
+        Some((Destination { host, subset: None, port }, share))
     }
 
     /// Where a backend sends traffic, or why it cannot be routed; the

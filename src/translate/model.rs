@@ -465,6 +465,38 @@ pub struct HttpRoute {
     pub cors_policy: Option<CorsPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<Headers>,
+    /// A copy of each request goes here too (its answer is dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<Destination>,
+    /// The share of requests `mirror` gets; unset, Istio mirrors all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror_percentage: Option<Percent>,
+    /// `whitelist-source-range` / `denylist-source-range`. Not an Istio
+    /// field (a VirtualService has none): only the standalone gateway reads
+    /// it; it is neither serialized nor encoded for istiod.
+    #[serde(skip)]
+    pub source_ranges: Option<SourceRanges>,
+}
+
+/// Which client addresses a route serves: none in `deny`, and when `allow`
+/// is set, only those in it (an empty `allow` serves no one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceRanges {
+    pub allow: Option<Vec<Cidr>>,
+    pub deny: Vec<Cidr>,
+}
+
+/// An address block: `address/prefix_len`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cidr {
+    pub address: std::net::IpAddr,
+    pub prefix_len: u8,
+}
+
+/// `Percent`: a share from 0 to 100.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Percent {
+    pub value: f64,
 }
 
 /// `HTTPMatchRequest`, reduced to the URI and request headers.

@@ -242,6 +242,10 @@ impl From<&HttpRoute> for pb::HttpRoute {
             retries: r.retries.as_ref().map(pb::HttpRetry::from),
             cors_policy: r.cors_policy.as_ref().map(pb::CorsPolicy::from),
             headers: r.headers.as_ref().map(pb::Headers::from),
+            mirror: r.mirror.as_ref().map(pb::Destination::from),
+            mirror_percentage: r.mirror_percentage.map(|p| pb::Percent { value: p.value }),
+            // `source_ranges` has no field in Istio's HTTPRoute: the
+            // standalone gateway's only.
             ..Default::default()
         }
     }

@@ -138,6 +138,23 @@ fn virtual_service_with_redirects_timeouts_retries_headers_and_cors() {
 }
 
 #[test]
+fn virtual_service_with_a_mirror() {
+    assert_same(
+        "VirtualService",
+        json!({
+            "hosts": ["a.example"],
+            "gateways": ["higress-system/higress-gateway"],
+            "http": [
+                {"name": "some", "route": [{"destination": {"host": "web"}}],
+                 "mirror": {"host": "shadow.shop.svc.cluster.local", "port": {"number": 8080}},
+                 "mirrorPercentage": {"value": 25.0}},
+                {"name": "all", "route": [{"destination": {"host": "web"}}], "mirror": {"host": "shadow.static"}},
+            ],
+        }),
+    );
+}
+
+#[test]
 fn envoy_filter_with_a_nested_struct_value() {
     assert_same(
         "EnvoyFilter",

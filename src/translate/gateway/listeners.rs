@@ -18,6 +18,7 @@ use envoy_types::pb::envoy::config::listener::v3::{
     Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
 };
 use envoy_types::pb::envoy::extensions::filters::http::cors::v3::Cors;
+use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
@@ -30,7 +31,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
-use super::policy::CORS_FILTER;
+use super::policy::{CORS_FILTER, RBAC_FILTER};
 use super::servers::{BoundServer, Side};
 use crate::model::TlsSecret as GatewayTls;
 use crate::resources::Resource;
@@ -68,8 +69,14 @@ fn hcm(route_config: &str) -> Filter {
             config_source: Some(ads()),
             route_config_name: route_config.to_string(),
         })),
-        // CORS acts only on routes that carry a policy for it.
+        // RBAC and CORS act only on routes that carry a policy for them;
+        // RBAC first, so that a client it denies gets no CORS answer.
         http_filters: vec![
+            HttpFilter {
+                name: RBAC_FILTER.into(),
+                config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(Rbac::default()))),
+                ..Default::default()
+            },
             HttpFilter {
                 name: CORS_FILTER.into(),
                 config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(Cors::default()))),

@@ -2,27 +2,34 @@
 //! Envoy route: `redirect` (a redirect action), `timeout` and `retries` (of
 //! the route action), `headers` (headers to add and remove) and
 //! `corsPolicy` (per-route config of the CORS filter, which every listener
-//! of the standalone gateway runs before the router).
+//! of the standalone gateway runs before the router); and the source ranges,
+//! which are no Istio field, as per-route config of the RBAC filter (run
+//! first).
 
 use envoy_types::pb::envoy::config::core::v3::{
-    HeaderValue, HeaderValueOption, header_value_option::HeaderAppendAction,
+    CidrRange, HeaderValue, HeaderValueOption, header_value_option::HeaderAppendAction,
+};
+use envoy_types::pb::envoy::config::rbac::v3::{
+    Permission, Policy, Principal, Rbac as RbacRules, permission, principal, principal::Identifier, rbac,
 };
 use envoy_types::pb::envoy::config::route::v3::{
     RedirectAction, RetryPolicy, Route, redirect_action::PathRewriteSpecifier, redirect_action::RedirectResponseCode,
     redirect_action::SchemeRewriteSpecifier,
 };
 use envoy_types::pb::envoy::extensions::filters::http::cors::v3::CorsPolicy as EnvoyCors;
+use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::{Rbac, RbacPerRoute};
 use envoy_types::pb::envoy::r#type::matcher::v3::{RegexMatcher, StringMatcher, string_matcher::MatchPattern};
 use envoy_types::pb::google::protobuf::{BoolValue, Duration, UInt32Value};
 use envoy_types::util::pack_any;
 
 use crate::translate::model::{
-    CorsPolicy, HeaderOperations, Headers, HttpRoute, ProtoDuration, Redirect, Retry, StringMatch,
+    Cidr, CorsPolicy, HeaderOperations, Headers, HttpRoute, ProtoDuration, Redirect, Retry, SourceRanges, StringMatch,
 };
 use crate::translate::warning::{Reason, Warning};
 
 /// The CORS filter's name, the key of its per-route config.
 pub const CORS_FILTER: &str = "envoy.filters.http.cors";
+pub const RBAC_FILTER: &str = "envoy.filters.http.rbac";
 
 /// A route with the headers and CORS policy of `http` (and the header
 /// operations of its one destination, after the route's) and nothing else:
@@ -39,7 +46,48 @@ pub fn route_base(http: &HttpRoute, destination: Option<&Headers>) -> Route {
     if let Some(cors) = &http.cors_policy {
         route.typed_per_filter_config.insert(CORS_FILTER.into(), pack_any(cors_policy(cors)));
     }
+    if let Some(ranges) = &http.source_ranges {
+        route.typed_per_filter_config.insert(RBAC_FILTER.into(), pack_any(source_rbac(ranges)));
+    }
     route
+}
+
+/// The RBAC filter's policy for a route with source ranges: allow the
+/// clients (the peer address: the listeners do not trust X-Forwarded-For)
+/// in `allow`, if set, and not in `deny`; anyone else gets a 403.
+fn source_rbac(ranges: &SourceRanges) -> RbacPerRoute {
+    let ip = |c: &Cidr| Principal {
+        identifier: Some(Identifier::RemoteIp(CidrRange {
+            address_prefix: c.address.to_string(),
+            prefix_len: Some(UInt32Value { value: c.prefix_len.into() }),
+        })),
+    };
+    let any_of = |list: &[Cidr]| Principal {
+        identifier: Some(Identifier::OrIds(principal::Set { ids: list.iter().map(ip).collect() })),
+    };
+    let mut all = Vec::new();
+    if let Some(allow) = &ranges.allow {
+        all.push(any_of(allow));
+    }
+    if !ranges.deny.is_empty() {
+        all.push(Principal { identifier: Some(Identifier::NotId(Box::new(any_of(&ranges.deny)))) });
+    }
+    // An allow list with no entry: an empty `or_ids`, which nothing matches.
+    let principal = match all.len() {
+        1 => all.remove(0),
+        _ => Principal { identifier: Some(Identifier::AndIds(principal::Set { ids: all })) },
+    };
+    let policy = Policy {
+        permissions: vec![Permission { rule: Some(permission::Rule::Any(true)) }],
+        principals: vec![principal],
+        ..Default::default()
+    };
+    let rules = RbacRules {
+        action: rbac::Action::Allow as i32,
+        policies: [("source-range".to_owned(), policy)].into_iter().collect(),
+        ..Default::default()
+    };
+    RbacPerRoute { rbac: Some(Rbac { rules: Some(rules), ..Default::default() }) }
 }
 
 /// Istio's `Headers` as the four lists a route (or a weighted cluster)

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use envoy_types::pb::envoy::config::core::v3::RuntimeFractionalPercent;
 use envoy_types::pb::envoy::config::route::v3::{
     DirectResponseAction, HeaderMatcher, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
     WeightedCluster, header_matcher::HeaderMatchSpecifier, route, route_action, route_match::PathSpecifier,
@@ -16,13 +17,14 @@ use envoy_types::pb::envoy::config::route::v3::{
 use envoy_types::pb::envoy::r#type::matcher::v3::{
     RegexMatchAndSubstitute, RegexMatcher, StringMatcher, string_matcher::MatchPattern,
 };
+use envoy_types::pb::envoy::r#type::v3::{FractionalPercent, fractional_percent};
 use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 
 use super::clusters::Clusters;
 use super::policy::{HeaderFields, duration, redirect_action, retry_policy, route_base};
 use super::servers::{BoundServer, Side, intersect};
 use super::spec::{Named, Specs};
-use crate::translate::model::{Headers, HttpMatch, HttpRoute, StringMatch, VirtualServiceSpec};
+use crate::translate::model::{Headers, HttpMatch, HttpRoute, Percent, StringMatch, VirtualServiceSpec};
 use crate::translate::warning::{Reason, Warning};
 
 /// A VirtualService bound to at least one existing Gateway, translated.
@@ -211,6 +213,19 @@ fn header_matcher(name: &str, value: &StringMatch) -> HeaderMatcher {
     }
 }
 
+/// Copies of the requests to `cluster`, of `share` of them when set (as
+/// Pilot writes it: a runtime fraction per million).
+fn mirror_policy(cluster: String, share: Option<Percent>) -> route_action::RequestMirrorPolicy {
+    let runtime_fraction = share.map(|p| RuntimeFractionalPercent {
+        default_value: Some(FractionalPercent {
+            numerator: (p.value.clamp(0.0, 100.0) * 10_000.0).round() as u32,
+            denominator: fractional_percent::DenominatorType::Million as i32,
+        }),
+        runtime_key: String::new(),
+    });
+    route_action::RequestMirrorPolicy { cluster, runtime_fraction, ..Default::default() }
+}
+
 /// The action of an `http[]` entry, and the header operations of its one
 /// destination when it has one (they go on the route, as Pilot puts them).
 /// Destinations without a cluster are left out so that no route names a
@@ -284,6 +299,12 @@ fn action<'h>(
         hash_policy,
         ..Default::default()
     };
+    if let Some(mirror) = &http.mirror {
+        match clusters.resolve(mirror) {
+            Ok(cluster) => ra.request_mirror_policies = vec![mirror_policy(cluster, http.mirror_percentage)],
+            Err(reason) => warnings.push(Warning::new(at, Reason::NoCluster, format!("{reason}; mirror left out"))),
+        }
+    }
     if let Some(rw) = &http.rewrite {
         let uri = rw.uri.as_deref().unwrap_or_default();
         ra.prefix_rewrite = uri.to_string();

@@ -64,6 +64,8 @@ impl Translator<'_> {
             ("retries", p.retries.is_some()),
             ("upstream-vhost", p.authority.is_some()),
             ("CORS", p.cors.is_some()),
+            ("mirror", p.mirror.is_some()),
+            ("source ranges", p.source_ranges.is_some()),
         ];
         let ignored: Vec<&str> = copied.iter().filter(|(_, set)| *set).map(|(what, _)| *what).collect();
         if !ignored.is_empty() {

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use super::*;
 use crate::config::ingress_docs as docs;
 
-fn opts() -> IngressOptions {
+pub(super) fn opts() -> IngressOptions {
     IngressOptions {
         ingress_class: Some(DEFAULT_INGRESS_CLASS.into()),
         gateway_namespace: "higress-system".into(),
@@ -558,9 +558,9 @@ metadata:
   name: annotated
   namespace: shop
   annotations:
-    higress.io/mirror-target-service: mirror
+    nginx.ingress.kubernetes.io/proxy-body-size: 8m
     higress.io/use-regex: "true"
-    nginx.ingress.kubernetes.io/whitelist-source-range: 10.0.0.0/8
+    nginx.ingress.kubernetes.io/auth-type: basic
     nginx.ingress.kubernetes.io/ignore-path-case: "false"
     higress.io/rewrite-path: ""
     kubernetes.io/ingress.class: higress

@@ -22,8 +22,10 @@ use std::collections::BTreeMap;
 use meshbridge_registries::clip;
 
 use super::syntax::{is_token, parse_bool};
+use super::traffic::{Mirror, read_mirror, read_source_ranges};
 use crate::translate::model::{
-    CorsPolicy, HeaderOperations, Headers, HttpMatch, HttpRoute, ProtoDuration, Redirect, Retry, Rewrite, StringMatch,
+    CorsPolicy, HeaderOperations, Headers, HttpMatch, HttpRoute, ProtoDuration, Redirect, Retry, Rewrite, SourceRanges,
+    StringMatch,
 };
 
 const SSL_REDIRECT: &str = "ssl-redirect";
@@ -64,9 +66,9 @@ const DEFAULT_CORS_MAX_AGE: u64 = 1_728_000;
 /// The largest `google.protobuf.Duration` (10,000 years).
 const MAX_SECONDS: u64 = 315_576_000_000;
 
-/// Looks an annotation up: `(key, both prefixes)` → the key found and its
-/// value.
-pub type Lookup<'a> = dyn FnMut(&str, bool) -> Option<(String, String)> + 'a;
+/// Looks an annotation up (defined beside the traffic group, which this
+/// module reads too).
+pub use super::traffic::Lookup;
 
 /// What the policy annotations of one Ingress say.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -85,6 +87,12 @@ pub struct RoutePolicy {
     /// `upstream-vhost`: the Host (authority) sent upstream.
     pub authority: Option<String>,
     pub cors: Option<CorsPolicy>,
+    /// `mirror-target-service` or `mirror-target-fqdn`, with
+    /// `mirror-percentage` (see `traffic.rs`).
+    pub mirror: Option<Mirror>,
+    /// `whitelist-source-range`, `denylist-source-range`: the standalone
+    /// gateway's only (see `traffic.rs`).
+    pub source_ranges: Option<SourceRanges>,
 }
 
 impl RoutePolicy {
@@ -101,6 +109,7 @@ impl RoutePolicy {
         route.retries = self.retries.clone();
         route.headers = self.headers.clone();
         route.cors_policy = self.cors.clone();
+        route.source_ranges = self.source_ranges.clone();
         if let Some(authority) = &self.authority {
             let rewrite = route.rewrite.get_or_insert(Rewrite { uri: None, authority: None, uri_regex_rewrite: None });
             rewrite.authority = Some(authority.clone());
@@ -134,6 +143,7 @@ impl RoutePolicy {
             redirect: Some(redirect),
             headers: main.headers.clone(),
             cors_policy: main.cors_policy.clone(),
+            source_ranges: main.source_ranges.clone(),
             ..Default::default()
         }
     }
@@ -259,6 +269,8 @@ pub fn read(get: &mut Lookup<'_>, warnings: &mut Vec<String>) -> RoutePolicy {
     }
 
     out.cors = read_cors(get, &mut warn);
+    out.mirror = read_mirror(get, warnings);
+    out.source_ranges = read_source_ranges(get, warnings);
     out
 }
 

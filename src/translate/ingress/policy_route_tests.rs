@@ -292,3 +292,91 @@ fn a_canarys_own_policy_is_reported_as_ignored() {
     assert_eq!(canary["headers"]["response"]["add"]["x-canary"], "yes", "{canary}");
     assert!(routes.iter().all(|r| r.get("redirect").is_none()), "{routes:#?}");
 }
+
+#[test]
+fn mirror_to_a_service_a_registry_service_or_a_host_with_its_share() {
+    let mut opts = super::ingress_tests::opts();
+    opts.service_hosts.insert("shadow.static".into(), "shadow.static".into());
+    let yaml = [
+        shop_ingress(
+            "kube",
+            1,
+            &[("higress.io/mirror-target-service", "test/shadow:8080"), ("higress.io/mirror-percentage", "25")],
+            &[("/kube", "Exact", "web")],
+        ),
+        shop_ingress(
+            "registry",
+            2,
+            &[("nginx.ingress.kubernetes.io/mirror-target-service", "shadow.static:80")],
+            &[("/registry", "Exact", "web")],
+        ),
+        shop_ingress(
+            "fqdn",
+            3,
+            &[("higress.io/mirror-target-fqdn", "shadow.example.com")],
+            &[("/fqdn", "Exact", "web")],
+        ),
+        // Unknown: reported once for its two paths, which still route.
+        shop_ingress(
+            "unknown",
+            4,
+            &[("higress.io/mirror-target-service", "nowhere.static")],
+            &[("/u1", "Exact", "web"), ("/u2", "Exact", "web")],
+        ),
+        // A redirect copies nothing.
+        shop_ingress(
+            "moved",
+            5,
+            &[("higress.io/mirror-target-service", "shadow"), ("higress.io/permanent-redirect", "https://b.example/")],
+            &[("/moved", "Exact", "web")],
+        ),
+    ]
+    .join("---\n");
+    let t = translate(&crate::config::ingress_docs(&yaml), &opts);
+    assert_valid_for_pilot(&t);
+    let routes = http_routes(&t);
+    let kube = route(&routes, "shop-kube-0");
+    assert_eq!(kube["mirror"], serde_json::json!({"host": "shadow.test.svc.cluster.local", "port": {"number": 8080}}));
+    assert_eq!(kube["mirrorPercentage"], serde_json::json!({"value": 25.0}));
+    let registry = route(&routes, "shop-registry-0");
+    assert_eq!(registry["mirror"], serde_json::json!({"host": "shadow.static", "port": {"number": 80}}));
+    assert!(registry.get("mirrorPercentage").is_none(), "{registry}");
+    assert_eq!(
+        route(&routes, "shop-fqdn-0")["mirror"],
+        serde_json::json!({"host": "shadow.example.com", "port": {"number": 80}})
+    );
+    for name in ["shop-unknown-0", "shop-unknown-1", "shop-moved-0"] {
+        assert!(route(&routes, name).get("mirror").is_none(), "{name}");
+    }
+    let unknown: Vec<_> = t.warnings.iter().filter(|w| w.object == "Ingress shop/unknown").collect();
+    assert_eq!(unknown.len(), 1, "{:?}", t.warnings);
+    assert_eq!(
+        unknown[0].detail,
+        "annotation higress.io/mirror-target-service: no registry service \"nowhere.static\"; mirror left out"
+    );
+    assert_eq!(unknown[0].reason, Reason::InvalidIngress);
+}
+
+#[test]
+fn source_ranges_reach_the_routes_but_not_the_virtual_service_istiod_gets() {
+    let t = run(&shop_ingress(
+        "office",
+        1,
+        &[
+            ("nginx.ingress.kubernetes.io/whitelist-source-range", "10.0.0.0/8"),
+            ("nginx.ingress.kubernetes.io/ssl-redirect", "true"),
+        ],
+        &[("/office", "Exact", "web")],
+    ));
+    assert_valid_for_pilot(&t);
+    let want = crate::translate::model::SourceRanges {
+        allow: Some(vec![crate::translate::model::Cidr { address: "10.0.0.0".parse().unwrap(), prefix_len: 8 }]),
+        deny: vec![],
+    };
+    let vs = t.objects.iter().find(|o| o.kind() == "VirtualService").unwrap();
+    let Spec::VirtualService(spec) = &vs.spec else { panic!() };
+    let ranged: Vec<(&str, bool)> =
+        spec.http.iter().map(|r| (r.name.as_str(), r.source_ranges.as_ref() == Some(&want))).collect();
+    assert_eq!(ranged, [("shop-office-0-ssl-redirect", true), ("shop-office-0", true)]);
+    assert!(!vs.spec.to_json().to_string().contains("10.0.0.0"), "an Istio field was made up");
+}

@@ -6,18 +6,7 @@ use super::*;
 
 /// `read` over `annotations` (full keys), as `IngressAnnotations` calls it.
 fn policy(annotations: &[(&str, &str)]) -> (RoutePolicy, Vec<String>) {
-    let map: BTreeMap<String, String> = annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    let mut get = |key: &str, both: bool| -> Option<(String, String)> {
-        let keys = if both {
-            vec![format!("higress.io/{key}"), format!("nginx.ingress.kubernetes.io/{key}")]
-        } else {
-            vec![key.to_owned()]
-        };
-        keys.into_iter().find_map(|k| map.get(&k).map(|v| (k, v.clone())))
-    };
-    let mut warnings = Vec::new();
-    let p = read(&mut get, &mut warnings);
-    (p, warnings)
+    super::super::traffic::traffic_tests::read_with(annotations, |get, warnings| read(get, warnings))
 }
 
 fn secs(s: u64) -> Option<ProtoDuration> {
