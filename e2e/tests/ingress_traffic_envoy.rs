@@ -97,10 +97,14 @@ async fn mirror_copies_requests_to_a_second_backend_through_envoy() {
     loop {
         let clusters = envoy.admin("/clusters").await.unwrap_or_default();
         let ready = [&main, &shadow].iter().all(|b| clusters.contains(&b.addr.to_string()));
-        if ready && matches!(envoy.get_host("/all/ready", HOST).await, Ok((200, _))) {
+        // The mirror comes with the routes once the shadow service is known,
+        // which may be after the first routes.
+        let routes = envoy.admin("/config_dump?resource=dynamic_route_configs").await.unwrap_or_default();
+        let mirrored = routes.contains("request_mirror_policies");
+        if ready && mirrored && matches!(envoy.get_host("/all/ready", HOST).await, Ok((200, _))) {
             break;
         }
-        assert!(Instant::now() < deadline, "routes or endpoints never arrived:\n{clusters}\n{}", envoy.log());
+        assert!(Instant::now() < deadline, "routes, mirror or endpoints never arrived:\n{clusters}\n{}", envoy.log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 

@@ -361,6 +361,8 @@ impl Translator {
         }
         let from_ingress = ingress::translate(inputs.ingresses, &opts);
         let mut d = Derived { warnings: from_ingress.warnings, ..Derived::default() };
+        // A mirror target that appears or goes reruns this stage.
+        d.referenced.extend(from_ingress.looked_up);
         let mut objects = from_ingress.objects;
 
         // An Ingress DestinationRule takes the registry rule's TLS for its host.

@@ -29,12 +29,13 @@ fn svc(host: &str, port: u16, addrs: &[&str], version: &str) -> Service {
 }
 
 /// An Ingress routing `shop.example.com` to `web.dc1.consul` (80/20 across
-/// subsets v1 and v2) and `api.example.com` to `api.dc1.consul`.
+/// subsets v1 and v2), mirroring to `x.dc1.consul`, which comes and goes.
 fn ingress() -> IngressDoc {
     let object = json!({
         "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
         "metadata": {"name": "shop", "namespace": "shop", "annotations": {
-            "higress.io/destination": "80% web.dc1.consul:8080 v1\n20% web.dc1.consul:8080 v2"}},
+            "higress.io/destination": "80% web.dc1.consul:8080 v1\n20% web.dc1.consul:8080 v2",
+            "higress.io/mirror-target-service": "x.dc1.consul"}},
         "spec": {"ingressClassName": "higress", "rules": [{"host": "shop.example.com", "http": {"paths": [
             {"path": "/", "pathType": "Prefix", "backend": {"resource": {
                 "apiGroup": "networking.higress.io", "kind": "McpBridge", "name": "default"}}}]}}]}

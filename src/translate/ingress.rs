@@ -142,6 +142,11 @@ pub struct IngressTranslation {
     /// `higress.io/*` and `nginx.ingress.kubernetes.io/*` annotations that
     /// were not understood, over all Ingresses of our class.
     pub ignored_annotations: u64,
+    /// Registry service names looked up outside route destinations (mirror
+    /// targets), lowercase, found or not: when one appears or goes, the
+    /// translation must run again.
+    #[serde(skip)]
+    pub looked_up: BTreeSet<String>,
 }
 
 /// Translate the Ingresses of our class.
@@ -154,6 +159,7 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
         policies: BTreeMap::new(),
         warnings: Vec::new(),
         ignored_annotations: 0,
+        looked_up: BTreeSet::new(),
     };
     let mut ours = Vec::new();
     for doc in ingresses {
@@ -324,6 +330,7 @@ struct Translator<'a> {
     policies: BTreeMap<String, (TrafficPolicy, String)>,
     warnings: Vec<Warning>,
     ignored_annotations: u64,
+    looked_up: BTreeSet<String>,
 }
 
 impl Translator<'_> {
@@ -575,6 +582,7 @@ impl Translator<'_> {
                 (format!("{name}.{namespace}.svc.cluster.local"), *port)
             }
             MirrorTarget::Registry { name, port } => {
+                self.looked_up.insert(name.to_ascii_lowercase());
                 let hosts = &self.opts.service_hosts;
                 match hosts.get(name.as_str()).or_else(|| hosts.get(&name.to_ascii_lowercase())) {
                     Some(host) => (host.clone(), *port),
@@ -767,7 +775,12 @@ impl Translator<'_> {
                 &b.metadata.name,
             ))
         });
-        IngressTranslation { objects, warnings: self.warnings, ignored_annotations: self.ignored_annotations }
+        IngressTranslation {
+            objects,
+            warnings: self.warnings,
+            ignored_annotations: self.ignored_annotations,
+            looked_up: self.looked_up,
+        }
     }
 }
 
