@@ -56,8 +56,8 @@ struct Running {
 }
 
 /// Hosts the routes reference, ASCII-lowercased: every host named by a
-/// `higress.io/destination` annotation of any Ingress given, whatever its
-/// class (over-selecting costs only a read; an Ingress of another class
+/// `higress.io/destination` annotation, and every registry service a
+/// mirror annotation names, of any Ingress given, whatever its class (over-selecting costs only a read; an Ingress of another class
 /// routes nothing). An annotation that does not parse references nothing
 /// (its routes are rejected too).
 pub fn referenced_hosts(ingresses: &[IngressDoc]) -> Referenced {
@@ -67,6 +67,7 @@ pub fn referenced_hosts(ingresses: &[IngressDoc]) -> Referenced {
         if let Some(Ok(list)) = ingress.metadata.destination() {
             hosts.extend(list.iter().map(|d| d.host.to_ascii_lowercase()));
         }
+        hosts.extend(ingress.metadata.mirror_registry_service().map(|h| h.to_ascii_lowercase()));
     }
     Arc::new(hosts)
 }
@@ -257,12 +258,24 @@ mod tests {
     }
 
     #[test]
-    fn referenced_hosts_come_from_destination_annotations() {
+    fn referenced_hosts_come_from_destination_and_mirror_annotations() {
         let ing = |name: &str, dest: Option<&str>| {
             let mut annotations = serde_json::Map::new();
             if let Some(d) = dest {
                 annotations.insert(crate::model::ingress::DESTINATION.into(), d.into());
             }
+            let mirror = |key: &str| format!("nginx.ingress.kubernetes.io/{key}");
+            match name {
+                // A registry service; a Kubernetes Service (no dot); one the
+                // FQDN annotation overrides.
+                "a" => annotations.insert(mirror("mirror-target-service"), "Shadow.static:80".into()),
+                "b" => annotations.insert(mirror("mirror-target-service"), "shop/shadow".into()),
+                "c" => {
+                    annotations.insert(mirror("mirror-target-fqdn"), "x.example.com".into());
+                    annotations.insert(mirror("mirror-target-service"), "ignored.static".into())
+                }
+                _ => None,
+            };
             let object = serde_json::json!({"metadata": {"name": name, "annotations": annotations}});
             IngressDoc::from_json("default".into(), name.into(), &object)
         };
@@ -272,7 +285,8 @@ mod tests {
             ing("c", None),
             ing("d", Some("150% broken.dc1.consul")),
         ]);
-        let want: Vec<&str> = vec!["api.dc1.consul", "pay.dc1.consul", "web.default-group.public.nacos"];
+        let want: Vec<&str> =
+            vec!["api.dc1.consul", "pay.dc1.consul", "shadow.static", "web.default-group.public.nacos"];
         assert_eq!(got.iter().map(String::as_str).collect::<Vec<_>>(), want);
     }
 

@@ -288,6 +288,78 @@ fn annotations<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, Strin
         .collect())
 }
 
+// ---- mirror-target-service ------------------------------------------------
+
+/// Where `mirror-target-service` sends copies, before the host is looked up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MirrorTarget {
+    /// A Kubernetes Service: `name.namespace.svc.cluster.local`, in the
+    /// Ingress's namespace when none is given.
+    Service { namespace: Option<String>, name: String, port: Option<u16> },
+    /// A registry service, by the name `higress.io/destination` uses.
+    Registry { name: String, port: Option<u16> },
+    /// `mirror-target-fqdn`: the host as written.
+    Fqdn { host: String, port: u16 },
+}
+
+/// Why a `mirror-target-service` value was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    #[error("{0:?} has no port 1 to 65535 after ':'")]
+    Port(String),
+    #[error("{0:?} is not [namespace/]service[:port] nor a registry service")]
+    Form(String),
+}
+
+/// `[namespace/]name[:port]`.
+pub fn service_target(v: &str) -> Result<MirrorTarget, TargetError> {
+    let (rest, port) = match v.rsplit_once(':') {
+        Some((rest, p)) => match port(p) {
+            Some(n) => (rest, Some(n)),
+            None => return Err(TargetError::Port(clip(v).into_owned())),
+        },
+        None => (v, None),
+    };
+    match rest.split_once('/') {
+        Some((ns, name)) if valid_dns_label(ns) && valid_dns_label(name) => {
+            Ok(MirrorTarget::Service { namespace: Some(ns.to_owned()), name: name.to_owned(), port })
+        }
+        None if valid_dns_label(rest) => Ok(MirrorTarget::Service { namespace: None, name: rest.to_owned(), port }),
+        None if rest.contains('.') && rest.split('.').all(|l| !l.is_empty()) && !rest.contains(char::is_whitespace) => {
+            Ok(MirrorTarget::Registry { name: rest.to_owned(), port })
+        }
+        _ => Err(TargetError::Form(clip(v).into_owned())),
+    }
+}
+
+pub(crate) fn port(p: &str) -> Option<u16> {
+    let p = p.trim();
+    p.parse::<u16>().ok().filter(|n| *n > 0 && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The keys a mirror target is read under, as Higress reads them
+/// (`higress.io/` first).
+const MIRROR_TARGET_SERVICE_KEYS: [&str; 2] =
+    ["higress.io/mirror-target-service", "nginx.ingress.kubernetes.io/mirror-target-service"];
+const MIRROR_TARGET_FQDN_KEYS: [&str; 2] =
+    ["higress.io/mirror-target-fqdn", "nginx.ingress.kubernetes.io/mirror-target-fqdn"];
+
+impl Metadata {
+    /// The registry service a mirror annotation names, as the translation
+    /// reads it (`mirror-target-fqdn` wins): a host the watchers must read
+    /// under `meshbridgeWatch: {mode: referenced}`, as a destination's is.
+    pub fn mirror_registry_service(&self) -> Option<String> {
+        let set = |keys: [&str; 2]| keys.iter().find_map(|k| self.annotation(k).filter(|v| !v.trim().is_empty()));
+        if set(MIRROR_TARGET_FQDN_KEYS).is_some() {
+            return None;
+        }
+        match service_target(set(MIRROR_TARGET_SERVICE_KEYS)?.trim()) {
+            Ok(MirrorTarget::Registry { name, .. }) => Some(name),
+            _ => None,
+        }
+    }
+}
+
 // ---- higress.io/destination ------------------------------------------------
 
 /// One line of `higress.io/destination`: `[NN%] host[:port] [subset]`.

@@ -18,7 +18,8 @@ use std::net::IpAddr;
 
 use meshbridge_registries::clip;
 
-use crate::model::ingress::valid_dns_label;
+pub use crate::model::ingress::MirrorTarget;
+use crate::model::ingress::{port, service_target};
 use crate::translate::model::{Cidr, SourceRanges};
 
 pub const MIRROR_TARGET_SERVICE: &str = "mirror-target-service";
@@ -34,15 +35,6 @@ const DEFAULT_FQDN_PORT: u16 = 80;
 /// value.
 pub type Lookup<'a> = dyn FnMut(&str, bool) -> Option<(String, String)> + 'a;
 
-/// Why a `mirror-target-service` value was not taken.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TargetError {
-    #[error("{0:?} has no port 1 to 65535 after ':'")]
-    Port(String),
-    #[error("{0:?} is not [namespace/]service[:port] nor a registry service")]
-    Form(String),
-}
-
 /// Where the mirror annotations send copies, before the host is looked up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mirror {
@@ -51,17 +43,6 @@ pub struct Mirror {
     pub target: MirrorTarget,
     /// Unset: every request.
     pub percentage: Option<u32>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MirrorTarget {
-    /// A Kubernetes Service: `name.namespace.svc.cluster.local`, in the
-    /// Ingress's namespace when none is given.
-    Service { namespace: Option<String>, name: String, port: Option<u16> },
-    /// A registry service, by the name `higress.io/destination` uses.
-    Registry { name: String, port: Option<u16> },
-    /// `mirror-target-fqdn`: the host as written.
-    Fqdn { host: String, port: u16 },
 }
 
 /// Read the mirror annotations; bad values go to `warnings`, naming the
@@ -107,32 +88,6 @@ pub fn read_mirror(get: &mut Lookup<'_>, warnings: &mut Vec<String>) -> Option<M
         },
     };
     Some(Mirror { key, target, percentage })
-}
-
-/// `[namespace/]name[:port]`.
-fn service_target(v: &str) -> Result<MirrorTarget, TargetError> {
-    let (rest, port) = match v.rsplit_once(':') {
-        Some((rest, p)) => match port(p) {
-            Some(n) => (rest, Some(n)),
-            None => return Err(TargetError::Port(clip(v).into_owned())),
-        },
-        None => (v, None),
-    };
-    match rest.split_once('/') {
-        Some((ns, name)) if valid_dns_label(ns) && valid_dns_label(name) => {
-            Ok(MirrorTarget::Service { namespace: Some(ns.to_owned()), name: name.to_owned(), port })
-        }
-        None if valid_dns_label(rest) => Ok(MirrorTarget::Service { namespace: None, name: rest.to_owned(), port }),
-        None if rest.contains('.') && rest.split('.').all(|l| !l.is_empty()) && !rest.contains(char::is_whitespace) => {
-            Ok(MirrorTarget::Registry { name: rest.to_owned(), port })
-        }
-        _ => Err(TargetError::Form(clip(v).into_owned())),
-    }
-}
-
-fn port(p: &str) -> Option<u16> {
-    let p = p.trim();
-    p.parse::<u16>().ok().filter(|n| *n > 0 && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// `whitelist-source-range` (Higress reads it under both prefixes) and
