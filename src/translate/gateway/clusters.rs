@@ -59,7 +59,9 @@ pub enum NoCluster {
 
 pub struct Clusters<'a> {
     services: &'a ServiceLookup<'a>,
-    rules: &'a [Named<'a, DestinationRuleSpec>],
+    /// DestinationRules by host, in `namespace/name` order: looked up for
+    /// every destination, so not scanned whole each time.
+    rules: BTreeMap<&'a str, Vec<&'a Named<'a, DestinationRuleSpec>>>,
     /// Subset clusters made so far, by name, with their load assignments.
     made: BTreeMap<String, (Resource, Resource)>,
     /// Every destination host asked for, found or not.
@@ -78,7 +80,17 @@ struct Policy {
 
 impl<'a> Clusters<'a> {
     pub fn new(services: &'a ServiceLookup<'a>, rules: &'a [Named<'a, DestinationRuleSpec>]) -> Self {
-        Clusters { services, rules, made: BTreeMap::new(), referenced: BTreeSet::new(), hashes: BTreeMap::new() }
+        let mut by_host: BTreeMap<&str, Vec<_>> = BTreeMap::new();
+        for rule in rules {
+            by_host.entry(rule.spec.host.as_str()).or_default().push(rule);
+        }
+        Clusters {
+            services,
+            rules: by_host,
+            made: BTreeMap::new(),
+            referenced: BTreeSet::new(),
+            hashes: BTreeMap::new(),
+        }
     }
 
     /// The cluster a destination goes to, or why there is none.
@@ -128,7 +140,7 @@ impl<'a> Clusters<'a> {
     /// carry the registry's TLS, already on the host's cluster), else the
     /// rule's. `None` when it asks for nothing.
     fn policy(&self, host: &str, port: u16) -> Option<Policy> {
-        let rule = self.rules.iter().find(|r| r.spec.host == host && r.spec.traffic_policy.is_some())?;
+        let rule = self.rules.get(host)?.iter().find(|r| r.spec.traffic_policy.is_some())?;
         let tp = rule.spec.traffic_policy.as_ref()?;
         let (lb, pool, tls) = match tp.port_level_settings.iter().find(|p| p.port.number == u32::from(port)) {
             Some(p) => (&p.load_balancer, &p.connection_pool, None),
@@ -144,7 +156,7 @@ impl<'a> Clusters<'a> {
     /// is one proxy, so the choice cannot depend on who refers to it.
     fn subset_labels(&self, host: &str, subset: &str) -> Result<&'a BTreeMap<String, String>, NoCluster> {
         let mut any_rule = false;
-        for rule in self.rules.iter().filter(|r| r.spec.host == host) {
+        for rule in self.rules.get(host).into_iter().flatten() {
             any_rule = true;
             if let Some(s) = rule.spec.subsets.iter().find(|s| s.name == subset) {
                 return Ok(&s.labels);
