@@ -204,43 +204,6 @@ async fn outage_keeps_endpoints_then_restart_resyncs() {
     rec.until("web back", |r| r.endpoints(WEB) == Some(vec!["127.0.0.3:8080".into()])).await;
 }
 
-/// A dev agent comes back from a restart with its indexes reset, far below
-/// the ones the detectors held. Changes after the recovery must still be
-/// seen at once: by change detection, with the periodic refresh an hour
-/// away and the blocking wait (30 s) longer than the deadline.
-#[tokio::test]
-async fn changes_after_a_restart_that_reset_the_index_are_seen_at_once() {
-    let mut consul = consul().await;
-    consul.register(instance("web-1", "web", "127.0.0.3", 8080, json!({}))).await.unwrap();
-    // Push the catalog's index up, so the restarted agent's is lower.
-    for i in 0..40 {
-        consul.register(instance(&format!("churn-{i}"), "churn", "127.0.0.4", 9000, json!({}))).await.unwrap();
-        consul.deregister(&format!("churn-{i}")).await.unwrap();
-    }
-    let mut spec = spec(consul.http_port);
-    spec.consul_refresh_interval = Some(Duration::from_secs(3600));
-    let mut rec: Recorder = Recorder::start(
-        Box::new(ConsulWatcher::new(spec).expect("valid spec").with_wait(Duration::from_secs(30))),
-        DEADLINE,
-    );
-    rec.until("web", |r| r.endpoints(WEB) == Some(vec!["127.0.0.3:8080".into()])).await;
-
-    let mark = rec.mark();
-    consul.stop();
-    rec.until("an error", |r| !r.errors_since(mark).is_empty()).await;
-    let mark = rec.mark();
-    consul.restart().await.expect("restart consul");
-    rec.until("healthy and a fresh snapshot", |r| {
-        r.since(mark).any(|e| matches!(e, Event::Healthy)) && r.snapshot_since(mark).is_some()
-    })
-    .await;
-    consul.register(instance("late-1", "late", "127.0.0.5", 7070, json!({}))).await.unwrap();
-    rec.until("a service registered after the restart", |r| {
-        r.endpoints("late.dc1.consul") == Some(vec!["127.0.0.5:7070".into()])
-    })
-    .await;
-}
-
 /// A server that answers every request with 200, an index, and garbage,
 /// and keeps the head of every request it got.
 async fn garbage_server() -> (u16, Arc<Mutex<Vec<String>>>) {

@@ -316,15 +316,6 @@ where
             }
             Err(e) => {
                 ctx.health.fail(&e);
-                if matches!(e, RegistryError::Unreachable { .. }) {
-                    // Consul may come back with its index reset (a new
-                    // cluster, a restarted dev agent): a query at the old
-                    // index would block a whole `wait` before its answer
-                    // said so, and every change meanwhile would wait with
-                    // it. The first query after an outage asks for the
-                    // current state.
-                    index = 0;
-                }
                 tokio::time::sleep(backoff.next()).await;
             }
         }
