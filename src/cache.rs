@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use meshbridge_registries::{RegistryError, RegistrySpec, Secret, Service, Sink, Update};
+use meshbridge_registries::{RegistryError, RegistrySpec, RepairKind, Secret, Service, Sink, Update};
 use serde::Serialize;
 use tokio::sync::watch;
 use tracing::{debug, warn};
@@ -24,7 +24,7 @@ use tracing::{debug, warn};
 pub mod metrics;
 
 pub use crate::model::{CachedService, Changes, HostState, RegistryKey, View};
-use metrics::{RegistryErrorLabels, RegistryLabels, RegistryMetrics};
+use metrics::{RegistryErrorLabels, RegistryLabels, RegistryMetrics, RepairLabels};
 
 /// What we know about a registry's health, from real calls to it.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -49,7 +49,27 @@ pub struct RegistryStatus {
     pub unreachable_since: Option<SystemTime>,
     /// `--max-stale` withdrew the endpoints; the next answer restores them.
     pub withdrawn: bool,
+    /// The last repair of the anti-entropy layer, if any.
+    #[serde(skip)]
+    pub last_repair: Option<Repair>,
+    /// Services repaired so far, by kind (the counter's values).
+    pub repairs: BTreeMap<&'static str, u64>,
 }
+
+/// One repair told by [`Sink::repaired`]: when, why, and (some of) the
+/// services it corrected.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Repair {
+    pub time: SystemTime,
+    pub kind: RepairKind,
+    /// How many services it corrected.
+    pub count: usize,
+    /// The first [`REPAIR_NAMED`] of them.
+    pub services: Vec<String>,
+}
+
+/// Services a repair names in its log line and on the admin API.
+pub const REPAIR_NAMED: usize = 20;
 
 #[derive(Debug, Default)]
 struct RegistryEntry {
@@ -433,7 +453,9 @@ impl Sink for RegistrySink {
             if full {
                 // Present (at 0) from the first snapshot on, so that "no
                 // drift" is a value, not a missing series.
-                let _ = metrics.drift_corrected.get_or_create(&RegistryLabels::from(&self.key));
+                for kind in RepairKind::ALL {
+                    let _ = metrics.drift_corrected.get_or_create(&RepairLabels::new(&self.key, kind));
+                }
                 entry.status.ready = true;
                 entry.status.stale = false;
                 entry.status.withdrawn = false;
@@ -470,18 +492,22 @@ impl Sink for RegistrySink {
         self.failed(error, false);
     }
 
-    fn drift(&self, hosts: &[String]) {
-        const NAMED: usize = 20;
-        let named: Vec<&str> = hosts.iter().take(NAMED).map(String::as_str).collect();
+    fn repaired(&self, kind: RepairKind, hosts: &[String]) {
+        let named: Vec<String> = hosts.iter().take(REPAIR_NAMED).cloned().collect();
         warn!(
             registry = %self.key,
+            kind = kind.as_str(),
             count = hosts.len(),
             services = ?named,
-            "a periodic full read corrected services the watcher had missed changes to"
+            "anti-entropy repaired services the watcher's change detection had left wrong"
         );
         let metrics = &self.cache.metrics;
-        self.cache.with_entry(&self.key, self.generation, |_, _| {
-            metrics.drift_corrected.get_or_create(&RegistryLabels::from(&self.key)).inc_by(hosts.len() as u64);
+        self.cache.with_entry(&self.key, self.generation, |entry, _| {
+            let labels = RepairLabels::new(&self.key, kind);
+            metrics.drift_corrected.get_or_create(&labels).inc_by(hosts.len() as u64);
+            *entry.status.repairs.entry(kind.as_str()).or_default() += hosts.len() as u64;
+            entry.status.last_repair =
+                Some(Repair { time: SystemTime::now(), kind, count: hosts.len(), services: named.clone() });
             false
         });
     }
@@ -492,6 +518,12 @@ impl Sink for RegistrySink {
             metrics.sync_duration.get_or_create(&RegistryLabels::from(&self.key)).observe(took.as_secs_f64());
             false
         });
+    }
+}
+
+impl RepairLabels {
+    fn new(key: &RegistryKey, kind: RepairKind) -> RepairLabels {
+        RepairLabels { name: key.name.clone(), r#type: key.kind.as_str(), kind: kind.as_str() }
     }
 }
 
@@ -612,17 +644,28 @@ mod tests {
     }
 
     #[test]
-    fn drift_is_zero_from_the_first_snapshot_and_counts_each_service() {
+    fn repairs_are_zero_from_the_first_snapshot_and_counted_by_kind() {
         let cache = Cache::new();
         let sink = cache.attach(&key("a"));
-        let labels = RegistryLabels::from(&key("a"));
-        assert!(cache.metrics().drift_corrected.get(&labels).is_none());
+        let missed = RepairLabels::new(&key("a"), RepairKind::MissedChange);
+        let reset = RepairLabels::new(&key("a"), RepairKind::IndexReset);
+        assert!(cache.metrics().drift_corrected.get(&missed).is_none());
         sink.update(Update::Snapshot(vec![]));
-        assert_eq!(cache.metrics().drift_corrected.get(&labels).map(|c| c.get()), Some(0), "present at 0");
-        sink.drift(&["web.dc1.consul".to_string(), "api.dc1.consul".to_string()]);
-        assert_eq!(cache.metrics().drift_corrected.get(&labels).map(|c| c.get()), Some(2));
+        for kind in RepairKind::ALL {
+            let labels = RepairLabels::new(&key("a"), kind);
+            assert_eq!(cache.metrics().drift_corrected.get(&labels).map(|c| c.get()), Some(0), "{kind} present at 0");
+        }
+        sink.repaired(RepairKind::MissedChange, &["web.dc1.consul".to_string(), "api.dc1.consul".to_string()]);
+        sink.repaired(RepairKind::IndexReset, &["web.dc1.consul".to_string()]);
+        assert_eq!(cache.metrics().drift_corrected.get(&missed).map(|c| c.get()), Some(2));
+        assert_eq!(cache.metrics().drift_corrected.get(&reset).map(|c| c.get()), Some(1));
+        let (report, _) = cache.registry(&key("a")).unwrap();
+        let last = report.status.last_repair.expect("the last repair is kept");
+        assert_eq!((last.kind, last.count, last.services), (RepairKind::IndexReset, 1, vec!["web.dc1.consul".into()]));
+        assert_eq!(report.status.repairs.get("missed_change"), Some(&2));
         cache.remove(&key("a"));
-        assert!(cache.metrics().drift_corrected.get(&labels).is_none(), "forgotten with the registry");
+        assert!(cache.metrics().drift_corrected.get(&missed).is_none(), "forgotten with the registry");
+        assert!(cache.metrics().drift_corrected.get(&reset).is_none());
     }
 
     #[test]

@@ -133,6 +133,11 @@ pub struct RunArgs {
     /// address by default, shared with every other client on the host.
     #[arg(long, env = "MESHBRIDGE_CONSUL_MAX_CONNS")]
     pub consul_max_conns: Option<usize>,
+    /// How often each registry's anti-entropy pass reads the whole registry
+    /// and repairs what the change detectors missed (e.g. `5m`, `90s`; at
+    /// least 1s). Its reads are spread over the interval.
+    #[arg(long, env = "MESHBRIDGE_ANTI_ENTROPY_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub anti_entropy_interval: Duration,
 }
 
 impl RunArgs {
@@ -144,7 +149,13 @@ impl RunArgs {
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             min_refresh_interval: crate::config::MIN_REFRESH_INTERVAL,
             consul_max_conns: None,
+            anti_entropy_interval: meshbridge_registries::repair::DEFAULT_INTERVAL,
         }
+    }
+
+    /// The same, with every registry's anti-entropy pass every `interval`.
+    pub fn with_anti_entropy_interval(self, interval: Duration) -> RunArgs {
+        RunArgs { anti_entropy_interval: interval, ..self }
     }
 
     /// The same, with refresh intervals allowed down to `floor`.
@@ -319,7 +330,8 @@ impl App {
         let (source, kube, desired) = match &args.config_dir {
             Some(dir) if !kube.kube => {
                 let builder = crate::config::Builder::with_min_refresh_interval(args.min_refresh_interval)
-                    .with_consul_max_conns(args.consul_max_conns);
+                    .with_consul_max_conns(args.consul_max_conns)
+                    .with_anti_entropy_interval(Some(args.anti_entropy_interval));
                 let (source, desired) = DirSource::start_with_builder(dir.clone(), builder)
                     .await
                     .with_context(|| format!("config dir {}", dir.display()))?;
@@ -331,6 +343,7 @@ impl App {
                     args: kube,
                     ingress_class: gateway.ingress_class.clone(),
                     reserved_ports: reserved,
+                    anti_entropy_interval: Some(args.anti_entropy_interval),
                 };
                 let (source, desired) = KubeSource::start(opts, cache.clone()).await?;
                 (None, Some(Arc::new(source)), desired)

@@ -164,14 +164,16 @@ impl AdminView {
     }
 
     /// `meshbridge_registry_drift_corrected_total` for this registry, from
-    /// `/metrics`; `None` when the series is missing.
+    /// `/metrics`, summed over every `kind`; `None` when no series is there.
     pub async fn drift_corrected(&self) -> anyhow::Result<Option<u64>> {
+        Ok(self.repairs().await?.map(|by_kind| by_kind.values().sum()))
+    }
+
+    /// `meshbridge_registry_drift_corrected_total` for this registry by
+    /// `kind`; `None` when no series is there.
+    pub async fn repairs(&self) -> anyhow::Result<Option<BTreeMap<String, u64>>> {
         let text = self.http.get(format!("{}/metrics", self.base)).send().await?.text().await?;
-        let name = format!("name=\"{}\"", self.registry);
-        Ok(text
-            .lines()
-            .filter(|l| l.starts_with("meshbridge_registry_drift_corrected_total{") && l.contains(&name))
-            .find_map(|l| l.rsplit(' ').next()?.parse().ok()))
+        Ok(repairs_in(&text, &self.registry))
     }
 
     /// The registry's `lastSyncTime` (its last full read sent whole).
@@ -598,4 +600,19 @@ mod tests {
         let stripped = addresses(&Truth::from([("h".into(), vec![endpoint("1.2.3.4", 5, 2, &[("rev", "7")])])]));
         assert_eq!(stripped["h"], ["1.2.3.4:5"]);
     }
+}
+
+/// The `meshbridge_registry_drift_corrected_total` series of `registry` in
+/// a `/metrics` text, by their `kind` label; `None` when there is none.
+pub fn repairs_in(metrics: &str, registry: &str) -> Option<BTreeMap<String, u64>> {
+    let name = format!("name=\"{registry}\"");
+    let mut out = BTreeMap::new();
+    for line in
+        metrics.lines().filter(|l| l.starts_with("meshbridge_registry_drift_corrected_total{") && l.contains(&name))
+    {
+        let kind = line.split("kind=\"").nth(1).and_then(|k| k.split('"').next()).unwrap_or("").to_string();
+        let value = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0);
+        out.insert(kind, value);
+    }
+    (!out.is_empty()).then_some(out)
 }

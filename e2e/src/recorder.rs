@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use meshbridge_registries::{RegistryError, Service, Sink, Update, Watcher};
+use meshbridge_registries::{RegistryError, RepairKind, Service, Sink, Update, Watcher};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -34,7 +34,7 @@ impl Sink for ChannelSink {
     fn error(&self, error: &RegistryError) {
         let _ = self.0.send((Instant::now(), Event::Error(error.clone())));
     }
-    fn drift(&self, hosts: &[String]) {
+    fn repaired(&self, _kind: RepairKind, hosts: &[String]) {
         let _ = self.0.send((Instant::now(), Event::Drift(hosts.to_vec())));
     }
 }

@@ -44,6 +44,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use self::client::{APPS, Client, DELTA};
 use self::decode::{Naming, Registry};
 use crate::model::Service;
+use crate::repair::RepairKind;
 use crate::retry;
 use crate::select::{Selection, Selector};
 use crate::spec::RegistrySpec;
@@ -174,7 +175,7 @@ impl EurekaWatcher {
         if let Some(expected) = expected {
             let missed = differing_hosts(&expected, &services);
             if !missed.is_empty() {
-                sink.drift(&missed);
+                sink.repaired(RepairKind::MissedChange, &missed);
             }
         }
         st.sent = services;

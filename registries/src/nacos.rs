@@ -79,6 +79,7 @@ use self::http::HttpApi;
 use self::pushed::Pushed;
 use self::servers::Servers;
 use crate::model::Service;
+use crate::repair::RepairKind;
 use crate::retry::Backoff;
 use crate::select::{Selection, Selector};
 use crate::spec::{RegistryKind, RegistrySpec};
@@ -506,7 +507,7 @@ impl Ctx {
         }
         if !drifted.is_empty() {
             drifted.sort();
-            self.sink.drift(&drifted);
+            self.sink.repaired(RepairKind::MissedChange, &drifted);
         }
         for (key, gone) in old {
             info!(service = %key, host = %gone.sent.host, "service left the registry");

@@ -119,6 +119,12 @@ pub struct RegistrySpec {
     /// `--consul-max-conns`.
     pub consul_max_conns: Option<usize>,
 
+    /// meshbridge only, not in Higress's McpBridge: how often the watcher's
+    /// anti-entropy pass reads the registry's whole truth
+    /// ([`crate::repair`]; `None`: [`crate::repair::DEFAULT_INTERVAL`]). Set
+    /// by the binary's `--anti-entropy-interval`.
+    pub anti_entropy_interval: Option<Duration>,
+
     pub zk_services_path: Vec<String>,
 
     /// meshbridge only, not in Higress's McpBridge (`meshbridgeWatch`):
@@ -161,6 +167,7 @@ impl RegistrySpec {
             consul_service_tag: None,
             consul_refresh_interval: None,
             consul_max_conns: None,
+            anti_entropy_interval: None,
             zk_services_path: Vec::new(),
             watch: None,
             auth: BTreeMap::new(),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::model::Service;
+use crate::repair::RepairKind;
 
 /// What a watcher tells the cache. The split between *authoritative* data and
 /// *errors* is the heart of outage handling: an answer from the registry
@@ -43,13 +44,13 @@ pub trait Sink: Send + Sync + 'static {
     fn synced(&self, took: Duration) {
         let _ = took;
     }
-    /// A periodic full read found `hosts` different from what the watcher
-    /// had sent, although every change to them was older than what its
-    /// change detection had already seen: a change it missed, corrected
-    /// now (the update follows). A correct watcher never calls this; it is
-    /// counted and logged so that a miss is visible, not silent.
-    fn drift(&self, hosts: &[String]) {
-        let _ = hosts;
+    /// The anti-entropy pass ([`crate::repair`]) found `hosts` different
+    /// from what the watcher had sent, for a reason of `kind`, and repairs
+    /// them now (the update follows). A difference that merely raced the
+    /// read is never told here, so a correct watcher never calls this; it
+    /// is counted and logged so that a miss is visible, not silent.
+    fn repaired(&self, kind: RepairKind, hosts: &[String]) {
+        let _ = (kind, hosts);
     }
 }
 

@@ -78,6 +78,7 @@ use self::tree::{Naming, Sent, SentHosts, ServiceKey, Touch, Tree};
 use self::watches::Watches;
 use crate::health::Health;
 use crate::model::Service;
+use crate::repair::RepairKind;
 use crate::retry::{Backoff, wait_or_reopened};
 use crate::select::{Selection, Selector};
 use crate::spec::RegistrySpec;
@@ -313,7 +314,7 @@ async fn run_session(
                         let missed = missed(suspects, &noticed);
                         let hosts = view.hosts_of(&missed, &done);
                         if !hosts.is_empty() {
-                            view.sink.drift(&hosts);
+                            view.sink.repaired(RepairKind::MissedChange, &hosts);
                         }
                     }
                     match done {

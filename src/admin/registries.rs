@@ -50,9 +50,24 @@ pub struct RegistryView {
     pub withdrawn: bool,
     /// Unreachable (or stale) since.
     pub unreachable_since: Option<String>,
+    /// Services the anti-entropy pass repaired since the watcher started,
+    /// by kind (`missed_change`, `stale_read`, `index_reset`,
+    /// `name_resolution`, `unreadable`); every kind is listed, 0 or not.
+    pub repairs: std::collections::BTreeMap<&'static str, u64>,
+    /// The last repair: when, why, how many services, and the first of them.
+    pub last_repair: Option<RepairView>,
     /// Only with `?services=true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_list: Option<Vec<ServiceSummary>>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RepairView {
+    pub time: String,
+    pub kind: &'static str,
+    pub count: usize,
+    pub services: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -172,6 +187,16 @@ fn view(r: &RegistryReport) -> RegistryView {
         missing: !crate::startup::counts(st),
         withdrawn: st.withdrawn,
         unreachable_since: when(st.unreachable_since),
+        repairs: meshbridge_registries::RepairKind::ALL
+            .iter()
+            .map(|k| (k.as_str(), st.repairs.get(k.as_str()).copied().unwrap_or(0)))
+            .collect(),
+        last_repair: st.last_repair.as_ref().map(|r| RepairView {
+            time: time::rfc3339(r.time),
+            kind: r.kind.as_str(),
+            count: r.count,
+            services: r.services.clone(),
+        }),
         service_list: None,
     }
 }

@@ -30,14 +30,23 @@ pub struct RegistryErrorLabels {
     pub kind: &'static str,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RepairLabels {
+    pub name: String,
+    pub r#type: &'static str,
+    /// [`meshbridge_registries::RepairKind::as_str`].
+    pub kind: &'static str,
+}
+
 /// What the cache's sinks record per registry. Cheap to clone (shared).
 #[derive(Debug, Clone)]
 pub struct RegistryMetrics {
     pub events: Family<RegistryLabels, Counter>,
     pub errors: Family<RegistryErrorLabels, Counter>,
     pub sync_duration: HistogramFamily<RegistryLabels>,
-    /// Services a periodic full read corrected: changes the watcher missed.
-    pub drift_corrected: Family<RegistryLabels, Counter>,
+    /// Services the anti-entropy pass repaired, by why (the watcher's
+    /// change detection had left them wrong).
+    pub drift_corrected: Family<RepairLabels, Counter>,
 }
 
 impl Default for RegistryMetrics {
@@ -56,7 +65,13 @@ impl RegistryMetrics {
     pub fn forget<'a>(&self, labels: &RegistryLabels, error_kinds: impl IntoIterator<Item = &'a &'static str>) {
         self.events.remove(labels);
         self.sync_duration.remove(labels);
-        self.drift_corrected.remove(labels);
+        for kind in meshbridge_registries::RepairKind::ALL {
+            self.drift_corrected.remove(&RepairLabels {
+                name: labels.name.clone(),
+                r#type: labels.r#type,
+                kind: kind.as_str(),
+            });
+        }
         for kind in error_kinds {
             self.errors.remove(&RegistryErrorLabels { name: labels.name.clone(), r#type: labels.r#type, kind });
         }

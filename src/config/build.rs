@@ -27,6 +27,8 @@ pub struct Builder {
     min_refresh: Option<Duration>,
     /// `--consul-max-conns`: every Consul registry's connection cap.
     consul_max_conns: Option<usize>,
+    /// `--anti-entropy-interval`: every registry's anti-entropy interval.
+    anti_entropy_interval: Option<Duration>,
     /// A list: one McpBridge may use a name for registries of several types.
     registries: HashMap<EntryKey, Vec<RegistrySpec>>,
     proxies: HashMap<EntryKey, ProxySpec>,
@@ -51,12 +53,21 @@ impl Builder {
         Builder { consul_max_conns: n, ..self }
     }
 
+    /// Run every registry's anti-entropy pass at this interval
+    /// (`--anti-entropy-interval`).
+    pub fn with_anti_entropy_interval(self, interval: Option<Duration>) -> Builder {
+        Builder { anti_entropy_interval: interval, ..self }
+    }
+
     /// Build from documents in source order ("later" in duplicate errors
     /// means later in this order).
     pub fn build<'a>(&mut self, docs: impl IntoIterator<Item = &'a Document>) -> Desired {
         let mut built = self.build_full(docs);
         for r in built.desired.registries.iter_mut().filter(|r| r.kind == RegistryKind::Consul) {
             r.consul_max_conns = r.consul_max_conns.or(self.consul_max_conns);
+        }
+        for r in &mut built.desired.registries {
+            r.anti_entropy_interval = r.anti_entropy_interval.or(self.anti_entropy_interval);
         }
         for w in &built.warnings {
             warn!(warning = %w, "config");
@@ -96,8 +107,12 @@ impl Builder {
             }
         }
 
-        let mut next =
-            Builder { min_refresh: self.min_refresh, consul_max_conns: self.consul_max_conns, ..Builder::default() };
+        let mut next = Builder {
+            min_refresh: self.min_refresh,
+            consul_max_conns: self.consul_max_conns,
+            anti_entropy_interval: self.anti_entropy_interval,
+            ..Builder::default()
+        };
         let min_refresh = self.min_refresh.unwrap_or(MIN_REFRESH_INTERVAL);
         let mut registry_owner: HashMap<(RegistryKind, String), (String, String)> = HashMap::new();
         let mut proxy_owner: HashMap<String, String> = HashMap::new();

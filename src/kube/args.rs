@@ -157,4 +157,6 @@ pub struct SourceOptions {
     pub ingress_class: String,
     /// Gateway listener ports, never given to proxies.
     pub reserved_ports: BTreeSet<u16>,
+    /// `--anti-entropy-interval`, set on every registry.
+    pub anti_entropy_interval: Option<std::time::Duration>,
 }

@@ -148,6 +148,7 @@ pub(super) async fn start(
     wait_ready(&stores, args.kube_sync_timeout).await?;
 
     let mut assembler = Assembler::new(opts.ingress_class.clone());
+    assembler.builder = Builder::default().with_anti_entropy_interval(opts.anti_entropy_interval);
     let first = assembler.observe(&stores);
     log_desired(&first.desired);
     let (desired_tx, desired_rx) = watch::channel(first.desired.clone());

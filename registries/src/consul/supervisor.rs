@@ -19,6 +19,7 @@ use super::decode::{CheckPrints, changed_nodes, dirty_services};
 use super::sweep::PROBE_BATCH;
 use super::sweep::{SweepCtl, sweep};
 use crate::model::Service;
+use crate::repair::RepairKind;
 use crate::retry::Backoff;
 use crate::select::{Selection, Selector};
 use crate::watcher::{RegistryError, Update};
@@ -569,7 +570,7 @@ impl Supervisor {
                     tracked.sent = Some(service.clone());
                     if emit {
                         if suspect {
-                            self.ctx.sink.drift(std::slice::from_ref(&service.host));
+                            self.ctx.sink.repaired(RepairKind::MissedChange, std::slice::from_ref(&service.host));
                         }
                         self.recent.retain(|n| n != &read.name);
                         self.recent.push_front(read.name.clone());

@@ -25,7 +25,7 @@ impl Sink for NullSink {
     }
     fn healthy(&self) {}
     fn error(&self, _: &RegistryError) {}
-    fn drift(&self, hosts: &[String]) {
+    fn repaired(&self, _kind: RepairKind, hosts: &[String]) {
         self.drift.lock().unwrap().extend_from_slice(hosts);
     }
 }

@@ -32,7 +32,7 @@ impl Sink for ChannelSink {
     fn error(&self, error: &RegistryError) {
         let _ = self.0.send(Event::Error(error.clone()));
     }
-    fn drift(&self, hosts: &[String]) {
+    fn repaired(&self, _kind: RepairKind, hosts: &[String]) {
         let _ = self.0.send(Event::Drift(hosts.to_vec()));
     }
 }
