@@ -182,6 +182,45 @@ impl Consul {
         self.put(&format!("/v1/agent/check/{}/{check_id}", status.as_path()), None).await
     }
 
+    /// `GET /v1/snapshot`: the agent's state, as `consul snapshot save` takes it.
+    pub async fn snapshot_save(&self) -> anyhow::Result<Vec<u8>> {
+        let mut req = self.http.get(format!("{}/v1/snapshot", self.url())).header("Connection", "close");
+        if let Some(token) = &self.token {
+            req = req.header("X-Consul-Token", token);
+        }
+        let resp = req.timeout(Duration::from_secs(30)).send().await.context("GET /v1/snapshot")?;
+        let status = resp.status();
+        ensure!(status.is_success(), "GET /v1/snapshot: {status}");
+        Ok(resp.bytes().await?.to_vec())
+    }
+
+    /// `PUT /v1/snapshot`: restore a snapshot, as `consul snapshot restore` does.
+    pub async fn snapshot_restore(&self, snapshot: Vec<u8>) -> anyhow::Result<()> {
+        let mut req = self.http.put(format!("{}/v1/snapshot", self.url())).header("Connection", "close");
+        if let Some(token) = &self.token {
+            req = req.header("X-Consul-Token", token);
+        }
+        let resp = req.body(snapshot).timeout(Duration::from_secs(30)).send().await.context("PUT /v1/snapshot")?;
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        ensure!(status.is_success(), "PUT /v1/snapshot: {status}: {text}");
+        Ok(())
+    }
+
+    /// `PUT path` with a JSON body and the harness's token; the JSON answer
+    /// (the ACL API answers with the object it wrote).
+    pub async fn put_json(&self, path: &str, body: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+        let mut req = self.http.put(format!("{}{path}", self.url())).header("Connection", "close").json(&body);
+        if let Some(token) = &self.token {
+            req = req.header("X-Consul-Token", token);
+        }
+        let resp = req.timeout(Duration::from_secs(10)).send().await.with_context(|| format!("PUT {path}"))?;
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        ensure!(status.is_success(), "PUT {path}: {status}: {text}");
+        Ok(serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+    }
+
     async fn put(&self, path: &str, body: Option<serde_json::Value>) -> anyhow::Result<()> {
         // `Connection: close`: tests count connections to the agent.
         let mut req = self

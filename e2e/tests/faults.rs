@@ -96,8 +96,13 @@ async fn registry_killed_then_restarted() {
     let detect =
         until("health false after kill -9", Duration::from_secs(15), || !status(&app, "local").status.healthy).await;
     tokio::time::sleep(fault.saturating_sub(detect)).await;
-    w.consul.restart().await.expect("restart consul");
+    // Taken before the restart: Consul is down until then, so any sync
+    // after this instant is a post-restart one. Taken after `restart()`
+    // returns, a resync that lands between the election and this line (a
+    // detector's retry can answer at once) would be missed, and the wait
+    // would time out although meshbridge had resynced.
     let back = SystemTime::now();
+    w.consul.restart().await.expect("restart consul");
     let resync = until("resync after restart", Duration::from_secs(15), || {
         let r = status(&app, "local");
         r.status.healthy && r.endpoints == 2 && r.status.last_sync_time.is_some_and(|t| t > back)

@@ -67,6 +67,7 @@ mod pipeline;
 mod pool;
 mod supervisor;
 mod sweep;
+mod verify;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -122,6 +123,8 @@ pub struct ConsulWatcher {
     refresh: Duration,
     max_conns: usize,
     selector: Selector,
+    /// The anti-entropy pass's interval ([`crate::repair::interval`]).
+    anti_entropy: Duration,
 }
 
 impl ConsulWatcher {
@@ -133,7 +136,16 @@ impl ConsulWatcher {
         .max(MIN_MAX_CONNS);
         let client = Client::new(&spec, max_conns)?;
         let refresh = spec.consul_refresh_interval.unwrap_or(DEFAULT_REFRESH).max(MIN_REFRESH);
-        Ok(ConsulWatcher { spec, client, wait: DEFAULT_WAIT, refresh, max_conns, selector: Selector::all() })
+        let anti_entropy = crate::repair::interval(&spec);
+        Ok(ConsulWatcher {
+            spec,
+            client,
+            wait: DEFAULT_WAIT,
+            refresh,
+            max_conns,
+            selector: Selector::all(),
+            anti_entropy,
+        })
     }
 
     /// Use another blocking-query `wait` (at least 100 ms); tests use a short
@@ -201,6 +213,7 @@ impl ConsulWatcher {
             token = spec.auth.contains_key("consulToken"),
             wait = ?self.wait,
             refresh = ?self.refresh,
+            anti_entropy = ?self.anti_entropy,
             max_conns = self.max_conns,
             selective = !self.selector.is_all(),
             "starting"
@@ -226,6 +239,7 @@ impl ConsulWatcher {
             sink,
             health,
             seq: AtomicU64::new(0),
+            rebase: tokio::sync::watch::Sender::new(0),
         });
         // Dropping the watcher's future drops this set, which stops the
         // probe and the detectors.
@@ -250,8 +264,8 @@ impl ConsulWatcher {
             background.spawn(watch_checks(ctx.clone(), state, checks.index, tx.clone()).in_current_span());
         }
         background.spawn(watch_nodes(ctx.clone(), first.nodes.index, tx.clone()).in_current_span());
-        let mut sup = Supervisor::new(ctx.clone(), tx, selector, selection);
-        sup.apply_sync(first);
+        let mut sup = Supervisor::new(ctx.clone(), tx, selector, selection, self.anti_entropy);
+        sup.apply_sync(first, None);
         // Failures before the first snapshot need no recovery resync.
         let _ = futures::FutureExt::now_or_never(ctx.health.recovered.notified());
         sup.run(rx, self.refresh, background).await;
@@ -296,13 +310,45 @@ where
     F: Fn(Indexed<T>) -> Event,
 {
     let mut backoff = Backoff::default();
+    let mut rebase = ctx.rebase.subscribe();
+    // The last index Consul answered: one below it is a reset (a restored
+    // snapshot, a rebuilt cluster), whatever the index asked with.
+    let mut seen = index;
     loop {
         let started = tokio::time::Instant::now();
-        match query(ctx.clone(), index).await {
+        let answer = tokio::select! {
+            answer = query(ctx.clone(), index) => answer,
+            Ok(()) = rebase.changed() => {
+                // A resync: ask again from 0 (see `Ctx::rebase`).
+                (index, seen) = (0, 0);
+                backoff.reset();
+                continue;
+            }
+        };
+        match answer {
             Ok(answer) => {
                 ctx.health.ok();
                 backoff.reset();
                 let prev = index;
+                if prev != 0 && answer.index == prev && started.elapsed() < ctx.wait / 2 {
+                    // Consul ends a blocking query early, with the index it
+                    // was given, when its state store is replaced (a
+                    // snapshot restore: `AbandonCh`); the new store's index
+                    // may be far below, where this query would block for a
+                    // whole `wait`. Ask for the current index once: a lower
+                    // one is a reset the supervisor acts on.
+                    debug!(what, index, "blocking query ended early with no change; asking from 0");
+                    index = 0;
+                    tokio::time::sleep_until(started + MIN_QUERY_GAP).await;
+                    continue;
+                }
+                if answer.index < seen {
+                    info!(what, index = answer.index, was = seen, "consul's index went back: a reset");
+                    if tx.send(Event::Reset).await.is_err() {
+                        return;
+                    }
+                }
+                seen = answer.index;
                 index = next_index(prev, answer.index);
                 if answer.index != prev {
                     debug!(what, index = answer.index, "changed");
@@ -316,7 +362,13 @@ where
             }
             Err(e) => {
                 ctx.health.fail(&e);
-                tokio::time::sleep(backoff.next()).await;
+                tokio::select! {
+                    () = tokio::time::sleep(backoff.next()) => {}
+                    Ok(()) = rebase.changed() => {
+                        (index, seen) = (0, 0);
+                        backoff.reset();
+                    }
+                }
             }
         }
     }

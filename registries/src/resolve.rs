@@ -46,6 +46,12 @@ pub(crate) async fn lookup(address: &str, port: u16) -> Result<Vec<IpAddr>, Unre
     }
 }
 
+/// Whether `address` is a host name to look up (not an IP, bracketed or not).
+pub(crate) fn is_name(address: &str) -> bool {
+    address.parse::<IpAddr>().is_err()
+        && address.strip_prefix('[').and_then(|a| a.strip_suffix(']')).is_none_or(|a| a.parse::<Ipv6Addr>().is_err())
+}
+
 /// One endpoint per IP of each endpoint's address. A name that does not
 /// resolve drops that instance alone, with a warning: it is not a registry
 /// failure, and the next read tries again. Returns the endpoints and how
@@ -84,6 +90,12 @@ mod tests {
         assert!(out[2..].iter().all(|e| e.address.parse::<IpAddr>().unwrap().is_loopback()), "{out:?}");
         assert!(out.iter().all(|e| e.address != "no-such-host.invalid"));
         assert_eq!(dropped, 1);
+    }
+
+    #[test]
+    fn names_are_told_from_addresses() {
+        assert!(!is_name("10.0.0.1") && !is_name("::1") && !is_name("[::1]"));
+        assert!(is_name("db.example.internal") && is_name("localhost") && is_name("[10.0.0.1]"));
     }
 
     #[tokio::test]

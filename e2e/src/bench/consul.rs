@@ -52,6 +52,11 @@ impl ConsulDev {
         format!("http://127.0.0.1:{}", self.http_port)
     }
 
+    /// The agent's process id, to read its CPU from `/proc`.
+    pub fn pid(&self) -> Option<u32> {
+        self.guard.id()
+    }
+
     async fn has_leader(&self) -> bool {
         match self.http.get(format!("{}/v1/status/leader", self.url())).send().await {
             Ok(r) if r.status().is_success() => r.json::<String>().await.is_ok_and(|l| !l.is_empty()),

@@ -27,12 +27,24 @@ pub(crate) struct Ctx {
     /// Orders reads: a read's answer is applied only if no later-started
     /// read's answer was applied before it.
     pub(super) seq: AtomicU64,
+    /// Bumped after every resync: each detector drops the index it blocks
+    /// on and asks again from 0, so that an index Consul no longer has (a
+    /// rebuilt cluster, a restored snapshot) cannot park it for a whole
+    /// `wait`, and a detector sleeping out its backoff wakes at once.
+    pub(super) rebase: tokio::sync::watch::Sender<u64>,
 }
 
 /// One service read, numbered when it started.
 pub(crate) struct Read {
     pub(super) name: String,
     pub(super) seq: u64,
+    /// The index the change that asked for it had reached (a sweep's probe;
+    /// 0: none known): an answer below it is a stale read.
+    pub(super) min_index: u64,
+    /// Some instance registered a host name, resolved by this read.
+    pub(super) named: bool,
+    /// Instances dropped because their name did not resolve.
+    pub(super) unresolved: usize,
     pub(super) result: Result<Indexed<Instances>, RegistryError>,
 }
 
@@ -57,18 +69,23 @@ impl Ctx {
         catalog.into_iter().filter(|(name, _)| keep.contains(name)).collect()
     }
 
-    /// Read one service and resolve its endpoints.
-    pub(super) async fn read(&self, name: String) -> Read {
+    /// Read one service and resolve its endpoints. `min_index`: see
+    /// [`Read::min_index`].
+    pub(super) async fn read(&self, name: String, min_index: u64) -> Read {
         let seq = self.next_seq();
+        let (mut named, mut unresolved) = (false, 0);
         let result = match self.client.health_service(&name).await {
             Ok(mut answer) => {
                 let endpoints = std::mem::take(&mut answer.value.endpoints);
-                answer.value.endpoints = resolve::endpoints(endpoints).await.0;
+                named = endpoints.iter().any(|e| resolve::is_name(&e.address));
+                let (resolved, dropped) = resolve::endpoints(endpoints).await;
+                answer.value.endpoints = resolved;
+                unresolved = dropped;
                 Ok(answer)
             }
             Err(e) => Err(e),
         };
-        Read { name, seq, result }
+        Read { name, seq, min_index, named, unresolved, result }
     }
 
     /// The catalog services `selection` selects, by the host each gets.
@@ -95,8 +112,11 @@ impl Ctx {
         let checks = [critical, warning];
         let catalog = Indexed { value: self.watched(catalog.value), index: catalog.index };
         let names: Vec<String> = self.selected(&catalog.value, selection).map(|(n, _)| n.clone()).collect();
-        let reads: Vec<Read> =
-            futures::stream::iter(names).map(|name| self.read(name)).buffer_unordered(self.read_slots).collect().await;
+        let reads: Vec<Read> = futures::stream::iter(names)
+            .map(|name| self.read(name, 0))
+            .buffer_unordered(self.read_slots)
+            .collect()
+            .await;
         if let Some(e) = reads.iter().find_map(|r| r.result.as_ref().err().filter(|e| is_outage(e))) {
             return Err(e.clone());
         }
@@ -121,4 +141,10 @@ pub(crate) enum Event {
     Moved(Vec<(String, u64)>),
     /// A sweep finished (`ok`: it probed every service).
     SweepDone { ok: bool },
+    /// A detector's answer came with an index below its last one: Consul's
+    /// state was replaced (a restored snapshot, a rebuilt cluster).
+    Reset,
+    /// The anti-entropy pass's listing of the catalog (tag filter applied;
+    /// a non-blocking read, not a detector's answer).
+    Listed(Result<Indexed<BTreeMap<String, Vec<String>>>, RegistryError>),
 }

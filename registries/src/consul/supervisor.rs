@@ -18,6 +18,7 @@ use super::decode::{CheckPrints, changed_nodes, dirty_services};
 #[cfg(test)]
 use super::sweep::PROBE_BATCH;
 use super::sweep::{SweepCtl, sweep};
+use super::verify::{Found, Verifier, judge};
 use crate::model::Service;
 use crate::repair::RepairKind;
 use crate::retry::Backoff;
@@ -61,6 +62,13 @@ struct Tracked {
     seq: u64,
     /// The last read's answer could not be used.
     failing: Option<RegistryError>,
+    /// Some instance registered a host name: read again at every periodic
+    /// tick, since no index moves when the name's addresses do.
+    named: bool,
+    /// Read again soon (with the retry backoff), and why: an answer older
+    /// than the change that asked for it was refused (`StaleRead`), or a
+    /// name did not resolve (`NameResolution`).
+    recheck: Option<RepairKind>,
 }
 
 /// The sweep running now.
@@ -141,11 +149,25 @@ pub(crate) struct Supervisor {
     /// A recovery resync is wanted, not before this instant.
     resync_at: Option<Instant>,
     resync_backoff: Backoff,
+    /// The next resync repairs a reset of Consul's index: what it finds
+    /// different is counted as such.
+    resync_kind: Option<RepairKind>,
+    /// The anti-entropy pass.
+    verifier: Verifier,
+    /// The index a sweep's probe saw, per service to read: an answer below
+    /// it is stale.
+    min_wanted: HashMap<String, u64>,
     tx: mpsc::Sender<Event>,
 }
 
 impl Supervisor {
-    pub fn new(ctx: Arc<Ctx>, tx: mpsc::Sender<Event>, selector: Selector, selection: Selection) -> Supervisor {
+    pub fn new(
+        ctx: Arc<Ctx>,
+        tx: mpsc::Sender<Event>,
+        selector: Selector,
+        selection: Selection,
+        anti_entropy: Duration,
+    ) -> Supervisor {
         Supervisor {
             ctx,
             services: BTreeMap::new(),
@@ -176,6 +198,9 @@ impl Supervisor {
             retry_backoff: Backoff::default(),
             resync_at: None,
             resync_backoff: Backoff::default(),
+            resync_kind: None,
+            verifier: Verifier::new(anti_entropy),
+            min_wanted: HashMap::new(),
             tx,
         }
     }
@@ -195,6 +220,7 @@ impl Supervisor {
                     self.note_if_idle();
                     self.periodic_owed = true;
                     self.want_sweep();
+                    self.recheck_names();
                 }
                 () = self.ctx.health.recovered.notified() => {
                     info!("consul answers again, resyncing");
@@ -209,11 +235,17 @@ impl Supervisor {
     }
 
     fn next_timer(&self) -> Instant {
-        [self.unswept.map(|(_, due)| due), self.retry_at, self.resync_at, self.sweep_due]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or_else(|| Instant::now() + NEVER)
+        [
+            self.unswept.map(|(_, due)| due),
+            self.retry_at,
+            self.resync_at,
+            self.sweep_due,
+            Some(self.verifier.next_timer()),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or_else(|| Instant::now() + NEVER)
     }
 
     async fn on_timer(&mut self) {
@@ -223,10 +255,30 @@ impl Supervisor {
         }
         if self.retry_at.is_some_and(|at| at <= now) {
             self.retry_at = None;
-            let failing: Vec<String> =
-                self.services.iter().filter(|(_, t)| t.failing.is_some()).map(|(n, _)| n.clone()).collect();
+            let failing: Vec<String> = self
+                .services
+                .iter()
+                .filter(|(_, t)| t.failing.is_some() || t.recheck.is_some())
+                .map(|(n, _)| n.clone())
+                .collect();
             debug!(services = failing.len(), "reading failing services again");
             failing.into_iter().for_each(|name| self.want_read(name));
+        }
+        let due = self.verifier.due(now);
+        if due.list {
+            info!(pass = self.verifier.passes(), services = self.services.len(), "anti-entropy pass");
+            let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
+            self.tasks.spawn(
+                async move {
+                    let listed = ctx.client.catalog_services(0, ctx.wait).await;
+                    let listed = listed.map(|a| Indexed { value: ctx.watched(a.value), index: a.index });
+                    let _ = tx.send(Event::Listed(listed)).await;
+                }
+                .in_current_span(),
+            );
+        }
+        for name in due.read {
+            self.want_check(name);
         }
         if self.unswept.is_some_and(|(_, due)| due <= now) {
             self.unswept = None;
@@ -255,7 +307,11 @@ impl Supervisor {
             Ok(sync) => {
                 self.resync_backoff.reset();
                 self.resync_at = None;
-                self.apply_sync(sync);
+                let kind = self.resync_kind.take();
+                self.apply_sync(sync, kind);
+                // The detectors may block on an index Consul no longer has,
+                // or sleep out a backoff: both ask again from here.
+                self.ctx.rebase.send_modify(|generation| *generation += 1);
                 // This snapshot already is the resync a failure during it
                 // would ask for.
                 let _ = futures::FutureExt::now_or_never(self.ctx.health.recovered.notified());
@@ -267,8 +323,12 @@ impl Supervisor {
         }
     }
 
-    pub fn apply_sync(&mut self, sync: FullSync) {
+    /// Replace everything with a full sync. `judge`: count every service
+    /// it finds different from what was sent as a repair of that kind.
+    pub fn apply_sync(&mut self, sync: FullSync, judge: Option<RepairKind>) {
         let FullSync { catalog, nodes, checks, reads } = sync;
+        let before: HashMap<String, Service> =
+            self.services.values().filter_map(|t| t.sent.clone()).map(|s| (s.host.clone(), s)).collect();
         let mut old = std::mem::take(&mut self.services);
         self.members += 1;
         for (name, tags) in self.ctx.selected(&catalog.value, &self.selection) {
@@ -294,6 +354,18 @@ impl Supervisor {
         let mut all: Vec<Service> = self.services.values().filter_map(|t| t.sent.clone()).collect();
         all.sort();
         info!(services = all.len(), index = self.catalog_index, "full sync");
+        if let Some(kind) = judge {
+            let now: HashMap<&str, &Service> = all.iter().map(|s| (s.host.as_str(), s)).collect();
+            let mut hosts: BTreeSet<String> = before
+                .iter()
+                .filter(|(host, s)| crate::repair::differs(Some(s), now.get(host.as_str()).copied()))
+                .map(|(host, _)| host.clone())
+                .collect();
+            hosts.extend(all.iter().filter(|s| !before.contains_key(&s.host)).map(|s| s.host.clone()));
+            if !hosts.is_empty() {
+                self.ctx.sink.repaired(kind, &hosts.into_iter().collect::<Vec<_>>());
+            }
+        }
         self.update_degraded();
         self.ctx.sink.update(Update::Snapshot(all));
         self.report_failing();
@@ -320,10 +392,17 @@ impl Supervisor {
             }
             Event::Moved(moved) => self.on_moved(moved),
             Event::SweepDone { ok } => self.on_sweep_done(ok),
+            Event::Listed(listed) => self.on_listed(listed),
+            Event::Reset => self.on_reset(),
         }
     }
 
     fn on_catalog(&mut self, answer: Indexed<BTreeMap<String, Vec<String>>>) {
+        if answer.index < self.catalog_index && self.sync_floor == 0 {
+            info!(index = answer.index, was = self.catalog_index, "consul's catalog index went back");
+            self.on_reset();
+            return;
+        }
         if answer.index < self.sync_floor {
             // Either an answer that was in flight during the last sync, or
             // Consul's index went backwards (a restarted agent, a new
@@ -347,6 +426,16 @@ impl Supervisor {
         self.catalog_index = answer.index;
         self.note_seen(answer.index);
         self.update_degraded();
+    }
+
+    /// Consul's index went backwards with no sync in between: a restored
+    /// snapshot, or a cluster rebuilt while we were connected. Indexes held
+    /// per service no longer compare, so only a full read is right, and
+    /// what it changes is counted as a repair.
+    fn on_reset(&mut self) {
+        self.resync_kind = Some(RepairKind::IndexReset);
+        let soon = Instant::now() + INDEX_RESET_RESYNC;
+        self.resync_at = Some(self.resync_at.map_or(soon, |at| at.min(soon)));
     }
 
     /// Schedule the sweep for a catalog change: after [`SWEEP_QUIET`] with
@@ -377,6 +466,7 @@ impl Supervisor {
         let gone: Vec<String> = self.services.keys().filter(|n| !selected.contains_key(n)).cloned().collect();
         for name in gone {
             self.suspects.remove(&name);
+            self.verifier.forget(&name);
             if let Some(Tracked { sent: Some(service), .. }) = self.services.remove(&name) {
                 info!(service = %name, host = %service.host, "{why}");
                 self.ctx.sink.update(Update::Remove(service.host));
@@ -416,6 +506,9 @@ impl Supervisor {
         let nodes = self.services.iter().map(|(name, t)| (name.as_str(), &t.nodes));
         let dirty = dirty_services(&old, prints, nodes);
         debug!(state = state.name(), index = answer.index, services = dirty.len(), "checks changed");
+        if !dirty.is_empty() {
+            self.again_in_flight();
+        }
         for name in dirty {
             if self.services.contains_key(&name) {
                 self.want_read(name);
@@ -439,6 +532,7 @@ impl Supervisor {
                 .map(|(name, _)| name.clone())
                 .collect();
             debug!(index = answer.index, nodes = changed.len(), services = hit.len(), "nodes changed");
+            self.again_in_flight();
             hit.into_iter().for_each(|name| self.want_read(name));
         }
         self.note_seen(answer.index);
@@ -451,9 +545,13 @@ impl Supervisor {
         let settled = self.running.as_ref().filter(|r| r.periodic).map(|r| r.settled);
         for (name, index) in moved {
             let Some(tracked) = self.services.get(&name) else { continue };
-            if index != 0 && index <= tracked.index && tracked.failing.is_none() {
-                continue; // read at that index or later since the sweep began
+            if index != 0 && index == tracked.index && tracked.failing.is_none() {
+                continue; // read at that index since the sweep began
             }
+            // Any other index is worth a read, a lower one too: Consul's
+            // index for it went back (a restored snapshot).
+            let min = self.min_wanted.entry(name.clone()).or_default();
+            *min = (*min).max(index);
             if let Some(settled) = settled
                 && index > tracked.index
                 && index <= settled
@@ -486,6 +584,64 @@ impl Supervisor {
         if std::mem::take(&mut self.sweep_again) || self.periodic_owed {
             self.want_sweep();
         }
+    }
+
+    /// The anti-entropy pass's listing. At the index the catalog detector
+    /// last reported, it must name the same services: a difference there
+    /// is something no index move announced (what the token may read
+    /// changed), repaired now. A listing at another index is older or
+    /// newer than the detector's view; the detector settles it.
+    fn on_listed(&mut self, listed: Result<Indexed<BTreeMap<String, Vec<String>>>, RegistryError>) {
+        match listed {
+            Ok(answer) if answer.index == self.catalog_index && answer.value != self.catalog => {
+                let selected: BTreeMap<&String, &Vec<String>> =
+                    self.ctx.selected(&answer.value, &self.selection).collect();
+                let mut hosts: BTreeSet<String> = selected
+                    .iter()
+                    .filter(|(name, tags)| self.services.get(**name).is_none_or(|t| t.tags != ***tags))
+                    .map(|(name, _)| self.ctx.naming.host(name))
+                    .collect();
+                hosts.extend(
+                    self.services
+                        .iter()
+                        .filter(|(name, t)| t.sent.is_some() && !selected.contains_key(name))
+                        .map(|(name, _)| self.ctx.naming.host(name)),
+                );
+                if !hosts.is_empty() {
+                    self.ctx.sink.repaired(RepairKind::MissedChange, &hosts.into_iter().collect::<Vec<_>>());
+                }
+                self.catalog = answer.value;
+                self.set_members("service left the catalog (anti-entropy)");
+                self.update_degraded();
+            }
+            Ok(_) => {}
+            Err(e) if is_outage(&e) => self.ctx.health.fail(&e),
+            Err(e) => self.ctx.health.fail_part(&e),
+        }
+        self.verifier.begin(self.services.keys().cloned());
+    }
+
+    /// Read `name` to check it: a difference the detectors are not
+    /// delivering is a repair ([`judge`]).
+    fn want_check(&mut self, name: String) {
+        if self.services.contains_key(&name) {
+            self.verifier.ask(&name, self.settled);
+            self.want_read(name);
+        }
+    }
+
+    /// Services with an instance registered by host name are read again at
+    /// every periodic tick: their addresses move with no index.
+    fn recheck_names(&mut self) {
+        let named: Vec<String> = self.services.iter().filter(|(_, t)| t.named).map(|(n, _)| n.clone()).collect();
+        named.into_iter().for_each(|name| self.want_check(name));
+    }
+
+    /// A node or a node check changed: every read in flight may have left
+    /// Consul before it, and its service's nodes are not known until it is
+    /// applied, so each is read once more after it lands.
+    fn again_in_flight(&mut self) {
+        self.in_flight.values_mut().for_each(|again| *again = true);
     }
 
     /// Remember that a detector reported `index` now.
@@ -537,10 +693,11 @@ impl Supervisor {
             let Some(name) = self.queue.pop_front() else { break };
             self.queued.remove(&name);
             self.in_flight.insert(name.clone(), false);
+            let min_index = self.min_wanted.remove(&name).unwrap_or(0);
             let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
             self.tasks.spawn(
                 async move {
-                    let read = ctx.read(name).await;
+                    let read = ctx.read(name, min_index).await;
                     let _ = tx.send(Event::Read(read)).await;
                 }
                 .in_current_span(),
@@ -558,19 +715,40 @@ impl Supervisor {
             return false; // a later-started read was applied already
         }
         tracked.seq = read.seq;
+        let asked = self.verifier.answered(&read.name);
         match read.result {
+            Ok(answer) if answer.index < read.min_index => {
+                // Older than the index the sweep's probe saw: a stale read
+                // (a follower, a lagging server). Keep what was sent and
+                // read it again.
+                debug!(service = %read.name, index = answer.index, wanted = read.min_index, "stale answer; reading again");
+                tracked.recheck = Some(RepairKind::StaleRead);
+                self.min_wanted.insert(read.name.clone(), read.min_index);
+                false
+            }
             Ok(answer) => {
                 let suspect = self.suspects.remove(&read.name);
+                let (prev_index, was_failing) = (tracked.index, tracked.failing.is_some());
+                let hint = tracked.recheck.take();
                 tracked.index = answer.index;
                 tracked.nodes = answer.value.nodes;
                 tracked.failing = None;
+                tracked.named = read.named;
+                if read.unresolved > 0 {
+                    // Read again with the backoff until the name resolves.
+                    tracked.recheck = Some(RepairKind::NameResolution);
+                }
                 let service =
                     self.ctx.naming.service(&read.name, answer.value.endpoints, last_port(tracked.sent.as_ref()));
-                if tracked.sent.as_ref() != Some(&service) {
+                let differs = tracked.sent.as_ref() != Some(&service);
+                let found =
+                    Found { differs, was_failing, hint, asked, prev_index, index: answer.index, named: read.named };
+                let repair = if suspect && differs { Some(RepairKind::MissedChange) } else { judge(found) };
+                if differs {
                     tracked.sent = Some(service.clone());
                     if emit {
-                        if suspect {
-                            self.ctx.sink.repaired(RepairKind::MissedChange, std::slice::from_ref(&service.host));
+                        if let Some(kind) = repair {
+                            self.ctx.sink.repaired(kind, std::slice::from_ref(&service.host));
                         }
                         self.recent.retain(|n| n != &read.name);
                         self.recent.push_front(read.name.clone());
@@ -601,18 +779,19 @@ impl Supervisor {
 
     fn update_degraded(&mut self) {
         let failing = self.services.values().any(|t| t.failing.is_some());
+        let recheck = failing || self.services.values().any(|t| t.recheck.is_some());
         let was = self.ctx.health.is_degraded();
         self.ctx.health.set_degraded(failing);
-        if failing {
+        if recheck {
             if self.retry_at.is_none() {
                 self.retry_at = Some(Instant::now() + self.retry_backoff.next());
             }
         } else {
             self.retry_at = None;
             self.retry_backoff.reset();
-            if was {
-                self.ctx.health.ok();
-            }
+        }
+        if !failing && was {
+            self.ctx.health.ok();
         }
     }
 

@@ -14,7 +14,7 @@ use crate::watcher::Sink;
 #[derive(Default)]
 struct NullSink {
     upserts: std::sync::Mutex<Vec<String>>,
-    drift: std::sync::Mutex<Vec<String>>,
+    drift: std::sync::Mutex<Vec<(RepairKind, String)>>,
 }
 
 impl Sink for NullSink {
@@ -25,8 +25,8 @@ impl Sink for NullSink {
     }
     fn healthy(&self) {}
     fn error(&self, _: &RegistryError) {}
-    fn repaired(&self, _kind: RepairKind, hosts: &[String]) {
-        self.drift.lock().unwrap().extend_from_slice(hosts);
+    fn repaired(&self, kind: RepairKind, hosts: &[String]) {
+        self.drift.lock().unwrap().extend(hosts.iter().map(|h| (kind, h.clone())));
     }
 }
 
@@ -109,6 +109,7 @@ fn ctx_with(port: u16, cap: usize, sink: Arc<NullSink>) -> Arc<Ctx> {
         sink: sink.clone(),
         health: crate::health::Health::new(sink, "consul"),
         seq: AtomicU64::new(0),
+        rebase: tokio::sync::watch::Sender::new(0),
     })
 }
 
@@ -243,7 +244,7 @@ fn supervisor(ctx: Arc<Ctx>) -> Supervisor {
     std::mem::forget(rx);
     let mut selector = Selector::all();
     let selection = selector.current();
-    Supervisor::new(ctx, tx, selector, selection)
+    Supervisor::new(ctx, tx, selector, selection, crate::repair::DEFAULT_INTERVAL)
 }
 
 #[tokio::test]
@@ -364,7 +365,8 @@ async fn a_periodic_sweep_counts_only_missed_changes_as_drift() {
     let (tx, mut rx) = mpsc::channel(8);
     let mut selector = Selector::all();
     let selection = selector.current();
-    let mut sup = Supervisor::new(ctx_with(port, 8, sink.clone()), tx, selector, selection);
+    let mut sup =
+        Supervisor::new(ctx_with(port, 8, sink.clone()), tx, selector, selection, crate::repair::DEFAULT_INTERVAL);
     for name in ["missed", "racing", "failing"] {
         sup.services.insert(name.into(), Tracked { index: 10, ..Tracked::default() });
     }
@@ -381,5 +383,78 @@ async fn a_periodic_sweep_counts_only_missed_changes_as_drift() {
         sup.on_event(Event::Read(read));
     }
     assert_eq!(sink.upserts.lock().unwrap().len(), 3, "all three changed");
-    assert_eq!(*sink.drift.lock().unwrap(), ["missed.dc1.consul"], "only the change that should have been read");
+    let mut drift = sink.drift.lock().unwrap().clone();
+    drift.sort();
+    assert_eq!(
+        drift,
+        [(RepairKind::MissedChange, "missed.dc1.consul".into()), (RepairKind::Unreadable, "failing.dc1.consul".into())],
+        "the change that should have been read, and the service that could not be read; not the race"
+    );
+}
+
+fn answer(seq: u64, min_index: u64, index: u64, addr: &str) -> Read {
+    let ep = crate::model::Endpoint { address: addr.into(), port: 80, weight: 1, labels: Default::default() };
+    let value = super::super::decode::Instances { endpoints: vec![ep], nodes: BTreeSet::from(["n1".to_string()]) };
+    Read { name: "web".into(), seq, min_index, named: false, unresolved: 0, result: Ok(Indexed { value, index }) }
+}
+
+#[tokio::test]
+async fn a_catalog_index_that_goes_back_is_a_reset_resynced_and_judged() {
+    let mut sup = supervisor(ctx(1, 8));
+    let catalog = |index| Indexed { value: BTreeMap::from([("web".to_string(), vec![])]), index };
+    sup.on_catalog(catalog(100));
+    assert!(sup.resync_at.is_none() && sup.resync_kind.is_none());
+    // A snapshot restore: the detector's next answer is far below.
+    sup.on_catalog(catalog(40));
+    assert!(sup.resync_at.is_some_and(|at| at <= Instant::now() + INDEX_RESET_RESYNC), "a resync, soon");
+    assert_eq!(sup.resync_kind, Some(RepairKind::IndexReset), "what it corrects is counted as a reset");
+    assert_eq!(sup.catalog_index, 100, "the old answer is not applied");
+}
+
+#[tokio::test]
+async fn a_stale_answer_is_refused_read_again_and_counted() {
+    let sink = Arc::new(NullSink::default());
+    let mut sup = supervisor(ctx_with(1, 8, sink.clone()));
+    sup.services.insert("web".into(), Tracked::default());
+    assert!(sup.apply_read(answer(1, 0, 10, "10.0.0.1"), true), "the first read is sent");
+    // A sweep's probe saw index 20; the read answered 15, from a server
+    // behind: keep what was sent, and read again.
+    assert!(!sup.apply_read(answer(2, 20, 15, "10.0.0.9"), true), "a stale answer is not sent");
+    sup.update_degraded();
+    assert!(sup.retry_at.is_some(), "read again with the backoff");
+    assert_eq!(sup.min_wanted.get("web"), Some(&20), "the re-read must reach the probe's index");
+    assert_eq!(sup.services["web"].sent.as_ref().unwrap().endpoints[0].address, "10.0.0.1");
+    assert!(sup.apply_read(answer(3, 20, 21, "10.0.0.2"), true), "the fresh answer is sent");
+    assert_eq!(*sink.drift.lock().unwrap(), [(RepairKind::StaleRead, "web.dc1.consul".to_string())]);
+    sup.update_degraded();
+    assert!(sup.retry_at.is_none(), "nothing left to read again");
+}
+
+#[tokio::test]
+async fn the_anti_entropy_listing_repairs_what_no_index_announced() {
+    let sink = Arc::new(NullSink::default());
+    let mut sup = supervisor(ctx_with(1, 8, sink.clone()));
+    for i in 0..5 {
+        sup.in_flight.insert(format!("busy{i}"), false);
+    }
+    let catalog = |names: &[&str], index| Indexed {
+        value: names.iter().map(|n| (n.to_string(), vec![])).collect::<BTreeMap<_, _>>(),
+        index,
+    };
+    sup.on_catalog(catalog(&["web"], 50));
+    sup.services.get_mut("web").unwrap().sent = Some(sup.ctx.naming.service("web", vec![], None));
+    // Newer than the detector's view: the detector will bring it.
+    sup.on_event(Event::Listed(Ok(catalog(&["web", "api"], 51))));
+    assert!(sink.drift.lock().unwrap().is_empty() && !sup.services.contains_key("api"));
+    // At the detector's own index, the token now sees "api" and no longer
+    // "web" (an ACL change): both repaired, and counted.
+    sup.on_event(Event::Listed(Ok(catalog(&["api"], 50))));
+    let mut drift = sink.drift.lock().unwrap().clone();
+    drift.sort();
+    assert_eq!(
+        drift,
+        [(RepairKind::MissedChange, "api.dc1.consul".into()), (RepairKind::MissedChange, "web.dc1.consul".into())]
+    );
+    assert!(sup.services.contains_key("api") && !sup.services.contains_key("web"));
+    assert!(sup.queue.contains(&"api".to_string()), "api is read");
 }
