@@ -11,7 +11,7 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use meshbridge_e2e::consul::Consul;
 use meshbridge_e2e::recorder::Recorder;
@@ -89,8 +89,10 @@ async fn a_host_name_that_moves_or_resolves_late_is_followed_and_counted() {
     rec.until("ext at its first address", |r| r.endpoints(EXT) == Some(vec!["127.0.0.10:80".into()])).await;
 
     let mark = rec.mark();
+    let t = Instant::now();
     set_hosts(&hosts, "127.0.0.11 ext.meshbridge.test\n");
     rec.until("ext at its new address", |r| r.endpoints(EXT) == Some(vec!["127.0.0.11:80".into()])).await;
+    println!("FIGURE consul repair name_moved_ms={:.0} refresh_s=2", t.elapsed().as_secs_f64() * 1e3);
     let repairs = rec.repairs_since(mark);
     assert!(repairs.contains(&(RepairKind::NameResolution, &EXT.to_string())), "{repairs:?}");
 
@@ -99,9 +101,11 @@ async fn a_host_name_that_moves_or_resolves_late_is_followed_and_counted() {
     let mark = rec.mark();
     consul.register(named_instance("late-1", "late", "late.meshbridge.test")).await.unwrap();
     rec.until("late known, with no endpoint yet", |r| r.endpoints("late.dc1.consul") == Some(vec![])).await;
+    let t = Instant::now();
     set_hosts(&hosts, "127.0.0.11 ext.meshbridge.test\n127.0.0.12 late.meshbridge.test\n");
     rec.until("late, once its name resolves", |r| r.endpoints("late.dc1.consul") == Some(vec!["127.0.0.12:80".into()]))
         .await;
+    println!("FIGURE consul repair name_resolved_late_ms={:.0}", t.elapsed().as_secs_f64() * 1e3);
     let late = "late.dc1.consul".to_string();
     assert!(rec.repairs_since(mark).contains(&(RepairKind::NameResolution, &late)), "{:?}", rec.repairs_since(mark));
 }

@@ -5,7 +5,7 @@
 //! The periodic sweep is an hour away in every test, so nothing but the
 //! layer under test can repair them.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use meshbridge_e2e::consul::{CheckStatus, Consul};
 use meshbridge_e2e::recorder::{Event, Recorder};
@@ -65,11 +65,13 @@ async fn a_restored_snapshot_is_repaired_and_counted() {
     let mut rec = watch(spec(consul.http_port, HOUR));
     rec.until("both instances", |r| r.endpoints(WEB).is_some_and(|e| e.len() == 2)).await;
     let mark = rec.mark();
+    let t = Instant::now();
     consul.snapshot_restore(snapshot).await.expect("snapshot restore");
     rec.until("web-1 alone, as the restored catalog has it", |r| {
         r.endpoints(WEB) == Some(vec!["127.0.0.21:8080".into()]) && r.endpoints("churn.dc1.consul").is_none()
     })
     .await;
+    println!("FIGURE consul repair snapshot_restore_ms={:.0}", t.elapsed().as_secs_f64() * 1e3);
     let repairs = rec.repairs_since(mark);
     assert!(repairs.contains(&(RepairKind::IndexReset, &WEB.to_string())), "counted as an index reset: {repairs:?}");
     // And the detectors watch the restored catalog: a change after the
@@ -103,11 +105,13 @@ async fn changes_after_a_restart_that_reset_the_index_are_seen_at_once() {
         r.since(mark).any(|e| matches!(e, Event::Healthy)) && r.snapshot_since(mark).is_some()
     })
     .await;
+    let t = Instant::now();
     consul.register(agent_instance("late-1", "late", "127.0.0.5", 7070)).await.unwrap();
     rec.until("a service registered after the restart", |r| {
         r.endpoints("late.dc1.consul") == Some(vec!["127.0.0.5:7070".into()])
     })
     .await;
+    println!("FIGURE consul repair registration_after_index_reset_ms={:.0}", t.elapsed().as_secs_f64() * 1e3);
     // A check flip of an existing service, too (hole H3b, third variant):
     // the restarted agent restores web-1's TTL check as critical.
     consul.set_ttl_check("web-1", CheckStatus::Pass).await.unwrap();
@@ -148,6 +152,7 @@ async fn an_acl_policy_change_is_repaired_by_the_anti_entropy_pass() {
     assert_eq!(rec.endpoints("api.dc1.consul"), None, "api is not readable yet");
 
     let mark = rec.mark();
+    let t = Instant::now();
     let rules = format!("service \"web\" {{ policy = \"read\" }}\nservice \"api\" {{ policy = \"read\" }}\n{NODES}");
     consul
         .put_json(&format!("/v1/acl/policy/{policy_id}"), json!({"Name": "reader", "Rules": rules}))
@@ -157,6 +162,7 @@ async fn an_acl_policy_change_is_repaired_by_the_anti_entropy_pass() {
         r.endpoints("api.dc1.consul") == Some(vec!["127.0.0.7:8081".into()])
     })
     .await;
+    println!("FIGURE consul repair acl_change_ms={:.0} anti_entropy_interval_s=3", t.elapsed().as_secs_f64() * 1e3);
     let repairs = rec.repairs_since(mark);
     let api = "api.dc1.consul".to_string();
     assert!(repairs.contains(&(RepairKind::MissedChange, &api)), "counted as a missed change: {repairs:?}");
