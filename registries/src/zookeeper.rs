@@ -33,11 +33,14 @@
 //! hosts if its node is gone. A provider or instance node gone just leaves
 //! the service with fewer endpoints, down to an authoritative empty service
 //! that keeps its last port. A full sync runs again after a reconnect, after
-//! a session expiry (a new session), after any failure, and every tenth
-//! resync period. The other resync periods (30 s by default; Higress has
-//! none for ZooKeeper) only verify what was sent: list again, check each
-//! Dubbo interface's `providers` node against the `pzxid` it was read with,
-//! re-read the rest, and send only what differs ([`verify`]).
+//! a session expiry (a new session), after any failure, and every
+//! anti-entropy interval ([`crate::repair::interval`], 5 min by default),
+//! where what differs from what was sent and no watch event named is
+//! counted as a missed change ([`missed`]). The resync periods between
+//! (30 s by default; Higress has none for ZooKeeper) only verify what was
+//! sent: list again, check each Dubbo interface's `providers` node against
+//! the `pzxid` it was read with, re-read the rest, and send only what
+//! differs ([`verify`]).
 //!
 //! # Memory
 //!
@@ -48,13 +51,21 @@
 //!
 //! # Outages
 //!
-//! Errors only ever reach [`Sink::error`]: a failed read emits nothing, so
-//! the cache keeps the last known endpoints, and asks for a full sync, retried
-//! with backoff until ZooKeeper answers. A malformed provider or instance
-//! node is skipped with a warning (once per node) and counted in
-//! [`ZookeeperStats`]; the rest of its service is still served.
+//! Losing the session or the connection reaches [`Sink::error`]: nothing is
+//! emitted, so the cache keeps the last known endpoints, and a full sync is
+//! retried with backoff until ZooKeeper answers. A service ZooKeeper answers
+//! for but that cannot be read (a `providers` node with a digest ACL and no
+//! world READ answers `NoAuth`) fails alone (`failing.rs`): it keeps its
+//! last state, or its absence, is reported as degraded
+//! ([`Sink::degraded`]) and read again with backoff, while every other
+//! service goes on updating and a full sync still succeeds. Once it reads,
+//! what differs from what was sent is counted as an `unreadable` repair. A
+//! malformed provider or instance node is skipped with a warning (once per
+//! node) and counted in [`ZookeeperStats`]; the rest of its service is still
+//! served.
 
 pub(crate) mod dubbo;
+mod failing;
 mod read;
 pub(crate) mod spring;
 mod tree;
@@ -73,7 +84,8 @@ use tokio::sync::mpsc;
 use tracing::{Instrument, debug, info, info_span, warn};
 use zookeeper_client as zk;
 
-use self::read::{Read, Reader};
+use self::failing::Failing;
+use self::read::{Read, Reader, is_outage};
 use self::tree::{Naming, Sent, SentHosts, ServiceKey, Touch, Tree};
 use self::watches::Watches;
 use crate::health::Health;
@@ -84,11 +96,9 @@ use crate::select::{Selection, Selector};
 use crate::spec::RegistrySpec;
 use crate::watcher::{RegistryError, Sink, Update, Watcher};
 
+/// How often what was sent is verified (see [`verify`]); a full sync runs
+/// every anti-entropy interval instead.
 const DEFAULT_RESYNC: Duration = Duration::from_secs(30);
-/// Every this many resync periods, a periodic resync is a full one, sent as
-/// a snapshot (which also refreshes the registry's last sync time); the
-/// others only verify what was sent (see [`verify`]).
-const SNAPSHOT_EVERY: u32 = 10;
 const MIN_RESYNC: Duration = Duration::from_millis(100);
 /// Higress's ZooKeeper timeout (`DEFAULT_REG_TIMEOUT`). The server may
 /// negotiate it down (to at most 20 ticks).
@@ -157,7 +167,8 @@ impl ZookeeperWatcher {
         self
     }
 
-    /// Run a full sync this often (at least 100 ms); tests use a short one.
+    /// Verify what was sent this often (at least 100 ms); tests use a short
+    /// one. The full sync's period is the spec's anti-entropy interval.
     pub fn with_resync(mut self, every: Duration) -> ZookeeperWatcher {
         self.resync = every.max(MIN_RESYNC);
         self
@@ -201,6 +212,8 @@ struct Ctx {
     registry: String,
     tree: Tree,
     resync: Duration,
+    /// How often a full sync reads everything ([`crate::repair::interval`]).
+    anti_entropy: Duration,
     health: Health,
 }
 
@@ -208,7 +221,8 @@ impl ZookeeperWatcher {
     async fn run_inner(mut self, sink: Arc<dyn Sink>) {
         let roots: Vec<&str> = self.tree.roots().iter().map(|r| r.path.as_str()).collect();
         let selective = !self.selector.is_all();
-        info!(endpoint = %self.connect, ?roots, resync = ?self.resync, selective, "starting");
+        let anti_entropy = crate::repair::interval(&self.spec);
+        info!(endpoint = %self.connect, ?roots, resync = ?self.resync, ?anti_entropy, selective, "starting");
         let mut view = View {
             selection: self.selector.current(),
             sink: sink.clone(),
@@ -216,11 +230,13 @@ impl ZookeeperWatcher {
             stats: self.stats,
             sent: BTreeMap::new(),
             malformed_seen: HashSet::new(),
+            failing: Failing::default(),
         };
         let ctx = Ctx {
             registry: self.spec.name,
             tree: self.tree,
             resync: self.resync,
+            anti_entropy,
             health: Health::new(sink, "zookeeper"),
         };
         let mut backoff = Backoff::default();
@@ -280,7 +296,8 @@ async fn run_session(
     // The pending sync is a periodic one (a tick's), whose differences from
     // what was sent are judged for drift; others follow a gap or a failure.
     let mut periodic = false;
-    let mut ticks = 0u32;
+    // When the next periodic full sync (the anti-entropy pass) is due.
+    let mut full_at = tokio::time::Instant::now() + ctx.anti_entropy;
     let mut retry_at = tokio::time::Instant::now();
     let mut dirty = Dirty::default();
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + ctx.resync, ctx.resync);
@@ -294,16 +311,18 @@ async fn run_session(
                 verify(&reader, view, &mut watches).await.map(Err)
             };
             match result {
-                Ok(done) => {
-                    ctx.health.ok();
+                Ok(mut done) => {
                     // Events from before the sync began are covered by it;
                     // later ones (still in `rx`) are not.
                     let mut noticed = std::mem::take(&mut dirty);
-                    let suspects = match &done {
+                    let mut suspects = match &done {
                         Ok(sync) if periodic => view.differing(sync),
                         Ok(_) => Vec::new(),
                         Err(deferred) => deferred.iter().map(|(key, _)| key.clone()).collect(),
                     };
+                    // A service read again after failing was no missed
+                    // change: it is counted as unreadable where it is sent.
+                    suspects.retain(|key| !view.failing.contains(key));
                     if !suspects.is_empty() {
                         tokio::time::sleep(FORWARD_GRACE).await;
                         while let Ok((root, event)) = rx.try_recv() {
@@ -317,8 +336,18 @@ async fn run_session(
                             view.sink.repaired(RepairKind::MissedChange, &hosts);
                         }
                     }
+                    if let Ok(sync) = &mut done {
+                        view.failing.replace(std::mem::take(&mut sync.failed));
+                    }
+                    // Healthy before the updates, as a call that answered,
+                    // unless a service fails.
+                    view.failing.settle(&ctx.health);
+                    ctx.health.ok();
                     match done {
-                        Ok(sync) => view.snapshot(sync),
+                        Ok(sync) => {
+                            view.finish(sync);
+                            full_at = tokio::time::Instant::now() + ctx.anti_entropy;
+                        }
                         Err(deferred) => {
                             for (key, read) in deferred {
                                 if matches!(read, Read::Gone) {
@@ -328,6 +357,7 @@ async fn run_session(
                             }
                         }
                     }
+                    view.failing.report(&ctx.health, true);
                     view.sink.synced(started.elapsed());
                     (need_sync, full, synced, periodic) = (false, false, true, false);
                     backoff.reset();
@@ -350,7 +380,8 @@ async fn run_session(
             }
         } else if !need_sync && !dirty.is_empty() {
             match refresh(&reader, view, &mut watches, std::mem::take(&mut dirty)).await {
-                Ok(()) => {
+                Ok(sent) => {
+                    view.failing.report(&ctx.health, sent);
                     ctx.health.ok();
                 }
                 Err(e) => {
@@ -402,26 +433,47 @@ async fn run_session(
                     (need_sync, full, periodic) = (true, true, false);
                 }
             }
-            _ = ticker.tick(), if !need_sync => {
-                ticks = ticks.wrapping_add(1);
-                (need_sync, full, periodic) = (true, ticks.is_multiple_of(SNAPSHOT_EVERY), true);
+            () = tokio::time::sleep_until(full_at), if !need_sync => {
+                (need_sync, full, periodic) = (true, true, true);
                 retry_at = tokio::time::Instant::now();
+            }
+            _ = ticker.tick(), if !need_sync => {
+                (need_sync, full, periodic) = (true, false, true);
+                retry_at = tokio::time::Instant::now();
+            }
+            // Services that could not be read are read again; the others
+            // are not held up meanwhile.
+            () = sleep_until_some(view.failing.retry_at()), if !need_sync => {
+                dirty.services.extend(view.failing.due());
             }
             () = tokio::time::sleep_until(retry_at), if need_sync => {}
         }
     }
 }
 
+/// Sleep until `at`; never, with none.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// List every root and read every selected service, gathered for one
 /// [`Update::Snapshot`]. Each service is rendered as its read arrives: at
-/// most `CONCURRENCY` raw reads are held, never the whole catalog.
+/// most `CONCURRENCY` raw reads are held, never the whole catalog. Only
+/// losing the session or the connection fails it: a service that cannot be
+/// read keeps what was sent of it (see [`View::keep`]).
 async fn full_sync(reader: &Reader<'_>, view: &View, watches: &mut Watches) -> Result<Sync, RegistryError> {
     let keys = list_and_watch(reader, view, watches).await?;
     let mut sync = Sync::default();
     let mut reads = std::pin::pin!(reader.reads(keys.into_iter().map(|key| (key, None)).collect()));
     while let Some((key, read)) = reads.next().await {
-        if let Some(read) = read? {
-            view.add(&mut sync, reader.tree, key, read);
+        match read {
+            Ok(Some(read)) => view.add(&mut sync, reader.tree, key, read),
+            Ok(None) => {}
+            Err(e) if is_outage(&e) => return Err(e),
+            Err(e) => view.keep(&mut sync, key, e),
         }
     }
     Ok(sync)
@@ -520,14 +572,15 @@ fn missed(suspects: Vec<ServiceKey>, noticed: &Dirty) -> Vec<ServiceKey> {
     suspects.into_iter().filter(|key| !noticed.names(key)).collect()
 }
 
-/// Re-read what changed and send what differs. Answers are applied even if
-/// another read failed: each is authoritative for its own service.
+/// Re-read what changed and send what differs; says whether it sent
+/// anything. Answers are applied even if another read failed: each is
+/// authoritative for its own service.
 async fn refresh(
     reader: &Reader<'_>,
     view: &mut View,
     watches: &mut Watches,
     dirty: Dirty,
-) -> Result<(), RegistryError> {
+) -> Result<bool, RegistryError> {
     let tree = reader.tree;
     let mut keys = dirty.services;
     for root in dirty.roots {
@@ -542,15 +595,16 @@ async fn refresh(
 
 /// Read (or check) `keys` and send what differs, as each answer arrives;
 /// with `defer`, answers that differ from what was sent are put there
-/// instead, unsent.
+/// instead, unsent. A service that cannot be read is noted as failing; only
+/// an outage fails the whole. Says whether it sent anything.
 async fn read_into(
     reader: &Reader<'_>,
     view: &mut View,
     watches: &mut Watches,
     keys: Vec<(ServiceKey, Option<i64>)>,
     mut defer: Option<&mut Vec<(ServiceKey, Read)>>,
-) -> Result<(), RegistryError> {
-    let mut first_error = None;
+) -> Result<bool, RegistryError> {
+    let (mut first_error, mut sent) = (None, false);
     let mut reads = std::pin::pin!(reader.reads(keys));
     while let Some((key, read)) = reads.next().await {
         match read {
@@ -565,14 +619,15 @@ async fn read_into(
                 if matches!(read, Read::Gone) {
                     watches.forget(&key);
                 }
-                view.apply(reader.tree, key, read)
+                sent |= view.apply(reader.tree, key, read);
             }
-            Err(e) => {
+            Err(e) if is_outage(&e) => {
                 first_error.get_or_insert(e);
             }
+            Err(e) => view.failing.fail(key, e),
         }
     }
-    first_error.map_or(Ok(()), Err)
+    first_error.map_or(Ok(sent), Err)
 }
 
 /// Whether `key` may hold a selected host, known before reading it: a
@@ -600,6 +655,8 @@ struct View {
     /// Malformed nodes already warned about (a resync keeps only those
     /// still there), so a bad node warns once, not every resync.
     malformed_seen: HashSet<String>,
+    /// Services that cannot be read, and when to try them again.
+    failing: Failing,
 }
 
 /// What is kept of one ZooKeeper service once sent.
@@ -615,6 +672,13 @@ struct Sync {
     sent: BTreeMap<ServiceKey, Kept>,
     all: Vec<Service>,
     seen: HashSet<String>,
+    /// Services that could not be read.
+    failed: Vec<(ServiceKey, RegistryError)>,
+    /// Some of `failed` had been sent: they are in `sent` as they were,
+    /// but not in `all`.
+    kept_failing: bool,
+    /// Services that were failing and have been read.
+    recovered: Vec<ServiceKey>,
 }
 
 impl View {
@@ -622,11 +686,24 @@ impl View {
     fn add(&self, sync: &mut Sync, tree: &Tree, key: ServiceKey, read: Read) {
         // Listed, then deleted before its read: not there.
         let Read::Present { members, malformed, dropped_labels, version } = read else { return };
+        if self.failing.contains(&key) {
+            sync.recovered.push(key.clone());
+        }
         self.count(malformed, dropped_labels, &mut sync.seen);
         let hosts = self.render(tree, &key, members, self.sent.get(&key).map(|k| &k.hosts));
         let kept = hosts.iter().map(|(host, service)| (host.clone(), Sent::of(service))).collect();
         sync.all.extend(hosts.into_values());
         sync.sent.insert(key, Kept { hosts: kept, version });
+    }
+
+    /// One service a full sync could not read keeps what was sent of it,
+    /// if anything (read again in full: no version).
+    fn keep(&self, sync: &mut Sync, key: ServiceKey, e: RegistryError) {
+        if let Some(kept) = self.sent.get(&key) {
+            sync.kept_failing |= kept.hosts.hosts().next().is_some();
+            sync.sent.insert(key.clone(), Kept { hosts: kept.hosts.clone(), version: None });
+        }
+        sync.failed.push((key, e));
     }
 
     /// Whether `read` would change what was sent for `key`.
@@ -668,9 +745,52 @@ impl View {
         hosts.into_iter().collect()
     }
 
+    /// Send a gathered full sync (its failures already taken into
+    /// `failing`): the services read again after failing that differ from
+    /// what was sent are counted as unreadable repairs first. As one
+    /// snapshot, unless a service that had been sent cannot be read now
+    /// (see [`View::resend`]).
+    fn finish(&mut self, mut sync: Sync) {
+        let recovered = std::mem::take(&mut sync.recovered);
+        if !recovered.is_empty() {
+            let changed: HashSet<ServiceKey> = self.differing(&sync).into_iter().collect();
+            let mut hosts = BTreeSet::new();
+            for key in recovered.iter().filter(|key| changed.contains(*key)) {
+                hosts.extend(self.sent.get(key).into_iter().flat_map(|k| k.hosts.hosts().cloned()));
+                hosts.extend(sync.sent.get(key).into_iter().flat_map(|k| k.hosts.hosts().cloned()));
+            }
+            if !hosts.is_empty() {
+                self.sink.repaired(RepairKind::Unreadable, &hosts.into_iter().collect::<Vec<_>>());
+            }
+        }
+        if sync.kept_failing { self.resend(sync) } else { self.snapshot(sync) }
+    }
+
+    /// Send a gathered full sync while a service that was sent cannot be
+    /// read: a snapshot would drop it, and the watcher keeps no copy of it
+    /// (only a digest), so every service read is sent alone instead (the
+    /// cache skips the unchanged ones, as it does in a snapshot), and only
+    /// the hosts that went are removed.
+    fn resend(&mut self, sync: Sync) {
+        let Sync { sent, all, seen, .. } = sync;
+        self.malformed_seen = seen;
+        for (key, kept) in &self.sent {
+            for host in kept.hosts.hosts() {
+                if sent.get(key).is_none_or(|k| k.hosts.get(host).is_none()) {
+                    self.sink.update(Update::Remove(host.clone()));
+                }
+            }
+        }
+        self.sent = sent;
+        info!(services = all.len(), "full sync, sent service by service: a service sent before cannot be read");
+        for service in all {
+            self.sink.update(Update::Upsert(service));
+        }
+    }
+
     /// Send a gathered full sync as one snapshot.
     fn snapshot(&mut self, sync: Sync) {
-        let Sync { sent, mut all, seen } = sync;
+        let Sync { sent, mut all, seen, .. } = sync;
         self.malformed_seen = seen;
         self.sent = sent;
         all.sort();
@@ -678,13 +798,20 @@ impl View {
         self.sink.update(Update::Snapshot(all));
     }
 
-    fn apply(&mut self, tree: &Tree, key: ServiceKey, read: Read) {
+    /// Send what `read` changes of `key`; says whether it sent anything.
+    /// A service that was failing and now reads differently from what was
+    /// sent is counted as an unreadable repair first.
+    fn apply(&mut self, tree: &Tree, key: ServiceKey, read: Read) -> bool {
+        let was_failing = self.failing.read(&key);
         match read {
             Read::Gone => {
+                let mut sent = false;
                 for host in self.sent.remove(&key).into_iter().flat_map(|kept| kept.hosts.into_hosts()) {
                     info!(service = %key.name, %host, "service node gone");
                     self.sink.update(Update::Remove(host));
+                    sent = true;
                 }
+                sent
             }
             Read::Present { members, malformed, dropped_labels, version } => {
                 let mut seen = std::mem::take(&mut self.malformed_seen);
@@ -693,15 +820,25 @@ impl View {
                 let old = self.sent.get(&key).map(|k| &k.hosts);
                 let new = self.render(tree, &key, members, old);
                 let mut kept = Vec::with_capacity(new.len());
+                let mut changed = Vec::new();
                 for (host, service) in new {
                     let sent = Sent::of(&service);
                     if old.and_then(|o| o.get(&host)) != Some(&sent) {
-                        debug!(%host, endpoints = service.endpoints.len(), "service changed");
-                        self.sink.update(Update::Upsert(service));
+                        changed.push(service);
                     }
                     kept.push((host, sent));
                 }
+                if was_failing && !changed.is_empty() {
+                    let hosts: Vec<String> = changed.iter().map(|s| s.host.clone()).collect();
+                    self.sink.repaired(RepairKind::Unreadable, &hosts);
+                }
                 self.sent.insert(key, Kept { hosts: kept.into_iter().collect(), version });
+                let sent = !changed.is_empty();
+                for service in changed {
+                    debug!(host = %service.host, endpoints = service.endpoints.len(), "service changed");
+                    self.sink.update(Update::Upsert(service));
+                }
+                sent
             }
         }
     }
@@ -766,6 +903,121 @@ mod tests {
         assert_eq!(missed(suspects.clone(), &noticed), [key(0, "com.foo.Lost")]);
         assert_eq!(missed(suspects.clone(), &Dirty::default()), suspects, "no event at all: every one");
         assert!(missed(Vec::new(), &noticed).is_empty());
+    }
+
+    /// The sink calls a [`View`] makes, in order.
+    #[derive(Default)]
+    struct Calls(std::sync::Mutex<Vec<String>>);
+
+    impl Sink for Calls {
+        fn update(&self, update: Update) {
+            let line = match update {
+                Update::Snapshot(all) => {
+                    format!("snapshot {:?}", all.iter().map(|s| s.endpoints.len()).collect::<Vec<_>>())
+                }
+                Update::Upsert(s) => format!("upsert {} {}", s.host, s.endpoints.len()),
+                Update::Remove(host) => format!("remove {host}"),
+            };
+            self.0.lock().unwrap().push(line);
+        }
+        fn healthy(&self) {}
+        fn error(&self, _: &RegistryError) {}
+        fn repaired(&self, kind: RepairKind, hosts: &[String]) {
+            self.0.lock().unwrap().push(format!("repaired {kind} {}", hosts.join(",")));
+        }
+    }
+
+    impl Calls {
+        fn take(&self) -> Vec<String> {
+            std::mem::take(&mut *self.0.lock().unwrap())
+        }
+    }
+
+    fn providers(interface: &str, ips: &[&str]) -> Read {
+        let host = format!("providers:{interface}:0.0.0:.zookeeper");
+        let members = ips
+            .iter()
+            .map(|ip| tree::Member {
+                host: host.clone(),
+                endpoint: crate::model::Endpoint {
+                    address: ip.to_string(),
+                    port: 20880,
+                    weight: 1,
+                    labels: Default::default(),
+                },
+                protocol: None,
+                tls: false,
+            })
+            .collect();
+        Read::Present { members, malformed: Vec::new(), dropped_labels: 0, version: Some(1) }
+    }
+
+    fn no_auth(interface: &str) -> RegistryError {
+        let what = format!("list /dubbo/{interface}/providers");
+        RegistryError::BadResponse { registry: "zk".into(), what, reason: "NoAuth".into() }
+    }
+
+    /// Issue 33: a service that cannot be read is left as it was (absent,
+    /// or as sent), the others are sent, and once it reads what it holds
+    /// is counted as an unreadable repair before it is sent.
+    #[test]
+    fn an_unreadable_service_keeps_its_state_and_is_repaired_once_read() {
+        let calls = Arc::new(Calls::default());
+        let spec = spec("127.0.0.1");
+        let tree = Tree::new("zk", &[]).unwrap();
+        let mut view = View {
+            selection: Selector::all().current(),
+            sink: calls.clone(),
+            naming: Naming::new(&spec),
+            stats: Arc::default(),
+            sent: BTreeMap::new(),
+            malformed_seen: HashSet::new(),
+            failing: Failing::default(),
+        };
+        let (open, secure) =
+            (ServiceKey { root: 0, name: "a.Open".into() }, ServiceKey { root: 0, name: "a.Secure".into() });
+        let secure_host = "providers:a.Secure:0.0.0:.zookeeper";
+
+        // At start: a snapshot of the rest; the failing one is absent.
+        let mut sync = Sync::default();
+        view.add(&mut sync, &tree, open.clone(), providers("a.Open", &["10.0.0.1"]));
+        view.keep(&mut sync, secure.clone(), no_auth("a.Secure"));
+        view.failing.replace(std::mem::take(&mut sync.failed));
+        view.finish(sync);
+        assert_eq!(calls.take(), ["snapshot [1]"]);
+        assert!(view.failing.contains(&secure));
+
+        // Read at last: counted, then sent.
+        assert!(view.apply(&tree, secure.clone(), providers("a.Secure", &["10.0.0.9"])));
+        assert_eq!(calls.take(), [format!("repaired unreadable {secure_host}"), format!("upsert {secure_host} 1")]);
+        assert!(view.failing.is_empty());
+
+        // Unreadable again at a full sync: what was sent of it stays (no
+        // snapshot, which would drop it), the rest is sent service by service.
+        let mut sync = Sync::default();
+        view.add(&mut sync, &tree, open.clone(), providers("a.Open", &["10.0.0.1", "10.0.0.2"]));
+        view.keep(&mut sync, secure.clone(), no_auth("a.Secure"));
+        assert_eq!(view.differing(&sync), std::slice::from_ref(&open), "what is kept of it does not differ");
+        view.failing.replace(std::mem::take(&mut sync.failed));
+        view.finish(sync);
+        assert_eq!(calls.take(), ["upsert providers:a.Open:0.0.0:.zookeeper 2"]);
+        assert!(view.sent.contains_key(&secure), "its digest is kept");
+
+        // Readable and unchanged: nothing to repair; changed: repaired.
+        let mut sync = Sync::default();
+        view.add(&mut sync, &tree, open.clone(), providers("a.Open", &["10.0.0.1", "10.0.0.2"]));
+        view.add(&mut sync, &tree, secure.clone(), providers("a.Secure", &["10.0.0.9"]));
+        view.failing.replace(std::mem::take(&mut sync.failed));
+        view.finish(sync);
+        assert_eq!(calls.take(), ["snapshot [2, 1]"]);
+        view.failing.fail(secure.clone(), no_auth("a.Secure"));
+        let mut sync = Sync::default();
+        view.add(&mut sync, &tree, secure.clone(), providers("a.Secure", &["10.0.0.8"]));
+        view.add(&mut sync, &tree, open.clone(), providers("a.Open", &["10.0.0.1", "10.0.0.2"]));
+        view.failing.replace(std::mem::take(&mut sync.failed));
+        view.finish(sync);
+        assert_eq!(calls.take(), [format!("repaired unreadable {secure_host}"), "snapshot [2, 1]".to_string()]);
+        assert!(view.failing.is_empty());
     }
 
     #[test]
