@@ -261,8 +261,17 @@ impl ZkClient {
     /// `setAcl path world:anyone:r` on top of the ACL `path` has (needs this
     /// session to hold ADMIN on it).
     pub async fn grant_world_read(&self, path: &str) -> anyhow::Result<()> {
+        self.edit_acl(path, |acls| acls.push(zk::Acl::new(zk::Permission::READ, zk::AuthId::anyone()))).await
+    }
+
+    /// Take every `world:anyone` entry out of the ACL of `path`.
+    pub async fn revoke_world_access(&self, path: &str) -> anyhow::Result<()> {
+        self.edit_acl(path, |acls| acls.retain(|acl| acl.scheme() != "world")).await
+    }
+
+    async fn edit_acl(&self, path: &str, edit: impl FnOnce(&mut Vec<zk::Acl>)) -> anyhow::Result<()> {
         let (mut acls, stat) = timed(path, self.client.get_acl(path)).await?;
-        acls.push(zk::Acl::new(zk::Permission::READ, zk::AuthId::anyone()));
+        edit(&mut acls);
         timed(path, self.client.set_acl(path, &acls, Some(stat.aversion))).await.map(|_| ())
     }
 }

@@ -519,6 +519,50 @@ async fn a_service_unreadable_mid_run_is_retried_and_repaired_when_opened() {
     assert!(!rec.since(0).any(|e| matches!(e, Event::Error(_))), "never an outage:\n{}", rec.dump());
 }
 
+/// Issue 33: a service that was served becomes unreadable (the app takes
+/// world READ off its `providers` node, which no watch event reports). The
+/// full reads at the anti-entropy interval find it unreadable and keep what
+/// was sent of it: no snapshot (which would drop it), no removal, while the
+/// other services go on updating. Opened again with the same providers,
+/// nothing differs, so nothing is counted.
+#[tokio::test]
+async fn a_served_service_that_becomes_unreadable_keeps_its_endpoints() {
+    let (zk, c) = zookeeper().await;
+    let app = zk.client_with_auth("digest", APP_AUTH).await.unwrap();
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.2:20880/com.example.Greeter").await.unwrap();
+    app.add_secured_dubbo_interface(SECURE, "dubbo://127.0.0.9:20890/com.acme.Secure").await.unwrap();
+    app.grant_world_read(SECURE_PROVIDERS).await.unwrap();
+    let mut spec = spec(zk.port);
+    spec.anti_entropy_interval = Some(Duration::from_secs(1));
+    let (mut rec, _) = watch(spec, WATCH_ONLY);
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+    assert_eq!(rec.endpoints(SECURE_HOST), Some(vec!["127.0.0.9:20890".into()]));
+
+    let mark = rec.mark();
+    app.revoke_world_access(SECURE_PROVIDERS).await.unwrap();
+    rec.until("the unreadable service reported", |r| {
+        r.errors_since(mark).iter().any(|e| e.to_string().contains(SECURE_PROVIDERS))
+    })
+    .await;
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.3:20880/com.example.Greeter").await.unwrap();
+    let both = vec!["127.0.0.2:20880".to_string(), "127.0.0.3:20880".to_string()];
+    rec.until("a later provider", |r| r.endpoints(GREETER_HOST) == Some(both.clone())).await;
+    // Two more full reads while it stays unreadable.
+    rec.idle(Duration::from_millis(2500)).await;
+    assert_eq!(rec.endpoints(SECURE_HOST), Some(vec!["127.0.0.9:20890".into()]), "kept:\n{}", rec.dump());
+    assert_eq!(rec.snapshots_since(mark), 0, "a snapshot would drop it:\n{}", rec.dump());
+    assert!(only_the_secured_service_fails(&rec, mark), "{}", rec.dump());
+
+    let mark = rec.mark();
+    app.grant_world_read(SECURE_PROVIDERS).await.unwrap();
+    rec.until("a full snapshot again, with it", |r| {
+        r.snapshot_since(mark).is_some_and(|all| all.iter().any(|s| s.host == SECURE_HOST))
+    })
+    .await;
+    rec.until("healthy again", |r| r.healthy_since(mark)).await;
+    assert!(rec.drift_since(0).is_empty(), "nothing differed from what was sent:\n{}", rec.dump());
+}
+
 /// GET `path` of meshbridge's admin API as JSON.
 async fn admin_json(app: &meshbridge::run::App, path: &str) -> serde_json::Value {
     let url = format!("http://{}{path}", app.admin_addr);
