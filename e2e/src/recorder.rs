@@ -18,9 +18,11 @@ pub enum Event {
     Update(Update),
     Healthy,
     Error(RegistryError),
-    /// [`Sink::drift`]: services a periodic full read corrected.
-    /// [`Sink::repaired`]: why, and the services.
-    Drift(RepairKind, Vec<String>),
+    /// [`Sink::degraded`]: one part (a service) cannot be read while the
+    /// registry answers.
+    Degraded(RegistryError),
+    /// [`Sink::repaired`]: services the anti-entropy pass corrected, and why.
+    Repaired(RepairKind, Vec<String>),
 }
 
 struct ChannelSink(mpsc::UnboundedSender<(Instant, Event)>);
@@ -35,8 +37,11 @@ impl Sink for ChannelSink {
     fn error(&self, error: &RegistryError) {
         let _ = self.0.send((Instant::now(), Event::Error(error.clone())));
     }
+    fn degraded(&self, error: &RegistryError) {
+        let _ = self.0.send((Instant::now(), Event::Degraded(error.clone())));
+    }
     fn repaired(&self, kind: RepairKind, hosts: &[String]) {
-        let _ = self.0.send((Instant::now(), Event::Drift(kind, hosts.to_vec())));
+        let _ = self.0.send((Instant::now(), Event::Repaired(kind, hosts.to_vec())));
     }
 }
 
@@ -143,8 +148,19 @@ impl<V: View> Recorder<V> {
         self.since(mark).filter_map(|e| if let Event::Update(u) = e { Some(u) } else { None }).collect()
     }
 
+    /// Every error since `mark`, the registry's and its parts' (degraded).
     pub fn errors_since(&self, mark: usize) -> Vec<&RegistryError> {
-        self.since(mark).filter_map(|e| if let Event::Error(e) = e { Some(e) } else { None }).collect()
+        self.since(mark)
+            .filter_map(|e| match e {
+                Event::Error(e) | Event::Degraded(e) => Some(e),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The errors of parts (services) since `mark`: [`Sink::degraded`].
+    pub fn degraded_since(&self, mark: usize) -> Vec<&RegistryError> {
+        self.since(mark).filter_map(|e| if let Event::Degraded(e) = e { Some(e) } else { None }).collect()
     }
 
     /// The first snapshot since `mark`.
@@ -156,15 +172,27 @@ impl<V: View> Recorder<V> {
         self.updates_since(mark).iter().filter(|u| matches!(u, Update::Snapshot(_))).count()
     }
 
-    /// Every service a [`Sink::repaired`] call named since `mark`.
+    /// Every service a [`Sink::repaired`] call named since `mark`, whatever
+    /// its kind.
     pub fn drift_since(&self, mark: usize) -> Vec<&String> {
-        self.repairs_since(mark).into_iter().map(|(_, h)| h).collect()
+        self.since(mark).filter_map(|e| if let Event::Repaired(_, h) = e { Some(h) } else { None }).flatten().collect()
     }
 
     /// Every service a [`Sink::repaired`] call named since `mark`, with its kind.
     pub fn repairs_since(&self, mark: usize) -> Vec<(RepairKind, &String)> {
         self.since(mark)
-            .filter_map(|e| if let Event::Drift(kind, h) = e { Some(h.iter().map(|h| (*kind, h))) } else { None })
+            .filter_map(|e| if let Event::Repaired(kind, h) = e { Some(h.iter().map(|h| (*kind, h))) } else { None })
+            .flatten()
+            .collect()
+    }
+
+    /// Every service a [`Sink::repaired`] call of `kind` named since `mark`.
+    pub fn repaired_since(&self, mark: usize, kind: RepairKind) -> Vec<&String> {
+        self.since(mark)
+            .filter_map(|e| match e {
+                Event::Repaired(k, hosts) if *k == kind => Some(hosts),
+                _ => None,
+            })
             .flatten()
             .collect()
     }

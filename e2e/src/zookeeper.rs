@@ -105,6 +105,19 @@ impl ZooKeeper {
         ZkClient::connect_with(&self.addr(), self.max_session).await
     }
 
+    /// [`ZooKeeper::client`] authenticated as `scheme` `auth` (`addauth`),
+    /// e.g. `digest` `user:password`, as an app with ZooKeeper ACLs is.
+    pub async fn client_with_auth(&self, scheme: &str, auth: &[u8]) -> anyhow::Result<ZkClient> {
+        let connector =
+            zk::Client::connector().with_session_timeout(self.max_session).with_fail_eagerly().with_auth(scheme, auth);
+        let addr = self.addr();
+        let client = tokio::time::timeout(CALL_TIMEOUT, connector.connect(&addr))
+            .await
+            .with_context(|| format!("connect {addr}: timed out"))?
+            .with_context(|| format!("connect {addr} with {scheme} auth"))?;
+        Ok(ZkClient { client })
+    }
+
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
@@ -219,6 +232,47 @@ impl ZkClient {
         let path = format!("/dubbo/{interface}/providers/{}", dubbo_node_name(url));
         self.put(&path, b"").await?;
         Ok(path)
+    }
+
+    /// Register a new Dubbo interface with one provider as an app with a
+    /// ZooKeeper ACL does (Curator's `ACLProvider`): its `providers` node
+    /// and the provider are readable only by this session's authenticated
+    /// identity (`creator_all`, e.g. `digest:u:…:cdrwa`); the interface node
+    /// is open. In one transaction, so that whoever sees the interface appear
+    /// finds its providers there. Returns the `providers` path.
+    pub async fn add_secured_dubbo_interface(&self, interface: &str, url: &str) -> anyhow::Result<String> {
+        let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        timed("/dubbo", self.client.mkdir("/dubbo", &open)).await?;
+        let secured = zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all());
+        let service = format!("/dubbo/{interface}");
+        let providers = format!("{service}/providers");
+        let provider = format!("{providers}/{}", dubbo_node_name(url));
+        let mut txn = self.client.new_multi_writer();
+        txn.add_create(&service, b"", &open)?;
+        txn.add_create(&providers, b"", &secured)?;
+        txn.add_create(&provider, b"", &secured)?;
+        match tokio::time::timeout(CALL_TIMEOUT, txn.commit()).await {
+            Ok(Ok(_)) => Ok(providers),
+            Ok(Err(e)) => bail!("create {providers} with a creator-only ACL: {e}"),
+            Err(_) => bail!("create {providers} with a creator-only ACL: timed out"),
+        }
+    }
+
+    /// `setAcl path world:anyone:r` on top of the ACL `path` has (needs this
+    /// session to hold ADMIN on it).
+    pub async fn grant_world_read(&self, path: &str) -> anyhow::Result<()> {
+        self.edit_acl(path, |acls| acls.push(zk::Acl::new(zk::Permission::READ, zk::AuthId::anyone()))).await
+    }
+
+    /// Take every `world:anyone` entry out of the ACL of `path`.
+    pub async fn revoke_world_access(&self, path: &str) -> anyhow::Result<()> {
+        self.edit_acl(path, |acls| acls.retain(|acl| acl.scheme() != "world")).await
+    }
+
+    async fn edit_acl(&self, path: &str, edit: impl FnOnce(&mut Vec<zk::Acl>)) -> anyhow::Result<()> {
+        let (mut acls, stat) = timed(path, self.client.get_acl(path)).await?;
+        edit(&mut acls);
+        timed(path, self.client.set_acl(path, &acls, Some(stat.aversion))).await.map(|_| ())
     }
 }
 

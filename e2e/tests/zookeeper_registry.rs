@@ -12,7 +12,9 @@ use meshbridge_e2e::free_port;
 use meshbridge_e2e::recorder::{Event, Recorder};
 use meshbridge_e2e::zookeeper::{MAX_SESSION, ZkClient, ZooKeeper};
 use meshbridge_registries::zookeeper::{ZookeeperStats, ZookeeperWatcher};
-use meshbridge_registries::{Endpoint, Protocol, RegistryError, RegistryKind, RegistrySpec, ServicePort, Update};
+use meshbridge_registries::{
+    Endpoint, Protocol, RegistryError, RegistryKind, RegistrySpec, RepairKind, ServicePort, Update,
+};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -237,17 +239,19 @@ async fn malformed_nodes_are_skipped_and_counted() {
 
 /// Periodic resyncs between snapshots send only what differs: nothing when
 /// nothing changed (a Dubbo interface costs one `exists` call, a Spring
-/// service one read). Every tenth period is a full snapshot again.
+/// service one read). Every anti-entropy interval is a full snapshot again.
 #[tokio::test]
 async fn periodic_resyncs_send_only_changes() {
     let (zk, c) = zookeeper().await;
     c.add_dubbo_provider(GREETER, "dubbo://127.0.0.2:20880/com.example.Greeter").await.unwrap();
     c.put("/services/orders/a", &instance("orders", "127.0.0.5", 8080, json!({}))).await.unwrap();
     let resync = Duration::from_millis(200);
-    let (mut rec, _) = watch(spec(zk.port), resync);
+    let mut spec = spec(zk.port);
+    spec.anti_entropy_interval = Some(Duration::from_secs(2));
+    let (mut rec, _) = watch(spec, resync);
     rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
     let mark = rec.mark();
-    // About four resync periods; the tenth is at least 2 s away.
+    // About four resync periods; the anti-entropy pass is 2 s away.
     rec.idle(resync * 5).await;
     assert!(rec.updates_since(mark).is_empty(), "resyncs of an unchanged tree send nothing:\n{}", rec.dump());
     assert!(rec.errors_since(mark).is_empty(), "{}", rec.dump());
@@ -266,6 +270,25 @@ async fn periodic_resyncs_send_only_changes() {
     let again: Vec<&Update> =
         rec.updates_since(settled).into_iter().filter(|u| !matches!(u, Update::Snapshot(_))).collect();
     assert!(again.is_empty(), "nothing is sent twice: {again:?}");
+}
+
+/// The whole read runs at the registry's anti-entropy interval
+/// (`--anti-entropy-interval`), whatever the verify period.
+#[tokio::test]
+async fn full_reads_follow_the_anti_entropy_interval() {
+    let (zk, c) = zookeeper().await;
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.2:20880/com.example.Greeter").await.unwrap();
+    let mut spec = spec(zk.port);
+    spec.anti_entropy_interval = Some(Duration::from_secs(1));
+    let (mut rec, _) = watch(spec, WATCH_ONLY);
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+    let mark = rec.mark();
+    let started = Instant::now();
+    rec.until("two full reads", |r| r.snapshots_since(mark) >= 2).await;
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(1500) && took < Duration::from_secs(5), "one a second: {took:?}");
+    assert!(rec.drift_since(0).is_empty(), "nothing changed, nothing repaired:\n{}", rec.dump());
+    assert_eq!(rec.endpoints(GREETER_HOST), Some(vec!["127.0.0.2:20880".into()]));
 }
 
 #[tokio::test]
@@ -398,4 +421,212 @@ async fn selective_watch_reads_only_referenced_services() {
     // (the root's own watch reports new children).
     c.put("/services/s25/i-1", &instance("s25", "127.0.0.11", 9025, json!({}))).await.unwrap();
     rec.until("s25 created", |r| r.endpoints("s25.services.zookeeper").is_some_and(|e| e.len() == 1)).await;
+}
+
+const SECURE: &str = "com.acme.Secure";
+const SECURE_PROVIDERS: &str = "/dubbo/com.acme.Secure/providers";
+const SECURE_HOST: &str = "providers:com.acme.Secure:0.0.0:.zookeeper";
+/// The identity the "secured" app writes its nodes as (`addauth digest`).
+const APP_AUTH: &[u8] = b"app:secret";
+
+/// Whether every error since `mark` is about the one unreadable service,
+/// reported as degraded (never the registry's outage), naming its path.
+fn only_the_secured_service_fails(rec: &Recorder, mark: usize) -> bool {
+    let outage = rec.since(mark).any(|e| matches!(e, Event::Error(_)));
+    !outage && rec.degraded_since(mark).iter().all(|e| e.to_string().contains(SECURE_PROVIDERS))
+}
+
+/// Issue 33: a Dubbo interface whose `providers` node has a digest ACL
+/// without world READ (ZooKeeper answers `NoAuth` to the watcher, which has
+/// no credentials) is there at start. The watcher still becomes ready and
+/// serves every other service, reports that one as degraded by its path,
+/// and goes on following changes.
+#[tokio::test]
+async fn an_unreadable_service_at_start_is_left_out_and_reported() {
+    let (zk, c) = zookeeper().await;
+    let app = zk.client_with_auth("digest", APP_AUTH).await.unwrap();
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.2:20880/com.example.Greeter").await.unwrap();
+    c.put("/services/orders/a", &instance("orders", "127.0.0.5", 8080, json!({}))).await.unwrap();
+    app.add_secured_dubbo_interface(SECURE, "dubbo://127.0.0.9:20890/com.acme.Secure").await.unwrap();
+    let denied = c.zk().list_children(SECURE_PROVIDERS).await.unwrap_err();
+    assert_eq!(denied, zookeeper_client::Error::NoAuth, "the test's premise: no world READ");
+
+    let (mut rec, _) = watch(spec(zk.port), WATCH_ONLY);
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+    assert_eq!(rec.hosts(), ["orders.services.zookeeper", GREETER_HOST], "every readable service, and only those");
+    rec.until("the unreadable service reported", |r| !r.degraded_since(0).is_empty()).await;
+    let reported = rec.degraded_since(0)[0].to_string();
+    assert!(reported.contains(SECURE_PROVIDERS), "names the node: {reported}");
+    assert!(matches!(rec.degraded_since(0)[0], RegistryError::BadResponse { .. }), "{}", rec.dump());
+    assert!(only_the_secured_service_fails(&rec, 0), "{}", rec.dump());
+    assert!(!rec.healthy_since(0), "not healthy while a service cannot be read:\n{}", rec.dump());
+
+    // The rest keeps following changes, and the failure stays reported.
+    let mark = rec.mark();
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.3:20880/com.example.Greeter").await.unwrap();
+    let both = vec!["127.0.0.2:20880".to_string(), "127.0.0.3:20880".to_string()];
+    rec.until("a later provider", |r| r.endpoints(GREETER_HOST) == Some(both.clone())).await;
+    rec.until("still reported after the update", |r| !r.degraded_since(mark).is_empty()).await;
+    assert!(only_the_secured_service_fails(&rec, 0), "{}", rec.dump());
+    assert!(!rec.view.contains_key(SECURE_HOST));
+}
+
+/// Issue 33: the same service appears while the watcher runs. Changes to
+/// other interfaces still arrive by their watch events at once; once the
+/// app opens the node (`setAcl … world:anyone:r`, which no watch event
+/// reports), the retry reads it within its backoff (at most 10 s, ±20%),
+/// counted as an `unreadable` repair, and the registry is healthy again.
+#[tokio::test]
+async fn a_service_unreadable_mid_run_is_retried_and_repaired_when_opened() {
+    let (zk, c) = zookeeper().await;
+    let app = zk.client_with_auth("digest", APP_AUTH).await.unwrap();
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.2:20880/com.example.Greeter").await.unwrap();
+    let (mut rec, _) = watch(spec(zk.port), WATCH_ONLY);
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+
+    let mark = rec.mark();
+    app.add_secured_dubbo_interface(SECURE, "dubbo://127.0.0.9:20890/com.acme.Secure").await.unwrap();
+    rec.until("the unreadable service reported", |r| {
+        r.errors_since(mark).iter().any(|e| e.to_string().contains(SECURE_PROVIDERS))
+    })
+    .await;
+
+    // Other interfaces are not held up: each change arrives by its event,
+    // far sooner than any retry or resync.
+    for (i, interface) in [GREETER, "com.example.Orders"].into_iter().enumerate() {
+        let port = 20900 + i as u16;
+        let started = Instant::now();
+        c.add_dubbo_provider(interface, &format!("dubbo://127.0.0.4:{port}/{interface}")).await.unwrap();
+        let host = format!("providers:{interface}:0.0.0:.zookeeper");
+        let want = format!("127.0.0.4:{port}");
+        rec.until("a provider of another interface", |r| r.endpoints(&host).is_some_and(|e| e.contains(&want))).await;
+        assert!(started.elapsed() < Duration::from_secs(3), "{interface} took {:?}", started.elapsed());
+    }
+    assert!(!rec.view.contains_key(SECURE_HOST));
+    assert!(only_the_secured_service_fails(&rec, 0), "reported as degraded, not an outage:\n{}", rec.dump());
+
+    let mark = rec.mark();
+    let opened = Instant::now();
+    app.grant_world_read(SECURE_PROVIDERS).await.unwrap();
+    rec.until("the opened service", |r| r.endpoints(SECURE_HOST) == Some(vec!["127.0.0.9:20890".into()])).await;
+    assert!(opened.elapsed() < Duration::from_secs(13), "read again within the backoff: {:?}", opened.elapsed());
+    assert_eq!(rec.repaired_since(mark, RepairKind::Unreadable), [SECURE_HOST], "{}", rec.dump());
+    let repaired = rec.since(mark).position(|e| matches!(e, Event::Repaired(..))).unwrap();
+    let upserted = rec.since(mark).position(|e| matches!(e, Event::Update(Update::Upsert(s)) if s.host == SECURE_HOST));
+    assert!(upserted.is_some_and(|u| u > repaired), "told before it is sent:\n{}", rec.dump());
+    rec.until("healthy again", |r| r.healthy_since(mark)).await;
+    assert!(rec.repaired_since(0, RepairKind::MissedChange).is_empty(), "{}", rec.dump());
+    assert!(!rec.since(0).any(|e| matches!(e, Event::Error(_))), "never an outage:\n{}", rec.dump());
+}
+
+/// Issue 33: a service that was served becomes unreadable (the app takes
+/// world READ off its `providers` node, which no watch event reports). The
+/// full reads at the anti-entropy interval find it unreadable and keep what
+/// was sent of it: no snapshot (which would drop it), no removal, while the
+/// other services go on updating. Opened again with the same providers,
+/// nothing differs, so nothing is counted.
+#[tokio::test]
+async fn a_served_service_that_becomes_unreadable_keeps_its_endpoints() {
+    let (zk, c) = zookeeper().await;
+    let app = zk.client_with_auth("digest", APP_AUTH).await.unwrap();
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.2:20880/com.example.Greeter").await.unwrap();
+    app.add_secured_dubbo_interface(SECURE, "dubbo://127.0.0.9:20890/com.acme.Secure").await.unwrap();
+    app.grant_world_read(SECURE_PROVIDERS).await.unwrap();
+    let mut spec = spec(zk.port);
+    spec.anti_entropy_interval = Some(Duration::from_secs(1));
+    let (mut rec, _) = watch(spec, WATCH_ONLY);
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+    assert_eq!(rec.endpoints(SECURE_HOST), Some(vec!["127.0.0.9:20890".into()]));
+
+    let mark = rec.mark();
+    app.revoke_world_access(SECURE_PROVIDERS).await.unwrap();
+    rec.until("the unreadable service reported", |r| {
+        r.errors_since(mark).iter().any(|e| e.to_string().contains(SECURE_PROVIDERS))
+    })
+    .await;
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.3:20880/com.example.Greeter").await.unwrap();
+    let both = vec!["127.0.0.2:20880".to_string(), "127.0.0.3:20880".to_string()];
+    rec.until("a later provider", |r| r.endpoints(GREETER_HOST) == Some(both.clone())).await;
+    // Two more full reads while it stays unreadable.
+    rec.idle(Duration::from_millis(2500)).await;
+    assert_eq!(rec.endpoints(SECURE_HOST), Some(vec!["127.0.0.9:20890".into()]), "kept:\n{}", rec.dump());
+    assert_eq!(rec.snapshots_since(mark), 0, "a snapshot would drop it:\n{}", rec.dump());
+    assert!(only_the_secured_service_fails(&rec, mark), "{}", rec.dump());
+
+    let mark = rec.mark();
+    app.grant_world_read(SECURE_PROVIDERS).await.unwrap();
+    rec.until("a full snapshot again, with it", |r| {
+        r.snapshot_since(mark).is_some_and(|all| all.iter().any(|s| s.host == SECURE_HOST))
+    })
+    .await;
+    rec.until("healthy again", |r| r.healthy_since(mark)).await;
+    assert!(rec.drift_since(0).is_empty(), "nothing differed from what was sent:\n{}", rec.dump());
+}
+
+/// GET `path` of meshbridge's admin API as JSON.
+async fn admin_json(app: &meshbridge::run::App, path: &str) -> serde_json::Value {
+    let url = format!("http://{}{path}", app.admin_addr);
+    reqwest::get(&url).await.expect(path).json().await.expect(path)
+}
+
+/// Poll `/v1/registries/zk` until `pred` holds.
+async fn registry_until(
+    app: &meshbridge::run::App,
+    what: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let reg = admin_json(app, "/v1/registries/zk").await;
+        if pred(&reg) {
+            return reg;
+        }
+        assert!(Instant::now() < deadline, "no {what} after {DEADLINE:?}: {reg:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Issue 33, as an operator sees it: meshbridge (in-process) started with
+/// the secured interface already there becomes ready and serves the rest;
+/// the registry shows degraded (not healthy, not unreachable) with the node
+/// in `lastError`. Once the app opens the node, the service is served and
+/// counted under `kind="unreadable"` of the repairs metric.
+#[tokio::test]
+async fn meshbridge_is_ready_degraded_then_counts_the_repair() {
+    use meshbridge::run::{App, RunArgs};
+    use meshbridge_e2e::convergence::repairs_in;
+    use meshbridge_e2e::traffic::mcpbridge;
+
+    let (zk, c) = zookeeper().await;
+    let app = zk.client_with_auth("digest", APP_AUTH).await.unwrap();
+    c.add_dubbo_provider(GREETER, "dubbo://127.0.0.2:20880/com.example.Greeter").await.unwrap();
+    app.add_secured_dubbo_interface(SECURE, "dubbo://127.0.0.9:20890/com.acme.Secure").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let registry = format!("{{type: zookeeper, name: zk, domain: 127.0.0.1, port: {}}}", zk.port);
+    std::fs::write(dir.path().join("mcpbridge.yaml"), mcpbridge(&[registry])).unwrap();
+    let mb = App::start(RunArgs::loopback(dir.path())).await.unwrap();
+
+    let reg =
+        registry_until(&mb, "ready and the failure named", |r| r["ready"] == true && r["lastError"].is_string()).await;
+    let error = reg["lastError"].as_str().unwrap();
+    assert!(error.contains(SECURE_PROVIDERS), "{reg:#}");
+    assert_eq!(
+        (&reg["healthy"], &reg["unreachableSince"]),
+        (&json!(false), &json!(null)),
+        "degraded, not down: {reg:#}"
+    );
+    assert_eq!(reg["services"], 1, "the readable interface is served: {reg:#}");
+    let ready = reqwest::get(format!("http://{}/ready", mb.admin_addr)).await.unwrap();
+    assert_eq!(ready.status(), 200, "{:?}", ready.text().await);
+
+    app.grant_world_read(SECURE_PROVIDERS).await.unwrap();
+    let reg = registry_until(&mb, "the opened service, healthy", |r| r["services"] == 2 && r["healthy"] == true).await;
+    let services = admin_json(&mb, "/v1/registries/zk?services=true").await;
+    let hosts: Vec<&str> =
+        services["serviceList"].as_array().unwrap().iter().filter_map(|s| s["host"].as_str()).collect();
+    assert!(hosts.contains(&SECURE_HOST), "{reg:#}");
+    let metrics = reqwest::get(format!("http://{}/metrics", mb.admin_addr)).await.unwrap().text().await.unwrap();
+    let repairs = repairs_in(&metrics, "zk").expect("repair series for zk");
+    assert_eq!(repairs.get("unreadable"), Some(&1), "{repairs:?}");
+    assert_eq!(repairs.get("missed_change"), Some(&0), "{repairs:?}");
 }

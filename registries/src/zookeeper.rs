@@ -33,11 +33,14 @@
 //! hosts if its node is gone. A provider or instance node gone just leaves
 //! the service with fewer endpoints, down to an authoritative empty service
 //! that keeps its last port. A full sync runs again after a reconnect, after
-//! a session expiry (a new session), after any failure, and every tenth
-//! resync period. The other resync periods (30 s by default; Higress has
-//! none for ZooKeeper) only verify what was sent: list again, check each
-//! Dubbo interface's `providers` node against the `pzxid` it was read with,
-//! re-read the rest, and send only what differs ([`verify`]).
+//! a session expiry (a new session), after any failure, and every
+//! anti-entropy interval ([`crate::repair::interval`], 5 min by default),
+//! where what differs from what was sent and no watch event named is
+//! counted as a missed change ([`missed`]). The resync periods between
+//! (30 s by default; Higress has none for ZooKeeper) only verify what was
+//! sent: list again, check each Dubbo interface's `providers` node against
+//! the `pzxid` it was read with, re-read the rest, and send only what
+//! differs ([`verify`]).
 //!
 //! # Memory
 //!
@@ -48,16 +51,29 @@
 //!
 //! # Outages
 //!
-//! Errors only ever reach [`Sink::error`]: a failed read emits nothing, so
-//! the cache keeps the last known endpoints, and asks for a full sync, retried
-//! with backoff until ZooKeeper answers. A malformed provider or instance
-//! node is skipped with a warning (once per node) and counted in
-//! [`ZookeeperStats`]; the rest of its service is still served.
+//! Losing the session or the connection reaches [`Sink::error`]: nothing is
+//! emitted, so the cache keeps the last known endpoints, and a full sync is
+//! retried with backoff until ZooKeeper answers. A service ZooKeeper answers
+//! for but that cannot be read (a `providers` node with a digest ACL and no
+//! world READ answers `NoAuth`) fails alone (`failing.rs`): it keeps its
+//! last state, or its absence, is reported as degraded
+//! ([`Sink::degraded`]) and read again with backoff, while every other
+//! service goes on updating and a full sync still succeeds. Once it reads,
+//! what differs from what was sent is counted as an `unreadable` repair. A
+//! malformed provider or instance node is skipped with a warning (once per
+//! node) and counted in [`ZookeeperStats`]; the rest of its service is still
+//! served.
+//!
+//! [`Update::Snapshot`]: crate::Update::Snapshot
+//! [`Update::Upsert`]: crate::Update::Upsert
+//! [`Update::Remove`]: crate::Update::Remove
 
 pub(crate) mod dubbo;
+mod failing;
 mod read;
 pub(crate) mod spring;
 mod tree;
+mod view;
 mod watches;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -73,22 +89,21 @@ use tokio::sync::mpsc;
 use tracing::{Instrument, debug, info, info_span, warn};
 use zookeeper_client as zk;
 
-use self::read::{Read, Reader};
-use self::tree::{Naming, Sent, SentHosts, ServiceKey, Touch, Tree};
+use self::failing::Failing;
+use self::read::{Read, Reader, is_outage};
+use self::tree::{Naming, ServiceKey, Touch, Tree};
+use self::view::{Sync, View};
 use self::watches::Watches;
 use crate::health::Health;
-use crate::model::Service;
 use crate::repair::RepairKind;
 use crate::retry::{Backoff, wait_or_reopened};
 use crate::select::{Selection, Selector};
 use crate::spec::RegistrySpec;
-use crate::watcher::{RegistryError, Sink, Update, Watcher};
+use crate::watcher::{RegistryError, Sink, Watcher};
 
+/// How often what was sent is verified (see [`verify`]); a full sync runs
+/// every anti-entropy interval instead.
 const DEFAULT_RESYNC: Duration = Duration::from_secs(30);
-/// Every this many resync periods, a periodic resync is a full one, sent as
-/// a snapshot (which also refreshes the registry's last sync time); the
-/// others only verify what was sent (see [`verify`]).
-const SNAPSHOT_EVERY: u32 = 10;
 const MIN_RESYNC: Duration = Duration::from_millis(100);
 /// Higress's ZooKeeper timeout (`DEFAULT_REG_TIMEOUT`). The server may
 /// negotiate it down (to at most 20 ticks).
@@ -157,7 +172,8 @@ impl ZookeeperWatcher {
         self
     }
 
-    /// Run a full sync this often (at least 100 ms); tests use a short one.
+    /// Verify what was sent this often (at least 100 ms); tests use a short
+    /// one. The full sync's period is the spec's anti-entropy interval.
     pub fn with_resync(mut self, every: Duration) -> ZookeeperWatcher {
         self.resync = every.max(MIN_RESYNC);
         self
@@ -201,6 +217,8 @@ struct Ctx {
     registry: String,
     tree: Tree,
     resync: Duration,
+    /// How often a full sync reads everything ([`crate::repair::interval`]).
+    anti_entropy: Duration,
     health: Health,
 }
 
@@ -208,7 +226,8 @@ impl ZookeeperWatcher {
     async fn run_inner(mut self, sink: Arc<dyn Sink>) {
         let roots: Vec<&str> = self.tree.roots().iter().map(|r| r.path.as_str()).collect();
         let selective = !self.selector.is_all();
-        info!(endpoint = %self.connect, ?roots, resync = ?self.resync, selective, "starting");
+        let anti_entropy = crate::repair::interval(&self.spec);
+        info!(endpoint = %self.connect, ?roots, resync = ?self.resync, ?anti_entropy, selective, "starting");
         let mut view = View {
             selection: self.selector.current(),
             sink: sink.clone(),
@@ -216,11 +235,13 @@ impl ZookeeperWatcher {
             stats: self.stats,
             sent: BTreeMap::new(),
             malformed_seen: HashSet::new(),
+            failing: Failing::default(),
         };
         let ctx = Ctx {
             registry: self.spec.name,
             tree: self.tree,
             resync: self.resync,
+            anti_entropy,
             health: Health::new(sink, "zookeeper"),
         };
         let mut backoff = Backoff::default();
@@ -280,7 +301,8 @@ async fn run_session(
     // The pending sync is a periodic one (a tick's), whose differences from
     // what was sent are judged for drift; others follow a gap or a failure.
     let mut periodic = false;
-    let mut ticks = 0u32;
+    // When the next periodic full sync (the anti-entropy pass) is due.
+    let mut full_at = tokio::time::Instant::now() + ctx.anti_entropy;
     let mut retry_at = tokio::time::Instant::now();
     let mut dirty = Dirty::default();
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + ctx.resync, ctx.resync);
@@ -294,16 +316,18 @@ async fn run_session(
                 verify(&reader, view, &mut watches).await.map(Err)
             };
             match result {
-                Ok(done) => {
-                    ctx.health.ok();
+                Ok(mut done) => {
                     // Events from before the sync began are covered by it;
                     // later ones (still in `rx`) are not.
                     let mut noticed = std::mem::take(&mut dirty);
-                    let suspects = match &done {
+                    let mut suspects = match &done {
                         Ok(sync) if periodic => view.differing(sync),
                         Ok(_) => Vec::new(),
                         Err(deferred) => deferred.iter().map(|(key, _)| key.clone()).collect(),
                     };
+                    // A service read again after failing was no missed
+                    // change: it is counted as unreadable where it is sent.
+                    suspects.retain(|key| !view.failing.contains(key));
                     if !suspects.is_empty() {
                         tokio::time::sleep(FORWARD_GRACE).await;
                         while let Ok((root, event)) = rx.try_recv() {
@@ -317,8 +341,18 @@ async fn run_session(
                             view.sink.repaired(RepairKind::MissedChange, &hosts);
                         }
                     }
+                    if let Ok(sync) = &mut done {
+                        view.failing.replace(std::mem::take(&mut sync.failed));
+                    }
+                    // Healthy before the updates, as a call that answered,
+                    // unless a service fails.
+                    view.failing.settle(&ctx.health);
+                    ctx.health.ok();
                     match done {
-                        Ok(sync) => view.snapshot(sync),
+                        Ok(sync) => {
+                            view.finish(sync);
+                            full_at = tokio::time::Instant::now() + ctx.anti_entropy;
+                        }
                         Err(deferred) => {
                             for (key, read) in deferred {
                                 if matches!(read, Read::Gone) {
@@ -328,6 +362,7 @@ async fn run_session(
                             }
                         }
                     }
+                    view.failing.report(&ctx.health, true);
                     view.sink.synced(started.elapsed());
                     (need_sync, full, synced, periodic) = (false, false, true, false);
                     backoff.reset();
@@ -350,7 +385,8 @@ async fn run_session(
             }
         } else if !need_sync && !dirty.is_empty() {
             match refresh(&reader, view, &mut watches, std::mem::take(&mut dirty)).await {
-                Ok(()) => {
+                Ok(sent) => {
+                    view.failing.report(&ctx.health, sent);
                     ctx.health.ok();
                 }
                 Err(e) => {
@@ -402,26 +438,49 @@ async fn run_session(
                     (need_sync, full, periodic) = (true, true, false);
                 }
             }
-            _ = ticker.tick(), if !need_sync => {
-                ticks = ticks.wrapping_add(1);
-                (need_sync, full, periodic) = (true, ticks.is_multiple_of(SNAPSHOT_EVERY), true);
+            () = tokio::time::sleep_until(full_at), if !need_sync => {
+                (need_sync, full, periodic) = (true, true, true);
                 retry_at = tokio::time::Instant::now();
+            }
+            _ = ticker.tick(), if !need_sync => {
+                (need_sync, full, periodic) = (true, false, true);
+                retry_at = tokio::time::Instant::now();
+            }
+            // Services that could not be read are read again; the others
+            // are not held up meanwhile.
+            () = sleep_until_some(view.failing.retry_at()), if !need_sync => {
+                dirty.services.extend(view.failing.due());
             }
             () = tokio::time::sleep_until(retry_at), if need_sync => {}
         }
     }
 }
 
+/// Sleep until `at`; never, with none.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// List every root and read every selected service, gathered for one
 /// [`Update::Snapshot`]. Each service is rendered as its read arrives: at
-/// most `CONCURRENCY` raw reads are held, never the whole catalog.
+/// most `CONCURRENCY` raw reads are held, never the whole catalog. Only
+/// losing the session or the connection fails it: a service that cannot be
+/// read keeps what was sent of it (see [`View::keep`]).
+///
+/// [`Update::Snapshot`]: crate::Update::Snapshot
 async fn full_sync(reader: &Reader<'_>, view: &View, watches: &mut Watches) -> Result<Sync, RegistryError> {
     let keys = list_and_watch(reader, view, watches).await?;
     let mut sync = Sync::default();
     let mut reads = std::pin::pin!(reader.reads(keys.into_iter().map(|key| (key, None)).collect()));
     while let Some((key, read)) = reads.next().await {
-        if let Some(read) = read? {
-            view.add(&mut sync, reader.tree, key, read);
+        match read {
+            Ok(Some(read)) => view.add(&mut sync, reader.tree, key, read),
+            Ok(None) => {}
+            Err(e) if is_outage(&e) => return Err(e),
+            Err(e) => view.keep(&mut sync, key, e),
         }
     }
     Ok(sync)
@@ -520,14 +579,15 @@ fn missed(suspects: Vec<ServiceKey>, noticed: &Dirty) -> Vec<ServiceKey> {
     suspects.into_iter().filter(|key| !noticed.names(key)).collect()
 }
 
-/// Re-read what changed and send what differs. Answers are applied even if
-/// another read failed: each is authoritative for its own service.
+/// Re-read what changed and send what differs; says whether it sent
+/// anything. Answers are applied even if another read failed: each is
+/// authoritative for its own service.
 async fn refresh(
     reader: &Reader<'_>,
     view: &mut View,
     watches: &mut Watches,
     dirty: Dirty,
-) -> Result<(), RegistryError> {
+) -> Result<bool, RegistryError> {
     let tree = reader.tree;
     let mut keys = dirty.services;
     for root in dirty.roots {
@@ -542,15 +602,16 @@ async fn refresh(
 
 /// Read (or check) `keys` and send what differs, as each answer arrives;
 /// with `defer`, answers that differ from what was sent are put there
-/// instead, unsent.
+/// instead, unsent. A service that cannot be read is noted as failing; only
+/// an outage fails the whole. Says whether it sent anything.
 async fn read_into(
     reader: &Reader<'_>,
     view: &mut View,
     watches: &mut Watches,
     keys: Vec<(ServiceKey, Option<i64>)>,
     mut defer: Option<&mut Vec<(ServiceKey, Read)>>,
-) -> Result<(), RegistryError> {
-    let mut first_error = None;
+) -> Result<bool, RegistryError> {
+    let (mut first_error, mut sent) = (None, false);
     let mut reads = std::pin::pin!(reader.reads(keys));
     while let Some((key, read)) = reads.next().await {
         match read {
@@ -565,14 +626,15 @@ async fn read_into(
                 if matches!(read, Read::Gone) {
                     watches.forget(&key);
                 }
-                view.apply(reader.tree, key, read)
+                sent |= view.apply(reader.tree, key, read);
             }
-            Err(e) => {
+            Err(e) if is_outage(&e) => {
                 first_error.get_or_insert(e);
             }
+            Err(e) => view.failing.fail(key, e),
         }
     }
-    first_error.map_or(Ok(()), Err)
+    first_error.map_or(Ok(sent), Err)
 }
 
 /// Whether `key` may hold a selected host, known before reading it: a
@@ -584,154 +646,6 @@ fn may_select(tree: &Tree, selection: &Selection, key: &ServiceKey) -> bool {
     match tree.kind(key) {
         tree::Kind::Spring => selection.wants(&tree.spring_host(key)),
         tree::Kind::Dubbo => selection.may_want_prefix(&format!("providers:{}:", key.name)),
-    }
-}
-
-/// What was sent to the sink, per ZooKeeper service and host.
-struct View {
-    /// Which services are read and served.
-    selection: Selection,
-    sink: Arc<dyn Sink>,
-    naming: Naming,
-    stats: Arc<ZookeeperStats>,
-    /// A digest, last port and TLS per host sent, not the services: the
-    /// cache holds those (see [`Sent`]).
-    sent: BTreeMap<ServiceKey, Kept>,
-    /// Malformed nodes already warned about (a resync keeps only those
-    /// still there), so a bad node warns once, not every resync.
-    malformed_seen: HashSet<String>,
-}
-
-/// What is kept of one ZooKeeper service once sent.
-struct Kept {
-    hosts: SentHosts,
-    /// See `Read::Present::version`.
-    version: Option<i64>,
-}
-
-/// A full sync being gathered, one service at a time.
-#[derive(Default)]
-struct Sync {
-    sent: BTreeMap<ServiceKey, Kept>,
-    all: Vec<Service>,
-    seen: HashSet<String>,
-}
-
-impl View {
-    /// Render one service read by a full sync into `sync`.
-    fn add(&self, sync: &mut Sync, tree: &Tree, key: ServiceKey, read: Read) {
-        // Listed, then deleted before its read: not there.
-        let Read::Present { members, malformed, dropped_labels, version } = read else { return };
-        self.count(malformed, dropped_labels, &mut sync.seen);
-        let hosts = self.render(tree, &key, members, self.sent.get(&key).map(|k| &k.hosts));
-        let kept = hosts.iter().map(|(host, service)| (host.clone(), Sent::of(service))).collect();
-        sync.all.extend(hosts.into_values());
-        sync.sent.insert(key, Kept { hosts: kept, version });
-    }
-
-    /// Whether `read` would change what was sent for `key`.
-    fn differs(&self, tree: &Tree, key: &ServiceKey, read: &Read) -> bool {
-        match read {
-            Read::Gone => self.sent.contains_key(key),
-            Read::Present { members, .. } => {
-                let old = self.sent.get(key).map(|k| &k.hosts);
-                let new = self.render(tree, key, members.clone(), old);
-                new.iter().any(|(host, service)| old.and_then(|o| o.get(host)) != Some(&Sent::of(service)))
-            }
-        }
-    }
-
-    /// The services a gathered full sync renders differently from what was
-    /// sent, or no longer has.
-    fn differing(&self, sync: &Sync) -> Vec<ServiceKey> {
-        let changed = sync.sent.iter().filter(|(key, kept)| self.sent.get(*key).map(|k| &k.hosts) != Some(&kept.hosts));
-        let gone = self.sent.keys().filter(|key| !sync.sent.contains_key(*key));
-        changed.map(|(key, _)| key.clone()).chain(gone.cloned()).collect()
-    }
-
-    /// Every host of `keys`, as sent and as `done` has them.
-    fn hosts_of(&self, keys: &[ServiceKey], done: &Result<Sync, Vec<(ServiceKey, Read)>>) -> Vec<String> {
-        let mut hosts = BTreeSet::new();
-        for key in keys {
-            hosts.extend(self.sent.get(key).into_iter().flat_map(|k| k.hosts.hosts().cloned()));
-            match done {
-                Ok(sync) => hosts.extend(sync.sent.get(key).into_iter().flat_map(|k| k.hosts.hosts().cloned())),
-                Err(deferred) => {
-                    for (_, read) in deferred.iter().filter(|(k, _)| k == key) {
-                        if let Read::Present { members, .. } = read {
-                            hosts.extend(members.iter().map(|m| m.host.clone()));
-                        }
-                    }
-                }
-            }
-        }
-        hosts.into_iter().collect()
-    }
-
-    /// Send a gathered full sync as one snapshot.
-    fn snapshot(&mut self, sync: Sync) {
-        let Sync { sent, mut all, seen } = sync;
-        self.malformed_seen = seen;
-        self.sent = sent;
-        all.sort();
-        info!(services = all.len(), "full sync");
-        self.sink.update(Update::Snapshot(all));
-    }
-
-    fn apply(&mut self, tree: &Tree, key: ServiceKey, read: Read) {
-        match read {
-            Read::Gone => {
-                for host in self.sent.remove(&key).into_iter().flat_map(|kept| kept.hosts.into_hosts()) {
-                    info!(service = %key.name, %host, "service node gone");
-                    self.sink.update(Update::Remove(host));
-                }
-            }
-            Read::Present { members, malformed, dropped_labels, version } => {
-                let mut seen = std::mem::take(&mut self.malformed_seen);
-                self.count(malformed, dropped_labels, &mut seen);
-                self.malformed_seen = seen;
-                let old = self.sent.get(&key).map(|k| &k.hosts);
-                let new = self.render(tree, &key, members, old);
-                let mut kept = Vec::with_capacity(new.len());
-                for (host, service) in new {
-                    let sent = Sent::of(&service);
-                    if old.and_then(|o| o.get(&host)) != Some(&sent) {
-                        debug!(%host, endpoints = service.endpoints.len(), "service changed");
-                        self.sink.update(Update::Upsert(service));
-                    }
-                    kept.push((host, sent));
-                }
-                self.sent.insert(key, Kept { hosts: kept.into_iter().collect(), version });
-            }
-        }
-    }
-
-    /// The selected hosts of one service.
-    fn render(
-        &self,
-        tree: &Tree,
-        key: &ServiceKey,
-        members: Vec<tree::Member>,
-        last: Option<&SentHosts>,
-    ) -> BTreeMap<String, Service> {
-        let mut hosts = self.naming.render(tree, key, members, last);
-        if !self.selection.is_all() {
-            hosts.retain(|host, _| self.selection.wants(host));
-        }
-        hosts
-    }
-
-    fn count(&self, malformed: Vec<(String, String)>, dropped_labels: usize, seen: &mut HashSet<String>) {
-        self.stats.malformed.fetch_add(malformed.len() as u64, Ordering::Relaxed);
-        self.stats.dropped_labels.fetch_add(dropped_labels as u64, Ordering::Relaxed);
-        for (path, reason) in malformed {
-            if self.malformed_seen.contains(&path) || seen.contains(&path) {
-                debug!(%path, %reason, "malformed node skipped");
-            } else {
-                warn!(%path, %reason, "malformed node skipped");
-            }
-            seen.insert(path);
-        }
     }
 }
 

@@ -218,8 +218,11 @@ fn bad(registry: &str, op: &str, path: &str, reason: &str) -> RegistryError {
     RegistryError::BadResponse { registry: registry.to_string(), what: format!("{op} {path}"), reason: reason.into() }
 }
 
-/// The one place that sorts ZooKeeper errors: losing the server is
-/// `Unreachable`, anything else the server said is a `BadResponse`.
+/// The one place that sorts ZooKeeper errors: losing the server, the
+/// session or its authentication (or a server throttling every call) is
+/// `Unreachable`, the whole registry's failure; anything else the server
+/// said (`NoAuth` on a node with a digest ACL, `MarshallingError`) is a
+/// `BadResponse` about that one node (see [`is_outage`]).
 pub(crate) fn zk_error(registry: &str, op: &str, path: &str, e: &zk::Error) -> RegistryError {
     match e {
         zk::Error::ConnectionLoss
@@ -227,7 +230,9 @@ pub(crate) fn zk_error(registry: &str, op: &str, path: &str, e: &zk::Error) -> R
         | zk::Error::SessionMoved
         | zk::Error::ClientClosed
         | zk::Error::NoHosts
-        | zk::Error::Timeout => {
+        | zk::Error::Timeout
+        | zk::Error::AuthFailed
+        | zk::Error::Throttled => {
             RegistryError::Unreachable { registry: registry.to_string(), reason: format!("{op} {path}: {e}") }
         }
         zk::Error::Unimplemented if op == "watch" => bad(
@@ -238,6 +243,13 @@ pub(crate) fn zk_error(registry: &str, op: &str, path: &str, e: &zk::Error) -> R
         ),
         other => bad(registry, op, path, &other.to_string()),
     }
+}
+
+/// Whether a failed call fails the whole registry (the session or the
+/// connection: every other call would fail too), not just the service it
+/// read, which keeps its last state and is read again (`failing.rs`).
+pub(crate) fn is_outage(e: &RegistryError) -> bool {
+    matches!(e, RegistryError::Unreachable { .. })
 }
 
 /// Registries may name hosts; the mesh needs IPs. A name becomes one member
@@ -287,6 +299,15 @@ mod tests {
             assert_eq!(kind("list", e), "unreachable");
         }
         assert_eq!(kind("list", zk::Error::NoAuth), "bad_response");
+        let outage = |e: zk::Error| is_outage(&zk_error("zk", "list", "/dubbo/a/providers", &e));
+        for e in [zk::Error::ConnectionLoss, zk::Error::SessionExpired, zk::Error::AuthFailed, zk::Error::Throttled] {
+            assert!(outage(e.clone()), "{e}: the whole registry");
+        }
+        for e in [zk::Error::NoAuth, zk::Error::MarshallingError, zk::Error::UnexpectedErrorCode(-99)] {
+            assert!(!outage(e.clone()), "{e}: one service");
+        }
+        let timeout = RegistryError::Unreachable { registry: "zk".into(), reason: "no answer".into() };
+        assert!(is_outage(&timeout), "a call that got no answer");
         let old = zk_error("zk", "watch", "/dubbo", &zk::Error::Unimplemented);
         assert!(old.to_string().contains("3.6"), "{old}");
     }
