@@ -135,10 +135,12 @@ async fn registries_api_shapes_errors_and_readiness() {
             "lastChangeTime",
             "lastError",
             "lastErrorTime",
+            "lastRepair",
             "lastSyncTime",
             "missing",
             "name",
             "ready",
+            "repairs",
             "services",
             "stale",
             "type",
@@ -152,6 +154,14 @@ async fn registries_api_shapes_errors_and_readiness() {
     assert_eq!((c["services"].as_u64(), c["endpoints"].as_u64()), (Some(1), Some(2)));
     assert!(is_rfc3339(&c["lastSyncTime"]) && is_rfc3339(&c["lastChangeTime"]), "{c}");
     assert!(c["lastError"].is_null() && c["lastErrorTime"].is_null());
+    let zero = serde_json::json!({"index_reset": 0, "missed_change": 0, "name_resolution": 0, "stale_read": 0, "unreadable": 0});
+    assert_eq!((&c["repairs"], &c["lastRepair"]), (&zero, &Value::Null), "every kind listed, at 0");
+    sink.repaired(meshbridge_registries::RepairKind::IndexReset, &["web.dc1.consul".to_string()]);
+    let (_, one) = f.get("/v1/registries/shared?type=consul").await;
+    assert_eq!(one["repairs"]["index_reset"], 1);
+    assert_eq!((&one["lastRepair"]["kind"], &one["lastRepair"]["count"]), (&Value::from("index_reset"), &Value::from(1)));
+    assert_eq!(one["lastRepair"]["services"], serde_json::json!(["web.dc1.consul"]));
+    assert!(is_rfc3339(&one["lastRepair"]["time"]), "{one}");
     assert_eq!(n["type"], "nacos2");
     assert_eq!((n["healthy"].as_bool(), n["ready"].as_bool()), (Some(false), Some(false)));
     assert!(n["lastError"].as_str().unwrap().contains("not supported"));
