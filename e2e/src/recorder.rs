@@ -18,8 +18,8 @@ pub enum Event {
     Update(Update),
     Healthy,
     Error(RegistryError),
-    /// [`Sink::drift`]: services a periodic full read corrected.
-    Drift(Vec<String>),
+    /// [`Sink::repaired`]: services the anti-entropy layer corrected, and why.
+    Drift(RepairKind, Vec<String>),
 }
 
 struct ChannelSink(mpsc::UnboundedSender<(Instant, Event)>);
@@ -34,8 +34,8 @@ impl Sink for ChannelSink {
     fn error(&self, error: &RegistryError) {
         let _ = self.0.send((Instant::now(), Event::Error(error.clone())));
     }
-    fn repaired(&self, _kind: RepairKind, hosts: &[String]) {
-        let _ = self.0.send((Instant::now(), Event::Drift(hosts.to_vec())));
+    fn repaired(&self, kind: RepairKind, hosts: &[String]) {
+        let _ = self.0.send((Instant::now(), Event::Drift(kind, hosts.to_vec())));
     }
 }
 
@@ -155,9 +155,18 @@ impl<V: View> Recorder<V> {
         self.updates_since(mark).iter().filter(|u| matches!(u, Update::Snapshot(_))).count()
     }
 
-    /// Every service a [`Sink::drift`] call named since `mark`.
+    /// Every service a [`Sink::repaired`] call named since `mark`.
     pub fn drift_since(&self, mark: usize) -> Vec<&String> {
-        self.since(mark).filter_map(|e| if let Event::Drift(h) = e { Some(h) } else { None }).flatten().collect()
+        self.repairs_since(mark).into_iter().map(|(_, h)| h).collect()
+    }
+
+    /// Every service a [`Sink::repaired`] call named since `mark`, with
+    /// the kind it was counted under.
+    pub fn repairs_since(&self, mark: usize) -> Vec<(RepairKind, &String)> {
+        self.since(mark)
+            .filter_map(|e| if let Event::Drift(kind, h) = e { Some(h.iter().map(move |h| (*kind, h))) } else { None })
+            .flatten()
+            .collect()
     }
 
     pub fn healthy_since(&self, mark: usize) -> bool {
