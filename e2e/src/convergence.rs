@@ -575,6 +575,21 @@ pub async fn envoy_converges(
     }
 }
 
+/// The `meshbridge_registry_drift_corrected_total` series of `registry` in
+/// a `/metrics` text, by their `kind` label; `None` when there is none.
+pub fn repairs_in(metrics: &str, registry: &str) -> Option<BTreeMap<String, u64>> {
+    let name = format!("name=\"{registry}\"");
+    let mut out = BTreeMap::new();
+    for line in
+        metrics.lines().filter(|l| l.starts_with("meshbridge_registry_drift_corrected_total{") && l.contains(&name))
+    {
+        let kind = line.split("kind=\"").nth(1).and_then(|k| k.split('"').next()).unwrap_or("").to_string();
+        let value = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0);
+        out.insert(kind, value);
+    }
+    (!out.is_empty()).then_some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -600,19 +615,4 @@ mod tests {
         let stripped = addresses(&Truth::from([("h".into(), vec![endpoint("1.2.3.4", 5, 2, &[("rev", "7")])])]));
         assert_eq!(stripped["h"], ["1.2.3.4:5"]);
     }
-}
-
-/// The `meshbridge_registry_drift_corrected_total` series of `registry` in
-/// a `/metrics` text, by their `kind` label; `None` when there is none.
-pub fn repairs_in(metrics: &str, registry: &str) -> Option<BTreeMap<String, u64>> {
-    let name = format!("name=\"{registry}\"");
-    let mut out = BTreeMap::new();
-    for line in
-        metrics.lines().filter(|l| l.starts_with("meshbridge_registry_drift_corrected_total{") && l.contains(&name))
-    {
-        let kind = line.split("kind=\"").nth(1).and_then(|k| k.split('"').next()).unwrap_or("").to_string();
-        let value = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0);
-        out.insert(kind, value);
-    }
-    (!out.is_empty()).then_some(out)
 }
