@@ -25,7 +25,10 @@
 //! that second, with room for a JVM pause on a loaded 2-core machine. With
 //! deltas alone, never a full fetch after the first. A full fetch forced by
 //! a hashcode mismatch (a delta missed or misapplied) reports its
-//! corrections as drift, asserted 0 at the end.
+//! corrections as drift, asserted 0 at the end. The anti-entropy pass
+//! (a full read before a delta, compared with the copy; no snapshot) runs
+//! every second through the bursts: against a real server, with its
+//! response cache, it must correct nothing either.
 //!
 //! Seeded: see `meshbridge_e2e::convergence`.
 
@@ -175,7 +178,8 @@ async fn eureka_bursts_converge_by_deltas() {
         let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
     }
     let server = EurekaServer::start().await.expect("start the Eureka server (source e2e/env.sh eureka-server)");
-    let spec = RegistrySpec::new(RegistryKind::Eureka, "eureka-conv", server.host_port(), 8761);
+    let mut spec = RegistrySpec::new(RegistryKind::Eureka, "eureka-conv", server.host_port(), 8761);
+    spec.anti_entropy_interval = Some(Duration::from_secs(1));
     let watcher = EurekaWatcher::new(spec).expect("valid spec").with_interval(INTERVAL);
     let mut view = RecorderView::new(Recorder::start(Box::new(watcher), Duration::from_secs(10)), &LABELS);
     let mut registry = Eureka { server, instances: Vec::new(), next: 0 };

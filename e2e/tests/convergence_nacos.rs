@@ -22,7 +22,8 @@
 //! - gRPC: `nacosRefreshInterval` 300 s, so no refresh can hide a miss: an
 //!   instance change is pushed; a service that appears is found by the
 //!   health probe (every 5 s), which is what the 8 s deadline allows for.
-//!   Any service a periodic full read corrected would count in
+//!   The periodic full read (`--anti-entropy-interval` 5 s) runs through
+//!   the bursts; any service it corrected would count in
 //!   `meshbridge_registry_drift_corrected_total`, asserted 0.
 //! - HTTP: converges only at its polling interval, by design (no pushes in
 //!   the 1.x API): a 1 s refresh and a 3 s deadline.
@@ -37,6 +38,10 @@ use meshbridge_e2e::convergence::{self, AdminView, Options, REV, Registry, Rng, 
 use meshbridge_e2e::nacos::{self, Flavor, Instance};
 use meshbridge_e2e::nacos_server::Target;
 use serde_json::Value;
+
+/// The anti-entropy pass runs through the bursts (the full read of every
+/// service, judged): against a real server it must correct nothing.
+const ANTI_ENTROPY: Duration = Duration::from_secs(5);
 
 const SERVICES: usize = 14;
 /// Services 0..ANCHORED keep an anchor instance; the rest come and go.
@@ -210,7 +215,8 @@ spec:
         nanos = refresh.as_nanos()
     );
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
-    let args = RunArgs::loopback(dir.path()).with_min_refresh_interval(refresh);
+    let args =
+        RunArgs::loopback(dir.path()).with_min_refresh_interval(refresh).with_anti_entropy_interval(ANTI_ENTROPY);
     let app = App::start(args).await.expect("start meshbridge");
     (Nacos { server, instances: Vec::new(), next_port: 30000, rev: 0 }, app, dir)
 }

@@ -9,7 +9,7 @@ use meshbridge_e2e::eureka::instance;
 use meshbridge_e2e::eureka_fake::EurekaFake;
 use meshbridge_e2e::recorder::Recorder;
 use meshbridge_registries::eureka::EurekaWatcher;
-use meshbridge_registries::{RegistryKind, RegistrySpec, Update};
+use meshbridge_registries::{RegistryKind, RegistrySpec, RepairKind, Update};
 
 const INTERVAL: Duration = Duration::from_millis(200);
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -85,4 +85,39 @@ async fn a_change_no_delta_carried_is_reported_as_drift() {
     eureka.api.register(instance("orders", "o2", "127.0.0.12", 8080, "UP")).await.unwrap();
     rec.until("o2 by a full fetch", |r| r.endpoints(ORDERS).is_some_and(|e| e.len() == 2)).await;
     assert_eq!(rec.drift_since(mark), [ORDERS], "{:#?}", rec.events);
+}
+
+/// The anti-entropy pass: a change no delta carries and the hashcode
+/// cannot show (a port moved, statuses unchanged) is repaired by the next
+/// full read, within one `--anti-entropy-interval`, and counted as a missed
+/// change; passes that find the copy right count nothing. Only the fake can
+/// lose a delta on demand (a delta queue that forgets at once).
+#[tokio::test]
+async fn the_anti_entropy_pass_repairs_a_change_no_delta_carried() {
+    const ANTI_ENTROPY: Duration = Duration::from_secs(2);
+    let eureka = fake().await;
+    eureka.api.register(instance("orders", "o1", "127.0.0.11", 8080, "UP")).await.unwrap();
+    let mut spec = RegistrySpec::new(RegistryKind::Eureka, "eureka-e2e", eureka.host_port(), 8761);
+    spec.anti_entropy_interval = Some(ANTI_ENTROPY);
+    let watcher = EurekaWatcher::new(spec).expect("valid spec").with_interval(INTERVAL);
+    let mut rec: Recorder = Recorder::start(Box::new(watcher), DEADLINE);
+    rec.until("o1", |r| r.endpoints(ORDERS) == Some(vec!["127.0.0.11:8080".into()])).await;
+    let full = |log: &[String]| log.iter().filter(|q| *q == "GET /eureka/apps").count();
+    // Two passes over a copy that is right: nothing counted.
+    rec.until("two passes", |_| full(&eureka.requests()) >= 3).await;
+    assert!(rec.drift_since(0).is_empty(), "{:#?}", rec.events);
+    assert_eq!(rec.snapshots_since(0), 1, "a pass that finds nothing sends nothing: {:#?}", rec.events);
+
+    let mark = rec.mark();
+    eureka.set_delta_retention(Duration::ZERO);
+    let hashcode = eureka.hashcode();
+    eureka.api.register(instance("orders", "o1", "127.0.0.11", 8081, "UP")).await.unwrap();
+    assert_eq!(eureka.hashcode(), hashcode, "the hashcode cannot show it");
+    let (changed, fulls) = (tokio::time::Instant::now(), full(&eureka.requests()));
+    rec.until("o1 on its new port", |r| r.endpoints(ORDERS) == Some(vec!["127.0.0.11:8081".into()])).await;
+    let took = changed.elapsed();
+    assert_eq!(full(&eureka.requests()) - fulls, 1, "{took:?}: not the first pass after the change");
+    assert!(took <= ANTI_ENTROPY * 2, "{took:?}");
+    assert_eq!(rec.repairs_since(mark), [(RepairKind::MissedChange, &ORDERS.to_string())], "{:#?}", rec.events);
+    assert!(rec.errors_since(0).is_empty(), "{:#?}", rec.events);
 }

@@ -19,7 +19,7 @@
 //!   (Nacos: `false`); the watcher always sends `false`.
 //! - pushes are batched (up to about 0.75 s after a change).
 //! - a health change made by a heartbeat is not pushed: over gRPC it shows
-//!   at the watcher's next full read (every 10 refresh intervals).
+//!   at the watcher's next full read (every `--anti-entropy-interval`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -121,6 +121,48 @@ async fn nacos3_grpc_new_service_within_a_probe_period() {
 #[tokio::test]
 async fn nacos3_http_new_service_within_a_probe_period() {
     new_service_within_a_probe_period(HTTP, Flavor::Nacos).await;
+}
+
+/// A service registered in the second group of `nacosGroups` after the
+/// watcher listed is served within a probe period too: the probe covers
+/// every group, not the first one only (issue 33, H1).
+async fn new_service_in_a_second_group_within_a_probe_period(kind: RegistryKind, flavor: Flavor) {
+    let nacos = target(flavor).await;
+    nacos.register(&nacos.instance("web", "127.0.0.2", 8082)).await.unwrap();
+    nacos.register(&nacos.instance("web", "127.0.0.4", 8084).group("shop_v2")).await.unwrap();
+    let mut spec = target_spec(kind, &nacos);
+    spec.nacos_groups = vec!["DEFAULT_GROUP".into(), "shop_v2".into()];
+    spec.nacos_refresh_interval = Some(Duration::from_secs(60));
+    let mut rec = watch(spec);
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some()).await;
+    let started = Instant::now();
+    nacos.register(&nacos.instance("cart", "127.0.0.3", 8083).group("shop_v2")).await.unwrap();
+    let cart = &nacos.host("cart", "shop_v2");
+    rec.until("the new service in shop_v2", |r| r.endpoints(cart) == eps(&["127.0.0.3:8083"])).await;
+    let took = started.elapsed();
+    println!("FIGURE nacos_new_service_second_group kind={kind} server={flavor:?} ms={}", took.as_millis());
+    assert!(took < Duration::from_secs(10), "{took:?}: not the probe");
+    assert!(rec.errors_since(0).is_empty(), "{}", rec.dump());
+}
+
+#[tokio::test]
+async fn grpc_new_service_in_a_second_group_within_a_probe_period() {
+    new_service_in_a_second_group_within_a_probe_period(GRPC, Flavor::Rnacos).await;
+}
+
+#[tokio::test]
+async fn http_new_service_in_a_second_group_within_a_probe_period() {
+    new_service_in_a_second_group_within_a_probe_period(HTTP, Flavor::Rnacos).await;
+}
+
+#[tokio::test]
+async fn nacos3_grpc_new_service_in_a_second_group_within_a_probe_period() {
+    new_service_in_a_second_group_within_a_probe_period(GRPC, Flavor::Nacos).await;
+}
+
+#[tokio::test]
+async fn nacos3_http_new_service_in_a_second_group_within_a_probe_period() {
+    new_service_in_a_second_group_within_a_probe_period(HTTP, Flavor::Nacos).await;
 }
 
 /// Register, scale out, reweigh, relabel, disable, deregister to empty.
@@ -269,15 +311,18 @@ async fn unhealthy_instances_are_excluded(kind: RegistryKind) {
     nacos.register(&Instance::new("web", "127.0.0.2", 8080)).await.unwrap();
     let beating = Instance { ephemeral: true, ..Instance::new("web", "127.0.0.3", 8080) };
     nacos.register(&beating).await.unwrap();
-    // Over gRPC the recovery below waits for the next full read (10 × 2 s).
+    // Over gRPC the recovery below waits for the next full read (the
+    // anti-entropy interval, 20 s here).
     let deadline = if kind == GRPC { Duration::from_secs(90) } else { DEADLINE };
-    let watcher = watcher_for(&spec(kind, &nacos), meshbridge_registries::Selector::all()).unwrap();
+    let mut spec = spec(kind, &nacos);
+    spec.anti_entropy_interval = Some(Duration::from_secs(20));
+    let watcher = watcher_for(&spec, meshbridge_registries::Selector::all()).unwrap();
     let mut rec: Recorder = Recorder::start(watcher, deadline);
     rec.until("both healthy", |r| r.endpoints(WEB).is_some_and(|e| e.len() == 2)).await;
     rec.until("the silent one unhealthy", |r| r.endpoints(WEB) == eps(&["127.0.0.2:8080"])).await;
     // It beats again, as a live instance does. rnacos does not push a health
     // change that a beat makes (it counts it as a time update): over gRPC it
-    // shows at the watcher's next full read (every 10 refresh intervals,
+    // shows at the watcher's next full read (every anti-entropy interval,
     // 20 s here); over HTTP at the next refresh.
     let beats = async {
         loop {

@@ -10,6 +10,17 @@
 //! as [`Update::Remove`], and every full fetch as [`Update::Snapshot`] (the
 //! first one marks the registry ready).
 //!
+//! Anti-entropy: every `--anti-entropy-interval` (default 5 min) a round
+//! starts with a full `GET /eureka/apps` (one request, read under the same
+//! body cap) before its delta. The delta, fetched after it, carries every
+//! change of the server's last three minutes, so the full read with that
+//! delta applied is the server's registry as of the delta, exactly what the
+//! copy with the delta applied must be. Where the two differ (and the
+//! hashcode agrees with both), the copy missed a change no delta will
+//! deliver again: the full read's version is served and counted as
+//! [`RepairKind::MissedChange`]. The hashcode counts statuses only, so this
+//! is what catches a missed change of port, address or metadata.
+//!
 //! The interval is 10 s, so registry health and instance status (a DOWN or
 //! OUT_OF_SERVICE instance leaving the endpoints) are at most 10 s old, as
 //! the README promises for every registry. Eureka clients'
@@ -37,14 +48,15 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use self::client::{APPS, Client, DELTA};
 use self::decode::{Naming, Registry};
 use crate::model::Service;
-use crate::repair::RepairKind;
+use crate::repair::{self, RepairKind};
 use crate::retry;
 use crate::select::{Selection, Selector};
 use crate::spec::RegistrySpec;
@@ -60,6 +72,8 @@ pub struct EurekaWatcher {
     client: Client,
     naming: Naming,
     interval: Duration,
+    /// How often a round reads everything first (see the module doc).
+    anti_entropy: Duration,
     selector: Selector,
     selection: Selection,
 }
@@ -68,11 +82,13 @@ impl EurekaWatcher {
     pub fn new(spec: RegistrySpec) -> Result<EurekaWatcher, RegistryError> {
         let client = Client::new(&spec)?;
         let naming = Naming::new(&spec);
+        let anti_entropy = repair::interval(&spec);
         Ok(EurekaWatcher {
             spec,
             client,
             naming,
             interval: DEFAULT_INTERVAL,
+            anti_entropy,
             selector: Selector::all(),
             selection: Selection::all(),
         })
@@ -109,6 +125,8 @@ struct State {
     sent: BTreeMap<String, Service>,
     /// The server our registry copy came from; `None` forces a full fetch.
     server: Option<usize>,
+    /// When the last full read was made.
+    last_full: Instant,
 }
 
 impl EurekaWatcher {
@@ -116,16 +134,21 @@ impl EurekaWatcher {
         info!(
             servers = ?self.client.servers(),
             interval = ?self.interval,
+            anti_entropy = ?self.anti_entropy,
             selective = !self.selector.is_all(),
             "starting"
         );
         self.selection = self.selector.current();
-        let mut st = State { registry: Registry::default(), sent: BTreeMap::new(), server: None };
+        let mut st =
+            State { registry: Registry::default(), sent: BTreeMap::new(), server: None, last_full: Instant::now() };
         let mut failures: u32 = 0;
         loop {
             let round = match st.server {
                 None => self.full(&mut st, &*sink).await,
-                Some(server) => self.delta(&mut st, server, &*sink).await,
+                Some(server) if st.last_full.elapsed() >= self.anti_entropy => {
+                    self.anti_entropy(&mut st, server, &*sink).await
+                }
+                Some(server) => self.delta(&mut st, server, &*sink, None).await,
             };
             let wait = match round {
                 Ok(()) => {
@@ -170,7 +193,41 @@ impl EurekaWatcher {
     ) -> Result<(), Vec<RegistryError>> {
         let started = Instant::now();
         let (server, apps) = self.client.fetch(APPS).await?;
-        st.registry = Registry::from_full(apps.instances);
+        self.replace(st, server, Registry::from_full(apps.instances), sink, expected, started);
+        Ok(())
+    }
+
+    /// The anti-entropy round: a full read, then the delta, which judges
+    /// it (see the module doc). A full read from another server than the
+    /// copy's, or one whose delta fails, replaces the copy as any full
+    /// fetch does.
+    async fn anti_entropy(&mut self, st: &mut State, server: usize, sink: &dyn Sink) -> Result<(), Vec<RegistryError>> {
+        let started = Instant::now();
+        let (answered_by, apps) = self.client.fetch(APPS).await?;
+        let read = Registry::from_full(apps.instances);
+        if answered_by != server {
+            info!(server = %self.client.servers()[answered_by], "another server answered; its registry replaces the copy");
+            self.replace(st, answered_by, read, sink, None, started);
+            return Ok(());
+        }
+        st.last_full = Instant::now();
+        self.delta(st, server, sink, Some(read)).await
+    }
+
+    /// A full read from `server` replaces the copy, sent as a snapshot;
+    /// with `expected` (a delta's hashcode disagreed), the services that
+    /// differ from it are reported as drift first.
+    fn replace(
+        &mut self,
+        st: &mut State,
+        server: usize,
+        registry: Registry,
+        sink: &dyn Sink,
+        expected: Option<BTreeMap<String, Service>>,
+        started: Instant,
+    ) {
+        st.registry = registry;
+        st.last_full = Instant::now();
         let services = self.naming.services(&st.registry, &st.sent, &self.selection);
         if let Some(expected) = expected {
             let missed = differing_hosts(&expected, &services);
@@ -189,14 +246,27 @@ impl EurekaWatcher {
         );
         sink.update(Update::Snapshot(all));
         sink.synced(started.elapsed());
-        Ok(())
     }
 
-    async fn delta(&mut self, st: &mut State, server: usize, sink: &dyn Sink) -> Result<(), Vec<RegistryError>> {
+    /// A delta round. With `read` (the anti-entropy round's full read,
+    /// made just before), the copy is compared with it once the delta
+    /// agrees.
+    async fn delta(
+        &mut self,
+        st: &mut State,
+        server: usize,
+        sink: &dyn Sink,
+        read: Option<Registry>,
+    ) -> Result<(), Vec<RegistryError>> {
+        let started = Instant::now();
         let (answered_by, delta) = match self.client.fetch(DELTA).await {
             Ok(answer) => answer,
             Err(errors) => {
                 debug!(errors = errors.len(), "delta failed; trying a full fetch");
+                if let Some(read) = read {
+                    self.replace(st, server, read, sink, None, started);
+                    return Ok(());
+                }
                 return self.full(st, sink).await;
             }
         };
@@ -219,9 +289,48 @@ impl EurekaWatcher {
             let expected = self.naming.services(&next, &st.sent, &self.selection);
             return self.full_checked(st, sink, Some(expected)).await;
         }
+        if let Some(read) = read {
+            next = self.judge(st, next, read, &delta.instances, &remote, sink);
+        }
         st.registry = next;
         self.publish(st, sink);
         Ok(())
+    }
+
+    /// The anti-entropy comparison: `read` (a full read made before the
+    /// delta) with `delta` applied against the copy `held` with it
+    /// applied. Both then stand for the server's registry as of the delta:
+    /// the delta holds every change of the last three minutes, in its
+    /// newest state, including any made between the two requests. The
+    /// hosts that still differ had a change the deltas never delivered and
+    /// never will: the read's version is returned and they are counted.
+    /// When the read with the delta disagrees with the delta's hashcode
+    /// (it is not of the same moment: the server's response cache served
+    /// the two from different refreshes), nothing is judged, and the next
+    /// pass looks again.
+    fn judge(
+        &self,
+        st: &State,
+        held: Registry,
+        mut read: Registry,
+        delta: &[decode::Instance],
+        hashcode: &str,
+        sink: &dyn Sink,
+    ) -> Registry {
+        read.apply_delta(delta);
+        if read.reconcile_hash_code() != hashcode {
+            debug!(read = %read.reconcile_hash_code(), server = %hashcode, "the full read is of another moment than the delta; not judged");
+            return held;
+        }
+        let expected = self.naming.services(&held, &st.sent, &self.selection);
+        let truth = self.naming.services(&read, &st.sent, &self.selection);
+        let missed = differing_hosts(&expected, &truth);
+        if missed.is_empty() {
+            debug!("anti-entropy: the copy matches the server");
+            return held;
+        }
+        sink.repaired(RepairKind::MissedChange, &missed);
+        read
     }
 
     /// Send what changed between the services last sent and the copy's.
@@ -243,9 +352,9 @@ impl EurekaWatcher {
 
 /// Hosts present in one of `a` and `b` only, or different in each.
 ///
-/// Drift rule for Eureka (issue 24): the watcher has no periodic full read;
-/// a full fetch follows a delta whose reconcile hashcode disagreed with the
-/// copy the delta was applied to. The server computes a delta and its
+/// Drift rule for Eureka (issue 24), outside the anti-entropy pass (see
+/// `judge`): a full fetch follows a delta whose reconcile hashcode
+/// disagreed with the copy the delta was applied to. The server computes a delta and its
 /// hashcode together, so a disagreement proves a change the deltas did not
 /// deliver (a missed round, a change older than the delta queue's
 /// retention, a delta misapplied). What the full fetch then corrects,

@@ -15,10 +15,11 @@
 //! - with gRPC, every `nacosRefreshInterval` lists the services again and
 //!   reads only the new ones and those without a subscription (an
 //!   [`Update::Upsert`] for each that changed, a [`Update::Remove`] for each
-//!   that left), and only every [`FULL_READ_EVERY`]th time reads all of
-//!   them: Nacos pushes every change of a subscribed service, and the full
-//!   read is the safety net for one it does not push (rnacos does not push
-//!   a health change made by a heartbeat). Re-reading 10,000 services every
+//!   that left). Nacos pushes every change of a subscribed service; every
+//!   anti-entropy interval (`--anti-entropy-interval`, [`repair::interval`])
+//!   a full read of every service is the safety net for one it does not
+//!   push (rnacos does not push a health change made by a heartbeat), its
+//!   differences judged by [`missed_push`]. Re-reading 10,000 services every
 //!   30 s cost 10,000 requests and a 10,000-service snapshot each time
 //!   (BENCHMARKS.md "Nacos at 10k"). The client does not poll subscribed
 //!   services (nacos-sdk, used before, polled each every 60 s);
@@ -29,15 +30,20 @@
 //! - with gRPC, a subscription per service whose pushes queue that service
 //!   for one of [`CONCURRENCY`] workers, which asks the server again unless
 //!   the push announced the very endpoints already sent (see
-//!   [`pushed`]): no task per service;
-//! - a health probe, a real one-item service list call (for gRPC after a TCP
-//!   connect to the gRPC port, which fails at once while the server is
-//!   down), every min(refresh, 5 s) and before every full sync. Its answer
-//!   counts the first group's services: a count other than the last
-//!   listing's lists again and reads only the new services, so a new
-//!   service is served within 5 s, not a refresh interval (Nacos pushes
-//!   nothing for a new service; a swap of one service for another between
-//!   two probes waits for the refresh). The gRPC
+//!   [`pushed`]): no task per service. A read that fails queues the
+//!   service again after a backoff;
+//! - a service whose read a sync refuses keeps its last record (the error
+//!   is reported); a later sync that reads it changed counts a
+//!   [`RepairKind::Unreadable`] repair;
+//! - a health probe, a real service list call per group for its first
+//!   [`api::PROBE_PAGE`] names (for gRPC after a TCP connect to the gRPC
+//!   port, which fails at once while the server is down), every min(refresh,
+//!   5 s) and before every listing. Each group's count and a digest of
+//!   those names ([`Probe`]) other than the last listing's probe lists again
+//!   and reads only the new services, so a new service in any group, or one
+//!   swapped for another, is served within 5 s, not a refresh interval
+//!   (Nacos pushes nothing for a new service; a swap beyond the first page
+//!   of a larger group waits for the refresh). The gRPC
 //!   client also checks its connection itself and reconnects on its own,
 //!   and a reconnect triggers a probe (and so the recovery resync) at once;
 //! - with `nacosAddressServer`, the server list is re-read every refresh
@@ -62,7 +68,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -70,7 +76,7 @@ use futures::{FutureExt, StreamExt, stream};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use self::api::{Api, is_auth_error};
+use self::api::{Api, Probe, is_auth_error};
 use self::auth::Auth;
 use self::decode::{DEFAULT_GROUP, Endpoints, Instance, Naming, PUBLIC_NAMESPACE, ServiceKey, endpoints, is_watched};
 use self::grpc::{GrpcApi, grpc_reachable};
@@ -79,7 +85,7 @@ use self::http::HttpApi;
 use self::pushed::Pushed;
 use self::servers::Servers;
 use crate::model::Service;
-use crate::repair::RepairKind;
+use crate::repair::{self, RepairKind};
 use crate::retry::Backoff;
 use crate::select::{Selection, Selector};
 use crate::spec::{RegistryKind, RegistrySpec};
@@ -91,10 +97,6 @@ const MIN_REFRESH: Duration = Duration::from_secs(1);
 const MAX_PROBE: Duration = Duration::from_secs(5);
 /// Instance reads (and subscriptions) in flight at once.
 const CONCURRENCY: usize = 8;
-/// Push clients read every service again only every this many refresh
-/// intervals (a safety net for a push nobody announced; see the module
-/// doc); in between, only new and unsubscribed services.
-const FULL_READ_EVERY: u32 = 10;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Calls refused for credentials this many times in a row, although every
 /// one was made with a token just obtained: the client gets rebuilt.
@@ -115,6 +117,9 @@ pub struct NacosWatcher {
     spec: RegistrySpec,
     protocol: Protocol,
     refresh: Duration,
+    /// Push clients read every service again at this interval
+    /// (`--anti-entropy-interval`); see the module doc.
+    anti_entropy: Duration,
     groups: Vec<String>,
     namespace_id: String,
     http: reqwest::Client,
@@ -161,6 +166,7 @@ impl NacosWatcher {
             .unwrap_or_else(|| PUBLIC_NAMESPACE.to_string());
         Ok(NacosWatcher {
             refresh: spec.nacos_refresh_interval.unwrap_or(DEFAULT_REFRESH).max(MIN_REFRESH),
+            anti_entropy: repair::interval(&spec),
             servers: Servers::new(&spec, http.clone())?,
             auth: Auth::new(&spec, http.clone())?,
             protocol,
@@ -204,6 +210,7 @@ impl NacosWatcher {
             login = self.auth.has_login(),
             access_key = self.auth.has_signer(),
             refresh = ?self.refresh,
+            anti_entropy = ?self.anti_entropy,
             selective = !self.selector.is_all(),
             "starting"
         );
@@ -211,11 +218,12 @@ impl NacosWatcher {
             naming: Naming::new(&self.spec),
             groups: self.groups.clone(),
             refresh: self.refresh,
+            anti_entropy: self.anti_entropy,
             health: Health::new(sink.clone()),
             sink,
             state: Mutex::default(),
             seq: AtomicU64::new(0),
-            listed: AtomicUsize::new(usize::MAX),
+            probed: Mutex::default(),
             selection: Mutex::new(self.selector.current()),
         });
         let auth = Arc::new(self.auth);
@@ -305,16 +313,17 @@ struct Ctx {
     naming: Naming,
     groups: Vec<String>,
     refresh: Duration,
+    anti_entropy: Duration,
     sink: Arc<dyn Sink>,
     health: Health,
     state: Mutex<State>,
     /// Numbers answers in the order they were asked for.
     seq: AtomicU64,
-    /// How many services the first group held at the last listing (or the
-    /// probe's count that listing was made for): a probe that counts
-    /// otherwise lists again at once, so a new service is read within a
-    /// probe period, not a refresh interval. `usize::MAX` before any.
-    listed: AtomicUsize,
+    /// What the probe saw of every group (in `groups` order) just before
+    /// the last listing: a probe that sees otherwise lists again at once,
+    /// so a new service in any group is read within a probe period, not a
+    /// refresh interval. `None` before any listing.
+    probed: Mutex<Option<Vec<Probe>>>,
     /// Which services are read and subscribed to.
     selection: Mutex<Selection>,
 }
@@ -332,6 +341,9 @@ struct Tracked {
     /// What the last push a reader took announced (push clients; see
     /// [`missed_push`]).
     announced: Option<Announced>,
+    /// Its last read in a sync was refused (it kept this record): a later
+    /// sync's read that differs is counted as [`RepairKind::Unreadable`].
+    unreadable: bool,
 }
 
 /// A push's announcement, as a digest of the service it makes and the
@@ -384,15 +396,13 @@ impl Ctx {
     /// (their answer is `None`: kept as they are).
     async fn full_sync<A: Api>(&self, api: &A, keep: &Keep<'_>) -> Result<Vec<Answer>, RegistryError> {
         // The probe fails fast while the server is down, rather than every
-        // read failing on its own.
-        api.probe(&self.groups[0]).await?;
+        // read failing on its own. Taken before the listing, so a change
+        // made after it shows at the next probe.
+        let probed = self.probe(api).await?;
         let mut keys = BTreeSet::new();
         let selection = self.selection.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        for (i, group) in self.groups.iter().enumerate() {
+        for group in &self.groups {
             let names = api.list_services(group).await?;
-            if i == 0 {
-                self.listed.store(names.len(), Ordering::Relaxed);
-            }
             let listed = names.into_iter().filter(|n| is_watched(n)).map(|n| ServiceKey::new(group.clone(), n));
             keys.extend(listed.filter(|key| selection.is_all() || selection.wants(&self.naming.host(key))));
         }
@@ -427,12 +437,26 @@ impl Ctx {
                 Err(e) => {
                     warn!(service = %key, error = %e, "keeping the last known state of this service");
                     self.health.fail(&e);
+                    if let Some(tracked) = self.state().services.get_mut(&key) {
+                        tracked.unreadable = true;
+                    }
                     out.push((key, seq, None));
                 }
             }
         }
+        *self.probed.lock().unwrap_or_else(PoisonError::into_inner) = Some(probed);
         self.health.ok();
         Ok(out)
+    }
+
+    /// Probe every group, in `groups` order.
+    async fn probe<A: Api>(&self, api: &A) -> Result<Vec<Probe>, RegistryError> {
+        futures::future::try_join_all(self.groups.iter().map(|group| api.probe(group))).await
+    }
+
+    /// Whether `probes` saw the groups as the last listing's probe did.
+    fn probed_as_listed(&self, probes: &[Probe]) -> bool {
+        self.probed.lock().unwrap_or_else(PoisonError::into_inner).as_deref() == Some(probes)
     }
 
     /// A full sync, applied: one [`Update::Snapshot`], after an
@@ -477,6 +501,7 @@ impl Ctx {
         let (mut skipped, mut dropped_labels) = (0, 0);
         let mut changed = Vec::new();
         let mut drifted = Vec::new();
+        let mut unreadable = Vec::new();
         for (key, seq, decoded) in answers {
             let prev = old.remove(&key);
             let tracked = match (prev, decoded) {
@@ -491,16 +516,21 @@ impl Ctx {
                     let last = last_port(prev.as_ref().map(|p| &p.sent));
                     let sent = self.naming.service(&key, decoded, last);
                     let announced = prev.as_ref().and_then(|p| p.announced);
-                    if let (Some(pushed), Some(prev)) = (judge, &prev)
-                        && prev.sent != sent
-                        && missed_push(announced, &sent, seq, pushed.pending(&key))
+                    if let Some(prev) = &prev
+                        && repair::differs(Some(&prev.sent), Some(&sent))
                     {
-                        drifted.push(sent.host.clone());
+                        if prev.unreadable {
+                            unreadable.push(sent.host.clone());
+                        } else if let Some(pushed) = judge
+                            && missed_push(announced, &sent, seq, pushed.pending(&key))
+                        {
+                            drifted.push(sent.host.clone());
+                        }
                     }
                     if !snapshot && prev.is_none_or(|p| p.sent != sent) {
                         changed.push(sent.clone());
                     }
-                    Tracked { seq, sent, announced }
+                    Tracked { seq, sent, announced, unreadable: false }
                 }
             };
             st.services.insert(key, tracked);
@@ -508,6 +538,10 @@ impl Ctx {
         if !drifted.is_empty() {
             drifted.sort();
             self.sink.repaired(RepairKind::MissedChange, &drifted);
+        }
+        if !unreadable.is_empty() {
+            unreadable.sort();
+            self.sink.repaired(RepairKind::Unreadable, &unreadable);
         }
         for (key, gone) in old {
             info!(service = %key, host = %gone.sent.host, "service left the registry");
@@ -560,6 +594,7 @@ impl Ctx {
         }
         let service = self.naming.service(key, decoded, last_port(Some(&tracked.sent)));
         tracked.seq = seq;
+        tracked.unreadable = false;
         if tracked.sent != service {
             debug!(service = %key, endpoints = service.endpoints.len(), "instances changed");
             tracked.sent = service.clone();
@@ -569,6 +604,10 @@ impl Ctx {
 
     fn keys(&self) -> BTreeSet<ServiceKey> {
         self.state().services.keys().cloned().collect()
+    }
+
+    fn tracks(&self, key: &ServiceKey) -> bool {
+        self.state().services.contains_key(key)
     }
 }
 
@@ -582,8 +621,6 @@ struct Session<A: Api> {
     pushed: Arc<Pushed>,
     /// Watched services (push clients only) and whether each is subscribed yet.
     subscribed: HashMap<ServiceKey, bool>,
-    /// Refresh intervals since the last full read (push clients only).
-    refreshes: u32,
 }
 
 impl<A: Api> Session<A> {
@@ -592,7 +629,7 @@ impl<A: Api> Session<A> {
     }
 
     fn new_shared(api: Arc<A>, ctx: Arc<Ctx>) -> Session<A> {
-        Session { api, ctx, workers: JoinSet::new(), pushed: Arc::default(), subscribed: HashMap::new(), refreshes: 0 }
+        Session { api, ctx, workers: JoinSet::new(), pushed: Arc::default(), subscribed: HashMap::new() }
     }
 
     async fn run(mut self, servers: &Servers, current: &[String], selector: &mut Selector) -> End {
@@ -622,20 +659,24 @@ impl<A: Api> Session<A> {
             t
         };
         let mut resync = every(ctx.refresh);
+        // Push clients: the anti-entropy pass (HTTP's every refresh is one).
+        let mut full = every(ctx.anti_entropy);
         let mut probe = every(ctx.refresh.min(MAX_PROBE));
         let mut address = every(ctx.refresh);
         loop {
             tokio::select! {
                 _ = resync.tick() => {
-                    self.refreshes += 1;
-                    let end = if !A::PUSH || self.refreshes >= FULL_READ_EVERY {
-                        self.resync(true).await
-                    } else {
-                        self.refresh(false).await
-                    };
+                    let end = if A::PUSH { self.refresh(false).await } else { self.resync(true).await };
                     if let Some(end) = end {
                         return end;
                     }
+                }
+                _ = full.tick(), if A::PUSH => {
+                    if let Some(end) = self.resync(true).await {
+                        return end;
+                    }
+                    // It listed and read everything a refresh would.
+                    resync.reset();
                 }
                 _ = probe.tick() => {
                     if let Some(end) = self.probe().await {
@@ -656,6 +697,7 @@ impl<A: Api> Session<A> {
                         return end;
                     }
                     resync.reset();
+                    full.reset();
                 }
                 _ = address.tick(), if servers.is_dynamic() => {
                     if let Some(end) = check_servers(servers, current, &ctx.health).await {
@@ -683,21 +725,20 @@ impl<A: Api> Session<A> {
         }
     }
 
+    /// Probe every group: a count or first page other than the last
+    /// listing's lists again.
     async fn probe(&mut self) -> Option<End> {
-        match self.api.probe(&self.ctx.groups[0]).await {
-            Ok(count) => {
+        match self.ctx.probe(&*self.api).await {
+            Ok(probes) => {
                 self.ctx.health.ok();
-                if count == self.ctx.listed.load(Ordering::Relaxed) {
+                if self.ctx.probed_as_listed(&probes) {
                     return None;
                 }
                 // Services came or went: list again and read only the new
-                // ones (Nacos announces neither).
-                debug!(count, "the service count changed, listing again");
-                let end = self.refresh(true).await;
-                // A listing capped short of the count is not asked for again
-                // and again: the count is explained.
-                self.ctx.listed.store(count, Ordering::Relaxed);
-                end
+                // ones (Nacos announces neither). That listing's own probe
+                // is the one the next probes compare with.
+                debug!(?probes, "a group's services changed, listing again");
+                self.refresh(true).await
             }
             Err(e) => {
                 self.ctx.health.fail(&e);
@@ -728,7 +769,6 @@ impl<A: Api> Session<A> {
     /// A full read. A `periodic` one of a push client is judged for drift
     /// (the HTTP client's every read is its change detection: never).
     async fn resync(&mut self, periodic: bool) -> Option<End> {
-        self.refreshes = 0;
         let judge = (A::PUSH && periodic).then_some(&*self.pushed);
         match self.ctx.sync(&*self.api, judge).await {
             Ok(()) => {
@@ -846,10 +886,21 @@ async fn read_pushed<A: Api>(ctx: Arc<Ctx>, api: Arc<A>, pushed: Arc<Pushed>) {
                 ctx.health.ok();
                 let decoded = resolve(endpoints(instances)).await;
                 ctx.apply_one(&key, seq, decoded);
+                pushed.done(&key);
             }
-            Err(e) => ctx.health.fail(&e),
+            Err(e) => {
+                ctx.health.fail(&e);
+                // The push announced a change nobody has read: read it again
+                // after a backoff. A full read's success must not stand for
+                // it (its own read of the service may predate the push).
+                if ctx.tracks(&key) {
+                    debug!(service = %key, error = %e, "pushed service unread; retrying");
+                    pushed.failed(&key);
+                } else {
+                    pushed.done(&key);
+                }
+            }
         }
-        pushed.done(&key);
     }
 }
 

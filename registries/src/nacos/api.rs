@@ -14,9 +14,10 @@ pub(crate) trait Api: Send + Sync + 'static {
     fn list_services(&self, group: &str) -> impl Future<Output = Result<Vec<String>, RegistryError>> + Send;
     /// Every instance of a service, healthy or not.
     fn instances(&self, key: &ServiceKey) -> impl Future<Output = Result<Vec<Instance>, RegistryError>> + Send;
-    /// A cheap real call, to tell whether the server answers: how many
-    /// services `group` holds, as the server counts them.
-    fn probe(&self, group: &str) -> impl Future<Output = Result<usize, RegistryError>> + Send;
+    /// A cheap real call, to tell whether the server answers, and whether
+    /// `group`'s services changed: the first [`PROBE_PAGE`] names and the
+    /// count, as the server lists them ([`Probe::new`]).
+    fn probe(&self, group: &str) -> impl Future<Output = Result<Probe, RegistryError>> + Send;
 
     /// Whether the server pushes changes to subscribers.
     const PUSH: bool = false;
@@ -35,6 +36,33 @@ pub(crate) trait Api: Send + Sync + 'static {
     /// (gRPC only: its supervisor reconnects); never otherwise.
     fn reachable_again(&self) -> impl Future<Output = ()> + Send {
         std::future::pending()
+    }
+}
+
+/// How many names a probe asks for: enough that a service swapped for
+/// another (the count unchanged) shows in most groups, few enough that
+/// the call stays small (a few kilobytes every probe period).
+pub(crate) const PROBE_PAGE: usize = 100;
+
+/// What a probe saw of one group: its service count and a digest of the
+/// names on its first page. Nacos announces neither a new service nor a
+/// deleted one, so a probe that differs from the last listing's lists
+/// again. The names are sorted before hashing: only which names the page
+/// holds counts, not the server's order within it. A swap beyond the first
+/// page of a group larger than [`PROBE_PAGE`] changes neither and waits
+/// for the refresh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Probe {
+    pub count: usize,
+    pub names: u64,
+}
+
+impl Probe {
+    pub fn new(count: usize, mut names: Vec<String>) -> Probe {
+        names.sort_unstable();
+        let mut h = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&names, &mut h);
+        Probe { count, names: std::hash::Hasher::finish(&h) }
     }
 }
 

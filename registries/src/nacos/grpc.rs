@@ -25,7 +25,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info};
 
-use super::api::{Api, is_auth_error};
+use super::api::{Api, PROBE_PAGE, Probe, is_auth_error};
 use super::auth::{ACCESS_TOKEN, Auth};
 use super::decode::{Instance, PUBLIC_NAMESPACE, ServiceKey};
 use super::pushed::Pushed;
@@ -367,8 +367,8 @@ impl Api for GrpcApi {
         service_hosts(&s.registry, "ServiceQuery", &bytes)
     }
 
-    async fn probe(&self, group: &str) -> Result<usize, RegistryError> {
-        self.service_page(group, 1, 1).await.map(|(_, count)| count)
+    async fn probe(&self, group: &str) -> Result<Probe, RegistryError> {
+        self.service_page(group, 1, PROBE_PAGE).await.map(|(names, count)| Probe::new(count, names))
     }
 
     const PUSH: bool = true;

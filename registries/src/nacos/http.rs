@@ -13,7 +13,7 @@ use std::time::Duration;
 use reqwest::header::{AUTHORIZATION, HeaderValue};
 use tracing::debug;
 
-use super::api::{Api, is_auth_error};
+use super::api::{Api, PROBE_PAGE, Probe, is_auth_error};
 use super::auth::{ACCESS_TOKEN, Auth};
 use super::decode::{Instance, ServiceKey, decode_instance_list, decode_service_list};
 use crate::body::{MAX_BODY_BYTES, read_capped};
@@ -175,8 +175,8 @@ impl Api for HttpApi {
         decode_instance_list(&body).map_err(|e| self.bad(INSTANCE_LIST, e.to_string()))
     }
 
-    async fn probe(&self, group: &str) -> Result<usize, RegistryError> {
-        self.service_page(group, 1, 1).await.map(|(_, count)| count)
+    async fn probe(&self, group: &str) -> Result<Probe, RegistryError> {
+        self.service_page(group, 1, PROBE_PAGE).await.map(|(names, count)| Probe::new(count, names))
     }
 }
 

@@ -1,11 +1,12 @@
 //! The shared loop against an in-memory [`Api`]: snapshot and removal
 //! rules, answer ordering, partial refusals, outage and recovery.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicBool;
 
 use tokio::sync::mpsc;
 
+use super::api::PROBE_PAGE;
 use super::decode::Instance;
 use super::servers::grpc_addr;
 use super::*;
@@ -17,7 +18,7 @@ enum Event {
     Update(Update),
     Healthy,
     Error(RegistryError),
-    Drift(Vec<String>),
+    Drift(RepairKind, Vec<String>),
 }
 
 struct ChannelSink(mpsc::UnboundedSender<Event>);
@@ -32,8 +33,8 @@ impl Sink for ChannelSink {
     fn error(&self, error: &RegistryError) {
         let _ = self.0.send(Event::Error(error.clone()));
     }
-    fn repaired(&self, _kind: RepairKind, hosts: &[String]) {
-        let _ = self.0.send(Event::Drift(hosts.to_vec()));
+    fn repaired(&self, kind: RepairKind, hosts: &[String]) {
+        let _ = self.0.send(Event::Drift(kind, hosts.to_vec()));
     }
 }
 
@@ -48,6 +49,12 @@ struct FakeApi {
     refuse_all: Mutex<Option<u16>>,
     /// Instance reads answered, per service name.
     reads: Mutex<BTreeMap<String, usize>>,
+    /// Services whose next instance read is refused with a 500.
+    fail_once: Mutex<BTreeSet<String>>,
+    /// Services whose instance reads take this long.
+    slow: Mutex<BTreeMap<String, Duration>>,
+    /// The queue a push client's subscriptions feed ([`PushFake`]).
+    pushed: Mutex<Option<Arc<Pushed>>>,
 }
 
 impl FakeApi {
@@ -79,6 +86,13 @@ impl Api for FakeApi {
 
     async fn instances(&self, key: &ServiceKey) -> Result<Vec<Instance>, RegistryError> {
         self.check()?;
+        let slow = self.slow.lock().unwrap().get(&key.name).copied();
+        if let Some(slow) = slow {
+            tokio::time::sleep(slow).await;
+        }
+        if self.fail_once.lock().unwrap().remove(&key.name) {
+            return Err(RegistryError::Status { registry: "n".into(), what: "instances".into(), status: 500 });
+        }
         if let Some(status) = self.refuse.lock().unwrap().get(&key.name) {
             return Err(RegistryError::Status { registry: "n".into(), what: "instances".into(), status: *status });
         }
@@ -87,9 +101,12 @@ impl Api for FakeApi {
         Ok(data.get(&key.group).and_then(|s| s.get(&key.name)).cloned().unwrap_or_default())
     }
 
-    async fn probe(&self, group: &str) -> Result<usize, RegistryError> {
+    async fn probe(&self, group: &str) -> Result<Probe, RegistryError> {
         self.check()?;
-        Ok(self.data.lock().unwrap().get(group).map_or(0, |s| s.len()))
+        let data = self.data.lock().unwrap();
+        let names: Vec<String> =
+            data.get(group).map(|s| s.keys().take(PROBE_PAGE).cloned().collect()).unwrap_or_default();
+        Ok(Probe::new(data.get(group).map_or(0, |s| s.len()), names))
     }
 }
 
@@ -105,11 +122,12 @@ fn ctx(groups: &[&str]) -> (Arc<Ctx>, mpsc::UnboundedReceiver<Event>) {
         naming: Naming::new(&spec),
         groups: groups.iter().map(|g| g.to_string()).collect(),
         refresh: Duration::from_secs(2),
+        anti_entropy: Duration::from_secs(20),
         health: Health::new(sink.clone()),
         sink,
         state: Mutex::default(),
         seq: AtomicU64::new(0),
-        listed: AtomicUsize::new(usize::MAX),
+        probed: Mutex::default(),
         selection: Mutex::new(crate::select::Selection::all()),
     };
     (Arc::new(ctx), rx)
@@ -245,7 +263,8 @@ async fn session_keeps_endpoints_through_an_outage_and_resyncs_after() {
     task.abort();
 }
 
-/// The fake as a push client (subscriptions are no-ops).
+/// The fake as a push client (a subscription only keeps the queue, so
+/// that a test can push).
 struct PushFake(Arc<FakeApi>);
 
 impl Api for PushFake {
@@ -255,10 +274,22 @@ impl Api for PushFake {
     async fn instances(&self, key: &ServiceKey) -> Result<Vec<Instance>, RegistryError> {
         self.0.instances(key).await
     }
-    async fn probe(&self, group: &str) -> Result<usize, RegistryError> {
+    async fn probe(&self, group: &str) -> Result<Probe, RegistryError> {
         self.0.probe(group).await
     }
     const PUSH: bool = true;
+    async fn subscribe(&self, _key: &ServiceKey, pushed: Arc<Pushed>) -> Result<(), RegistryError> {
+        *self.0.pushed.lock().unwrap() = Some(pushed);
+        Ok(())
+    }
+}
+
+impl FakeApi {
+    /// Push `service` (no instances announced), as the server would.
+    fn push(&self, group: &str, service: &str) {
+        let pushed = self.pushed.lock().unwrap().clone().expect("subscribed");
+        pushed.mark(&ServiceKey::new(group, service), None);
+    }
 }
 
 /// A push client whose calls fail (server down, or hung) is kept: it
@@ -303,14 +334,14 @@ async fn refused_tokens_rebuild_a_client_that_worked_only() {
 
 /// Between full reads a push client lists again and reads only new
 /// services (and unsubscribed ones), sending only what changed; every
-/// [`FULL_READ_EVERY`]th refresh reads everything.
+/// anti-entropy interval it reads everything.
 #[tokio::test(start_paused = true)]
 async fn push_clients_read_only_new_services_between_full_reads() {
     let fake = Arc::new(FakeApi::default());
     fake.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
     fake.set("DEFAULT_GROUP", "cart", vec![instance("10.0.0.2", 80)]);
     let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
-    let refresh = ctx.refresh;
+    let (refresh, anti_entropy) = (ctx.refresh, ctx.anti_entropy);
     let run = spawn_session(Session::new(PushFake(fake.clone()), ctx));
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(hosts(updates(&drain(&mut rx))[0]).len(), 2);
@@ -325,7 +356,7 @@ async fn push_clients_read_only_new_services_between_full_reads() {
     assert_eq!(ups.len(), 2, "{events:?}");
     assert_eq!(ups[0], &Update::Remove("cart.DEFAULT-GROUP.public.nacos".into()));
     assert!(matches!(ups[1], Update::Upsert(s) if s.host == "api.DEFAULT-GROUP.public.nacos"), "{ups:?}");
-    tokio::time::sleep(refresh * (FULL_READ_EVERY - 2)).await;
+    tokio::time::sleep(anti_entropy - refresh * 2).await;
     assert!(updates(&drain(&mut rx)).is_empty());
     let reads = |name: &str| fake.reads.lock().unwrap().get(name).copied().unwrap_or(0);
     assert_eq!((reads("web"), reads("api")), (1, 1));
@@ -351,6 +382,7 @@ async fn a_changed_service_count_lists_again_within_a_probe_period() {
         let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
         let Ok(mut ctx) = Arc::try_unwrap(ctx) else { panic!("one owner") };
         ctx.refresh = Duration::from_secs(600);
+        ctx.anti_entropy = Duration::from_secs(600);
         let run = spawn_session(Session::new_shared(api, Arc::new(ctx)));
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(hosts(updates(&drain(&mut rx))[0]).len(), 1);
@@ -491,14 +523,140 @@ async fn a_periodic_full_read_counts_a_push_taken_but_not_applied() {
 
     ctx.sync(&api, Some(&pushed)).await.unwrap();
     let events = drain(&mut rx);
-    let drift: Vec<&Event> = events.iter().filter(|e| matches!(e, Event::Drift(_))).collect();
-    assert_eq!(drift, [&Event::Drift(vec![WEB.to_string()])], "{events:?}");
-    let first = events.iter().position(|e| matches!(e, Event::Drift(_))).unwrap();
+    let drift: Vec<&Event> = events.iter().filter(|e| matches!(e, Event::Drift(..))).collect();
+    assert_eq!(drift, [&Event::Drift(RepairKind::MissedChange, vec![WEB.to_string()])], "{events:?}");
+    let first = events.iter().position(|e| matches!(e, Event::Drift(..))).unwrap();
     assert!(events[first..].iter().any(|e| matches!(e, Event::Update(Update::Snapshot(_)))), "the correction follows");
 
     // Not periodic (after a failure, at start): never judged.
     api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.6", 80)]);
     assert!(!ctx.already_sent(&key("web"), vec![instance("10.0.0.6", 80)]));
     ctx.sync(&api, None).await.unwrap();
-    assert!(!drain(&mut rx).iter().any(|e| matches!(e, Event::Drift(_))));
+    assert!(!drain(&mut rx).iter().any(|e| matches!(e, Event::Drift(..))));
+}
+
+/// The probe covers every group of `nacosGroups`, and sees a service
+/// swapped for another (the count unchanged): both are read within a probe
+/// period, not a refresh interval (issue 33, H1).
+#[tokio::test(start_paused = true)]
+async fn a_new_service_in_any_group_and_a_swap_are_read_within_a_probe_period() {
+    async fn check<A: Api>(api: Arc<A>, fake: Arc<FakeApi>) {
+        let (ctx, mut rx) = ctx(&["DEFAULT_GROUP", "shop_v2"]);
+        let Ok(mut ctx) = Arc::try_unwrap(ctx) else { panic!("one owner") };
+        ctx.refresh = Duration::from_secs(600);
+        ctx.anti_entropy = Duration::from_secs(600);
+        let run = spawn_session(Session::new_shared(api, Arc::new(ctx)));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(hosts(updates(&drain(&mut rx))[0]).len(), 1);
+
+        fake.set("shop_v2", "cart", vec![instance("10.0.0.3", 81)]);
+        tokio::time::sleep(MAX_PROBE + Duration::from_millis(10)).await;
+        let events = drain(&mut rx);
+        let ups = updates(&events);
+        assert_eq!(ups.len(), 1, "{events:?}");
+        assert!(matches!(ups[0], Update::Upsert(s) if s.host == "cart.shop-v2.public.nacos"), "{ups:?}");
+
+        // One service deleted and another created between two probes.
+        fake.delete("DEFAULT_GROUP", "web");
+        fake.set("DEFAULT_GROUP", "api", vec![instance("10.0.0.4", 82)]);
+        tokio::time::sleep(MAX_PROBE).await;
+        let events = drain(&mut rx);
+        let ups = updates(&events);
+        assert_eq!(ups.len(), 2, "{events:?}");
+        assert_eq!(ups[0], &Update::Remove(WEB.into()));
+        assert!(matches!(ups[1], Update::Upsert(s) if s.host == "api.DEFAULT-GROUP.public.nacos"), "{ups:?}");
+
+        // Nothing moved: nothing is listed or read until the refresh.
+        let reads = fake.reads.lock().unwrap().clone();
+        tokio::time::sleep(MAX_PROBE * 3).await;
+        assert!(updates(&drain(&mut rx)).is_empty());
+        assert_eq!(*fake.reads.lock().unwrap(), reads);
+        run.abort();
+    }
+    for push in [true, false] {
+        let fake = Arc::new(FakeApi::default());
+        fake.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
+        if push {
+            check(Arc::new(PushFake(fake.clone())), fake).await;
+        } else {
+            check(fake.clone(), fake).await;
+        }
+    }
+}
+
+/// A push whose read fails while a full read is under way (the full read
+/// read the service before the change, and its success clears the failure)
+/// is read again after a backoff, not at the next full read (issue 33, H9).
+#[tokio::test(start_paused = true)]
+async fn a_failed_push_read_during_a_full_read_is_read_again() {
+    let fake = Arc::new(FakeApi::default());
+    fake.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
+    fake.set("DEFAULT_GROUP", "slow", vec![instance("10.0.0.2", 80)]);
+    let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
+    let Ok(mut ctx) = Arc::try_unwrap(ctx) else { panic!("one owner") };
+    ctx.refresh = Duration::from_secs(600);
+    ctx.anti_entropy = Duration::from_secs(20);
+    let run = spawn_session(Session::new(PushFake(fake.clone()), Arc::new(ctx)));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(hosts(updates(&drain(&mut rx))[0]).len(), 2);
+
+    // The full read at 20 s reads web at once and slow for 3 s.
+    fake.slow.lock().unwrap().insert("slow".into(), Duration::from_secs(3));
+    tokio::time::sleep(Duration::from_millis(20_500)).await;
+    assert_eq!(fake.reads.lock().unwrap()["web"], 2, "the full read read web");
+    fake.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.9", 80)]);
+    fake.fail_once.lock().unwrap().insert("web".into());
+    fake.push("DEFAULT_GROUP", "web");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(fake.fail_once.lock().unwrap().is_empty(), "the push read failed");
+
+    // Well before the next full read (40 s), web is read again.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let events = drain(&mut rx);
+    let web = |s: &Service| s.host == WEB && s.endpoints[0].address == "10.0.0.9";
+    let sent = updates(&events).iter().any(|u| match u {
+        Update::Upsert(s) => web(s),
+        Update::Snapshot(all) => all.iter().any(web),
+        Update::Remove(_) => false,
+    });
+    assert!(sent, "{events:?}");
+    assert!(!events.iter().any(|e| matches!(e, Event::Drift(..))), "a retried read is no repair: {events:?}");
+    run.abort();
+}
+
+/// A service whose read a sync refused keeps its last record (and the
+/// error is reported); the next sync that reads it with a difference
+/// counts it as `Unreadable`, and one that reads it unchanged counts
+/// nothing.
+#[tokio::test]
+async fn a_service_unreadable_then_read_with_a_difference_is_counted() {
+    let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
+    let api = FakeApi::default();
+    api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
+    api.set("DEFAULT_GROUP", "api", vec![instance("10.0.0.2", 81)]);
+    ctx.sync(&api, None).await.unwrap();
+    drain(&mut rx);
+
+    api.refuse.lock().unwrap().insert("web".into(), 500);
+    api.refuse.lock().unwrap().insert("api".into(), 500);
+    api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.3", 80)]);
+    ctx.sync(&api, None).await.unwrap();
+    let events = drain(&mut rx);
+    assert!(events.iter().any(|e| matches!(e, Event::Error(RegistryError::Status { status: 500, .. }))));
+    let Update::Snapshot(all) = updates(&events)[0] else { panic!("{events:?}") };
+    assert_eq!(all[1].endpoints[0].address, "10.0.0.1", "kept");
+    assert!(!events.iter().any(|e| matches!(e, Event::Drift(..))), "{events:?}");
+
+    api.refuse.lock().unwrap().clear();
+    ctx.sync(&api, None).await.unwrap();
+    let events = drain(&mut rx);
+    let drift: Vec<&Event> = events.iter().filter(|e| matches!(e, Event::Drift(..))).collect();
+    assert_eq!(drift, [&Event::Drift(RepairKind::Unreadable, vec![WEB.to_string()])], "{events:?}");
+    let Update::Snapshot(all) = updates(&events)[0] else { panic!("{events:?}") };
+    assert_eq!(all[1].endpoints[0].address, "10.0.0.3", "repaired");
+
+    // Readable since: nothing more is counted.
+    api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.4", 80)]);
+    ctx.sync(&api, None).await.unwrap();
+    assert!(!drain(&mut rx).iter().any(|e| matches!(e, Event::Drift(..))));
 }
