@@ -159,7 +159,10 @@ async fn registries_api_shapes_errors_and_readiness() {
     sink.repaired(meshbridge_registries::RepairKind::IndexReset, &["web.dc1.consul".to_string()]);
     let (_, one) = f.get("/v1/registries/shared?type=consul").await;
     assert_eq!(one["repairs"]["index_reset"], 1);
-    assert_eq!((&one["lastRepair"]["kind"], &one["lastRepair"]["count"]), (&Value::from("index_reset"), &Value::from(1)));
+    assert_eq!(
+        (&one["lastRepair"]["kind"], &one["lastRepair"]["count"]),
+        (&Value::from("index_reset"), &Value::from(1))
+    );
     assert_eq!(one["lastRepair"]["services"], serde_json::json!(["web.dc1.consul"]));
     assert!(is_rfc3339(&one["lastRepair"]["time"]), "{one}");
     assert_eq!(n["type"], "nacos2");
