@@ -123,7 +123,7 @@ pub struct ConsulWatcher {
     refresh: Duration,
     max_conns: usize,
     selector: Selector,
-    /// The anti-entropy pass's interval ([`crate::repair::interval`]).
+    /// The anti-entropy pass's interval ([`RegistrySpec::anti_entropy`]).
     anti_entropy: Duration,
 }
 
@@ -136,7 +136,7 @@ impl ConsulWatcher {
         .max(MIN_MAX_CONNS);
         let client = Client::new(&spec, max_conns)?;
         let refresh = spec.consul_refresh_interval.unwrap_or(DEFAULT_REFRESH).max(MIN_REFRESH);
-        let anti_entropy = crate::repair::interval(&spec);
+        let anti_entropy = spec.anti_entropy();
         Ok(ConsulWatcher {
             spec,
             client,

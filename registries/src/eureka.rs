@@ -56,7 +56,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use self::client::{APPS, Client, DELTA};
 use self::decode::{Naming, Registry};
 use crate::model::Service;
-use crate::repair::{self, RepairKind};
+use crate::repair::RepairKind;
 use crate::retry;
 use crate::select::{Selection, Selector};
 use crate::spec::RegistrySpec;
@@ -82,7 +82,7 @@ impl EurekaWatcher {
     pub fn new(spec: RegistrySpec) -> Result<EurekaWatcher, RegistryError> {
         let client = Client::new(&spec)?;
         let naming = Naming::new(&spec);
-        let anti_entropy = repair::interval(&spec);
+        let anti_entropy = spec.anti_entropy();
         Ok(EurekaWatcher {
             spec,
             client,

@@ -16,7 +16,7 @@
 //!   reads only the new ones and those without a subscription (an
 //!   [`Update::Upsert`] for each that changed, a [`Update::Remove`] for each
 //!   that left). Nacos pushes every change of a subscribed service; every
-//!   anti-entropy interval (`--anti-entropy-interval`, [`repair::interval`])
+//!   anti-entropy interval (`--anti-entropy-interval`, [`RegistrySpec::anti_entropy`])
 //!   a full read of every service is the safety net for one it does not
 //!   push (rnacos does not push a health change made by a heartbeat), its
 //!   differences judged by [`missed_push`]. Re-reading 10,000 services every
@@ -166,7 +166,7 @@ impl NacosWatcher {
             .unwrap_or_else(|| PUBLIC_NAMESPACE.to_string());
         Ok(NacosWatcher {
             refresh: spec.nacos_refresh_interval.unwrap_or(DEFAULT_REFRESH).max(MIN_REFRESH),
-            anti_entropy: repair::interval(&spec),
+            anti_entropy: spec.anti_entropy(),
             servers: Servers::new(&spec, http.clone())?,
             auth: Auth::new(&spec, http.clone())?,
             protocol,

@@ -7,7 +7,7 @@
 //! it service by service with what it sent, and repairs every difference.
 //! What this module gives every watcher alike:
 //!
-//! - the interval ([`interval`]: `--anti-entropy-interval`, default
+//! - the interval ([`crate::RegistrySpec::anti_entropy`]: `--anti-entropy-interval`, default
 //!   [`DEFAULT_INTERVAL`]) and a [`Pacer`] that spreads one pass's reads
 //!   over it, so that a pass costs the registry a steady trickle instead
 //!   of a burst;
@@ -83,12 +83,6 @@ impl std::fmt::Display for RepairKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
-}
-
-/// The anti-entropy interval of a registry: its spec's, else
-/// [`DEFAULT_INTERVAL`]; never below [`MIN_INTERVAL`].
-pub fn interval(spec: &crate::RegistrySpec) -> Duration {
-    spec.anti_entropy_interval.unwrap_or(DEFAULT_INTERVAL).max(MIN_INTERVAL)
 }
 
 /// Whether the truth read now differs from what was sent: a service that

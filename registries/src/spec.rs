@@ -175,6 +175,13 @@ impl RegistrySpec {
         }
     }
 
+    /// The anti-entropy interval ([`crate::repair`]): the spec's, else
+    /// [`crate::repair::DEFAULT_INTERVAL`]; never below
+    /// [`crate::repair::MIN_INTERVAL`].
+    pub fn anti_entropy(&self) -> Duration {
+        self.anti_entropy_interval.unwrap_or(crate::repair::DEFAULT_INTERVAL).max(crate::repair::MIN_INTERVAL)
+    }
+
     /// The service port to expose for the service `host`: the
     /// `vport.services[]` entry named as that host, ignoring case (as
     /// Higress's `GetServiceVport` matches), else the registry default, else

@@ -34,7 +34,7 @@
 //! the service with fewer endpoints, down to an authoritative empty service
 //! that keeps its last port. A full sync runs again after a reconnect, after
 //! a session expiry (a new session), after any failure, and every
-//! anti-entropy interval ([`crate::repair::interval`], 5 min by default),
+//! anti-entropy interval ([`RegistrySpec::anti_entropy`], 5 min by default),
 //! where what differs from what was sent and no watch event named is
 //! counted as a missed change ([`missed`]). The resync periods between
 //! (30 s by default; Higress has none for ZooKeeper) only verify what was
@@ -72,6 +72,7 @@ pub(crate) mod dubbo;
 mod failing;
 mod read;
 pub(crate) mod spring;
+mod stats;
 mod tree;
 mod view;
 mod watches;
@@ -81,7 +82,6 @@ use std::future::Future;
 use std::net::Ipv6Addr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -91,6 +91,7 @@ use zookeeper_client as zk;
 
 use self::failing::Failing;
 use self::read::{Read, Reader, is_outage};
+pub use self::stats::ZookeeperStats;
 use self::tree::{Naming, ServiceKey, Touch, Tree};
 use self::view::{Sync, View};
 use self::watches::Watches;
@@ -122,29 +123,6 @@ pub struct ZookeeperWatcher {
     resync: Duration,
     stats: Arc<ZookeeperStats>,
     selector: Selector,
-}
-
-/// Counters a running watcher keeps; get them with
-/// [`ZookeeperWatcher::stats`] before running it.
-#[derive(Debug, Default)]
-pub struct ZookeeperStats {
-    malformed: AtomicU64,
-    dropped_labels: AtomicU64,
-}
-
-impl ZookeeperStats {
-    /// Provider or instance nodes skipped because they could not be read,
-    /// counted at every read (a node that stays bad counts again each time
-    /// its service is read: full syncs, and verifies where it changed).
-    pub fn malformed(&self) -> u64 {
-        self.malformed.load(Ordering::Relaxed)
-    }
-
-    /// Metadata entries (Dubbo URL parameters, Curator metadata) not kept as
-    /// labels: not valid Kubernetes labels, or repeated. Counted per read.
-    pub fn dropped_labels(&self) -> u64 {
-        self.dropped_labels.load(Ordering::Relaxed)
-    }
 }
 
 impl ZookeeperWatcher {
@@ -217,7 +195,7 @@ struct Ctx {
     registry: String,
     tree: Tree,
     resync: Duration,
-    /// How often a full sync reads everything ([`crate::repair::interval`]).
+    /// How often a full sync reads everything ([`RegistrySpec::anti_entropy`]).
     anti_entropy: Duration,
     health: Health,
 }
@@ -226,7 +204,7 @@ impl ZookeeperWatcher {
     async fn run_inner(mut self, sink: Arc<dyn Sink>) {
         let roots: Vec<&str> = self.tree.roots().iter().map(|r| r.path.as_str()).collect();
         let selective = !self.selector.is_all();
-        let anti_entropy = crate::repair::interval(&self.spec);
+        let anti_entropy = self.spec.anti_entropy();
         info!(endpoint = %self.connect, ?roots, resync = ?self.resync, ?anti_entropy, selective, "starting");
         let mut view = View {
             selection: self.selector.current(),

@@ -10,9 +10,9 @@ use std::sync::atomic::Ordering;
 
 use tracing::{debug, info, warn};
 
-use super::ZookeeperStats;
 use super::failing::Failing;
 use super::read::Read;
+use super::stats::ZookeeperStats;
 use super::tree::{self, Naming, Sent, SentHosts, ServiceKey, Tree};
 use crate::model::Service;
 use crate::repair::RepairKind;
