@@ -23,6 +23,7 @@ pub mod eureka;
 pub mod eureka_fake;
 pub mod faults;
 pub mod helm;
+pub mod idle_cut_proxy;
 pub mod istiod;
 pub mod jvm;
 pub mod kube_fake;

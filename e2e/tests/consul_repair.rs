@@ -194,3 +194,38 @@ async fn a_steady_catalog_is_verified_without_a_repair() {
     rec.idle(Duration::from_secs(5)).await;
     assert_eq!(rec.repairs_since(mark), Vec::<(RepairKind, &String)>::new(), "no repair in a correct watcher");
 }
+
+/// Hole H4: Consul behind a load balancer or NAT that resets connections
+/// idle longer than its timeout (a test proxy of our own, `IdleCutProxy`).
+/// After each quiet spell the first reads and probes of a burst meet a cut
+/// pooled connection. They are sent again on another, so the change lands
+/// at once with no error and no full resync; before, the sweep was
+/// abandoned, the registry flapped unhealthy and a full resync followed.
+#[tokio::test]
+async fn a_pooled_connection_cut_while_idle_costs_no_error_and_no_resync() {
+    use meshbridge_e2e::idle_cut_proxy::IdleCutProxy;
+    use meshbridge_registries::consul::requests_resent;
+    const IDLE: Duration = Duration::from_secs(1);
+    let consul = consul().await;
+    consul.register(agent_instance("web-1", "web", "127.0.0.31", 8080)).await.unwrap();
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], consul.http_port));
+    let proxy = IdleCutProxy::start(upstream, IDLE).await.expect("start the test proxy");
+    let mut rec = watch(spec(proxy.port, HOUR));
+    rec.until("web", |r| r.endpoints(WEB).is_some_and(|e| e.len() == 1)).await;
+    let resent = requests_resent();
+    for round in 2..=4u16 {
+        // Long enough for the pool's idle connections to be cut.
+        rec.idle(IDLE + Duration::from_millis(500)).await;
+        let mark = rec.mark();
+        let t = Instant::now();
+        let id = format!("web-{round}");
+        consul.register(agent_instance(&id, "web", "127.0.0.31", 8080 + round)).await.unwrap();
+        rec.until("the new instance", |r| r.endpoints(WEB).is_some_and(|e| e.len() == usize::from(round))).await;
+        println!("FIGURE consul repair registration_after_idle_cut_ms={:.0}", t.elapsed().as_secs_f64() * 1e3);
+        rec.idle(Duration::from_millis(300)).await;
+        assert!(rec.errors_since(mark).is_empty(), "no failed call: {}", rec.dump());
+        assert_eq!(rec.snapshots_since(mark), 0, "no full resync: {}", rec.dump());
+    }
+    assert!(proxy.cuts() > 0, "the proxy cut idle connections");
+    assert!(requests_resent() > resent, "the cut requests were sent again");
+}

@@ -80,8 +80,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-pub use self::client::answers_read;
 use self::client::{CheckState, Client, Indexed, next_index};
+pub use self::client::{answers_read, requests_resent};
 use self::ctx::{Ctx, Event};
 use self::decode::{CheckPrints, Naming};
 use self::supervisor::Supervisor;

@@ -50,11 +50,18 @@ const LIMIT_RECHECK: Duration = Duration::from_millis(100);
 /// body bytes: what `consul_change_cost` reports per change.
 static ANSWERS: AtomicU64 = AtomicU64::new(0);
 static BODY_BYTES: AtomicU64 = AtomicU64::new(0);
+static RETRIED: AtomicU64 = AtomicU64::new(0);
 
 /// (answers, body bytes) read from Consul so far by every watcher in this
 /// process. For benchmarks; one relaxed add per answer.
 pub fn answers_read() -> (u64, u64) {
     (ANSWERS.load(Ordering::Relaxed), BODY_BYTES.load(Ordering::Relaxed))
+}
+
+/// Requests sent again on another connection after a pooled one was found
+/// cut, by every watcher in this process. For tests.
+pub fn requests_resent() -> u64 {
+    RETRIED.load(Ordering::Relaxed)
 }
 
 pub(crate) struct Client {
@@ -395,21 +402,35 @@ impl Client {
         wait: Duration,
     ) -> Result<(Vec<u8>, Option<String>), RegistryError> {
         let target = self.target(segments, query);
-        let mut req = hyper::Request::get(target).header(HOST, &self.authority).header(USER_AGENT, "meshbridge");
-        if let Some(token) = &self.token {
-            req = req.header(TOKEN_HEADER, token.clone());
-        }
-        let req = req.body(Empty::<Bytes>::new()).map_err(|e| self.bad(what, e.to_string()))?;
+        let request = || {
+            let mut req =
+                hyper::Request::get(target.clone()).header(HOST, &self.authority).header(USER_AGENT, "meshbridge");
+            if let Some(token) = &self.token {
+                req = req.header(TOKEN_HEADER, token.clone());
+            }
+            req.body(Empty::<Bytes>::new()).map_err(|e| self.bad(what, e.to_string()))
+        };
         let timeout = wait + wait / 16 + TIMEOUT_SLACK;
         let call = async {
-            let mut lease = self.pool.checkout().await.map_err(|e| self.unreachable(what, e.to_string()))?;
-            let resp = match lease.send(req).await {
-                Ok(resp) => resp,
-                Err(e) if e.closed_before_answer() && self.hangs_up_at_once().await => {
-                    self.pool.limit_reached();
-                    return Err(self.limit(what, "Consul closes new connections from this address at once".into()));
+            // A GET that a pooled connection lost before any byte of the
+            // answer (a load balancer or NAT that dropped it while idle) is
+            // sent again, as hyper's own pool does for idempotent requests.
+            // Each such failure closes that connection, so this ends at a
+            // new one, whose failure is the answer.
+            let (mut lease, resp) = loop {
+                let mut lease = self.pool.checkout().await.map_err(|e| self.unreachable(what, e.to_string()))?;
+                match lease.send(request()?).await {
+                    Ok(resp) => break (lease, resp),
+                    Err(e) if e.closed_before_answer() && lease.reused() => {
+                        debug!(what, error = %e, "a pooled connection was cut while idle; sending again");
+                        RETRIED.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) if e.closed_before_answer() && self.hangs_up_at_once().await => {
+                        self.pool.limit_reached();
+                        return Err(self.limit(what, "Consul closes new connections from this address at once".into()));
+                    }
+                    Err(e) => return Err(self.unreachable(what, e.to_string())),
                 }
-                Err(e) => return Err(self.unreachable(what, e.to_string())),
             };
             let status = resp.status();
             let index = resp.headers().get(INDEX_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);

@@ -145,11 +145,12 @@ impl Pool {
                 })
                 .await;
             // Holds the place: dropped without a connection, it frees it.
-            let mut slot = Lease { pool: self, conn: None, reusable: false };
+            let mut slot = Lease { pool: self, conn: None, reusable: false, reused: false };
             match idle {
                 Some(Idle::Http(mut conn)) => {
                     if matches!(tokio::time::timeout(READY_TIMEOUT, conn.ready()).await, Ok(Ok(()))) {
                         slot.conn = Some(conn);
+                        slot.reused = true;
                         return Ok(slot);
                     }
                     // Closed by Consul while idle: forget it (dropping the
@@ -158,6 +159,7 @@ impl Pool {
                 }
                 Some(Idle::Raw(io)) => {
                     slot.conn = Some(handshake(io).await?);
+                    slot.reused = true;
                     return Ok(slot);
                 }
                 None => {
@@ -279,9 +281,17 @@ pub(crate) struct Lease<'a> {
     pool: &'a Pool,
     conn: Option<Sender>,
     reusable: bool,
+    /// The connection served a request before (it was idle in the pool).
+    reused: bool,
 }
 
 impl Lease<'_> {
+    /// The connection was idle in the pool, not opened for this request: a
+    /// load balancer or NAT may have dropped it meanwhile without a word.
+    pub fn reused(&self) -> bool {
+        self.reused
+    }
+
     pub async fn send(&mut self, req: hyper::Request<Empty<Bytes>>) -> Result<hyper::Response<Incoming>, SendError> {
         match self.conn.as_mut() {
             Some(conn) => conn.send_request(req).await.map_err(|e| SendError(Some(e))),
