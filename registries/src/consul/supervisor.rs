@@ -327,8 +327,10 @@ impl Supervisor {
     /// it finds different from what was sent as a repair of that kind.
     pub fn apply_sync(&mut self, sync: FullSync, judge: Option<RepairKind>) {
         let FullSync { catalog, nodes, checks, reads } = sync;
-        let before: HashMap<String, Service> =
-            self.services.values().filter_map(|t| t.sent.clone()).map(|s| (s.host.clone(), s)).collect();
+        // What was sent, kept only when the sync is judged (an index reset):
+        // a recovery resync at 10k services need not copy every record.
+        let before: Option<HashMap<String, Service>> =
+            judge.map(|_| self.services.values().filter_map(|t| t.sent.clone()).map(|s| (s.host.clone(), s)).collect());
         let mut old = std::mem::take(&mut self.services);
         self.members += 1;
         for (name, tags) in self.ctx.selected(&catalog.value, &self.selection) {
@@ -354,8 +356,8 @@ impl Supervisor {
         let mut all: Vec<Service> = self.services.values().filter_map(|t| t.sent.clone()).collect();
         all.sort();
         info!(services = all.len(), index = self.catalog_index, "full sync");
-        if let Some(kind) = judge {
-            self.judge_sync(kind, &before, &all);
+        if let (Some(kind), Some(before)) = (judge, &before) {
+            self.judge_sync(kind, before, &all);
         }
         self.update_degraded();
         self.ctx.sink.update(Update::Snapshot(all));
