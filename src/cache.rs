@@ -279,7 +279,7 @@ impl Cache {
             if let Some(svc) = entry.services.get(host) {
                 match out.winner {
                     None => out.winner = Some(CachedService { registry: key.clone(), service: svc.clone() }),
-                    Some(_) => out.also.push(key.clone()),
+                    Some(_) => out.also.push(CachedService { registry: key.clone(), service: svc.clone() }),
                 }
             }
         }
@@ -291,7 +291,8 @@ impl Cache {
         for (key, entry) in &state.registries {
             for (host, svc) in &entry.services {
                 if view.services.contains_key(host) {
-                    view.conflicts.entry(host.clone()).or_default().push(key.clone());
+                    let c = CachedService { registry: key.clone(), service: svc.clone() };
+                    view.also.entry(host.clone()).or_default().push(c);
                     continue;
                 }
                 view.services.insert(host.clone(), CachedService { registry: key.clone(), service: svc.clone() });
@@ -688,14 +689,21 @@ mod tests {
     }
 
     #[test]
-    fn host_conflict_first_registry_wins() {
+    fn a_host_of_several_registries_carries_every_registrys_service() {
         let cache = Cache::new();
         cache.attach(&key("a")).update(Update::Upsert(svc("x.static", &["10.0.0.1"])));
         cache.attach(&key("b")).update(Update::Upsert(svc("x.static", &["10.0.0.2"])));
         let view = cache.view();
         assert_eq!(view.services["x.static"].registry, key("a"));
-        assert_eq!(view.conflicts.len(), 1);
+        let also = &view.also["x.static"];
+        assert_eq!(also.len(), 1);
+        assert_eq!((&also[0].registry, also[0].service.endpoints[0].address.as_str()), (&key("b"), "10.0.0.2"));
+        let changes = cache.take_changes();
+        let (_, state) = changes.hosts.iter().find(|(h, _)| h == "x.static").unwrap();
+        assert_eq!(state.also.len(), 1);
         cache.remove(&key("a"));
-        assert_eq!(cache.view().services["x.static"].registry, key("b"));
+        let view = cache.view();
+        assert_eq!(view.services["x.static"].registry, key("b"));
+        assert!(view.also.is_empty());
     }
 }

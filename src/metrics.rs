@@ -265,8 +265,14 @@ mod tests {
         let web = Service::new("web.static", vec![port], vec![ep.clone()]);
         let a = cache.attach(&RegistryKey::new(RegistryKind::Static, "a"));
         a.update(Update::Upsert(web.clone()));
-        a.update(Update::Upsert(Service::new("portless.static", vec![], vec![ep])));
-        cache.attach(&RegistryKey::new(RegistryKind::Static, "b")).update(Update::Upsert(web));
+        a.update(Update::Upsert(Service::new("portless.static", vec![], vec![ep.clone()])));
+        // Registry b reports web over HTTP/2 on the same port: a conflict.
+        let h2 = ServicePort { number: 80, protocol: Protocol::Http2, name: "http2-80".into() };
+        cache.attach(&RegistryKey::new(RegistryKind::Static, "b")).update(Update::Upsert(Service::new(
+            "web.static",
+            vec![h2],
+            vec![ep],
+        )));
         let set = translate::config_set(&cache.view());
         let counts: Vec<(&str, usize)> =
             count_by_reason(set.warnings()).into_iter().filter(|(_, n)| *n > 0).map(|(r, n)| (r.as_str(), n)).collect();

@@ -43,11 +43,12 @@ pub struct CachedService {
 #[derive(Debug, Clone, Default)]
 pub struct View {
     pub revision: u64,
-    /// Services by host; on a host reported by several registries the first
-    /// registry in key order wins and the others are listed in `conflicts`.
+    /// Services by host, as the first registry in key order reports it;
+    /// the other registries that report the host are in `also`.
     pub services: BTreeMap<String, CachedService>,
-    /// Host → the registries that also report it and lost.
-    pub conflicts: BTreeMap<String, Vec<RegistryKey>>,
+    /// Host → the services of the other registries that report it too, in
+    /// key order (translation merges them).
+    pub also: BTreeMap<String, Vec<CachedService>>,
 }
 
 /// One host as the merged view has it now.
@@ -56,8 +57,9 @@ pub struct HostState {
     /// The service the first registry (in key order) reports; `None` once
     /// no registry reports the host.
     pub winner: Option<CachedService>,
-    /// Other registries reporting the same host, which lost.
-    pub also: Vec<RegistryKey>,
+    /// The same host as the other registries report it, in key order:
+    /// translation merges them with `winner` (see `translate::merge`).
+    pub also: Vec<CachedService>,
 }
 
 /// What changed since the last take: each changed host's current state.
@@ -72,12 +74,12 @@ pub struct Changes {
 impl View {
     /// The view as one batch of changes: every host.
     pub fn into_changes(self) -> Changes {
-        let mut conflicts = self.conflicts;
+        let mut also_by_host = self.also;
         let hosts = self
             .services
             .into_iter()
             .map(|(host, winner)| {
-                let also = conflicts.remove(&host).unwrap_or_default();
+                let also = also_by_host.remove(&host).unwrap_or_default();
                 (host, HostState { winner: Some(winner), also })
             })
             .collect();

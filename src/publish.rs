@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use meshbridge_registries::Migration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
@@ -156,6 +157,12 @@ fn translate(
         .filter(|r| !r.ecdh_curves.is_empty())
         .map(|r| (RegistryKey::new(r.kind, r.name.clone()), r.ecdh_curves.clone()))
         .collect();
+    let registry_migration = desired
+        .registries
+        .iter()
+        .filter(|r| r.migration != Migration::default())
+        .map(|r| (RegistryKey::new(r.kind, r.name.clone()), r.migration))
+        .collect();
     let inputs = Inputs {
         ingresses: &desired.ingresses,
         tls_secrets: &desired.tls_secrets,
@@ -164,6 +171,7 @@ fn translate(
         proxies: &desired.proxies,
         registry_proxies,
         registry_ecdh_curves,
+        registry_migration,
     };
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or_default();
     let hosts = changes.hosts.len();

@@ -33,7 +33,7 @@ pub fn diff(running: &BTreeMap<RegistryKey, RegistrySpec>, desired: &[RegistrySp
     actions.extend(running.keys().filter(|k| !want.contains_key(*k)).map(|k| Action::Stop(k.clone())));
     for (key, spec) in &want {
         match running.get(key) {
-            Some(old) if old != *spec => actions.push(Action::Restart(key.clone())),
+            Some(old) if !old.same_watcher(spec) => actions.push(Action::Restart(key.clone())),
             Some(_) => {}
             None => actions.push(Action::Start(key.clone())),
         }

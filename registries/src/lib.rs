@@ -43,7 +43,7 @@ pub use names::host_part;
 pub use repair::RepairKind;
 pub use select::{Referenced, Selection, Selector, WatchMode, WatchSpec, compile_include};
 pub use shared::Labels;
-pub use spec::{RegistryKind, RegistrySpec, Secret};
+pub use spec::{MIGRATION_MAX, Migration, RegistryKind, RegistrySpec, Secret};
 pub use tls::RegistryTls;
 pub use watcher::{RegistryError, Sink, Update, Watcher};
 

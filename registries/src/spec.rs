@@ -138,7 +138,29 @@ pub struct RegistrySpec {
     /// meshbridge only, not in Higress's McpBridge (`registryTls`): https to
     /// the registry. `None`: plain HTTP, as Higress always does.
     pub tls: Option<RegistryTls>,
+
+    /// meshbridge only, not in Higress's McpBridge (`meshbridgeMigration`):
+    /// this registry's share and priority on hosts that other registries
+    /// publish too. Read by translation alone: a change never restarts the
+    /// watcher (see [`RegistrySpec::same_watcher`]).
+    pub migration: Migration,
 }
+
+/// `meshbridgeMigration`: how a host that several registries publish
+/// divides its traffic between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct Migration {
+    /// Relative weight among the registries that serve the same host at
+    /// the same priority (0..=100). `None`: 100 when another of them sets
+    /// one; when none does, traffic spreads over the instances.
+    pub weight: Option<u32>,
+    /// Lower is preferred (0..=100, default 0): a registry is used for a
+    /// host only while every registry with a lower value has no endpoint.
+    pub priority: u32,
+}
+
+/// The largest `meshbridgeMigration.weight` and `.priority`.
+pub const MIGRATION_MAX: u32 = 100;
 
 impl RegistrySpec {
     /// A spec with only the common fields set; the rest default.
@@ -172,7 +194,15 @@ impl RegistrySpec {
             watch: None,
             auth: BTreeMap::new(),
             tls: None,
+            migration: Migration::default(),
         }
+    }
+
+    /// Whether a watcher started for `self` serves `other` unchanged: the
+    /// specs differ at most in what translation alone reads
+    /// (`meshbridgeMigration`).
+    pub fn same_watcher(&self, other: &RegistrySpec) -> bool {
+        RegistrySpec { migration: other.migration, ..self.clone() } == *other
     }
 
     /// The anti-entropy interval ([`crate::repair`]): the spec's, else

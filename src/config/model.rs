@@ -113,6 +113,10 @@ pub(crate) struct RegistryConfig {
     /// field of this name): selective watch, `{mode, include}`. Checked
     /// field by field in `validate`.
     pub meshbridge_watch: Option<serde_json::Value>,
+    /// meshbridge only, not in Higress's `mcp_bridge.proto`: the registry's
+    /// weight and priority on hosts other registries publish too,
+    /// `{weight, priority}`. Checked field by field in `validate`.
+    pub meshbridge_migration: Option<serde_json::Value>,
     /// meshbridge only, not in Higress's `mcp_bridge.proto`: https to the
     /// registry itself (Higress's `protocol` and `sni` are about the
     /// registry's services). Absent: plain HTTP, as Higress.
@@ -160,6 +164,7 @@ pub(crate) const REGISTRY_FIELDS: &[&str] = &[
     "nacosTimeout",
     "ecdhCurves",
     "meshbridgeWatch",
+    "meshbridgeMigration",
     "registryTls",
 ];
 

@@ -10,7 +10,9 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use meshbridge_registries::{RegistryKind, RegistrySpec, RegistryTls, WatchMode, WatchSpec, clip, compile_include};
+use meshbridge_registries::{
+    MIGRATION_MAX, Migration, RegistryKind, RegistrySpec, RegistryTls, WatchMode, WatchSpec, clip, compile_include,
+};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -138,6 +140,7 @@ pub(crate) fn registry(
     }
 
     let watch = cfg.meshbridge_watch.as_ref().and_then(|raw| watch_spec(raw, kind, &mut errors, warnings));
+    let migration = cfg.meshbridge_migration.as_ref().map(|raw| migration(raw, &mut errors, warnings)).unwrap_or_default();
     let (tls, tls_ca_key) = kind.map(|k| check_tls(k, &cfg, &mut errors, warnings)).unwrap_or_default();
 
     let (Some(kind), Some(port), true) = (kind, port, errors.is_empty()) else {
@@ -165,6 +168,7 @@ pub(crate) fn registry(
     spec.zk_services_path = cfg.zk_services_path.into_iter().filter(|p| !p.is_empty()).collect();
     spec.watch = watch;
     spec.tls = tls;
+    spec.migration = migration;
     Ok(CheckedRegistry { spec, auth_secret_name: non_empty(cfg.auth_secret_name), tls_ca_key })
 }
 
@@ -276,6 +280,40 @@ fn watch_spec(
         warnings.push(FieldError::new(FIELD, "ignored: static and dns registries list their services themselves"));
     }
     Some(WatchSpec { mode: mode?, include })
+}
+
+/// `meshbridgeMigration: {weight: 0..=100, priority: 0..=100}`, both
+/// optional. `null` is unset.
+fn migration(raw: &Value, errors: &mut Vec<FieldError>, warnings: &mut Vec<FieldError>) -> Migration {
+    const FIELD: &str = "meshbridgeMigration";
+    let obj = match raw {
+        Value::Null => return Migration::default(),
+        Value::Object(obj) => obj,
+        _ => {
+            errors.push(FieldError::new(FIELD, "must be an object with weight and priority"));
+            return Migration::default();
+        }
+    };
+    for key in obj.keys().filter(|k| !["weight", "priority"].contains(&k.as_str())) {
+        warnings.push(FieldError::new(format!("{FIELD}.{}", clip(key)), "unknown field, ignored"));
+    }
+    let mut number = |name: &str| -> Option<u32> {
+        let value = obj.get(name).filter(|v| !v.is_null())?;
+        match value.as_u64().filter(|n| *n <= u64::from(MIGRATION_MAX)) {
+            Some(n) => u32::try_from(n).ok(),
+            None => {
+                let shown = clip(&value.to_string()).into_owned();
+                errors.push(FieldError::new(
+                    format!("{FIELD}.{name}"),
+                    format!("{shown} is not a whole number from 0 to {MIGRATION_MAX}"),
+                ));
+                None
+            }
+        }
+    };
+    let weight = number("weight");
+    let priority = number("priority").unwrap_or_default();
+    Migration { weight, priority }
 }
 
 /// The longest `meshbridgeWatch.include` pattern accepted.

@@ -28,6 +28,7 @@ const RECHECK: Duration = Duration::from_secs(60);
 const NESTED: &[(&str, &[&str])] = &[
     ("registryTls", &["enabled", "caKey", "serverName"]),
     ("meshbridgeWatch", &["mode", "include"]),
+    ("meshbridgeMigration", &["weight", "priority"]),
     ("vport", &["default", "services"]),
 ];
 

@@ -315,6 +315,7 @@ fn higress_crd_prunes_what_meshbridge_adds() {
             "spec.registries[].nacosTimeout",
             "spec.registries[].ecdhCurves",
             "spec.registries[].meshbridgeWatch",
+            "spec.registries[].meshbridgeMigration",
             "spec.registries[].registryTls",
         ]
     );

@@ -26,16 +26,17 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use meshbridge_registries::{Service, ServicePort, Tls};
+use meshbridge_registries::{Migration, ServicePort, Tls};
 
 use super::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE, SECRET_TYPE};
 use super::gateway::{self, GatewayOutput};
 use super::ingress;
 use super::inputs::Inputs;
 use super::mcp;
+use super::merge::{self, Merged};
 use super::model::{IstioObject, Spec};
 use super::set::{ConfigSet, ObjectKey};
-use super::warning::{Reason, Warning};
+use super::warning::Warning;
 use super::{envoy, istio, proxy};
 use crate::model::{CachedService, Changes, HostState, RegistryKey, View};
 use crate::resources::Resource;
@@ -73,17 +74,32 @@ fn shape(c: Option<&CachedService>) -> Shape {
     c.map(|c| (c.registry.clone(), c.service.ports.clone(), c.service.tls.clone()))
 }
 
+/// A host more than one registry reports.
+#[derive(Debug, Clone)]
+struct SharedHost {
+    sources: Vec<CachedService>,
+    preferred_priority: Option<u32>,
+    conflicts: Vec<Warning>,
+}
+
 /// Keeps a [`ConfigSet`] up to date. Pure: time comes in as `now`.
 #[derive(Debug, Default)]
 pub struct Translator {
     set: ConfigSet,
     started: bool,
-    /// The merged view: host → the winning service.
+    /// The merged view: host → the service served, under its primary
+    /// registry ([`merge`]). For a host one registry reports, the cache's
+    /// own service.
     services: BTreeMap<String, CachedService>,
-    /// Hosts reported by more than one registry → the losers.
-    also: HashMap<String, Vec<RegistryKey>>,
-    /// Hosts by registry, to find a proxied registry's services.
+    /// Hosts reported by more than one registry → each registry's service
+    /// (to merge again when a `meshbridgeMigration` changes), with what the
+    /// merge found.
+    shared: HashMap<String, SharedHost>,
+    /// Hosts by registry, every registry that reports them (the primary's
+    /// own hosts are those whose `services` entry names it).
     by_registry: BTreeMap<RegistryKey, BTreeSet<String>>,
+    /// McpBridge `meshbridgeMigration` by registry, as last applied.
+    migration: BTreeMap<RegistryKey, Migration>,
     hosts: HashMap<String, Written>,
     /// The derived stage's Envoy resources.
     derived: Written,
@@ -131,13 +147,37 @@ impl Translator {
         let registry_proxies: BTreeSet<RegistryKey> = inputs.registry_proxies.keys().cloned().collect();
         let mut rerun = inputs_changed || !self.started || registry_proxies != self.proxied_registries;
         let mut dirty: BTreeSet<String> = BTreeSet::new();
-        for (host, state) in changes.hosts {
+        // A new share or priority merges again the hosts its registry shares.
+        let mut remerge: BTreeSet<String> = BTreeSet::new();
+        if inputs.registry_migration != self.migration {
+            let keys: BTreeSet<&RegistryKey> =
+                inputs.registry_migration.keys().chain(self.migration.keys()).collect();
+            for key in keys {
+                if inputs.registry_migration.get(key) != self.migration.get(key) {
+                    let hosts = self.by_registry.get(key).into_iter().flatten();
+                    remerge.extend(hosts.filter(|h| self.shared.contains_key(*h)).cloned());
+                }
+            }
+            self.migration = inputs.registry_migration.clone();
+        }
+        let mut batch: Vec<(String, HostState)> = changes.hosts;
+        for host in remerge {
+            if batch.iter().all(|(h, _)| *h != host)
+                && let Some(sh) = self.shared.get(&host)
+            {
+                let mut sources = sh.sources.clone().into_iter();
+                let winner = sources.next();
+                batch.push((host, HostState { winner, also: sources.collect() }));
+            }
+        }
+        for (host, state) in batch {
             let old = shape(self.services.get(&host));
-            let new = shape(state.winner.as_ref());
-            let proxied = [&old, &new].iter().any(|s| s.as_ref().is_some_and(|(r, _, _)| registry_proxies.contains(r)));
+            let proxied_before = old.as_ref().is_some_and(|(r, _, _)| registry_proxies.contains(r));
+            self.set_host(&host, state);
+            let new = shape(self.services.get(&host));
+            let proxied = proxied_before || new.as_ref().is_some_and(|(r, _, _)| registry_proxies.contains(r));
             let read = proxied || self.referenced.contains(&host.to_ascii_lowercase());
             rerun |= self.subset_hosts.contains(&host) || (old != new && read);
-            self.set_host(&host, state);
             dirty.insert(host);
         }
         self.proxied_registries = registry_proxies;
@@ -179,10 +219,15 @@ impl Translator {
     }
 
     fn set_host(&mut self, host: &str, state: HostState) {
+        let merged: Option<Merged> = state.winner.as_ref().map(|w| {
+            let mut sources: Vec<&CachedService> = vec![w];
+            sources.extend(state.also.iter());
+            merge::merge(host, &sources, &self.migration)
+        });
         let lower = host.to_ascii_lowercase();
         let spellings = self.spellings.entry(lower.clone()).or_default();
         let at = spellings.binary_search_by(|s| s.as_str().cmp(host));
-        if state.winner.is_some() {
+        if merged.is_some() {
             if let Err(i) = at {
                 spellings.reserve_exact(1);
                 spellings.insert(i, host.to_string());
@@ -208,23 +253,40 @@ impl Translator {
             }
             Some(_) => {}
         }
-        if let Some(old) = self.services.remove(host)
-            && let Some(hosts) = self.by_registry.get_mut(&old.registry)
-        {
-            hosts.remove(host);
-            if hosts.is_empty() {
-                self.by_registry.remove(&old.registry);
+        let old_primary = self.services.remove(host).map(|c| c.registry);
+        let old_shared = self.shared.remove(host);
+        let old_registries = match &old_shared {
+            Some(sh) => sh.sources.iter().map(|c| c.registry.clone()).collect(),
+            None => old_primary.into_iter().collect::<Vec<_>>(),
+        };
+        for key in old_registries {
+            if let Some(hosts) = self.by_registry.get_mut(&key) {
+                hosts.remove(host);
+                if hosts.is_empty() {
+                    self.by_registry.remove(&key);
+                }
             }
         }
-        if state.also.is_empty() {
-            self.also.remove(host);
-        } else {
-            self.also.insert(host.to_string(), state.also);
+        let Some(m) = merged else { return };
+        for key in &m.registries {
+            self.by_registry.entry(key.clone()).or_default().insert(host.to_string());
         }
-        if let Some(c) = state.winner {
-            self.by_registry.entry(c.registry.clone()).or_default().insert(host.to_string());
-            self.services.insert(host.to_string(), c);
+        if !state.also.is_empty() {
+            let mut sources = state.also;
+            sources.extend(state.winner);
+            sources.sort_by(|a, b| a.registry.cmp(&b.registry));
+            let sh = SharedHost { sources, preferred_priority: m.preferred_priority, conflicts: m.conflicts };
+            self.shared.insert(host.to_string(), sh);
         }
+        self.services.insert(host.to_string(), CachedService { registry: m.primary, service: m.service });
+    }
+
+    /// The host's registry DestinationRule: its TLS, and registry failover
+    /// when its registries have several priorities.
+    fn registry_rule(&self, host: &str) -> Option<IstioObject> {
+        let c = self.services.get(host)?;
+        let preferred = self.shared.get(host).and_then(|sh| sh.preferred_priority);
+        istio::destination_rule(&c.registry, &c.service, preferred)
     }
 
     /// The per-host stage for one host: write what it makes now, take back
@@ -234,13 +296,8 @@ impl Translator {
         let mut resources: Vec<(&'static str, Resource)> = Vec::new();
         let mut objects = Vec::new();
         if let Some(c) = self.services.get(host) {
-            for loser in self.also.get(host).into_iter().flatten() {
-                let winner = &c.registry;
-                warnings.push(Warning::new(
-                    format!("host {host}"),
-                    Reason::HostConflict,
-                    format!("reported by {loser} and {winner}; using {winner}"),
-                ));
+            if let Some(sh) = self.shared.get(host) {
+                warnings.extend(sh.conflicts.iter().cloned());
             }
             let curves = self.ecdh_curves.get(&c.registry).map_or(&[][..], Vec::as_slice);
             resources.extend(envoy::clusters_with(&c.service, curves).into_iter().map(|r| (CLUSTER_TYPE, r)));
@@ -252,7 +309,7 @@ impl Translator {
                 Err(w) => warnings.push(w),
             }
             if !self.subset_hosts.contains(host) {
-                objects.extend(istio::destination_rule(&c.registry, &c.service));
+                objects.extend(self.registry_rule(host));
             }
         }
         let mut written = Written::default();
@@ -369,8 +426,7 @@ impl Translator {
         for obj in &mut objects {
             if let Spec::DestinationRule(rule) = &mut obj.spec {
                 d.subset_hosts.insert(rule.host.clone());
-                let registry_rule =
-                    self.services.get(&rule.host).and_then(|c| istio::destination_rule(&c.registry, &c.service));
+                let registry_rule = self.registry_rule(&rule.host);
                 if let Some(IstioObject { spec: Spec::DestinationRule(fallback), .. }) = registry_rule {
                     rule.fill_unset(&fallback);
                 }
@@ -380,9 +436,9 @@ impl Translator {
         let mut candidates: Vec<&CachedService> = self
             .proxied_registries
             .iter()
-            .filter_map(|r| self.by_registry.get(r))
-            .flatten()
-            .filter_map(|h| self.services.get(h))
+            .filter_map(|r| Some((r, self.by_registry.get(r)?)))
+            .flat_map(|(r, hosts)| hosts.iter().map(move |h| (r, h)))
+            .filter_map(|(r, h)| self.services.get(h).filter(|c| c.registry == *r))
             .collect();
         candidates.sort_by(|a, b| a.service.host.cmp(&b.service.host));
         d.referenced.extend(candidates.iter().map(|c| c.service.host.to_ascii_lowercase()));
@@ -391,7 +447,7 @@ impl Translator {
         objects.extend(proxied.objects);
 
         let services = &self.services;
-        let lookup = |host: &str| -> Option<Arc<Service>> { services.get(host).map(|c| c.service.clone()) };
+        let lookup = |host: &str| -> Option<CachedService> { services.get(host).cloned() };
         let gw: GatewayOutput = gateway::envoy_gateway(&objects, &lookup, inputs.tls_secrets, &inputs.gateway);
         d.warnings.extend(gw.warnings);
         d.referenced.extend(gw.referenced.iter().map(|h| h.to_ascii_lowercase()));

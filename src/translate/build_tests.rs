@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use meshbridge_registries::{Endpoint, Protocol, RegistryKind, Service, ServicePort, Sink, Tls, Update};
+use meshbridge_registries::{Endpoint, Migration, Protocol, RegistryKind, Service, ServicePort, Sink, Tls, Update};
 use serde_json::json;
 
 use super::*;
@@ -79,10 +79,30 @@ fn inputs<'a>(ingresses: &'a [IngressDoc], proxies: &'a [ProxySpec]) -> Inputs<'
 }
 
 fn inputs_with<'a>(ingresses: &'a [IngressDoc], proxies: &'a [ProxySpec], proxied: bool) -> Inputs<'a> {
-    inputs_full(ingresses, proxies, proxied, false)
+    inputs_full(ingresses, proxies, proxied, false, 0)
 }
 
-fn inputs_full<'a>(ingresses: &'a [IngressDoc], proxies: &'a [ProxySpec], proxied: bool, curves: bool) -> Inputs<'a> {
+/// The `meshbridgeMigration` settings the random walk moves between.
+fn migration(which: usize) -> BTreeMap<RegistryKey, Migration> {
+    let consul = RegistryKey::new(RegistryKind::Consul, "c");
+    let other = RegistryKey::new(RegistryKind::Static, "s");
+    let m = |weight: Option<u32>, priority: u32| Migration { weight, priority };
+    match which % 5 {
+        0 => BTreeMap::new(),
+        1 => BTreeMap::from([(consul, m(Some(80), 0)), (other, m(Some(20), 0))]),
+        2 => BTreeMap::from([(other, m(None, 1))]),
+        3 => BTreeMap::from([(consul, m(Some(0), 0))]),
+        _ => BTreeMap::from([(consul, m(Some(30), 2)), (other, m(None, 0))]),
+    }
+}
+
+fn inputs_full<'a>(
+    ingresses: &'a [IngressDoc],
+    proxies: &'a [ProxySpec],
+    proxied: bool,
+    curves: bool,
+    migrate: usize,
+) -> Inputs<'a> {
     let registry_ecdh_curves = if curves {
         BTreeMap::from([
             (RegistryKey::new(RegistryKind::Dns, "partner"), vec!["P-384".to_string()]),
@@ -109,6 +129,7 @@ fn inputs_full<'a>(ingresses: &'a [IngressDoc], proxies: &'a [ProxySpec], proxie
         proxies,
         registry_proxies,
         registry_ecdh_curves,
+        registry_migration: migration(migrate),
     }
 }
 
@@ -154,6 +175,7 @@ fn incremental_equals_a_fresh_translation_after_every_change() {
         vec![upper_ingress(), ingress()],
     ];
     let mut curves = false;
+    let mut migrate = 0;
     let mut which = 0;
     let mut proxied = true;
     let proxies = proxies();
@@ -180,9 +202,10 @@ fn incremental_equals_a_fresh_translation_after_every_change() {
                 0 => sink.update(Update::Remove(host.into())),
                 1 => {
                     // The Ingresses, or which registries use a proxy, change now and then.
-                    match rng.next(3) {
+                    match rng.next(4) {
                         0 => which = (which + 1) % ingress_sets.len(),
                         1 => proxied = !proxied,
+                        2 => migrate += 1,
                         _ => curves = !curves,
                     }
                     inputs_changed = true;
@@ -204,7 +227,7 @@ fn incremental_equals_a_fresh_translation_after_every_change() {
                 }
             }
         }
-        let inputs = inputs_full(&ingress_sets[which], &proxies, proxied, curves);
+        let inputs = inputs_full(&ingress_sets[which], &proxies, proxied, curves, migrate);
         let before = t.set().revision;
         let changed = t.apply(cache.take_changes(), &inputs, inputs_changed, 0);
         assert_eq!(t.set().revision, before + u64::from(changed), "step {step}: revision grows with changes");

@@ -4,7 +4,7 @@
 //! cluster is EDS over ADS, so an endpoint change is an EDS push alone.
 
 use envoy_types::pb::envoy::config::cluster::v3::{
-    Cluster,
+    Cluster, OutlierDetection as EnvoyOutlierDetection,
     cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy},
 };
 use envoy_types::pb::envoy::config::core::v3::{
@@ -26,6 +26,7 @@ use envoy_types::pb::google::protobuf::{Duration, UInt32Value};
 use envoy_types::util::pack_any;
 use meshbridge_registries::{Protocol, Service, ServicePort, Tls};
 
+use super::model::{LABEL_PRIORITY, OutlierDetection};
 use crate::resources::Resource;
 
 pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -72,6 +73,14 @@ fn cluster(svc: &Service, port: &ServicePort, ecdh_curves: &[String]) -> Cluster
         lb_policy: LbPolicy::RoundRobin as i32,
         ..Default::default()
     };
+    if svc.endpoints.iter().any(|ep| ep.labels.contains_key(LABEL_PRIORITY)) {
+        // Registry failover: a level whose instances fail is ejected and
+        // its traffic goes on to the next, as istiod does with the
+        // DestinationRule's outlierDetection. Set while the host's
+        // registries have several priorities, even when one level has no
+        // endpoint now, so that failing over is an EDS push alone.
+        cluster.outlier_detection = Some(failover_outlier_detection());
+    }
     let h2 = matches!(port.protocol, Protocol::Grpc | Protocol::Http2);
     if let Some(tls) = &svc.tls {
         cluster.transport_socket = Some(tls_socket(tls, h2, ecdh_curves));
@@ -80,6 +89,19 @@ fn cluster(svc: &Service, port: &ServicePort, ecdh_curves: &[String]) -> Cluster
         set_http2(&mut cluster);
     }
     cluster
+}
+
+/// [`OutlierDetection::for_failover`] as Envoy's.
+fn failover_outlier_detection() -> EnvoyOutlierDetection {
+    let o = OutlierDetection::for_failover();
+    let duration = |d: std::time::Duration| Duration { seconds: d.as_secs() as i64, nanos: 0 };
+    EnvoyOutlierDetection {
+        consecutive_5xx: Some(UInt32Value { value: o.consecutive_5xx_errors }),
+        interval: Some(duration(o.interval.0)),
+        base_ejection_time: Some(duration(o.base_ejection_time.0)),
+        max_ejection_percent: Some(UInt32Value { value: o.max_ejection_percent.unsigned_abs() }),
+        ..Default::default()
+    }
 }
 
 /// HTTP/2 to the endpoints (prior knowledge, or by ALPN over TLS).
@@ -126,11 +148,30 @@ pub fn load_assignments(svc: &Service) -> Vec<Resource> {
         .collect()
 }
 
+/// The priority levels of a service's endpoints, from [`LABEL_PRIORITY`]
+/// (set when the host's registries have several priorities): the distinct
+/// values, preferred (lowest) first. Empty: one level.
+fn priority_levels(svc: &Service) -> Vec<u32> {
+    let mut levels: Vec<u32> =
+        svc.endpoints.iter().filter_map(|ep| ep.labels.get(LABEL_PRIORITY)?.parse().ok()).collect();
+    levels.sort_unstable();
+    levels.dedup();
+    if levels.len() > 1 { levels } else { Vec::new() }
+}
+
+/// Envoy's priority of an endpoint: its level's index (Envoy wants them
+/// from 0 without gaps).
+fn priority_of(ep: &meshbridge_registries::Endpoint, levels: &[u32]) -> u32 {
+    let value = ep.labels.get(LABEL_PRIORITY).and_then(|v| v.parse::<u32>().ok());
+    let rank = value.and_then(|v| levels.iter().position(|l| *l == v)).unwrap_or(0);
+    u32::try_from(rank).unwrap_or(u32::MAX)
+}
+
 fn load_assignment(svc: &Service, port: &ServicePort) -> ClusterLoadAssignment {
-    let lb_endpoints: Vec<LbEndpoint> = svc
-        .endpoints
-        .iter()
-        .map(|ep| LbEndpoint {
+    let levels = priority_levels(svc);
+    let mut by_priority: Vec<Vec<LbEndpoint>> = vec![Vec::new(); levels.len().max(1)];
+    for ep in &svc.endpoints {
+        let lb = LbEndpoint {
             host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
                 address: Some(Address {
                     address: Some(AddressKind::SocketAddress(SocketAddress {
@@ -143,15 +184,24 @@ fn load_assignment(svc: &Service, port: &ServicePort) -> ClusterLoadAssignment {
             })),
             load_balancing_weight: Some(UInt32Value { value: ep.weight.max(1) }),
             ..Default::default()
-        })
-        .collect();
-    ClusterLoadAssignment {
-        cluster_name: cluster_name(port.number, "", &svc.host),
-        endpoints: if lb_endpoints.is_empty() {
-            Vec::new()
-        } else {
-            vec![LocalityLbEndpoints { lb_endpoints, ..Default::default() }]
-        },
-        ..Default::default()
+        };
+        let at = usize::try_from(priority_of(ep, &levels)).unwrap_or(0).min(by_priority.len() - 1);
+        by_priority[at].push(lb);
     }
+    // A level left empty stays, so that the levels keep their numbers and
+    // Envoy goes on to the next one.
+    let endpoints = if svc.endpoints.is_empty() {
+        Vec::new()
+    } else {
+        by_priority
+            .into_iter()
+            .enumerate()
+            .map(|(priority, lb_endpoints)| LocalityLbEndpoints {
+                lb_endpoints,
+                priority: u32::try_from(priority).unwrap_or(u32::MAX),
+                ..Default::default()
+            })
+            .collect()
+    };
+    ClusterLoadAssignment { cluster_name: cluster_name(port.number, "", &svc.host), endpoints, ..Default::default() }
 }

@@ -22,6 +22,7 @@ use prost::Message;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::model::{CachedService, RegistryKey};
 use crate::translate::envoy;
 use crate::translate::model::{IstioObject, Spec};
 use crate::translate::warning::Warning;
@@ -111,8 +112,9 @@ fn tls(namespace: &str, name: &str) -> GatewayTls {
     }
 }
 
-fn lookup(services: BTreeMap<String, Arc<Service>>) -> impl Fn(&str) -> Option<Arc<Service>> {
-    move |host| services.get(host).cloned()
+fn lookup(services: BTreeMap<String, Arc<Service>>) -> impl Fn(&str) -> Option<CachedService> {
+    let registry = RegistryKey::new(meshbridge_registries::RegistryKind::Static, "gw");
+    move |host| services.get(host).map(|s| CachedService { registry: registry.clone(), service: s.clone() })
 }
 
 fn gateway(objects: &[IstioObject], secrets: &[GatewayTls]) -> GatewayOutput {

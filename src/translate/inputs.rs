@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use meshbridge_registries::Migration;
+
 use super::gateway::GatewayOptions;
 use super::ingress::IngressOptions;
 use crate::model::{IngressDoc, ProxySpec, RegistryKey, TlsSecret};
@@ -20,4 +22,7 @@ pub struct Inputs<'a> {
     /// The `ecdhCurves` of each registry that has some: offered in the TLS
     /// handshakes of its services' clusters and proxied clusters.
     pub registry_ecdh_curves: BTreeMap<RegistryKey, Vec<String>>,
+    /// The `meshbridgeMigration` of each registry that sets one: its share
+    /// and priority on hosts other registries report too ([`super::merge`]).
+    pub registry_migration: BTreeMap<RegistryKey, Migration>,
 }

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use meshbridge_registries::Service;
 
 use super::model::{
-    ClientTlsMode, ClientTlsSettings, DestinationRuleSpec, IstioObject, LABEL_REGISTRY_NAME, LABEL_REGISTRY_TYPE,
-    Location, NAMESPACE, ObjectMeta, Port, PortMap, PortSelector, PortTrafficPolicy, Resolution, ServiceEntrySpec,
+    ClientTlsMode, ClientTlsSettings, DestinationRuleSpec, IstioObject, LABEL_PRIORITY, LABEL_REGISTRY_NAME,
+    LABEL_REGISTRY_TYPE, Location, OutlierDetection, NAMESPACE, ObjectMeta, Port, PortMap, PortSelector, PortTrafficPolicy, Resolution, ServiceEntrySpec,
     Spec, TrafficPolicy, WorkloadEntry,
 };
+use super::merge::RegistryLabels;
 use super::names::object_name;
 use super::shared::intern;
 use super::warning::{Reason, Warning};
@@ -44,6 +45,7 @@ pub fn service_entry(registry: &RegistryKey, svc: &Service) -> Result<IstioObjec
         .collect::<Vec<_>>();
     // Endpoints on the same port share one port map (so do services).
     let mut shared: Option<(u16, PortMap)> = None;
+    let mut registry_labels = RegistryLabels::new(&registry.name);
     let endpoints = svc
         .endpoints
         .iter()
@@ -56,7 +58,8 @@ pub fn service_entry(registry: &RegistryKey, svc: &Service) -> Result<IstioObjec
                     map
                 }
             };
-            WorkloadEntry { address: ep.address.clone(), ports: map, labels: ep.labels.clone(), weight: ep.weight }
+            let labels = registry_labels.of(&ep.labels);
+            WorkloadEntry { address: ep.address.clone(), ports: map, labels, weight: ep.weight }
         })
         .collect();
     let spec = ServiceEntrySpec {
@@ -69,28 +72,39 @@ pub fn service_entry(registry: &RegistryKey, svc: &Service) -> Result<IstioObjec
     Ok(IstioObject { metadata: meta(registry, svc), spec: Spec::ServiceEntry(spec) })
 }
 
-/// The DestinationRule for a service reached over TLS, named after its host
-/// like the ServiceEntry; `None` for plain services and for services without
-/// ports (their ServiceEntry is left out too).
-pub fn destination_rule(registry: &RegistryKey, svc: &Service) -> Option<IstioObject> {
-    let tls = svc.tls.as_ref()?;
-    if svc.host.is_empty() || svc.ports.is_empty() {
+/// The DestinationRule of a registry service, named after its host like
+/// the ServiceEntry, for a service reached over TLS (each port's TLS) or a
+/// host whose registries have several priorities (`preferred`: the
+/// preferred one's value; Istio's failover by the endpoints'
+/// [`LABEL_PRIORITY`], which needs outlier detection). `None` for a plain
+/// service of one priority, and for services without ports (their
+/// ServiceEntry is left out too).
+pub fn destination_rule(registry: &RegistryKey, svc: &Service, preferred: Option<u32>) -> Option<IstioObject> {
+    if (svc.tls.is_none() && preferred.is_none()) || svc.host.is_empty() || svc.ports.is_empty() {
         return None;
     }
-    let port_level_settings = svc
-        .ports
-        .iter()
-        .map(|p| PortTrafficPolicy {
-            port: PortSelector { number: p.number.into() },
-            load_balancer: None,
-            connection_pool: None,
-            tls: ClientTlsSettings { mode: ClientTlsMode::Simple, sni: tls.sni.clone(), insecure_skip_verify: None },
-        })
-        .collect();
-    let spec = DestinationRuleSpec {
-        host: svc.host.clone(),
-        traffic_policy: Some(TrafficPolicy { port_level_settings, ..TrafficPolicy::default() }),
-        subsets: Vec::new(),
+    let port_level_settings = match &svc.tls {
+        None => Vec::new(),
+        Some(tls) => svc
+            .ports
+            .iter()
+            .map(|p| PortTrafficPolicy {
+                port: PortSelector { number: p.number.into() },
+                load_balancer: None,
+                connection_pool: None,
+                tls: ClientTlsSettings {
+                    mode: ClientTlsMode::Simple,
+                    sni: tls.sni.clone(),
+                    insecure_skip_verify: None,
+                },
+            })
+            .collect(),
     };
+    let mut policy = TrafficPolicy { port_level_settings, ..TrafficPolicy::default() };
+    if let Some(p) = preferred {
+        policy.failover_priority = vec![format!("{LABEL_PRIORITY}={p}")];
+        policy.outlier_detection = Some(OutlierDetection::for_failover());
+    }
+    let spec = DestinationRuleSpec { host: svc.host.clone(), traffic_policy: Some(policy), subsets: Vec::new() };
     Some(IstioObject { metadata: meta(registry, svc), spec: Spec::DestinationRule(spec) })
 }

@@ -10,6 +10,7 @@
 //!   standalone-gateway listeners and routes; McpBridge proxies.
 //! - [`pb`]: the model → Istio's generated prost messages, encoded.
 //! - [`mcp`]: Istio objects → MCP resources.
+//! - [`merge`]: one host that several registries report → one service.
 //! - [`build`]: the incremental [`Translator`] that keeps a [`ConfigSet`]
 //!   up to date at the cost of what changed.
 
@@ -20,6 +21,7 @@ pub mod ingress;
 pub mod inputs;
 pub mod istio;
 pub mod mcp;
+pub mod merge;
 pub mod model;
 pub mod names;
 pub mod pb;

@@ -18,6 +18,13 @@ pub use super::shared::{Labels, PortMap, Shared};
 pub const NAMESPACE: &str = "mcp";
 pub const LABEL_REGISTRY_TYPE: &str = "higress-registry-type";
 pub const LABEL_REGISTRY_NAME: &str = "higress-registry-name";
+/// On every registry endpoint (ServiceEntry endpoints, and what the
+/// standalone gateway's subsets match): the name of the registry that
+/// reported it, so that subsets and metrics can tell registries apart.
+pub const LABEL_ENDPOINT_REGISTRY: &str = "meshbridge.io/registry";
+/// On the endpoints of a host whose registries have different
+/// `meshbridgeMigration.priority` values: the registry's priority.
+pub const LABEL_PRIORITY: &str = "meshbridge.io/priority";
 const V1: &str = "networking.istio.io/v1";
 const V1ALPHA3: &str = "networking.istio.io/v1alpha3";
 
@@ -230,23 +237,112 @@ impl DestinationRuleSpec {
             }
             _ => {}
         }
+        // Registry failover (meshbridgeMigration priority) stays in force
+        // under a rule of the Ingress's own.
+        if let (Some(p), Some(f)) = (&mut self.traffic_policy, &fallback.traffic_policy) {
+            if p.failover_priority.is_empty() {
+                p.failover_priority = f.failover_priority.clone();
+            }
+            if p.outlier_detection.is_none() {
+                p.outlier_detection = f.outlier_detection.clone();
+            }
+        }
         if self.subsets.is_empty() {
             self.subsets = fallback.subsets.clone();
         }
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TrafficPolicy {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub load_balancer: Option<LoadBalancerSettings>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub connection_pool: Option<ConnectionPoolSettings>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub tls: Option<ClientTlsSettings>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub port_level_settings: Vec<PortTrafficPolicy>,
+    /// `loadBalancer.localityLbSetting.failoverPriority` (with `enabled`):
+    /// registry failover by the endpoints' [`LABEL_PRIORITY`]. In the JSON
+    /// form it sits inside `loadBalancer`, as in Istio's.
+    #[serde(skip)]
+    pub failover_priority: Vec<String>,
+    #[serde(default)]
+    pub outlier_detection: Option<OutlierDetection>,
+}
+
+impl Serialize for TrafficPolicy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Locality<'a> {
+            enabled: bool,
+            failover_priority: &'a [String],
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Lb<'a> {
+            #[serde(flatten)]
+            policy: Option<&'a LoadBalancerSettings>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            locality_lb_setting: Option<Locality<'a>>,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Json<'a> {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            load_balancer: Option<Lb<'a>>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            connection_pool: Option<&'a ConnectionPoolSettings>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            tls: Option<&'a ClientTlsSettings>,
+            #[serde(skip_serializing_if = "<[_]>::is_empty")]
+            port_level_settings: &'a [PortTrafficPolicy],
+            #[serde(skip_serializing_if = "Option::is_none")]
+            outlier_detection: Option<&'a OutlierDetection>,
+        }
+        let locality = (!self.failover_priority.is_empty())
+            .then(|| Locality { enabled: true, failover_priority: &self.failover_priority });
+        let load_balancer = (self.load_balancer.is_some() || locality.is_some())
+            .then(|| Lb { policy: self.load_balancer.as_ref(), locality_lb_setting: locality });
+        Json {
+            load_balancer,
+            connection_pool: self.connection_pool.as_ref(),
+            tls: self.tls.as_ref(),
+            port_level_settings: &self.port_level_settings,
+            outlier_detection: self.outlier_detection.as_ref(),
+        }
+        .serialize(s)
+    }
+}
+
+/// `OutlierDetection`: the fields registry failover sets. Istio applies a
+/// `localityLbSetting` failover only to a cluster that has one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutlierDetection {
+    #[serde(rename = "consecutive5xxErrors")]
+    pub consecutive_5xx_errors: u32,
+    pub interval: ProtoDuration,
+    pub base_ejection_time: ProtoDuration,
+    pub max_ejection_percent: i32,
+}
+
+impl OutlierDetection {
+    /// What registry failover asks for: Envoy's defaults (5 errors in a
+    /// row, checked every 10 s, ejected for 30 s), except that every
+    /// endpoint of a level may be ejected, so that a level whose instances
+    /// all fail hands its traffic to the next.
+    pub fn for_failover() -> OutlierDetection {
+        OutlierDetection {
+            consecutive_5xx_errors: 5,
+            interval: ProtoDuration::from_secs(10),
+            base_ejection_time: ProtoDuration::from_secs(30),
+            max_ejection_percent: 100,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -20,7 +20,7 @@ use prost_types::value::Kind;
 use super::model::{
     ClientTlsSettings, ConnectionPoolSettings, ConsistentHash, CorsPolicy, Destination, DestinationRuleSpec,
     EnvoyConfigObjectPatch, EnvoyFilterSpec, GatewaySpec, HeaderOperations, Headers, HttpCookie, HttpMatch,
-    HttpPoolSettings, HttpRoute, LoadBalancerSettings, Patch, Port, PortSelector, PortTrafficPolicy, ProtoDuration,
+    HttpPoolSettings, HttpRoute, LoadBalancerSettings, OutlierDetection, Patch, Port, PortSelector, PortTrafficPolicy, ProtoDuration,
     Redirect, RegexRewrite, Retry, Rewrite, RouteDestination, Server, ServerPort, ServerTls, ServiceEntrySpec, Spec,
     StringMatch, Subset, TrafficPolicy, VirtualServiceSpec, WorkloadEntry,
 };
@@ -95,12 +95,28 @@ impl From<&DestinationRuleSpec> for pb::DestinationRule {
 
 impl From<&TrafficPolicy> for pb::TrafficPolicy {
     fn from(t: &TrafficPolicy) -> Self {
-        let TrafficPolicy { load_balancer, connection_pool, tls, port_level_settings } = t;
+        let TrafficPolicy {
+            load_balancer,
+            connection_pool,
+            tls,
+            port_level_settings,
+            failover_priority,
+            outlier_detection,
+        } = t;
+        let mut lb = load_balancer.as_ref().map(pb::LoadBalancerSettings::from);
+        if !failover_priority.is_empty() {
+            lb.get_or_insert_with(Default::default).locality_lb_setting = Some(pb::LocalityLoadBalancerSetting {
+                failover_priority: failover_priority.clone(),
+                enabled: Some(true),
+                ..Default::default()
+            });
+        }
         pb::TrafficPolicy {
-            load_balancer: load_balancer.as_ref().map(pb::LoadBalancerSettings::from),
+            load_balancer: lb,
             connection_pool: connection_pool.as_ref().map(pb::ConnectionPoolSettings::from),
             tls: tls.as_ref().map(pb::ClientTlsSettings::from),
             port_level_settings: port_level_settings.iter().map(pb::traffic_policy::PortTrafficPolicy::from).collect(),
+            outlier_detection: outlier_detection.as_ref().map(pb::OutlierDetection::from),
             ..Default::default()
         }
     }
@@ -115,6 +131,19 @@ impl From<&PortTrafficPolicy> for pb::traffic_policy::PortTrafficPolicy {
             connection_pool: connection_pool.as_ref().map(pb::ConnectionPoolSettings::from),
             tls: Some(pb::ClientTlsSettings::from(tls)),
             outlier_detection: None,
+        }
+    }
+}
+
+impl From<&OutlierDetection> for pb::OutlierDetection {
+    fn from(o: &OutlierDetection) -> Self {
+        let OutlierDetection { consecutive_5xx_errors, interval, base_ejection_time, max_ejection_percent } = o;
+        pb::OutlierDetection {
+            consecutive_5xx_errors: Some(*consecutive_5xx_errors),
+            interval: Some(prost_types::Duration::from(*interval)),
+            base_ejection_time: Some(prost_types::Duration::from(*base_ejection_time)),
+            max_ejection_percent: *max_ejection_percent,
+            ..Default::default()
         }
     }
 }

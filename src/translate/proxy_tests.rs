@@ -103,7 +103,7 @@ fn view(services: Vec<(RegistryKey, Service)>) -> View {
             .into_iter()
             .map(|(k, s)| (s.host.clone(), CachedService { registry: k, service: Arc::new(s) }))
             .collect(),
-        conflicts: Default::default(),
+        also: Default::default(),
     }
 }
 

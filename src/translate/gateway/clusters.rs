@@ -6,7 +6,6 @@
 //! caller turns into a 503 route and a warning.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster::LbPolicy};
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
@@ -16,8 +15,9 @@ use meshbridge_registries::{Service, Tls};
 use prost::Message;
 
 use super::spec::Named;
+use crate::model::CachedService;
 use crate::resources::Resource;
-use crate::translate::envoy;
+use crate::translate::{envoy, merge};
 use crate::translate::model::{
     ClientTlsSettings, ConsistentHash, Destination, DestinationRuleSpec, H2UpgradePolicy, HttpCookie,
     LoadBalancerSettings, SimpleLb,
@@ -30,8 +30,9 @@ pub const POLICY_SUBSET: &str = "_policy";
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
-/// Host → registry service: how the gateway sees the registries.
-pub type ServiceLookup<'a> = dyn Fn(&str) -> Option<Arc<Service>> + 'a;
+/// Host → registry service (merged across registries, under its primary
+/// registry): how the gateway sees the registries.
+pub type ServiceLookup<'a> = dyn Fn(&str) -> Option<CachedService> + 'a;
 
 /// Why a route destination has no cluster the standalone Envoy will have.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -97,7 +98,7 @@ impl<'a> Clusters<'a> {
     pub fn resolve(&mut self, dest: &Destination) -> Result<String, NoCluster> {
         let host = dest.host.as_str();
         self.referenced.insert(host.to_string());
-        let Some(svc) = (self.services)(host) else {
+        let Some(CachedService { registry, service: svc }) = (self.services)(host) else {
             return Err(NoCluster::NotRegistryService { host: host.to_string() });
         };
         let port = match (&dest.port, svc.ports.as_slice()) {
@@ -121,7 +122,7 @@ impl<'a> Clusters<'a> {
                 Some(subset) => self.subset_labels(host, subset)?,
                 None => &NO_LABELS,
             };
-            let made = subset_cluster(&svc, port, &name, labels, policy.as_ref())?;
+            let made = subset_cluster(&svc, &registry.name, port, &name, labels, policy.as_ref())?;
             if let Some(LoadBalancerSettings::ConsistentHash(key)) = policy.as_ref().and_then(|p| p.lb.as_ref()) {
                 self.hashes.insert(name.clone(), hash_policy(key));
             }
@@ -184,6 +185,7 @@ impl<'a> Clusters<'a> {
 /// the host's upstream policy.
 fn subset_cluster(
     svc: &Service,
+    registry: &str,
     port: u16,
     name: &str,
     labels: &BTreeMap<String, String>,
@@ -209,7 +211,7 @@ fn subset_cluster(
         endpoints: svc
             .endpoints
             .iter()
-            .filter(|ep| labels.iter().all(|(k, v)| ep.labels.get(k) == Some(v)))
+            .filter(|ep| labels.iter().all(|(k, v)| merge::endpoint_label(ep, registry, k) == Some(v.as_str())))
             .cloned()
             .collect(),
         ..svc.clone()

@@ -57,7 +57,7 @@ pub fn read(f: &Found, warnings: &mut Vec<String>) -> Option<TrafficPolicy> {
         None => (None, None),
         Some((key, value)) => backend_protocol(key, value, warnings),
     };
-    let policy = TrafficPolicy { load_balancer, connection_pool, tls, port_level_settings: Vec::new() };
+    let policy = TrafficPolicy { load_balancer, connection_pool, tls, ..TrafficPolicy::default() };
     (policy != TrafficPolicy::default()).then_some(policy)
 }
 
