@@ -94,6 +94,18 @@ struct State {
     pending_since: Option<Instant>,
     /// Hosts whose content changed since the last [`Cache::take_changes`].
     dirty: HashSet<String>,
+    /// Hosts more than one registry reports, with where they disagree
+    /// (kept up to date as changes are taken: O(changed hosts)).
+    shared: BTreeMap<String, SharedHost>,
+}
+
+/// A host several registries report.
+#[derive(Debug, Clone, Default)]
+struct SharedHost {
+    registries: Vec<RegistryKey>,
+    /// [`crate::translate::merge::disagreements`], in registry key order:
+    /// the two registries, and the text.
+    disagreements: Vec<(RegistryKey, RegistryKey, String)>,
 }
 
 /// Service cache shared by watchers (writers) and the publisher (reader).
@@ -114,7 +126,15 @@ pub struct RegistryReport {
     pub status: RegistryStatus,
     pub services: usize,
     pub endpoints: usize,
+    /// Of its services, those other registries report too (merged).
+    pub shared_services: usize,
+    /// The first [`CONFLICTS_NAMED`] disagreements with other registries
+    /// on hosts it shares, as `host …: registries … disagree on …`.
+    pub conflicts: Vec<String>,
 }
+
+/// Disagreements a registry report names.
+pub const CONFLICTS_NAMED: usize = 10;
 
 impl Default for Cache {
     fn default() -> Self {
@@ -258,6 +278,9 @@ impl Cache {
                 (h, s)
             })
             .collect();
+        for (host, s) in &hosts {
+            set_shared(&mut state.shared, host, s);
+        }
         hosts.sort_by(|a, b| a.0.cmp(&b.0));
         Changes { revision: state.revision, changed_at: state.pending_since.take(), hosts }
     }
@@ -270,7 +293,12 @@ impl Cache {
         state.dirty.clear();
         let changed_at = state.pending_since.take();
         let view = Self::merged(&state);
-        Changes { changed_at, ..view.into_changes() }
+        let changes = view.into_changes();
+        state.shared.clear();
+        for (host, s) in &changes.hosts {
+            set_shared(&mut state.shared, host, s);
+        }
+        Changes { changed_at, ..changes }
     }
 
     fn host_state(state: &State, host: &str) -> HostState {
@@ -311,13 +339,13 @@ impl Cache {
     /// Every registry, in key order, as the admin API reports it.
     pub fn registries(&self) -> Vec<RegistryReport> {
         let state = self.lock();
-        state.registries.iter().map(|(k, e)| report(k, e)).collect()
+        state.registries.iter().map(|(k, e)| with_shared(report(k, e), &state.shared)).collect()
     }
 
     /// One registry's report and services.
     pub fn registry(&self, key: &RegistryKey) -> Option<(RegistryReport, BTreeMap<String, Arc<Service>>)> {
         let state = self.lock();
-        state.registries.get(key).map(|e| (report(key, e), e.services.clone()))
+        state.registries.get(key).map(|e| (with_shared(report(key, e), &state.shared), e.services.clone()))
     }
 
     /// Services of one registry, by host (the state dump).
@@ -347,12 +375,43 @@ impl Cache {
     }
 }
 
+/// Keep `shared` in line with one host's state.
+fn set_shared(shared: &mut BTreeMap<String, SharedHost>, host: &str, state: &HostState) {
+    let Some(winner) = state.winner.as_ref().filter(|_| !state.also.is_empty()) else {
+        shared.remove(host);
+        return;
+    };
+    let mut order: Vec<&CachedService> = vec![winner];
+    order.extend(state.also.iter());
+    let registries = order.iter().map(|c| c.registry.clone()).collect();
+    let disagreements = crate::translate::merge::disagreements(&order)
+        .into_iter()
+        .map(|d| (d.first.clone(), d.other.clone(), format!("host {host}: {d}")))
+        .collect();
+    shared.insert(host.to_string(), SharedHost { registries, disagreements });
+}
+
+/// A report with what its registry shares with others: O(shared hosts).
+fn with_shared(mut report: RegistryReport, shared: &BTreeMap<String, SharedHost>) -> RegistryReport {
+    for s in shared.values().filter(|s| s.registries.contains(&report.key)) {
+        report.shared_services += 1;
+        for (a, b, text) in &s.disagreements {
+            if (*a == report.key || *b == report.key) && report.conflicts.len() < CONFLICTS_NAMED {
+                report.conflicts.push(text.clone());
+            }
+        }
+    }
+    report
+}
+
 fn report(key: &RegistryKey, e: &RegistryEntry) -> RegistryReport {
     RegistryReport {
         key: key.clone(),
         endpoint: e.endpoint.clone(),
         status: e.status.clone(),
         services: e.services.len(),
+        shared_services: 0,
+        conflicts: Vec::new(),
         endpoints: e.services.values().map(|s| s.endpoints.len()).sum(),
     }
 }
@@ -701,9 +760,26 @@ mod tests {
         let changes = cache.take_changes();
         let (_, state) = changes.hosts.iter().find(|(h, _)| h == "x.static").unwrap();
         assert_eq!(state.also.len(), 1);
+        let reports = cache.registries();
+        assert_eq!(reports.iter().map(|r| r.shared_services).collect::<Vec<_>>(), [1, 1]);
+        assert!(reports.iter().all(|r| r.conflicts.is_empty()), "they agree");
+        // b now says the port speaks gRPC: both reports name it.
+        let mut grpc = svc("x.static", &["10.0.0.2"]);
+        grpc.ports[0].protocol = Protocol::Grpc;
+        cache.attach(&key("b")).update(Update::Upsert(grpc));
+        cache.take_changes();
+        let reports = cache.registries();
+        for r in &reports {
+            assert_eq!(
+                r.conflicts,
+                ["host x.static: registries consul/a and consul/b disagree on the protocol of port 80 (HTTP vs GRPC)"]
+            );
+        }
         cache.remove(&key("a"));
         let view = cache.view();
         assert_eq!(view.services["x.static"].registry, key("b"));
         assert!(view.also.is_empty());
+        cache.take_changes();
+        assert_eq!(cache.registries()[0].shared_services, 0);
     }
 }

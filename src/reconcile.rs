@@ -210,6 +210,21 @@ mod tests {
     }
 
     #[test]
+    fn a_migration_step_restarts_no_watcher() {
+        let a = spec(RegistryKind::Nacos, "a", 8848);
+        let mut stepped = a.clone();
+        stepped.migration = meshbridge_registries::Migration { weight: Some(10), priority: 1 };
+        assert!(diff(&running(std::slice::from_ref(&a)), std::slice::from_ref(&stepped)).is_empty());
+        let mut moved = stepped.clone();
+        moved.port = 8849;
+        assert_eq!(
+            diff(&running(&[a]), &[moved]),
+            vec![Action::Restart(RegistryKey::new(RegistryKind::Nacos, "a"))],
+            "anything else still restarts it"
+        );
+    }
+
+    #[test]
     fn diff_starts_restarts_and_stops() {
         let a = spec(RegistryKind::Consul, "a", 8500);
         let b = spec(RegistryKind::Consul, "b", 8500);

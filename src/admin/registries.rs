@@ -34,6 +34,12 @@ pub struct RegistryView {
     pub ready: bool,
     pub services: usize,
     pub endpoints: usize,
+    /// Of its services, those other registries report too: they are served
+    /// merged (docs/src/migration.md).
+    pub shared_services: usize,
+    /// Where it disagrees with those registries (the first 10), as the
+    /// `host_conflict` warnings of `/v1/config` say it.
+    pub conflicts: Vec<String>,
     pub last_sync_time: Option<String>,
     pub last_change_time: Option<String>,
     pub last_error: Option<String>,
@@ -178,6 +184,8 @@ fn view(r: &RegistryReport) -> RegistryView {
         ready: st.ready,
         services: r.services,
         endpoints: r.endpoints,
+        shared_services: r.shared_services,
+        conflicts: r.conflicts.clone(),
         last_sync_time: when(st.last_sync_time),
         last_change_time: when(st.last_change_time),
         last_error: st.last_error.clone(),

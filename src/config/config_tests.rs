@@ -847,3 +847,45 @@ fn the_log_line_says_what_is_configured_without_secrets() {
     let many = Desired { registries: (0..6).map(|i| consul(&format!("c{i}"))).collect(), ..Desired::default() };
     assert!(many.summary().contains("and 2 more)"), "{}", many.summary());
 }
+
+#[test]
+fn meshbridge_migration_is_optional_and_validated_with_field_paths() {
+    use meshbridge_registries::Migration;
+    let text = bridge(
+        "    - {type: nacos, name: a, domain: h, port: 1}\n\
+         \x20   - {type: nacos2, name: b, domain: h, port: 1, meshbridgeMigration: {weight: 20, priority: 1}}\n\
+         \x20   - {type: nacos3, name: c, domain: h, port: 1, meshbridgeMigration: {weight: 0, extra: 1}}\n\
+         \x20   - {type: consul, name: d, domain: h, port: 1, meshbridgeMigration: {weight: 101}}\n\
+         \x20   - {type: consul, name: e, domain: h, port: 1, meshbridgeMigration: {priority: -1}}\n\
+         \x20   - {type: consul, name: f, domain: h, port: 1, meshbridgeMigration: {weight: '50'}}\n\
+         \x20   - {type: consul, name: g, domain: h, port: 1, meshbridgeMigration: 80}\n",
+        "",
+    );
+    let built = build_text(&text);
+    let d = &built.desired;
+    let migration = |name: &str| d.registries.iter().find(|r| r.name == name).unwrap().migration;
+    assert_eq!(migration("a"), Migration::default(), "unset: no share, priority 0");
+    assert_eq!(migration("b"), Migration { weight: Some(20), priority: 1 });
+    assert_eq!(migration("c"), Migration { weight: Some(0), priority: 0 });
+    assert_eq!(names(d), ["nacos/a", "nacos2/b", "nacos3/c"]);
+    let errors: Vec<&str> = d.errors.iter().map(|e| e.split_once(": ").unwrap().1).collect();
+    assert_eq!(
+        errors,
+        [
+            "spec.registries[3].meshbridgeMigration.weight: 101 is not a whole number from 0 to 100",
+            "spec.registries[4].meshbridgeMigration.priority: -1 is not a whole number from 0 to 100",
+            "spec.registries[5].meshbridgeMigration.weight: \"50\" is not a whole number from 0 to 100",
+            "spec.registries[6].meshbridgeMigration: must be an object with weight and priority",
+        ],
+        "{:?}",
+        d.errors
+    );
+    assert!(
+        built
+            .warnings
+            .iter()
+            .any(|w| w.ends_with("spec.registries[2].meshbridgeMigration.extra: unknown field, ignored")),
+        "{:?}",
+        built.warnings
+    );
+}

@@ -140,7 +140,8 @@ pub(crate) fn registry(
     }
 
     let watch = cfg.meshbridge_watch.as_ref().and_then(|raw| watch_spec(raw, kind, &mut errors, warnings));
-    let migration = cfg.meshbridge_migration.as_ref().map(|raw| migration(raw, &mut errors, warnings)).unwrap_or_default();
+    let migration =
+        cfg.meshbridge_migration.as_ref().map(|raw| migration(raw, &mut errors, warnings)).unwrap_or_default();
     let (tls, tls_ca_key) = kind.map(|k| check_tls(k, &cfg, &mut errors, warnings)).unwrap_or_default();
 
     let (Some(kind), Some(port), true) = (kind, port, errors.is_empty()) else {

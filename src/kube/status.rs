@@ -64,6 +64,14 @@ pub fn bridge_status(
         if let Some(t) = report.and_then(|r| r.status.last_sync_time) {
             item["lastSyncTime"] = Value::String(rfc3339_secs(t));
         }
+        // Hosts other registries report too are merged; where they
+        // disagree is named here as on /v1/config.
+        if let Some(r) = report.filter(|r| r.shared_services > 0) {
+            item["sharedServices"] = json!(r.shared_services);
+            if !r.conflicts.is_empty() {
+                item["conflicts"] = json!(r.conflicts);
+            }
+        }
         let message = if !entry_errors.is_empty() {
             Some(entry_errors.join("; "))
         } else if report.is_none() {

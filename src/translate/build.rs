@@ -150,8 +150,7 @@ impl Translator {
         // A new share or priority merges again the hosts its registry shares.
         let mut remerge: BTreeSet<String> = BTreeSet::new();
         if inputs.registry_migration != self.migration {
-            let keys: BTreeSet<&RegistryKey> =
-                inputs.registry_migration.keys().chain(self.migration.keys()).collect();
+            let keys: BTreeSet<&RegistryKey> = inputs.registry_migration.keys().chain(self.migration.keys()).collect();
             for key in keys {
                 if inputs.registry_migration.get(key) != self.migration.get(key) {
                     let hosts = self.by_registry.get(key).into_iter().flatten();

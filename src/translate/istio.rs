@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 
 use meshbridge_registries::Service;
 
+use super::merge::RegistryLabels;
 use super::model::{
     ClientTlsMode, ClientTlsSettings, DestinationRuleSpec, IstioObject, LABEL_PRIORITY, LABEL_REGISTRY_NAME,
-    LABEL_REGISTRY_TYPE, Location, OutlierDetection, NAMESPACE, ObjectMeta, Port, PortMap, PortSelector, PortTrafficPolicy, Resolution, ServiceEntrySpec,
-    Spec, TrafficPolicy, WorkloadEntry,
+    LABEL_REGISTRY_TYPE, Location, NAMESPACE, ObjectMeta, OutlierDetection, Port, PortMap, PortSelector,
+    PortTrafficPolicy, Resolution, ServiceEntrySpec, Spec, TrafficPolicy, WorkloadEntry,
 };
-use super::merge::RegistryLabels;
 use super::names::object_name;
 use super::shared::intern;
 use super::warning::{Reason, Warning};

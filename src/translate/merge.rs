@@ -53,14 +53,12 @@ pub struct Merged {
 
 /// Merge `sources` (the registries reporting `host`, non-empty, any order)
 /// under each registry's `meshbridgeMigration`.
-pub fn merge(
-    host: &str,
-    sources: &[&CachedService],
-    migration: &BTreeMap<RegistryKey, Migration>,
-) -> Merged {
+pub fn merge(host: &str, sources: &[&CachedService], migration: &BTreeMap<RegistryKey, Migration>) -> Merged {
     let setting = |k: &RegistryKey| migration.get(k).copied().unwrap_or_default();
     let mut order: Vec<&CachedService> = sources.to_vec();
-    order.sort_by(|a, b| (setting(&a.registry).priority, &a.registry).cmp(&(setting(&b.registry).priority, &b.registry)));
+    order.sort_by(|a, b| {
+        (setting(&a.registry).priority, &a.registry).cmp(&(setting(&b.registry).priority, &b.registry))
+    });
     let first = order[0];
     let registries: Vec<RegistryKey> = order.iter().map(|c| c.registry.clone()).collect();
     if order.len() == 1 {
@@ -76,46 +74,14 @@ pub fn merge(
         };
     }
 
-    let mut conflicts = Vec::new();
-    let mut conflict = |other: &RegistryKey, field: String, ours: String, theirs: String| {
-        let winner = &first.registry;
-        conflicts.push(Warning::new(
-            format!("host {host}"),
-            Reason::HostConflict,
-            format!("registries {winner} and {other} disagree on {field} ({ours} vs {theirs}); using {winner}'s"),
-        ));
-    };
-
-    // Ports: the union; the first registry giving a number describes it.
-    let mut ports: BTreeMap<u16, (ServicePort, &RegistryKey)> = BTreeMap::new();
-    // (The registry kept beside each port is the one that described it.)
+    let conflicts = disagreements(&order)
+        .into_iter()
+        .map(|d| Warning::new(format!("host {host}"), Reason::HostConflict, format!("{d}; using {}'s", d.first)))
+        .collect();
+    let mut ports: BTreeMap<u16, ServicePort> = BTreeMap::new();
     for c in &order {
         for p in &c.service.ports {
-            match ports.get(&p.number) {
-                None => {
-                    ports.insert(p.number, (p.clone(), &c.registry));
-                }
-                Some((kept, _)) if kept.protocol != p.protocol => {
-                    let field = format!("the protocol of port {}", p.number);
-                    conflict(&c.registry, field, kept.protocol.to_string(), p.protocol.to_string());
-                }
-                Some(_) => {}
-            }
-        }
-    }
-    for c in &order[1..] {
-        let theirs: Vec<u16> = c.service.ports.iter().map(|p| p.number).collect();
-        let ours: Vec<u16> = first.service.ports.iter().map(|p| p.number).collect();
-        if theirs != ours && !theirs.is_empty() && !ours.is_empty() {
-            // Both are served (a vport on one side, for example).
-            conflict(&c.registry, "the service ports (vport)".into(), format!("{ours:?}"), format!("{theirs:?}"));
-        }
-        if c.service.tls != first.service.tls {
-            let show = |s: &Service| match &s.tls {
-                None => "plain".to_string(),
-                Some(t) => format!("TLS, SNI {:?}", t.sni.as_deref().unwrap_or("")),
-            };
-            conflict(&c.registry, "TLS (protocol/sni)".into(), show(&first.service), show(&c.service));
+            ports.entry(p.number).or_insert_with(|| p.clone());
         }
     }
 
@@ -158,7 +124,7 @@ pub fn merge(
     endpoints.sort();
     let service = Service {
         host: first.service.host.clone(),
-        ports: ports.into_values().map(|(p, _)| p).collect(),
+        ports: ports.into_values().collect(),
         endpoints,
         tls: first.service.tls.clone(),
     };
@@ -169,6 +135,66 @@ pub fn merge(
         preferred_priority: prioritised.then(|| levels[0]),
         conflicts,
     }
+}
+
+/// Two registries reporting one host differently, on a field translation
+/// can serve only one way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disagreement {
+    /// The registry whose value is used (the first in merge order).
+    pub first: RegistryKey,
+    pub other: RegistryKey,
+    pub field: String,
+    pub ours: String,
+    pub theirs: String,
+}
+
+impl std::fmt::Display for Disagreement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Disagreement { first, other, field, ours, theirs } = self;
+        write!(f, "registries {first} and {other} disagree on {field} ({ours} vs {theirs})")
+    }
+}
+
+/// Where the services of one host (in merge order, the first one's values
+/// used) disagree: a port's protocol, the set of ports (a `vport` on one
+/// side: both are served), TLS and its SNI.
+pub fn disagreements(order: &[&CachedService]) -> Vec<Disagreement> {
+    let mut out = Vec::new();
+    let Some(first) = order.first() else { return out };
+    let mut push = |other: &RegistryKey, field: String, ours: String, theirs: String| {
+        out.push(Disagreement { first: first.registry.clone(), other: other.clone(), field, ours, theirs });
+    };
+    let mut ports: BTreeMap<u16, &ServicePort> = BTreeMap::new();
+    for c in order {
+        for p in &c.service.ports {
+            match ports.get(&p.number) {
+                None => {
+                    ports.insert(p.number, p);
+                }
+                Some(kept) if kept.protocol != p.protocol => {
+                    let field = format!("the protocol of port {}", p.number);
+                    push(&c.registry, field, kept.protocol.to_string(), p.protocol.to_string());
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    let numbers = |s: &Service| s.ports.iter().map(|p| p.number).collect::<Vec<u16>>();
+    let show_tls = |s: &Service| match &s.tls {
+        None => "plain".to_string(),
+        Some(t) => format!("TLS, SNI {:?}", t.sni.as_deref().unwrap_or("")),
+    };
+    for c in &order[1..] {
+        let (ours, theirs) = (numbers(&first.service), numbers(&c.service));
+        if theirs != ours && !theirs.is_empty() && !ours.is_empty() {
+            push(&c.registry, "the service ports (vport)".into(), format!("{ours:?}"), format!("{theirs:?}"));
+        }
+        if c.service.tls != first.service.tls {
+            push(&c.registry, "TLS (protocol/sni)".into(), show_tls(&first.service), show_tls(&c.service));
+        }
+    }
+    out
 }
 
 /// Labels with the registry (and priority) added, made once per distinct

@@ -104,7 +104,12 @@ fn both_registries_endpoints_are_served_in_one_service_entry_labelled_by_registr
         .map(|e| (e["address"].as_str().unwrap(), e["labels"]["meshbridge.io/registry"].as_str().unwrap()))
         .collect();
     assert_eq!(registries, [("10.0.0.1", "nacos1"), ("10.0.1.1", "nacos2"), ("10.0.1.2", "nacos2")]);
-    assert_eq!(set.warnings().count(), 0, "agreeing registries are no conflict: {:?}", set.warnings().collect::<Vec<_>>());
+    assert_eq!(
+        set.warnings().count(),
+        0,
+        "agreeing registries are no conflict: {:?}",
+        set.warnings().collect::<Vec<_>>()
+    );
     assert!(object(&set, "DestinationRule").is_none(), "one priority, no TLS: no rule");
 }
 
@@ -117,7 +122,9 @@ fn disagreements_are_reported_naming_both_registries_and_the_field() {
     let set = translate(a, b, &[]);
     let text: Vec<String> = set.warnings().map(ToString::to_string).collect();
     assert!(set.warnings().all(|w| w.reason == Reason::HostConflict), "{text:?}");
-    let has = |needle: &str| text.iter().any(|t| t.contains(needle) && t.contains("nacos/nacos1") && t.contains("nacos2/nacos2"));
+    let has = |needle: &str| {
+        text.iter().any(|t| t.contains(needle) && t.contains("nacos/nacos1") && t.contains("nacos2/nacos2"))
+    };
     assert!(has("the protocol of port 8080 (HTTP vs GRPC)"), "{text:?}");
     assert!(has("the service ports (vport) ([8080] vs [8080, 20880])"), "{text:?}");
     assert!(has("TLS (protocol/sni)"), "{text:?}");
@@ -227,7 +234,8 @@ fn a_migration_step_touches_only_the_hosts_the_registries_share() {
     let mut t = crate::translate::Translator::new();
     t.apply(cache.take_all(), &Inputs::default(), true, 0);
     let rev = t.set().revision;
-    let step = Inputs { registry_migration: [(old(), m(Some(90), 0)), (new(), m(Some(10), 0))].into(), ..Inputs::default() };
+    let step =
+        Inputs { registry_migration: [(old(), m(Some(90), 0)), (new(), m(Some(10), 0))].into(), ..Inputs::default() };
     assert!(t.apply(cache.take_changes(), &step, true, 0));
     let changed = t.set().envoy[ENDPOINT_TYPE].changed_since(rev).expect("logged");
     assert_eq!(changed.iter().map(|n| n.to_string()).collect::<Vec<_>>(), [format!("outbound|8080||{HOST}")]);

@@ -20,9 +20,9 @@ use prost_types::value::Kind;
 use super::model::{
     ClientTlsSettings, ConnectionPoolSettings, ConsistentHash, CorsPolicy, Destination, DestinationRuleSpec,
     EnvoyConfigObjectPatch, EnvoyFilterSpec, GatewaySpec, HeaderOperations, Headers, HttpCookie, HttpMatch,
-    HttpPoolSettings, HttpRoute, LoadBalancerSettings, OutlierDetection, Patch, Port, PortSelector, PortTrafficPolicy, ProtoDuration,
-    Redirect, RegexRewrite, Retry, Rewrite, RouteDestination, Server, ServerPort, ServerTls, ServiceEntrySpec, Spec,
-    StringMatch, Subset, TrafficPolicy, VirtualServiceSpec, WorkloadEntry,
+    HttpPoolSettings, HttpRoute, LoadBalancerSettings, OutlierDetection, Patch, Port, PortSelector, PortTrafficPolicy,
+    ProtoDuration, Redirect, RegexRewrite, Retry, Rewrite, RouteDestination, Server, ServerPort, ServerTls,
+    ServiceEntrySpec, Spec, StringMatch, Subset, TrafficPolicy, VirtualServiceSpec, WorkloadEntry,
 };
 
 /// Why a spec has no protobuf form.

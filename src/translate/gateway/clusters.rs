@@ -17,11 +17,11 @@ use prost::Message;
 use super::spec::Named;
 use crate::model::CachedService;
 use crate::resources::Resource;
-use crate::translate::{envoy, merge};
 use crate::translate::model::{
     ClientTlsSettings, ConsistentHash, Destination, DestinationRuleSpec, H2UpgradePolicy, HttpCookie,
     LoadBalancerSettings, SimpleLb,
 };
+use crate::translate::{envoy, merge};
 
 /// The subset part of the name of a cluster that carries an Ingress
 /// DestinationRule's upstream policy for all of a host's endpoints: `_` is
