@@ -257,3 +257,124 @@ async fn nacos3_grpc_bursts_converge() {
 async fn nacos3_http_bursts_converge_at_the_polling_interval() {
     http_bursts_converge_at_the_polling_interval(Flavor::Nacos).await;
 }
+
+/// Issue 34: two registries that share every service, as during a
+/// migration: namespace A of the server over gRPC (`nacos2`) and namespace
+/// B over HTTP (`nacos`), both under `nacosNamespace: shop`, so each service
+/// is one host. Bursts go to either side; after each, the ServiceEntries
+/// meshbridge publishes (the merged view istiod and Envoy get) must hold
+/// the union of both sides' truths, endpoint for endpoint.
+struct Shared {
+    grpc: Nacos,
+    http: Nacos,
+}
+
+/// `svc.DEFAULT-GROUP.<namespace>.nacos` → `svc.DEFAULT-GROUP.shop.nacos`.
+fn shop_host(host: &str) -> String {
+    let mut parts = host.splitn(3, '.');
+    let (service, group) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+    format!("{service}.{group}.shop.nacos")
+}
+
+impl Registry for Shared {
+    /// `true`: the gRPC side.
+    type Op = (bool, Op);
+
+    fn next_op(&mut self, rng: &mut Rng) -> (bool, Op) {
+        let grpc = rng.chance(0.5);
+        let op = if grpc { self.grpc.next_op(rng) } else { self.http.next_op(rng) };
+        (grpc, op)
+    }
+
+    async fn apply(&mut self, (grpc, op): &(bool, Op)) -> anyhow::Result<()> {
+        if *grpc { self.grpc.apply(op).await } else { self.http.apply(op).await }
+    }
+
+    async fn truth(&mut self) -> anyhow::Result<Truth> {
+        let mut union = Truth::new();
+        for side in [self.grpc.truth().await?, self.http.truth().await?] {
+            for (host, endpoints) in side {
+                union.entry(shop_host(&host)).or_default().extend(endpoints);
+            }
+        }
+        for endpoints in union.values_mut() {
+            endpoints.sort();
+        }
+        Ok(union)
+    }
+}
+
+/// The published ServiceEntries of `*.shop.nacos`, as [`Truth`]; drift is
+/// both registries' repairs.
+struct Merged<'a> {
+    app: &'a App,
+    views: [AdminView; 2],
+}
+
+impl convergence::View for Merged<'_> {
+    async fn read(&mut self) -> anyhow::Result<Truth> {
+        use meshbridge::translate::model::Spec;
+        let published = self.app.config.borrow().clone();
+        let mut truth = Truth::new();
+        for obj in published.set.istio.values() {
+            let Spec::ServiceEntry(se) = &obj.spec else { continue };
+            let Some(host) = se.hosts.first().filter(|h| h.ends_with(".shop.nacos")) else { continue };
+            let endpoints = truth.entry(host.clone()).or_default();
+            for ep in &se.endpoints {
+                let port = ep.ports.values().next().copied().unwrap_or_default();
+                let port = u16::try_from(port).unwrap_or_default();
+                endpoints.push(endpoint_rev(&ep.address, port, ep.weight, ep.labels.get(REV).map(String::as_str)));
+            }
+            endpoints.sort();
+        }
+        Ok(truth)
+    }
+
+    async fn drift(&mut self) -> anyhow::Result<u64> {
+        let mut total = 0;
+        for v in &mut self.views {
+            total += convergence::View::drift(v).await?;
+        }
+        Ok(total)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacos3_bursts_on_two_registries_sharing_services_converge_to_the_union() {
+    let opts = nacos::Options { heartbeat_timeout: Some(Duration::from_secs(3600)), ..nacos::Options::default() };
+    let mut sides = Vec::new();
+    for _ in 0..2 {
+        let server = Target::start(Flavor::Nacos, opts.clone()).await.expect("start the server");
+        for s in 0..ANCHORED {
+            let mut anchor = server.instance(&service(s), "127.0.0.2", 40000 + s as u16).meta("rev", "anchor");
+            anchor.ephemeral = ephemeral_service(s);
+            server.register(&anchor).await.unwrap();
+        }
+        sides.push(Nacos { server, instances: Vec::new(), next_port: 30000, rev: 0 });
+    }
+    let http = sides.pop().unwrap();
+    let grpc = sides.pop().unwrap();
+    let refresh = Duration::from_secs(1);
+    let entry = |kind: &str, name: &str, side: &Nacos| {
+        format!(
+            "{{type: {kind}, name: {name}, domain: 127.0.0.1, port: {port}, nacosNamespaceId: {ns}, \
+             nacosNamespace: shop, nacosRefreshInterval: {nanos}}}",
+            port = side.server.http_port,
+            ns = side.server.namespace,
+            nanos = refresh.as_nanos()
+        )
+    };
+    let bridge = meshbridge_e2e::traffic::mcpbridge(&[entry("nacos2", "grpc", &grpc), entry("nacos", "http", &http)]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
+    let args =
+        RunArgs::loopback(dir.path()).with_min_refresh_interval(refresh).with_anti_entropy_interval(ANTI_ENTROPY);
+    let app = App::start(args).await.expect("start meshbridge");
+    let mut view =
+        Merged { app: &app, views: [AdminView::new(&app, "grpc", &[REV]), AdminView::new(&app, "http", &[REV])] };
+    let mut registry = Shared { grpc, http };
+    // The HTTP side converges at its 1 s polling interval; the gRPC side's
+    // new services are found by its 5 s probe.
+    let opts = Options::new("nacos3-shared", Duration::from_secs(8));
+    convergence::run(&mut registry, &mut view, &opts).await;
+}

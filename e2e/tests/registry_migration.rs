@@ -40,10 +40,7 @@ fn bridge(nacos: &Target, old_ns: &str, new_ns: &str, migration: (&str, &str)) -
             port = nacos.http_port
         )
     };
-    traffic::mcpbridge(&[
-        entry("nacos", "old", old_ns, migration.0),
-        entry("nacos2", "new", new_ns, migration.1),
-    ])
+    traffic::mcpbridge(&[entry("nacos", "old", old_ns, migration.0), entry("nacos2", "new", new_ns, migration.1)])
 }
 
 /// Write the McpBridge and wait until Envoy ACKs the EDS it makes;
