@@ -192,7 +192,7 @@ fn proxied_set() -> translate::ConfigSet {
     let view = View {
         revision: 1,
         services: [(svc.host.clone(), CachedService { registry: key.clone(), service: Arc::new(svc) })].into(),
-        conflicts: Default::default(),
+        also: Default::default(),
     };
     let proxies = [ProxySpec {
         name: "corp".into(),

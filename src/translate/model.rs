@@ -306,7 +306,7 @@ impl Serialize for TrafficPolicy {
         let locality = (!self.failover_priority.is_empty())
             .then(|| Locality { enabled: true, failover_priority: &self.failover_priority });
         let load_balancer = (self.load_balancer.is_some() || locality.is_some())
-            .then(|| Lb { policy: self.load_balancer.as_ref(), locality_lb_setting: locality });
+            .then_some(Lb { policy: self.load_balancer.as_ref(), locality_lb_setting: locality });
         Json {
             load_balancer,
             connection_pool: self.connection_pool.as_ref(),
