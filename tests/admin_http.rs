@@ -128,6 +128,7 @@ async fn registries_api_shapes_errors_and_readiness() {
     assert_eq!(
         keys,
         [
+            "conflicts",
             "consecutiveFailures",
             "endpoint",
             "endpoints",
@@ -142,12 +143,14 @@ async fn registries_api_shapes_errors_and_readiness() {
             "ready",
             "repairs",
             "services",
+            "sharedServices",
             "stale",
             "type",
             "unreachableSince",
             "withdrawn"
         ]
     );
+    assert_eq!((&c["sharedServices"], &c["conflicts"]), (&Value::from(0), &serde_json::json!([])));
     assert_eq!(c["type"], "consul");
     assert_eq!(c["endpoint"], "127.0.0.1:8500");
     assert_eq!((c["healthy"].as_bool(), c["ready"].as_bool()), (Some(true), Some(true)));
