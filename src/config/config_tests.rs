@@ -558,6 +558,10 @@ fn the_examples_load_cleanly() {
     let mut want = consul("consul-local");
     want.consul_refresh_interval = Some(Duration::from_secs(30));
     assert!(with_consul.registries.contains(&want), "{:?}", with_consul.registries);
+
+    let migration = example("eureka-to-nacos");
+    assert_eq!(migration.errors, Vec::<String>::new());
+    assert_eq!(migration.ingresses.len(), 1);
 }
 
 #[tokio::test]
