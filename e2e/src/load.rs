@@ -59,7 +59,14 @@ impl Load {
     /// counts as failed. (The cap was 64: on a starved 2-core machine a
     /// 0.75 s stall of answers then failed requests that were never sent.)
     pub fn start(port: u16, path: &str, rate: u32) -> Load {
+        Load::start_host(port, path, "", rate)
+    }
+
+    /// [`Load::start`] with a `Host` header (none when empty): a route of
+    /// the standalone gateway.
+    pub fn start_host(port: u16, path: &str, host: &str, rate: u32) -> Load {
         let url = format!("http://127.0.0.1:{port}{path}");
+        let host = host.to_string();
         let stop = Arc::new(AtomicBool::new(false));
         let report = Arc::new(Mutex::new(LoadReport::default()));
         let http = reqwest::Client::builder().timeout(TIMEOUT).build().expect("client");
@@ -81,10 +88,14 @@ impl Load {
                     rep.failures.push((at, 0));
                     continue;
                 };
-                let (http, url, r) = (http.clone(), url.clone(), r.clone());
+                let (http, url, r, host) = (http.clone(), url.clone(), r.clone(), host.clone());
                 handles.push(tokio::spawn(async move {
                     let asked = Instant::now();
-                    let status = match http.get(&url).send().await {
+                    let mut get = http.get(&url);
+                    if !host.is_empty() {
+                        get = get.header(reqwest::header::HOST, host);
+                    }
+                    let status = match get.send().await {
                         Ok(resp) => {
                             let st = resp.status().as_u16();
                             let _ = resp.bytes().await;

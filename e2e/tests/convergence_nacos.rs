@@ -263,7 +263,9 @@ async fn nacos3_http_bursts_converge_at_the_polling_interval() {
 /// B over HTTP (`nacos`), both under `nacosNamespace: shop`, so each service
 /// is one host. Bursts go to either side; after each, the ServiceEntries
 /// meshbridge publishes (the merged view istiod and Envoy get) must hold
-/// the union of both sides' truths, endpoint for endpoint.
+/// the union of both sides' truths, endpoint for endpoint, an instance on
+/// both sides once. The sides share anchors and pick ports from the same
+/// range, so double registrations come and go all through the run.
 struct Shared {
     grpc: Nacos,
     http: Nacos,
@@ -291,10 +293,19 @@ impl Registry for Shared {
     }
 
     async fn truth(&mut self) -> anyhow::Result<Truth> {
+        // Merge order is (priority, type, name): `nacos` (HTTP) before
+        // `nacos2`. An instance both list (the anchors, and ports both
+        // sides picked) is served once, as the first lists it.
         let mut union = Truth::new();
-        for side in [self.grpc.truth().await?, self.http.truth().await?] {
+        for side in [self.http.truth().await?, self.grpc.truth().await?] {
             for (host, endpoints) in side {
-                union.entry(shop_host(&host)).or_default().extend(endpoints);
+                let merged = union.entry(shop_host(&host)).or_default();
+                for e in endpoints {
+                    let addr = |e: &str| e.split(' ').next().unwrap_or_default().to_string();
+                    if !merged.iter().any(|m| addr(m) == addr(&e)) {
+                        merged.push(e);
+                    }
+                }
             }
         }
         for endpoints in union.values_mut() {

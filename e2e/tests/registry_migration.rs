@@ -7,13 +7,18 @@
 //! - both registries' instances get traffic (merged, none dropped);
 //! - a weight share of 80/20 (`meshbridgeMigration`) holds in 1,000
 //!   requests within ±5 %, although the sides have 1 and 3 instances;
-//! - each migration step (a McpBridge edit) reaches Envoy within 1 s, with
-//!   no request failed under load;
+//! - each migration step (a McpBridge edit of the weights, or a switch to
+//!   priorities and back) reaches Envoy within 1 s, with no request failed
+//!   under load;
 //! - with the new registry preferred (`priority`), all traffic moves to the
 //!   old one within 2 s of the new side's last instance going, and back
 //!   when it returns.
 //!
-//! Needs `source e2e/env.sh nacos-server envoy`.
+//! And Eureka to Nacos, on the real Eureka server and the real Nacos server
+//! at once: their hosts never meet (`.eureka`, `.nacos`), so the route's
+//! weights move the traffic, as `deploy/examples/eureka-to-nacos` shows.
+//!
+//! Needs `source e2e/env.sh nacos-server eureka-server envoy`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -105,10 +110,15 @@ async fn nacos_http_and_grpc_registries_share_a_service_with_weights_and_failove
     //    fails no request.
     let load = Load::start(envoy.listen_port, "/", 50);
     let mut worst = Duration::ZERO;
-    for (o, n) in [("{weight: 90}", "{weight: 10}"), ("{weight: 50}", "{weight: 50}"), ("{weight: 80}", "{weight: 20}")]
-    {
+    let steps = [
+        ("{weight: 90}", "{weight: 10}"),
+        ("{weight: 50}", "{weight: 50}"),
+        ("{priority: 1}", "{priority: 0}"),
+        ("{weight: 80}", "{weight: 20}"),
+    ];
+    for (o, n) in steps {
         let took = step(&app, dir.path(), &bridge(&nacos, &old_ns, &new_ns, (o, n))).await;
-        println!("FIGURE migration_step_to_eds_ack weights={o}/{n} ms={:.1}", took.as_secs_f64() * 1e3);
+        println!("FIGURE migration_step_to_eds_ack old={o} new={n} ms={:.1}", took.as_secs_f64() * 1e3);
         worst = worst.max(took);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -142,5 +152,83 @@ async fn nacos_http_and_grpc_registries_share_a_service_with_weights_and_failove
     let failback = back.elapsed();
     println!("FIGURE migration_priority_failback ms={:.0}", failback.as_secs_f64() * 1e3);
     assert!(failback < Duration::from_secs(2), "failback took {failback:?}");
+    app.stop().await;
+}
+
+/// The Ingress that moves `orders.example.com` from the app's Eureka host
+/// to its Nacos host (they never share a host: `.eureka` and `.nacos`), as
+/// `deploy/examples/eureka-to-nacos/ingress.yaml` does.
+fn orders_ingress(eureka_pct: u32, nacos_host: &str) -> String {
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: orders\n  namespace: shop\n  \
+         annotations:\n    higress.io/destination: |\n      {eureka_pct}% orders.eureka:8080\n      \
+         {}% {nacos_host}:8080\nspec:\n  ingressClassName: higress\n  rules:\n    - host: orders.example.com\n      \
+         http:\n        paths:\n          - {{ path: /, pathType: Prefix, backend: {{ resource: \
+         {{ apiGroup: networking.higress.io, kind: McpBridge, name: default }} }} }}\n",
+        100 - eureka_pct
+    )
+}
+
+/// Eureka's share of `n` requests to `orders.example.com`.
+async fn eureka_share(envoy: &Envoy, n: usize) -> f64 {
+    let mut eureka = 0;
+    for _ in 0..n {
+        let (status, body) = envoy.get_host("/", "orders.example.com").await.expect("request");
+        assert_eq!(status, 200, "{body}");
+        eureka += usize::from(body.starts_with("eureka-"));
+    }
+    eureka as f64 / n as f64
+}
+
+/// Eureka to Nacos with the real Eureka server and the real Nacos 3.1
+/// server at once, through the standalone gateway: the route's weights
+/// move the traffic (90/10, then 10/90 under load, no request failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eureka_to_nacos_moves_by_the_routes_weights_on_the_real_servers() {
+    use meshbridge_e2e::eureka::{EurekaServer, instance as eureka_instance};
+    let eureka = EurekaServer::start().await.expect("start the Eureka server (source e2e/env.sh eureka-server)");
+    let nacos = Target::start(Flavor::Nacos, Default::default()).await.expect("start nacos");
+    let (from, to) =
+        (Backend::start("127.0.0.1", "eureka-1").await.unwrap(), Backend::start("127.0.0.1", "nacos-1").await.unwrap());
+    eureka.api.register(eureka_instance("orders", "orders-1", "127.0.0.1", from.addr.port(), "UP")).await.unwrap();
+    nacos.register(&nacos.instance("orders", "127.0.0.1", to.addr.port())).await.unwrap();
+    let nacos_host = nacos.host("orders", "DEFAULT_GROUP");
+
+    let dir = tempfile::tempdir().unwrap();
+    let bridge = traffic::mcpbridge(&[
+        format!("{{type: eureka, name: eureka, domain: 127.0.0.1, port: {}, vport: {{default: 8080}}}}", eureka.port),
+        format!(
+            "{{type: nacos2, name: nacos, domain: 127.0.0.1, port: {}, nacosNamespaceId: {}, vport: {{default: 8080}}}}",
+            nacos.http_port, nacos.namespace
+        ),
+    ]);
+    std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
+    std::fs::write(dir.path().join("ingress.yaml"), orders_ingress(90, &nacos_host)).unwrap();
+    let gateway_port = meshbridge_e2e::free_port();
+    let app = traffic::start_gateway(dir.path(), gateway_port).await.expect("start meshbridge");
+    let envoy = Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, gateway_port).await.expect("start envoy");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < 2 {
+        assert!(Instant::now() < deadline, "both registries never answered: {seen:?}\n{}", envoy.log());
+        if let Ok((200, body)) = envoy.get_host("/", "orders.example.com").await {
+            seen.insert(body);
+        }
+    }
+    let share = eureka_share(&envoy, 1000).await;
+    println!("FIGURE eureka_to_nacos_route_split want=0.90 got={share:.3}");
+    assert!((share - 0.90).abs() <= 0.05, "Eureka's share {share} not 0.90 ± 0.05");
+
+    let load = Load::start_host(envoy.listen_port, "/", "orders.example.com", 50);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    std::fs::write(dir.path().join(".ingress.tmp"), orders_ingress(10, &nacos_host)).unwrap();
+    std::fs::rename(dir.path().join(".ingress.tmp"), dir.path().join("ingress.yaml")).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let report = load.stop().await;
+    println!("FIGURE eureka_to_nacos_step_under_load {}", report.summary());
+    assert_eq!(report.failed, 0, "the step failed requests: {}", report.summary());
+    let share = eureka_share(&envoy, 1000).await;
+    println!("FIGURE eureka_to_nacos_route_split want=0.10 got={share:.3}");
+    assert!((share - 0.10).abs() <= 0.05, "Eureka's share {share} not 0.10 ± 0.05");
     app.stop().await;
 }

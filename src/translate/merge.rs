@@ -7,7 +7,9 @@
 //! - **Ports**: the union, by number. Where registries give one number
 //!   different protocols or names, the first registry in merge order wins.
 //! - **Service-level attributes** (TLS and its SNI): the first registry's.
-//! - **Endpoints**: every registry's, each labelled with its registry
+//! - **Endpoints**: every registry's (an instance several registries list,
+//!   by address and port, once: as the first registry lists it), each
+//!   labelled with its registry
 //!   ([`LABEL_ENDPOINT_REGISTRY`]) and, when the registries have different
 //!   priorities, with its registry's priority ([`LABEL_PRIORITY`]).
 //! - **Weights** (`meshbridgeMigration.weight`): among the registries at one
@@ -19,7 +21,7 @@
 //! registry first. Every disagreement is a [`Reason::HostConflict`]
 //! warning naming both registries and the field.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use meshbridge_registries::{Endpoint, Labels, Migration, Service, ServicePort};
@@ -91,6 +93,11 @@ pub fn merge(host: &str, sources: &[&CachedService], migration: &BTreeMap<Regist
     let prioritised = levels.len() > 1;
 
     let mut endpoints: Vec<Endpoint> = Vec::new();
+    // An instance registered in several registries (double registration,
+    // common during a move) is served once, as the first registry in merge
+    // order has it: Envoy would keep only the first copy of an address in
+    // a load assignment anyway, whatever its level.
+    let mut seen: HashSet<(&str, u16)> = HashSet::new();
     for &level in &levels {
         let at: Vec<&&CachedService> = order.iter().filter(|c| setting(&c.registry).priority == level).collect();
         let weights: Vec<Option<u32>> = at.iter().map(|c| setting(&c.registry).weight).collect();
@@ -104,6 +111,9 @@ pub fn merge(host: &str, sources: &[&CachedService], migration: &BTreeMap<Regist
             }
             let own: u64 = c.service.endpoints.iter().map(|e| u64::from(e.weight.max(1))).sum();
             for ep in &c.service.endpoints {
+                if !seen.insert((ep.address.as_str(), ep.port)) {
+                    continue;
+                }
                 let weight = match share {
                     // share/total of the level, split as the registry's own weights split it.
                     Some(share) => {

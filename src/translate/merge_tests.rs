@@ -242,3 +242,41 @@ fn a_migration_step_touches_only_the_hosts_the_registries_share() {
     let served = served(t.set(), 8080);
     assert_eq!((served["10.0.0.1"].1, served["10.0.1.1"].1), (900_000, 100_000));
 }
+
+#[test]
+fn one_registrys_outage_and_withdrawal_touch_only_its_own_endpoints() {
+    use meshbridge_registries::RegistryError;
+    let cache = Cache::new();
+    let (a, b) = (cache.attach(&old()), cache.attach(&new()));
+    a.update(Update::Upsert(service(8080, Protocol::Http, &["10.0.0.1"])));
+    b.update(Update::Upsert(service(8080, Protocol::Http, &["10.0.1.1"])));
+    // The old registry goes away: its last endpoints stay (outage rule).
+    a.error(&RegistryError::Unreachable { registry: "nacos1".into(), reason: "connection refused".into() });
+    let set = build(&cache.view(), &Inputs::default());
+    assert_eq!(served(&set, 8080).keys().collect::<Vec<_>>(), ["10.0.0.1", "10.0.1.1"]);
+    // `--max-stale` withdraws them; the other registry's stay served.
+    cache.withdraw(&old());
+    let set = build(&cache.view(), &Inputs::default());
+    assert_eq!(served(&set, 8080).keys().collect::<Vec<_>>(), ["10.0.1.1"]);
+    let se = object(&set, "ServiceEntry").unwrap();
+    assert_eq!(se["spec"]["endpoints"][0]["labels"]["meshbridge.io/registry"], "nacos2");
+}
+
+#[test]
+fn an_instance_in_both_registries_is_served_once_as_the_first_has_it() {
+    // Double registration: 10.0.0.1 is in both; the new registry preferred.
+    let set = translate(
+        service(8080, Protocol::Http, &["10.0.0.1", "10.0.0.2"]),
+        service(8080, Protocol::Http, &["10.0.0.1"]),
+        &[(old(), m(None, 1))],
+    );
+    let got = served(&set, 8080);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got["10.0.0.1"].0, 0, "in the preferred level, as the preferred registry lists it: {got:?}");
+    assert_eq!(got["10.0.0.2"].0, 1);
+    let se = object(&set, "ServiceEntry").unwrap();
+    let eps = se["spec"]["endpoints"].as_array().unwrap();
+    assert_eq!(eps.len(), 2);
+    let first = eps.iter().find(|e| e["address"] == "10.0.0.1").unwrap();
+    assert_eq!(first["labels"]["meshbridge.io/registry"], "nacos2");
+}
