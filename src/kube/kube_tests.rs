@@ -61,6 +61,34 @@ fn observed_bridge(registries: serde_json::Value, proxies: serde_json::Value) ->
 }
 
 #[test]
+fn status_names_shared_services_and_their_conflicts() {
+    use crate::cache::{RegistryKey, RegistryReport, RegistryStatus};
+    use meshbridge_registries::{RegistryKind, RegistrySpec};
+    let bridge =
+        observed_bridge(json!([{"type": "nacos", "name": "old"}, {"type": "nacos2", "name": "new"}]), json!([]));
+    let specs =
+        [RegistrySpec::new(RegistryKind::Nacos, "old", "h", 1), RegistrySpec::new(RegistryKind::Nacos2, "new", "h", 1)];
+    let desired = Desired { registries: specs.to_vec(), ..Default::default() };
+    let conflict = "host web.DEFAULT-GROUP.shop.nacos: registries nacos/old and nacos2/new disagree on the protocol of port 8080 (HTTP vs GRPC)";
+    let report = |kind, name: &str, shared, conflicts: &[&str]| RegistryReport {
+        key: RegistryKey::new(kind, name),
+        endpoint: "h:1".into(),
+        status: RegistryStatus { healthy: true, ready: true, ..Default::default() },
+        services: 3,
+        endpoints: 6,
+        shared_services: shared,
+        conflicts: conflicts.iter().map(|c| c.to_string()).collect(),
+    };
+    let reports = [report(RegistryKind::Nacos, "old", 2, &[conflict]), report(RegistryKind::Nacos2, "new", 0, &[])];
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let status = bridge_status(&bridge, &desired, &reports, None, t0);
+    assert_eq!(status["registries"][0]["sharedServices"], json!(2));
+    assert_eq!(status["registries"][0]["conflicts"], json!([conflict]));
+    let alone = status["registries"][1].as_object().unwrap();
+    assert!(!alone.contains_key("sharedServices") && !alone.contains_key("conflicts"), "{alone:?}");
+}
+
+#[test]
 fn status_names_entry_errors_and_keeps_transition_times() {
     let bridge = observed_bridge(
         json!([{"type": "consul", "name": "c", "port": 0}, {"type": "static", "name": "s"}]),
