@@ -246,3 +246,52 @@ fn an_ingress_policy_reaches_the_registry_rules_ports() {
         assert_eq!(p.tls.mode, model::ClientTlsMode::Simple);
     }
 }
+
+/// An Ingress whose backend is a Kubernetes Service: istiod is sent the
+/// Gateway and the VirtualService naming `web.shop.svc.cluster.local`, and
+/// nothing for the Service itself (istiod reads Services from the cluster);
+/// the standalone gateway answers 503 and says why (issue 35).
+#[test]
+fn a_service_backend_sends_istiod_nothing_new_and_the_gateway_says_why() {
+    let yaml = r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: web
+  namespace: shop
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 8080}}}}
+"#;
+    let ingresses = crate::config::ingress_docs(yaml);
+    let inputs = Inputs {
+        ingresses: &ingresses,
+        ingress: ingress::IngressOptions {
+            ingress_class: Some("higress".into()),
+            gateway_namespace: "higress-system".into(),
+            gateway_name: "higress-gateway".into(),
+            ..Default::default()
+        },
+        ..Inputs::default()
+    };
+    let set = build(&view(vec![(consul(), web())]), &inputs);
+    let mut kinds: Vec<(String, String)> =
+        set.istio.values().map(|o| (o.kind().to_string(), o.metadata.name.clone())).collect();
+    kinds.sort();
+    let for_service: Vec<&(String, String)> = kinds.iter().filter(|(_, n)| n.contains("svc")).collect();
+    assert!(for_service.is_empty(), "nothing named after the Service: {kinds:?}");
+    assert_eq!(set.objects("ServiceEntry").count(), 1, "only the registry's own: {kinds:?}");
+    let vs = set.objects("VirtualService").next().expect("a VirtualService").spec.to_json();
+    assert_eq!(vs["http"][0]["route"][0]["destination"]["host"], "web.shop.svc.cluster.local");
+    let warnings: Vec<String> = set.warnings().map(ToString::to_string).collect();
+    assert!(
+        warnings.iter().any(
+            |w| w.contains("web.shop.svc.cluster.local is a Kubernetes Service") && w.contains("`static` registry")
+        ),
+        "{warnings:?}"
+    );
+}

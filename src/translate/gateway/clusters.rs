@@ -40,6 +40,13 @@ pub enum NoCluster {
     /// The host is not a service of any registry.
     #[error("host {host} has no cluster in the standalone gateway (not a registry service)")]
     NotRegistryService { host: String },
+    /// The host is a Kubernetes Service (`*.svc.cluster.local`), whose
+    /// endpoints the standalone gateway does not read (istiod does).
+    #[error(
+        "host {host} is a Kubernetes Service: the standalone gateway reads no Services or EndpointSlices, so it has \
+         no endpoints for it (through istiod, istiod serves it); name the backend as a `static` registry instead"
+    )]
+    KubernetesService { host: String },
     /// The destination names a port the service does not have.
     #[error("host {host} has no port {port}")]
     NoSuchPort { host: String, port: u32 },
@@ -99,7 +106,12 @@ impl<'a> Clusters<'a> {
         let host = dest.host.as_str();
         self.referenced.insert(host.to_string());
         let Some(CachedService { registry, service: svc }) = (self.services)(host) else {
-            return Err(NoCluster::NotRegistryService { host: host.to_string() });
+            let host = host.to_string();
+            return Err(if host.to_ascii_lowercase().ends_with(".svc.cluster.local") {
+                NoCluster::KubernetesService { host }
+            } else {
+                NoCluster::NotRegistryService { host }
+            });
         };
         let port = match (&dest.port, svc.ports.as_slice()) {
             (Some(p), _) if p.number != 0 => u16::try_from(p.number)
