@@ -66,7 +66,7 @@ pub fn merge(host: &str, sources: &[&CachedService], migration: &BTreeMap<Regist
     if order.len() == 1 {
         // Alone, a registry's weight and priority have nothing to divide;
         // the cache's service is served as it is (its registry label is
-        // added where endpoints are written: [`registry_labels`]).
+        // added where endpoints are written: [`RegistryLabels`]).
         return Merged {
             primary: first.registry.clone(),
             service: first.service.clone(),
