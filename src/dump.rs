@@ -244,7 +244,9 @@ impl Dumper {
         let mut todo = Vec::new();
         for r in &reports {
             let st = &r.status;
-            if !st.ready || st.stale || st.withdrawn {
+            // The Kubernetes Services are read again from the API server at
+            // start (`kube::services`), never loaded from a dump.
+            if !st.ready || st.stale || st.withdrawn || r.key.kind == meshbridge_registries::RegistryKind::Kubernetes {
                 continue;
             }
             let Some(services) = self.cache.registry_services(&r.key) else { continue };

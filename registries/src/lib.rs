@@ -63,5 +63,10 @@ pub fn watcher_for(spec: &RegistrySpec, selector: Selector) -> Result<Box<dyn Wa
         RegistryKind::Nacos | RegistryKind::Nacos2 | RegistryKind::Nacos3 => {
             Ok(Box::new(nacos::NacosWatcher::new(spec.clone())?.with_selector(selector)))
         }
+        RegistryKind::Kubernetes => Err(RegistryError::Config {
+            registry: spec.name.clone(),
+            field: "type".into(),
+            reason: "kubernetes is not an McpBridge registry type: --kube mode reads Services by itself".into(),
+        }),
     }
 }

@@ -19,9 +19,14 @@ pub enum RegistryKind {
     Eureka,
     Static,
     Dns,
+    /// Not an McpBridge type: the Kubernetes Services that `--kube` mode
+    /// reads from EndpointSlices for the standalone gateway's Service
+    /// backends (never sent to istiod, which reads Services itself).
+    Kubernetes,
 }
 
 impl RegistryKind {
+    /// Every McpBridge type (not [`RegistryKind::Kubernetes`]).
     pub const ALL: [RegistryKind; 8] = [
         RegistryKind::Nacos,
         RegistryKind::Nacos2,
@@ -43,6 +48,7 @@ impl RegistryKind {
             RegistryKind::Eureka => "eureka",
             RegistryKind::Static => "static",
             RegistryKind::Dns => "dns",
+            RegistryKind::Kubernetes => "kubernetes",
         }
     }
 

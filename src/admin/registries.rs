@@ -154,6 +154,7 @@ pub fn health_source(kind: RegistryKind) -> &'static str {
         RegistryKind::Zookeeper => "zookeeper: provider registered",
         RegistryKind::Static => "static: listed in the McpBridge (not health checked)",
         RegistryKind::Dns => "dns: resolved address (not health checked)",
+        RegistryKind::Kubernetes => "kubernetes: ready and not terminating in the Service's EndpointSlices",
     }
 }
 

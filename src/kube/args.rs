@@ -71,6 +71,18 @@ pub struct KubeArgs {
     /// completed in this time.
     #[arg(long, env = "MESHBRIDGE_KUBE_SYNC_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub kube_sync_timeout: Duration,
+    /// Read the Services that Ingress backends name, and their
+    /// EndpointSlices, for the standalone gateway (`false`: such backends
+    /// answer 503 there; istiod reads Services itself either way).
+    #[arg(
+        long,
+        env = "MESHBRIDGE_KUBE_SERVICE_ENDPOINTS",
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub kube_service_endpoints: bool,
 }
 
 impl Default for KubeArgs {
@@ -91,6 +103,7 @@ impl Default for KubeArgs {
             kube_api_url: None,
             kubeconfig: None,
             kube_sync_timeout: Duration::from_secs(60),
+            kube_service_endpoints: true,
         }
     }
 }

@@ -9,6 +9,8 @@
 //! - [`status`]: the leader writes `McpBridge.status` with server-side apply.
 //! - [`leader`]: a `coordination.k8s.io/v1` Lease decides the leader.
 //! - [`ports`]: the leader pins assigned proxy listener ports into the spec.
+//! - [`services`]: the Services Ingress backends name, with endpoints from
+//!   their EndpointSlices, for the standalone gateway (every replica).
 //!
 //! Every replica watches and serves xDS; only the leader writes.
 
@@ -16,6 +18,7 @@ mod args;
 mod crd;
 mod leader;
 mod ports;
+pub mod services;
 mod status;
 mod watch;
 
@@ -63,6 +66,10 @@ impl KubeSource {
         let args = &opts.args;
         let mut tasks = Vec::new();
         let (desired, observed) = watch::start(client.clone(), &opts, &mut tasks).await?;
+        if args.kube_service_endpoints {
+            let span = info_span!("services");
+            tasks.push(tokio::spawn(services::run(client.clone(), cache.clone(), desired.clone()).instrument(span)));
+        }
 
         let elect = args.leader_elect.unwrap_or_else(in_cluster);
         let mut election = None;

@@ -345,6 +345,22 @@ const MIRROR_TARGET_FQDN_KEYS: [&str; 2] =
     ["higress.io/mirror-target-fqdn", "nginx.ingress.kubernetes.io/mirror-target-fqdn"];
 
 impl Metadata {
+    /// The Kubernetes Service a mirror annotation names, as
+    /// `(namespace, name)` (`namespace`: the Ingress's when none is given);
+    /// `None` when `mirror-target-fqdn` wins or it names something else.
+    pub fn mirror_kubernetes_service(&self, ingress_namespace: &str) -> Option<(String, String)> {
+        let set = |keys: [&str; 2]| keys.iter().find_map(|k| self.annotation(k).filter(|v| !v.trim().is_empty()));
+        if set(MIRROR_TARGET_FQDN_KEYS).is_some() {
+            return None;
+        }
+        match service_target(set(MIRROR_TARGET_SERVICE_KEYS)?.trim()) {
+            Ok(MirrorTarget::Service { namespace, name, .. }) => {
+                Some((namespace.unwrap_or_else(|| ingress_namespace.to_owned()), name))
+            }
+            _ => None,
+        }
+    }
+
     /// The registry service a mirror annotation names, as the translation
     /// reads it (`mirror-target-fqdn` wins): a host the watchers must read
     /// under `meshbridgeWatch: {mode: referenced}`, as a destination's is.

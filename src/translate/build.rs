@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use meshbridge_registries::{Migration, ServicePort, Tls};
+use meshbridge_registries::{Migration, RegistryKind, ServicePort, Tls};
 
 use super::envoy::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE, SECRET_TYPE};
 use super::gateway::{self, GatewayOutput};
@@ -303,12 +303,16 @@ impl Translator {
             if !self.proxied_hosts.contains(host) {
                 resources.extend(envoy::load_assignments(&c.service).into_iter().map(|r| (ENDPOINT_TYPE, r)));
             }
-            match istio::service_entry(&c.registry, &c.service) {
-                Ok(se) => objects.push(se),
-                Err(w) => warnings.push(w),
-            }
-            if !self.subset_hosts.contains(host) {
-                objects.extend(self.registry_rule(host));
+            // A Kubernetes Service is the standalone gateway's alone:
+            // istiod reads Services itself.
+            if c.registry.kind != RegistryKind::Kubernetes {
+                match istio::service_entry(&c.registry, &c.service) {
+                    Ok(se) => objects.push(se),
+                    Err(w) => warnings.push(w),
+                }
+                if !self.subset_hosts.contains(host) {
+                    objects.extend(self.registry_rule(host));
+                }
             }
         }
         let mut written = Written::default();

@@ -26,7 +26,7 @@ use envoy_types::pb::google::protobuf::{Duration, UInt32Value};
 use envoy_types::util::pack_any;
 use meshbridge_registries::{Protocol, Service, ServicePort, Tls};
 
-use super::model::{LABEL_PRIORITY, OutlierDetection};
+use super::model::{LABEL_PRIORITY, LABEL_SERVICE_PORT, OutlierDetection};
 use crate::resources::Resource;
 
 pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -170,7 +170,9 @@ fn priority_of(ep: &meshbridge_registries::Endpoint, levels: &[u32]) -> u32 {
 fn load_assignment(svc: &Service, port: &ServicePort) -> ClusterLoadAssignment {
     let levels = priority_levels(svc);
     let mut by_priority: Vec<Vec<LbEndpoint>> = vec![Vec::new(); levels.len().max(1)];
-    for ep in &svc.endpoints {
+    let number = port.number.to_string();
+    let serves = |ep: &&meshbridge_registries::Endpoint| ep.labels.get(LABEL_SERVICE_PORT).is_none_or(|p| *p == number);
+    for ep in svc.endpoints.iter().filter(serves) {
         let lb = LbEndpoint {
             host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
                 address: Some(Address {

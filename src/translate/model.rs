@@ -25,6 +25,11 @@ pub const LABEL_ENDPOINT_REGISTRY: &str = "meshbridge.io/registry";
 /// On the endpoints of a host whose registries have different
 /// `meshbridgeMigration.priority` values: the registry's priority.
 pub const LABEL_PRIORITY: &str = "meshbridge.io/priority";
+/// On the endpoints of a Kubernetes Service with several ports (see
+/// `kube::services`): the Service port the endpoint serves, since a pod may
+/// serve each on its own target port. Endpoints without it serve every
+/// port, on their own port.
+pub const LABEL_SERVICE_PORT: &str = "meshbridge.io/service-port";
 const V1: &str = "networking.istio.io/v1";
 const V1ALPHA3: &str = "networking.istio.io/v1alpha3";
 

@@ -40,11 +40,13 @@ pub enum NoCluster {
     /// The host is not a service of any registry.
     #[error("host {host} has no cluster in the standalone gateway (not a registry service)")]
     NotRegistryService { host: String },
-    /// The host is a Kubernetes Service (`*.svc.cluster.local`), whose
-    /// endpoints the standalone gateway does not read (istiod does).
+    /// The host is a Kubernetes Service (`*.svc.cluster.local`) with no
+    /// endpoints known: a config directory has none (istiod reads them), and
+    /// in `--kube` mode the Service is missing or not read yet.
     #[error(
-        "host {host} is a Kubernetes Service: the standalone gateway reads no Services or EndpointSlices, so it has \
-         no endpoints for it (through istiod, istiod serves it); name the backend as a `static` registry instead"
+        "host {host} is a Kubernetes Service the standalone gateway has no endpoints for: it reads them only in \
+         --kube mode, from the Service's EndpointSlices (through istiod, istiod serves it); from a config directory, \
+         name the backend as a `static` registry instead"
     )]
     KubernetesService { host: String },
     /// The destination names a port the service does not have.

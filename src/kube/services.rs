@@ -1,0 +1,380 @@
+//! Kubernetes Services as a source of endpoints for the standalone gateway
+//! (`--kube` mode): an Ingress backend that names a Service routes to
+//! `outbound|PORT||name.namespace.svc.cluster.local`, whose endpoints come
+//! from the Service's EndpointSlices, as kube-proxy reads them.
+//!
+//! - **What is read.** Only the Services Ingresses reference (a path's or
+//!   the default backend's `service`, a `mirror-target-service` naming one),
+//!   in their namespaces: one watch on Services and one on EndpointSlices
+//!   per such namespace, started and stopped as the Ingresses change.
+//! - **Ports** as kube-proxy maps them: a Service port is matched to the
+//!   slice port of the same name (the EndpointSlice controller has already
+//!   resolved `targetPort`, named or numbered, for each slice), TCP only.
+//! - **Endpoints**: a slice's `IPv4`/`IPv6` endpoints whose `ready`
+//!   condition is not false and that are not `terminating` (an unset
+//!   condition counts as ready, not terminating, as the API documents), the
+//!   first address of each. A Service with several ports labels each
+//!   endpoint with the port it serves ([`LABEL_SERVICE_PORT`]), since one
+//!   pod may serve them on different target ports.
+//! - **Into the cache** under the pseudo-registry
+//!   [`RegistryKind::Kubernetes`] `kubernetes`, one `Upsert`/`Remove` per
+//!   changed Service: translation makes its clusters and EDS like a registry
+//!   service's, at the cost of that Service, and sends istiod nothing for
+//!   it (istiod reads Services itself).
+//!
+//! Not read: `ExternalName` Services (no endpoints: the route answers 503
+//! with a warning) and `FQDN` slices.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service as KubeService;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use meshbridge_registries::{Endpoint, Protocol, RegistryKind, Service, ServicePort, Sink, Update};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::cache::{Cache, RegistryKey};
+use crate::config::Desired;
+use crate::model::IngressDoc;
+use crate::translate::model::LABEL_SERVICE_PORT;
+
+/// The label the EndpointSlice controller puts on a Service's slices.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// The pseudo-registry the Services are cached under.
+pub fn registry_key() -> RegistryKey {
+    RegistryKey::new(RegistryKind::Kubernetes, "kubernetes")
+}
+
+/// The mesh host of a Service.
+pub fn host(namespace: &str, name: &str) -> String {
+    format!("{name}.{namespace}.svc.cluster.local")
+}
+
+/// The Services Ingresses reference, as `namespace → names`.
+pub fn referenced(ingresses: &[IngressDoc]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for doc in ingresses {
+        let Ok(ing) = &doc.ingress else { continue };
+        let mut add = |ns: &str, name: &str| {
+            if !name.is_empty() {
+                out.entry(ns.to_owned()).or_default().insert(name.to_owned());
+            }
+        };
+        let backends = ing.spec.default_backend.iter().chain(
+            ing.spec.rules.iter().filter_map(|r| r.http.as_ref()).flat_map(|h| h.paths.iter().map(|p| &p.backend)),
+        );
+        for b in backends {
+            if let Some(svc) = &b.service {
+                add(&doc.namespace, &svc.name);
+            }
+        }
+        if let Some((ns, name)) = ing.metadata.mirror_kubernetes_service(&doc.namespace) {
+            add(&ns, &name);
+        }
+    }
+    out
+}
+
+/// The protocol of a Service port: its `appProtocol` (`kubernetes.io/h2c`
+/// is HTTP/2), else the prefix of its name as Istio reads it (`grpc-api`),
+/// else HTTP, which is what an Ingress sends.
+fn protocol(name: &str, app_protocol: Option<&str>) -> Protocol {
+    let app = app_protocol.map(|a| a.strip_prefix("kubernetes.io/").unwrap_or(a));
+    app.and_then(Protocol::parse)
+        .or_else(|| Protocol::parse(name.split('-').next().unwrap_or_default()))
+        .unwrap_or(Protocol::Http)
+}
+
+/// A Service and its slices → the service the gateway serves; `None` for
+/// one that has no endpoints to give (`ExternalName`, or no TCP port).
+pub fn service_of<'a>(svc: &KubeService, slices: impl IntoIterator<Item = &'a EndpointSlice>) -> Option<Service> {
+    let namespace = svc.namespace().unwrap_or_default();
+    let spec = svc.spec.as_ref()?;
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return None;
+    }
+    let tcp = |p: Option<&String>| p.is_none_or(|p| p == "TCP");
+    let ports: Vec<(&str, ServicePort)> = spec
+        .ports
+        .iter()
+        .flatten()
+        .filter(|p| tcp(p.protocol.as_ref()))
+        .filter_map(|p| {
+            let number = u16::try_from(p.port).ok().filter(|n| *n > 0)?;
+            let name = p.name.as_deref().unwrap_or_default();
+            let protocol = protocol(name, p.app_protocol.as_deref());
+            let port = ServicePort { number, protocol, name: format!("{}-{number}", protocol.as_str().to_lowercase()) };
+            Some((name, port))
+        })
+        .collect();
+    if ports.is_empty() {
+        return None;
+    }
+    let several = ports.len() > 1;
+    let mut endpoints = Vec::new();
+    for slice in slices {
+        if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
+            continue;
+        }
+        for sp in slice.ports.iter().flatten().filter(|p| tcp(p.protocol.as_ref())) {
+            let name = sp.name.as_deref().unwrap_or_default();
+            let Some((_, port)) = ports.iter().find(|(n, _)| *n == name) else { continue };
+            let Some(target) = sp.port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p > 0) else { continue };
+            let labels: meshbridge_registries::Labels = if several {
+                BTreeMap::from([(LABEL_SERVICE_PORT.to_owned(), port.number.to_string())]).into()
+            } else {
+                Default::default()
+            };
+            for ep in &slice.endpoints {
+                let conditions = ep.conditions.as_ref();
+                let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+                let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+                let Some(address) = ep.addresses.first() else { continue };
+                if ready && !terminating {
+                    endpoints.push(Endpoint {
+                        address: address.clone(),
+                        port: target,
+                        weight: 1,
+                        labels: labels.clone(),
+                    });
+                }
+            }
+        }
+    }
+    // A pod listed by two slices (while the controller moves it) once.
+    endpoints.sort();
+    endpoints.dedup();
+    let mut out = Service::new(host(&namespace, &svc.name_any()), Vec::new(), endpoints);
+    out.ports = ports.into_iter().map(|(_, p)| p).collect();
+    out.ports.sort_by_key(|p| p.number);
+    Some(out)
+}
+
+/// What one namespace's watches saw.
+#[derive(Default)]
+struct Namespace {
+    services: HashMap<String, KubeService>,
+    /// Slice name → (its Service's name, the slice).
+    slices: HashMap<String, (String, EndpointSlice)>,
+    /// The Services of this namespace the Ingresses reference.
+    wanted: BTreeSet<String>,
+    /// What was last written to the cache, by Service name.
+    written: BTreeMap<String, Arc<Service>>,
+}
+
+impl Namespace {
+    /// Write `name`'s service to the cache if it changed (or remove it).
+    fn sync(&mut self, name: &str, sink: &dyn Sink) {
+        let now = self.wanted.contains(name).then(|| self.services.get(name)).flatten().and_then(|svc| {
+            let slices = self.slices.values().filter(|(s, _)| s == name).map(|(_, slice)| slice);
+            service_of(svc, slices)
+        });
+        match (now, self.written.get(name)) {
+            (Some(now), Some(before)) if **before == now => {}
+            (Some(now), _) => {
+                debug!(service = %now.host, endpoints = now.endpoints.len(), "Service endpoints");
+                self.written.insert(name.to_owned(), Arc::new(now.clone()));
+                sink.update(Update::Upsert(now));
+            }
+            (None, Some(before)) => {
+                sink.update(Update::Remove(before.host.clone()));
+                self.written.remove(name);
+            }
+            (None, None) => {}
+        }
+    }
+}
+
+#[allow(clippy::large_enum_variant)] // one at a time through a bounded channel
+enum Seen {
+    Service(Result<watcher::Event<KubeService>, watcher::Error>),
+    Slice(Result<watcher::Event<EndpointSlice>, watcher::Error>),
+}
+
+/// One namespace: its two watches, until aborted.
+async fn watch_namespace(
+    client: Client,
+    ns: String,
+    mut wanted: watch::Receiver<BTreeSet<String>>,
+    sink: Arc<dyn Sink>,
+) {
+    let (tx, mut rx) = mpsc::channel::<Seen>(256);
+    let services = watcher(Api::<KubeService>::namespaced(client.clone(), &ns), watcher::Config::default())
+        .default_backoff()
+        .map(Seen::Service);
+    let slices =
+        watcher(Api::<EndpointSlice>::namespaced(client, &ns), watcher::Config::default().labels(SERVICE_NAME_LABEL))
+            .default_backoff()
+            .map(Seen::Slice);
+    let forward = {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut both = futures::stream::select(services.boxed(), slices.boxed());
+            while let Some(seen) = both.next().await {
+                if tx.send(seen).await.is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    drop(tx);
+    let mut state = Namespace { wanted: wanted.borrow_and_update().clone(), ..Namespace::default() };
+    // Relists fill these, then replace the maps at InitDone.
+    let mut listing_services: Option<HashMap<String, KubeService>> = None;
+    let mut listing_slices: Option<HashMap<String, (String, EndpointSlice)>> = None;
+    loop {
+        let seen = tokio::select! {
+            seen = rx.recv() => seen,
+            changed = wanted.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let now = wanted.borrow_and_update().clone();
+                let touched: BTreeSet<String> = now.symmetric_difference(&state.wanted).cloned().collect();
+                state.wanted = now;
+                for name in touched {
+                    state.sync(&name, sink.as_ref());
+                }
+                continue;
+            }
+        };
+        let Some(seen) = seen else { break };
+        let mut touched: BTreeSet<String> = BTreeSet::new();
+        match seen {
+            Seen::Service(Ok(event)) => match event {
+                watcher::Event::Apply(s) => {
+                    touched.insert(s.name_any());
+                    state.services.insert(s.name_any(), s);
+                }
+                watcher::Event::Delete(s) => {
+                    touched.insert(s.name_any());
+                    state.services.remove(&s.name_any());
+                }
+                watcher::Event::Init => listing_services = Some(HashMap::new()),
+                watcher::Event::InitApply(s) => {
+                    listing_services.get_or_insert_with(HashMap::new).insert(s.name_any(), s);
+                }
+                watcher::Event::InitDone => {
+                    let listed = listing_services.take().unwrap_or_default();
+                    touched.extend(state.services.keys().chain(listed.keys()).cloned());
+                    state.services = listed;
+                }
+            },
+            Seen::Slice(Ok(event)) => {
+                let owner = |s: &EndpointSlice| s.labels().get(SERVICE_NAME_LABEL).cloned().unwrap_or_default();
+                match event {
+                    watcher::Event::Apply(s) => {
+                        let name = owner(&s);
+                        if let Some((before, _)) = state.slices.get(&s.name_any()) {
+                            touched.insert(before.clone());
+                        }
+                        touched.insert(name.clone());
+                        state.slices.insert(s.name_any(), (name, s));
+                    }
+                    watcher::Event::Delete(s) => {
+                        if let Some((before, _)) = state.slices.remove(&s.name_any()) {
+                            touched.insert(before);
+                        }
+                    }
+                    watcher::Event::Init => listing_slices = Some(HashMap::new()),
+                    watcher::Event::InitApply(s) => {
+                        let name = owner(&s);
+                        listing_slices.get_or_insert_with(HashMap::new).insert(s.name_any(), (name, s));
+                    }
+                    watcher::Event::InitDone => {
+                        let listed = listing_slices.take().unwrap_or_default();
+                        touched.extend(state.slices.values().chain(listed.values()).map(|(n, _)| n.clone()));
+                        state.slices = listed;
+                    }
+                }
+            }
+            Seen::Service(Err(error)) | Seen::Slice(Err(error)) => {
+                warn!(namespace = %ns, %error, "watching Services or EndpointSlices; retrying");
+                continue;
+            }
+        }
+        for name in &touched {
+            if state.wanted.contains(name) || state.written.contains_key(name) {
+                state.sync(name, sink.as_ref());
+            }
+        }
+    }
+    forward.abort();
+    // Stopped: what this namespace served goes.
+    for svc in std::mem::take(&mut state.written).into_values() {
+        sink.update(Update::Remove(svc.host.clone()));
+    }
+}
+
+struct Running {
+    task: JoinHandle<()>,
+    wanted: watch::Sender<BTreeSet<String>>,
+}
+
+/// Follow the Ingresses' Service backends: a watch pair per referenced
+/// namespace, started and stopped as `desired` changes. The pseudo-registry
+/// exists in the cache (and on `/v1/registries`) only while some Ingress
+/// names a Service.
+pub(super) async fn run(client: Client, cache: Arc<Cache>, mut desired: watch::Receiver<Arc<Desired>>) {
+    let key = registry_key();
+    let mut sink: Option<Arc<dyn Sink>> = None;
+    let mut running: BTreeMap<String, Running> = BTreeMap::new();
+    loop {
+        let want = referenced(&desired.borrow_and_update().ingresses);
+        running.retain(|ns, r| {
+            let keep = want.contains_key(ns);
+            if !keep {
+                info!(namespace = %ns, "no Ingress names its Services: stopped watching them");
+                r.task.abort();
+                if let Some(sink) = &sink {
+                    for host in r.wanted.borrow().iter().map(|name| host(ns, name)) {
+                        sink.update(Update::Remove(host));
+                    }
+                }
+            }
+            keep
+        });
+        if want.is_empty() && sink.take().is_some() {
+            cache.remove(&key);
+        }
+        for (ns, names) in want {
+            if let Some(r) = running.get(&ns) {
+                r.wanted.send_if_modified(|w| {
+                    let changed = *w != names;
+                    *w = names.clone();
+                    changed
+                });
+                continue;
+            }
+            let sink = sink
+                .get_or_insert_with(|| {
+                    let s = cache.attach(&key);
+                    s.healthy();
+                    s.synced(std::time::Duration::ZERO);
+                    s
+                })
+                .clone();
+            info!(namespace = %ns, services = names.len(), "watching Services and EndpointSlices");
+            let (tx, rx) = watch::channel(names);
+            let span = info_span!("services", namespace = %ns);
+            let task = tokio::spawn(watch_namespace(client.clone(), ns.clone(), rx, sink).instrument(span));
+            running.insert(ns, Running { task, wanted: tx });
+        }
+        if desired.changed().await.is_err() {
+            break;
+        }
+    }
+    for r in running.into_values() {
+        r.task.abort();
+    }
+}
+
+#[cfg(test)]
+#[path = "services_tests.rs"]
+mod tests;
