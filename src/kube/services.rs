@@ -53,7 +53,7 @@ pub fn registry_key() -> RegistryKey {
 
 /// The mesh host of a Service.
 pub fn host(namespace: &str, name: &str) -> String {
-    format!("{name}.{namespace}.svc.cluster.local")
+    crate::translate::names::service_host(namespace, name)
 }
 
 /// The Services Ingresses reference, as `namespace → names`.

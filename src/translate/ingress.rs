@@ -579,7 +579,7 @@ impl Translator<'_> {
             MirrorTarget::Fqdn { host, port } => (host.clone(), Some(*port)),
             MirrorTarget::Service { namespace, name, port } => {
                 let namespace = namespace.as_deref().unwrap_or(&ing.namespace);
-                (format!("{name}.{namespace}.svc.cluster.local"), *port)
+                (super::names::service_host(namespace, name), *port)
             }
             MirrorTarget::Registry { name, port } => {
                 self.looked_up.insert(name.to_ascii_lowercase());
@@ -650,7 +650,7 @@ impl Translator<'_> {
                 }
                 (None, None) => return Err(BackendError::NoPort(svc.name.clone())),
             };
-            let host = format!("{}.{}.svc.cluster.local", svc.name, ing.namespace);
+            let host = super::names::service_host(&ing.namespace, &svc.name);
             let destination = Destination { host, subset: None, port };
             return Ok(vec![RouteDestination { destination, weight: None, headers: None }]);
         }

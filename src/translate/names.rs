@@ -30,6 +30,13 @@ pub fn is_label_value(v: &str) -> bool {
 /// Pilot drops invalid objects without a word; such hosts are lowercased,
 /// every other character becomes `-`, and a hash of the host keeps two
 /// hosts that sanitise alike apart.
+/// The mesh host of Kubernetes Service `name` in `namespace`, as Istio
+/// names it (Ingress backends, mirror targets, the gateway's Service
+/// endpoints).
+pub fn service_host(namespace: &str, name: &str) -> String {
+    format!("{name}.{namespace}.svc.cluster.local")
+}
+
 pub fn object_name(host: &str) -> String {
     if is_dns1123_subdomain(host) {
         return host.to_string();

@@ -36,6 +36,20 @@ fn view(services: Vec<(RegistryKey, Service)>) -> View {
     }
 }
 
+/// Inputs with `ingresses`, read as Higress's gateway reads them.
+fn higress_inputs(ingresses: &[crate::config::IngressDoc]) -> Inputs<'_> {
+    Inputs {
+        ingresses,
+        ingress: ingress::IngressOptions {
+            ingress_class: Some("higress".into()),
+            gateway_namespace: "higress-system".into(),
+            gateway_name: "higress-gateway".into(),
+            ..Default::default()
+        },
+        ..Inputs::default()
+    }
+}
+
 fn consul() -> RegistryKey {
     RegistryKey::new(RegistryKind::Consul, "consul-local")
 }
@@ -178,16 +192,7 @@ spec:
             backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}
 "#;
     let ingresses = crate::config::ingress_docs(yaml);
-    let inputs = Inputs {
-        ingresses: &ingresses,
-        ingress: ingress::IngressOptions {
-            ingress_class: Some("higress".into()),
-            gateway_namespace: "higress-system".into(),
-            gateway_name: "higress-gateway".into(),
-            ..Default::default()
-        },
-        ..Inputs::default()
-    };
+    let inputs = higress_inputs(&ingresses);
     let set = build(&view(vec![(eureka, orders), (nacos, users)]), &inputs);
     assert_eq!(set.warnings().map(ToString::to_string).collect::<Vec<_>>(), Vec::<String>::new());
     let vs = set.objects("VirtualService").next().expect("a VirtualService").spec.to_json();
@@ -268,16 +273,7 @@ spec:
           - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 8080}}}}
 "#;
     let ingresses = crate::config::ingress_docs(yaml);
-    let inputs = Inputs {
-        ingresses: &ingresses,
-        ingress: ingress::IngressOptions {
-            ingress_class: Some("higress".into()),
-            gateway_namespace: "higress-system".into(),
-            gateway_name: "higress-gateway".into(),
-            ..Default::default()
-        },
-        ..Inputs::default()
-    };
+    let inputs = higress_inputs(&ingresses);
     let set = build(&view(vec![(consul(), web())]), &inputs);
     let mut kinds: Vec<(String, String)> =
         set.istio.values().map(|o| (o.kind().to_string(), o.metadata.name.clone())).collect();
