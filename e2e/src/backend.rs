@@ -19,7 +19,14 @@ pub struct Backend {
 impl Backend {
     /// Listen on `ip:0` and answer `200 {name}` to every request.
     pub async fn start(ip: &str, name: &str) -> anyhow::Result<Backend> {
-        let listener = TcpListener::bind((ip, 0)).await?;
+        Backend::on(std::net::TcpListener::bind((ip, 0))?, name)
+    }
+
+    /// Answer `200 {name}` on a listener made elsewhere (in a network
+    /// namespace, say: a socket stays in the namespace it was made in).
+    pub fn on(listener: std::net::TcpListener, name: &str) -> anyhow::Result<Backend> {
+        listener.set_nonblocking(true)?;
+        let listener = TcpListener::from_std(listener)?;
         let addr = listener.local_addr()?;
         let body: Arc<str> = name.into();
         let task = serve(listener, move |_head| {

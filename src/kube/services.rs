@@ -156,12 +156,57 @@ pub fn service_of<'a>(svc: &KubeService, slices: impl IntoIterator<Item = &'a En
     Some(out)
 }
 
+/// A namespace's EndpointSlices, indexed by the Service each belongs to,
+/// so that a change reads only that Service's slices.
+#[derive(Default)]
+struct Slices {
+    /// Service name → its slices by name.
+    by_service: HashMap<String, HashMap<String, EndpointSlice>>,
+    /// Slice name → its Service's name.
+    owner: HashMap<String, String>,
+}
+
+impl Slices {
+    /// Add or replace a slice; returns the Services it changes (its own,
+    /// and the one it was listed under before, if that changed).
+    fn apply(&mut self, slice: EndpointSlice, touched: &mut BTreeSet<String>) {
+        let (name, service) = (slice.name_any(), slice.labels().get(SERVICE_NAME_LABEL).cloned().unwrap_or_default());
+        if let Some(before) = self.owner.insert(name.clone(), service.clone())
+            && before != service
+        {
+            self.take(&before, &name);
+            touched.insert(before);
+        }
+        self.by_service.entry(service.clone()).or_default().insert(name, slice);
+        touched.insert(service);
+    }
+
+    fn delete(&mut self, name: &str, touched: &mut BTreeSet<String>) {
+        if let Some(service) = self.owner.remove(name) {
+            self.take(&service, name);
+            touched.insert(service);
+        }
+    }
+
+    fn take(&mut self, service: &str, name: &str) {
+        if let Some(slices) = self.by_service.get_mut(service) {
+            slices.remove(name);
+            if slices.is_empty() {
+                self.by_service.remove(service);
+            }
+        }
+    }
+
+    fn of(&self, service: &str) -> impl Iterator<Item = &EndpointSlice> {
+        self.by_service.get(service).into_iter().flat_map(|s| s.values())
+    }
+}
+
 /// What one namespace's watches saw.
 #[derive(Default)]
 struct Namespace {
     services: HashMap<String, KubeService>,
-    /// Slice name → (its Service's name, the slice).
-    slices: HashMap<String, (String, EndpointSlice)>,
+    slices: Slices,
     /// The Services of this namespace the Ingresses reference.
     wanted: BTreeSet<String>,
     /// What was last written to the cache, by Service name.
@@ -169,12 +214,15 @@ struct Namespace {
 }
 
 impl Namespace {
-    /// Write `name`'s service to the cache if it changed (or remove it).
+    /// Write `name`'s service to the cache if it changed (or remove it):
+    /// the work of that Service's slices alone.
     fn sync(&mut self, name: &str, sink: &dyn Sink) {
-        let now = self.wanted.contains(name).then(|| self.services.get(name)).flatten().and_then(|svc| {
-            let slices = self.slices.values().filter(|(s, _)| s == name).map(|(_, slice)| slice);
-            service_of(svc, slices)
-        });
+        let now = self
+            .wanted
+            .contains(name)
+            .then(|| self.services.get(name))
+            .flatten()
+            .and_then(|svc| service_of(svc, self.slices.of(name)));
         match (now, self.written.get(name)) {
             (Some(now), Some(before)) if **before == now => {}
             (Some(now), _) => {
@@ -227,7 +275,7 @@ async fn watch_namespace(
     let mut state = Namespace { wanted: wanted.borrow_and_update().clone(), ..Namespace::default() };
     // Relists fill these, then replace the maps at InitDone.
     let mut listing_services: Option<HashMap<String, KubeService>> = None;
-    let mut listing_slices: Option<HashMap<String, (String, EndpointSlice)>> = None;
+    let mut listing_slices: Option<Slices> = None;
     loop {
         let seen = tokio::select! {
             seen = rx.recv() => seen,
@@ -266,34 +314,19 @@ async fn watch_namespace(
                     state.services = listed;
                 }
             },
-            Seen::Slice(Ok(event)) => {
-                let owner = |s: &EndpointSlice| s.labels().get(SERVICE_NAME_LABEL).cloned().unwrap_or_default();
-                match event {
-                    watcher::Event::Apply(s) => {
-                        let name = owner(&s);
-                        if let Some((before, _)) = state.slices.get(&s.name_any()) {
-                            touched.insert(before.clone());
-                        }
-                        touched.insert(name.clone());
-                        state.slices.insert(s.name_any(), (name, s));
-                    }
-                    watcher::Event::Delete(s) => {
-                        if let Some((before, _)) = state.slices.remove(&s.name_any()) {
-                            touched.insert(before);
-                        }
-                    }
-                    watcher::Event::Init => listing_slices = Some(HashMap::new()),
-                    watcher::Event::InitApply(s) => {
-                        let name = owner(&s);
-                        listing_slices.get_or_insert_with(HashMap::new).insert(s.name_any(), (name, s));
-                    }
-                    watcher::Event::InitDone => {
-                        let listed = listing_slices.take().unwrap_or_default();
-                        touched.extend(state.slices.values().chain(listed.values()).map(|(n, _)| n.clone()));
-                        state.slices = listed;
-                    }
+            Seen::Slice(Ok(event)) => match event {
+                watcher::Event::Apply(s) => state.slices.apply(s, &mut touched),
+                watcher::Event::Delete(s) => state.slices.delete(&s.name_any(), &mut touched),
+                watcher::Event::Init => listing_slices = Some(Slices::default()),
+                watcher::Event::InitApply(s) => {
+                    listing_slices.get_or_insert_with(Slices::default).apply(s, &mut BTreeSet::new());
                 }
-            }
+                watcher::Event::InitDone => {
+                    let listed = listing_slices.take().unwrap_or_default();
+                    touched.extend(state.slices.by_service.keys().chain(listed.by_service.keys()).cloned());
+                    state.slices = listed;
+                }
+            },
             Seen::Service(Err(error)) | Seen::Slice(Err(error)) => {
                 warn!(namespace = %ns, %error, "watching Services or EndpointSlices; retrying");
                 continue;

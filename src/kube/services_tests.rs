@@ -147,3 +147,38 @@ spec:
         ]
     );
 }
+
+fn owned(name: &str, service: &str) -> EndpointSlice {
+    let mut s = slice(name, json!([{"port": 80}]), json!([ep("10.1.0.1", json!({}))]));
+    s.metadata.labels = Some([(SERVICE_NAME_LABEL.to_owned(), service.to_owned())].into());
+    s
+}
+
+fn names<'a>(slices: impl Iterator<Item = &'a EndpointSlice>) -> BTreeSet<String> {
+    slices.map(|s| s.name_any()).collect()
+}
+
+#[test]
+fn slices_are_indexed_by_service_and_a_relabelled_slice_moves() {
+    let mut slices = Slices::default();
+    let mut touched = BTreeSet::new();
+    slices.apply(owned("web-a", "web"), &mut touched);
+    slices.apply(owned("web-b", "web"), &mut touched);
+    slices.apply(owned("api-a", "api"), &mut touched);
+    assert_eq!(touched, BTreeSet::from(["web".into(), "api".into()]));
+    assert_eq!(names(slices.of("web")), BTreeSet::from(["web-a".into(), "web-b".into()]));
+
+    // A slice whose label now names another Service changes both.
+    let mut touched = BTreeSet::new();
+    slices.apply(owned("web-b", "api"), &mut touched);
+    assert_eq!(touched, BTreeSet::from(["web".into(), "api".into()]));
+    assert_eq!(names(slices.of("web")), BTreeSet::from(["web-a".into()]));
+    assert_eq!(names(slices.of("api")), BTreeSet::from(["api-a".into(), "web-b".into()]));
+
+    let mut touched = BTreeSet::new();
+    slices.delete("web-a", &mut touched);
+    slices.delete("gone", &mut touched);
+    assert_eq!(touched, BTreeSet::from(["web".into()]));
+    assert_eq!(slices.of("web").count(), 0);
+    assert!(!slices.by_service.contains_key("web"), "a Service with no slice left is dropped from the index");
+}
