@@ -232,6 +232,17 @@ impl Cache {
     }
 
     /// Forget a registry and its services.
+    /// The first full read of a source that writes a service at a time and
+    /// never sends an [`Update::Snapshot`] (the Kubernetes Services) is
+    /// done: it counts as answered, for the startup gate and `/ready`.
+    pub fn mark_synced(&self, key: &RegistryKey) {
+        let mut state = self.lock();
+        if let Some(entry) = state.registries.get_mut(key) {
+            entry.status.ready = true;
+            entry.status.last_sync_time = Some(SystemTime::now());
+        }
+    }
+
     pub fn remove(&self, key: &RegistryKey) {
         let mut state = self.lock();
         let Some(entry) = state.registries.remove(key) else {

@@ -16,6 +16,9 @@
 //!   first address of each. A Service with several ports labels each
 //!   endpoint with the port it serves ([`LABEL_SERVICE_PORT`]), since one
 //!   pod may serve them on different target ports.
+//! - **Readiness**: the pseudo-registry counts as answered (startup gate,
+//!   `/ready`) once every namespace it first watched has listed both
+//!   kinds; a failed watch is the registry's error until the next event.
 //! - **Into the cache** under the pseudo-registry
 //!   [`RegistryKind::Kubernetes`] `kubernetes`, one `Upsert`/`Remove` per
 //!   changed Service: translation makes its clusters and EDS like a registry
@@ -33,7 +36,7 @@ use k8s_openapi::api::core::v1::Service as KubeService;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use meshbridge_registries::{Endpoint, Protocol, RegistryKind, Service, ServicePort, Sink, Update};
+use meshbridge_registries::{Endpoint, Protocol, RegistryError, RegistryKind, Service, ServicePort, Sink, Update};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -251,6 +254,7 @@ async fn watch_namespace(
     ns: String,
     mut wanted: watch::Receiver<BTreeSet<String>>,
     sink: Arc<dyn Sink>,
+    listed: mpsc::UnboundedSender<String>,
 ) {
     let (tx, mut rx) = mpsc::channel::<Seen>(256);
     let services = watcher(Api::<KubeService>::namespaced(client.clone(), &ns), watcher::Config::default())
@@ -276,6 +280,8 @@ async fn watch_namespace(
     // Relists fill these, then replace the maps at InitDone.
     let mut listing_services: Option<HashMap<String, KubeService>> = None;
     let mut listing_slices: Option<Slices> = None;
+    // Until both first lists are in, and once after.
+    let (mut services_listed, mut slices_listed, mut told) = (false, false, false);
     loop {
         let seen = tokio::select! {
             seen = rx.recv() => seen,
@@ -312,6 +318,7 @@ async fn watch_namespace(
                     let listed = listing_services.take().unwrap_or_default();
                     touched.extend(state.services.keys().chain(listed.keys()).cloned());
                     state.services = listed;
+                    services_listed = true;
                 }
             },
             Seen::Slice(Ok(event)) => match event {
@@ -325,10 +332,13 @@ async fn watch_namespace(
                     let listed = listing_slices.take().unwrap_or_default();
                     touched.extend(state.slices.by_service.keys().chain(listed.by_service.keys()).cloned());
                     state.slices = listed;
+                    slices_listed = true;
                 }
             },
             Seen::Service(Err(error)) | Seen::Slice(Err(error)) => {
                 warn!(namespace = %ns, %error, "watching Services or EndpointSlices; retrying");
+                let reason = format!("namespace {ns}: {error}");
+                sink.error(&RegistryError::Unreachable { registry: registry_key().name, reason });
                 continue;
             }
         }
@@ -336,6 +346,11 @@ async fn watch_namespace(
             if state.wanted.contains(name) || state.written.contains_key(name) {
                 state.sync(name, sink.as_ref());
             }
+        }
+        sink.healthy();
+        if services_listed && slices_listed && !told {
+            told = true;
+            let _ = listed.send(ns.clone());
         }
     }
     forward.abort();
@@ -353,11 +368,17 @@ struct Running {
 /// Follow the Ingresses' Service backends: a watch pair per referenced
 /// namespace, started and stopped as `desired` changes. The pseudo-registry
 /// exists in the cache (and on `/v1/registries`) only while some Ingress
-/// names a Service.
+/// names a Service. It counts as answered (for the startup gate and
+/// `/ready`) once every namespace it first watched has listed its Services
+/// and slices: the gateway is never sent routes to Services not yet read.
 pub(super) async fn run(client: Client, cache: Arc<Cache>, mut desired: watch::Receiver<Arc<Desired>>) {
     let key = registry_key();
     let mut sink: Option<Arc<dyn Sink>> = None;
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
+    let (listed_tx, mut listed_rx) = mpsc::unbounded_channel::<String>();
+    // Namespaces whose first lists the registry waits for, until it is synced.
+    let mut pending: BTreeSet<String> = BTreeSet::new();
+    let mut synced = false;
     loop {
         let want = referenced(&desired.borrow_and_update().ingresses);
         running.retain(|ns, r| {
@@ -365,6 +386,7 @@ pub(super) async fn run(client: Client, cache: Arc<Cache>, mut desired: watch::R
             if !keep {
                 info!(namespace = %ns, "no Ingress names its Services: stopped watching them");
                 r.task.abort();
+                pending.remove(ns);
                 if let Some(sink) = &sink {
                     for host in r.wanted.borrow().iter().map(|name| host(ns, name)) {
                         sink.update(Update::Remove(host));
@@ -375,6 +397,7 @@ pub(super) async fn run(client: Client, cache: Arc<Cache>, mut desired: watch::R
         });
         if want.is_empty() && sink.take().is_some() {
             cache.remove(&key);
+            (synced, pending) = (false, BTreeSet::new());
         }
         for (ns, names) in want {
             if let Some(r) = running.get(&ns) {
@@ -385,26 +408,38 @@ pub(super) async fn run(client: Client, cache: Arc<Cache>, mut desired: watch::R
                 });
                 continue;
             }
-            let sink = sink
-                .get_or_insert_with(|| {
-                    let s = cache.attach(&key);
-                    s.healthy();
-                    s.synced(std::time::Duration::ZERO);
-                    s
-                })
-                .clone();
+            let sink = sink.get_or_insert_with(|| cache.attach(&key)).clone();
+            if !synced {
+                pending.insert(ns.clone());
+            }
             info!(namespace = %ns, services = names.len(), "watching Services and EndpointSlices");
             let (tx, rx) = watch::channel(names);
             let span = info_span!("services", namespace = %ns);
-            let task = tokio::spawn(watch_namespace(client.clone(), ns.clone(), rx, sink).instrument(span));
+            let task =
+                tokio::spawn(watch_namespace(client.clone(), ns.clone(), rx, sink, listed_tx.clone()).instrument(span));
             running.insert(ns, Running { task, wanted: tx });
         }
-        if desired.changed().await.is_err() {
-            break;
+        loop {
+            if !synced && sink.is_some() && pending.is_empty() {
+                synced = true;
+                cache.mark_synced(&key);
+                info!("every referenced namespace's Services and EndpointSlices read");
+            }
+            tokio::select! {
+                changed = desired.changed() => {
+                    if changed.is_err() {
+                        for r in running.into_values() {
+                            r.task.abort();
+                        }
+                        return;
+                    }
+                    break;
+                }
+                Some(ns) = listed_rx.recv() => {
+                    pending.remove(&ns);
+                }
+            }
         }
-    }
-    for r in running.into_values() {
-        r.task.abort();
     }
 }
 
