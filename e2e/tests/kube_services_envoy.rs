@@ -229,7 +229,8 @@ async fn an_ingress_to_a_service_follows_its_pods() {
 
 /// A canary whose main backend is a Kubernetes Service and whose canary is
 /// a registry service (a `static` registry on loopback): the header sends a
-/// request to the canary, the weight splits the rest.
+/// request to the canary, the weight splits the rest. Then an `ExternalName`
+/// Service, which Envoy resolves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registry_canary_beside_a_service_main() {
     let cluster = Cluster::start().await;
@@ -276,5 +277,34 @@ async fn a_registry_canary_beside_a_service_main() {
     follows(&envoy, WEB, &[], Instant::now(), "the main side's only pod not ready").await;
     let (status, body) = envoy.get_with("/", "shop.example.com", &[("x-canary", "always")]).await.unwrap();
     assert_eq!((status, body.as_str()), (200, "vm-canary"));
+
+    // An ExternalName Service: Envoy resolves the name itself (a STRICT_DNS
+    // cluster), on the Service's port. `localhost` is in /etc/hosts.
+    let outside = Backend::start("127.0.0.1", "outside").await.unwrap();
+    let port = outside.addr.port();
+    let external = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "outside", "namespace": NS},
+        "spec": {"type": "ExternalName", "externalName": "localhost", "ports": [{"name": "http", "port": port}]}});
+    cluster.api.apply(&external.to_string()).await.unwrap();
+    let to_outside = json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": "outside", "namespace": NS},
+        "spec": {"ingressClassName": "higress", "rules": [{"host": "outside.example.com", "http": {"paths": [
+            {"path": "/", "pathType": "Prefix",
+             "backend": {"service": {"name": "outside", "port": {"number": port}}}}]}}]},
+    });
+    cluster.api.apply(&to_outside.to_string()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = envoy.get_host("/", "outside.example.com").await.ok();
+        if got.as_ref().is_some_and(|(status, body)| *status == 200 && body == "outside") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "ExternalName through Envoy: {got:?}\n{}", envoy.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let dump = envoy.admin("/config_dump?resource=dynamic_active_clusters").await.unwrap();
+    let cluster_name = format!("outbound|{port}||outside.shop.svc.cluster.local");
+    let at = dump.find(&cluster_name).expect("the ExternalName cluster in Envoy");
+    assert!(dump[at..].split("\"name\": \"outbound").next().unwrap().contains("STRICT_DNS"), "a DNS cluster");
     app.stop().await;
 }

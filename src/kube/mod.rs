@@ -67,6 +67,7 @@ impl KubeSource {
         let mut tasks = Vec::new();
         let (desired, observed) = watch::start(client.clone(), &opts, &mut tasks).await?;
         if args.kube_service_endpoints {
+            services::prepare(&cache, &desired.borrow());
             let span = info_span!("services");
             tasks.push(tokio::spawn(services::run(client.clone(), cache.clone(), desired.clone()).instrument(span)));
         }

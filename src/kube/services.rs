@@ -25,8 +25,9 @@
 //!   service's, at the cost of that Service, and sends istiod nothing for
 //!   it (istiod reads Services itself).
 //!
-//! Not read: `ExternalName` Services (no endpoints: the route answers 503
-//! with a warning) and `FQDN` slices.
+//! `ExternalName` Services give their name as the endpoint on each Service
+//! port, which makes a STRICT_DNS cluster, as Istio does. Not read: `FQDN`
+//! slices.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -95,13 +96,13 @@ fn protocol(name: &str, app_protocol: Option<&str>) -> Protocol {
 }
 
 /// A Service and its slices → the service the gateway serves; `None` for
-/// one that has no endpoints to give (`ExternalName`, or no TCP port).
+/// one with no TCP port, or an `ExternalName` that is not a DNS name. An
+/// `ExternalName` Service gives its name on each of its ports (slices are
+/// not read for it): Envoy resolves it.
 pub fn service_of<'a>(svc: &KubeService, slices: impl IntoIterator<Item = &'a EndpointSlice>) -> Option<Service> {
     let namespace = svc.namespace().unwrap_or_default();
     let spec = svc.spec.as_ref()?;
-    if spec.type_.as_deref() == Some("ExternalName") {
-        return None;
-    }
+    let external = (spec.type_.as_deref() == Some("ExternalName")).then(|| spec.external_name.as_deref());
     let tcp = |p: Option<&String>| p.is_none_or(|p| p == "TCP");
     let ports: Vec<(&str, ServicePort)> = spec
         .ports
@@ -120,8 +121,28 @@ pub fn service_of<'a>(svc: &KubeService, slices: impl IntoIterator<Item = &'a En
         return None;
     }
     let several = ports.len() > 1;
+    let port_label = |port: &ServicePort| -> meshbridge_registries::Labels {
+        if several {
+            BTreeMap::from([(LABEL_SERVICE_PORT.to_owned(), port.number.to_string())]).into()
+        } else {
+            Default::default()
+        }
+    };
     let mut endpoints = Vec::new();
-    for slice in slices {
+    if let Some(name) = external {
+        // The name on each Service port (there is no target port): Envoy
+        // resolves it, in a DNS cluster.
+        let name = name.map(|n| n.trim_end_matches('.')).filter(|n| external_name_ok(n))?;
+        for (_, port) in &ports {
+            endpoints.push(Endpoint {
+                address: name.to_owned(),
+                port: port.number,
+                weight: 1,
+                labels: port_label(port),
+            });
+        }
+    }
+    for slice in slices.into_iter().filter(|_| external.is_none()) {
         if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
             continue;
         }
@@ -129,11 +150,7 @@ pub fn service_of<'a>(svc: &KubeService, slices: impl IntoIterator<Item = &'a En
             let name = sp.name.as_deref().unwrap_or_default();
             let Some((_, port)) = ports.iter().find(|(n, _)| *n == name) else { continue };
             let Some(target) = sp.port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p > 0) else { continue };
-            let labels: meshbridge_registries::Labels = if several {
-                BTreeMap::from([(LABEL_SERVICE_PORT.to_owned(), port.number.to_string())]).into()
-            } else {
-                Default::default()
-            };
+            let labels = port_label(port);
             for ep in &slice.endpoints {
                 let conditions = ep.conditions.as_ref();
                 let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
@@ -157,6 +174,20 @@ pub fn service_of<'a>(svc: &KubeService, slices: impl IntoIterator<Item = &'a En
     out.ports = ports.into_iter().map(|(_, p)| p).collect();
     out.ports.sort_by_key(|p| p.number);
     Some(out)
+}
+
+/// An `ExternalName` as a DNS name Envoy can resolve: a DNS-1123
+/// subdomain, as the API server validates it (an IP address also passes).
+fn external_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
 }
 
 /// A namespace's EndpointSlices, indexed by the Service each belongs to,
@@ -365,6 +396,15 @@ struct Running {
     wanted: watch::Sender<BTreeSet<String>>,
 }
 
+/// Before the first publish: have the pseudo-registry in the cache if the
+/// first Ingresses name a Service, so that the startup gate waits for it
+/// ([`run`] takes it over).
+pub(super) fn prepare(cache: &Arc<Cache>, desired: &Desired) {
+    if !referenced(&desired.ingresses).is_empty() {
+        cache.attach(&registry_key());
+    }
+}
+
 /// Follow the Ingresses' Service backends: a watch pair per referenced
 /// namespace, started and stopped as `desired` changes. The pseudo-registry
 /// exists in the cache (and on `/v1/registries`) only while some Ingress
@@ -379,6 +419,7 @@ pub(super) async fn run(client: Client, cache: Arc<Cache>, mut desired: watch::R
     // Namespaces whose first lists the registry waits for, until it is synced.
     let mut pending: BTreeSet<String> = BTreeSet::new();
     let mut synced = false;
+    let mut first = true;
     loop {
         let want = referenced(&desired.borrow_and_update().ingresses);
         running.retain(|ns, r| {
@@ -395,10 +436,12 @@ pub(super) async fn run(client: Client, cache: Arc<Cache>, mut desired: watch::R
             }
             keep
         });
-        if want.is_empty() && sink.take().is_some() {
+        // (The first time, [`prepare`] may have attached it.)
+        if want.is_empty() && (sink.take().is_some() || first) {
             cache.remove(&key);
             (synced, pending) = (false, BTreeSet::new());
         }
+        first = false;
         for (ns, names) in want {
             if let Some(r) = running.get(&ns) {
                 r.wanted.send_if_modified(|w| {

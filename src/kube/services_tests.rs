@@ -103,10 +103,7 @@ fn several_ports_map_by_name_each_to_its_own_target() {
 }
 
 #[test]
-fn external_name_and_fqdn_slices_give_no_endpoints_and_duplicates_count_once() {
-    let external = service(json!({"type": "ExternalName", "externalName": "api.example.com"}));
-    assert_eq!(service_of(&external, []), None);
-
+fn fqdn_slices_give_no_endpoints_and_duplicates_count_once() {
     let svc = service(json!({"ports": [{"port": 80, "appProtocol": "kubernetes.io/h2c"}]}));
     let mut fqdn = slice("web-f", json!([{"port": 80}]), json!([ep("api.example.com", json!({}))]));
     fqdn.address_type = "FQDN".into();
@@ -181,4 +178,49 @@ fn slices_are_indexed_by_service_and_a_relabelled_slice_moves() {
     assert_eq!(touched, BTreeSet::from(["web".into()]));
     assert_eq!(slices.of("web").count(), 0);
     assert!(!slices.by_service.contains_key("web"), "a Service with no slice left is dropped from the index");
+}
+
+#[test]
+fn an_external_name_service_is_its_name_on_each_port_in_a_dns_cluster() {
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use envoy_types::pb::envoy::config::cluster::v3::cluster::{ClusterDiscoveryType, DiscoveryType};
+    use prost::Message;
+
+    let external = service(json!({"type": "ExternalName", "externalName": "api.example.com.", "ports": [
+        {"name": "https", "port": 443}, {"name": "http", "port": 80, "targetPort": 8080}]}));
+    // Slices are not read for it (a controller writes none).
+    let stray = slice("web-a", json!([{"name": "http", "port": 8080}]), json!([ep("10.1.0.1", json!({}))]));
+    let got = service_of(&external, [&stray]).unwrap();
+    assert_eq!(
+        endpoints(&got),
+        [("api.example.com".into(), 80, Some("80".into())), ("api.example.com".into(), 443, Some("443".into()))],
+        "the name on each Service port, the trailing dot dropped; no target port"
+    );
+
+    let clusters = crate::translate::envoy::clusters(&got);
+    assert_eq!(clusters.len(), 2);
+    for r in &clusters {
+        let c = Cluster::decode(r.body.value()).unwrap();
+        assert_eq!(c.cluster_discovery_type, Some(ClusterDiscoveryType::Type(DiscoveryType::StrictDns as i32)));
+        assert!(c.eds_cluster_config.is_none());
+        let cla = c.load_assignment.expect("the endpoints in the cluster");
+        let lb: Vec<_> = cla.endpoints.iter().flat_map(|l| &l.lb_endpoints).collect();
+        assert_eq!(lb.len(), 1, "{}: one endpoint, this port's", c.name);
+    }
+    assert!(crate::translate::envoy::load_assignments(&got).is_empty(), "no EDS for a DNS cluster");
+
+    // No ports, or a name that is not a DNS name: nothing to serve.
+    let no_ports = service(json!({"type": "ExternalName", "externalName": "api.example.com"}));
+    assert_eq!(service_of(&no_ports, []), None);
+    let bad = service(json!({"type": "ExternalName", "externalName": "api_example..com", "ports": [{"port": 80}]}));
+    assert_eq!(service_of(&bad, []), None);
+}
+
+#[test]
+fn a_headless_service_is_read_from_its_slices_like_any_other() {
+    let headless = service(json!({"clusterIP": "None", "ports": [{"name": "http", "port": 80}]}));
+    let s = slice("web-a", json!([{"name": "http", "port": 8080}]), json!([ep("10.1.0.1", json!({"ready": true}))]));
+    let got = service_of(&headless, [&s]).unwrap();
+    assert_eq!(endpoints(&got), [("10.1.0.1".into(), 8080, None)]);
+    assert_eq!(crate::translate::envoy::load_assignments(&got).len(), 1, "EDS, as for a ClusterIP Service");
 }

@@ -1,11 +1,14 @@
 //! Registry services → Envoy clusters and endpoint assignments.
 //!
-//! Cluster names follow Istio: `outbound|{port}|{subset}|{host}`. Every
-//! cluster is EDS over ADS, so an endpoint change is an EDS push alone.
+//! Cluster names follow Istio: `outbound|{port}|{subset}|{host}`. A
+//! cluster is EDS over ADS, so an endpoint change is an EDS push alone;
+//! a service whose endpoints are all DNS names (a Kubernetes `ExternalName`
+//! Service) is a STRICT_DNS cluster instead, as Istio makes it, since EDS
+//! takes IP addresses only.
 
 use envoy_types::pb::envoy::config::cluster::v3::{
     Cluster, OutlierDetection as EnvoyOutlierDetection,
-    cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy},
+    cluster::{ClusterDiscoveryType, DiscoveryType, DnsLookupFamily, EdsClusterConfig, LbPolicy},
 };
 use envoy_types::pb::envoy::config::core::v3::{
     Address, AggregatedConfigSource, ApiVersion, ConfigSource, Http2ProtocolOptions, SocketAddress, TransportSocket,
@@ -64,6 +67,12 @@ pub fn clusters_with(svc: &Service, ecdh_curves: &[String]) -> Vec<Resource> {
     svc.ports.iter().map(|p| cluster(svc, p, ecdh_curves)).map(|c| Resource::new(c.name.clone(), pack_any(c))).collect()
 }
 
+/// Whether Envoy resolves the service's endpoints itself: every one is a
+/// DNS name, none an IP address.
+pub fn resolves_by_dns(svc: &Service) -> bool {
+    !svc.endpoints.is_empty() && svc.endpoints.iter().all(|e| e.address.parse::<std::net::IpAddr>().is_err())
+}
+
 fn cluster(svc: &Service, port: &ServicePort, ecdh_curves: &[String]) -> Cluster {
     let mut cluster = Cluster {
         name: cluster_name(port.number, "", &svc.host),
@@ -73,6 +82,14 @@ fn cluster(svc: &Service, port: &ServicePort, ecdh_curves: &[String]) -> Cluster
         lb_policy: LbPolicy::RoundRobin as i32,
         ..Default::default()
     };
+    if resolves_by_dns(svc) {
+        // Istio's DNS cluster: the names in the cluster itself, IPv4 first,
+        // resolved again at Envoy's default rate.
+        cluster.cluster_discovery_type = Some(ClusterDiscoveryType::Type(DiscoveryType::StrictDns as i32));
+        cluster.eds_cluster_config = None;
+        cluster.load_assignment = Some(load_assignment(svc, port));
+        cluster.dns_lookup_family = DnsLookupFamily::V4Preferred as i32;
+    }
     if svc.endpoints.iter().any(|ep| ep.labels.contains_key(LABEL_PRIORITY)) {
         // Registry failover: a level whose instances fail is ejected and
         // its traffic goes on to the next, as istiod does with the
@@ -137,8 +154,12 @@ pub fn tls_socket(tls: &Tls, h2: bool, ecdh_curves: &[String]) -> TransportSocke
     TransportSocket { name: TLS_TRANSPORT_SOCKET.into(), config_type: Some(ConfigType::TypedConfig(pack_any(context))) }
 }
 
-/// One ClusterLoadAssignment per cluster. Each endpoint keeps its own port.
+/// One ClusterLoadAssignment per EDS cluster (none for a DNS one). Each
+/// endpoint keeps its own port.
 pub fn load_assignments(svc: &Service) -> Vec<Resource> {
+    if resolves_by_dns(svc) {
+        return Vec::new();
+    }
     svc.ports
         .iter()
         .map(|p| {
@@ -165,6 +186,12 @@ fn priority_of(ep: &meshbridge_registries::Endpoint, levels: &[u32]) -> u32 {
     let value = ep.labels.get(LABEL_PRIORITY).and_then(|v| v.parse::<u32>().ok());
     let rank = value.and_then(|v| levels.iter().position(|l| *l == v)).unwrap_or(0);
     u32::try_from(rank).unwrap_or(u32::MAX)
+}
+
+/// The endpoints of `svc`'s cluster for port `number`, whether Envoy gets
+/// them over EDS or in the cluster (DNS).
+pub fn assignment(svc: &Service, number: u16) -> Option<ClusterLoadAssignment> {
+    svc.ports.iter().find(|p| p.number == number).map(|p| load_assignment(svc, p))
 }
 
 fn load_assignment(svc: &Service, port: &ServicePort) -> ClusterLoadAssignment {

@@ -8,7 +8,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster::LbPolicy};
-use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::route::v3::route_action::{HashPolicy, hash_policy};
 use envoy_types::util::pack_any;
 use meshbridge_registries::{Service, Tls};
@@ -73,7 +72,7 @@ pub struct Clusters<'a> {
     /// every destination, so not scanned whole each time.
     rules: BTreeMap<&'a str, Vec<&'a Named<'a, DestinationRuleSpec>>>,
     /// Subset clusters made so far, by name, with their load assignments.
-    made: BTreeMap<String, (Resource, Resource)>,
+    made: BTreeMap<String, (Resource, Option<Resource>)>,
     /// Every destination host asked for, found or not.
     referenced: BTreeSet<String>,
     /// Cluster → the hash its routes must compute (consistent hashing).
@@ -188,8 +187,8 @@ impl<'a> Clusters<'a> {
     /// The subset clusters and their load assignments, sorted by name, and
     /// every host a destination named.
     pub fn into_resources(self) -> (Vec<Resource>, Vec<Resource>, BTreeSet<String>) {
-        let (clusters, assignments) = self.made.into_values().unzip();
-        (clusters, assignments, self.referenced)
+        let (clusters, assignments): (Vec<Resource>, Vec<Option<Resource>>) = self.made.into_values().unzip();
+        (clusters, assignments.into_iter().flatten().collect(), self.referenced)
     }
 }
 
@@ -204,7 +203,7 @@ fn subset_cluster(
     name: &str,
     labels: &BTreeMap<String, String>,
     policy: Option<&Policy>,
-) -> Result<(Resource, Resource), NoCluster> {
+) -> Result<(Resource, Option<Resource>), NoCluster> {
     let base = envoy::cluster_name(port, "", &svc.host);
     let broken = || NoCluster::Undecodable { base: base.clone(), name: name.to_string() };
     let mut cluster = envoy::clusters(svc)
@@ -230,14 +229,14 @@ fn subset_cluster(
             .collect(),
         ..svc.clone()
     };
-    let mut cla = envoy::load_assignments(&matching)
-        .into_iter()
-        .find(|r| *r.name == *base)
-        .and_then(|r| ClusterLoadAssignment::decode(r.body.value()).ok())
-        .ok_or_else(broken)?;
+    let mut cla = envoy::assignment(&matching, port).ok_or_else(broken)?;
     cla.cluster_name = name.to_string();
-
-    Ok((Resource::new(name.to_string(), pack_any(cluster)), Resource::new(name.to_string(), pack_any(cla))))
+    if cluster.load_assignment.is_some() {
+        // A DNS cluster holds its endpoints: no EDS.
+        cluster.load_assignment = Some(cla);
+        return Ok((Resource::new(name.to_string(), pack_any(cluster)), None));
+    }
+    Ok((Resource::new(name.to_string(), pack_any(cluster)), Some(Resource::new(name.to_string(), pack_any(cla)))))
 }
 
 /// An upstream policy on a cluster, as Pilot applies a DestinationRule:
