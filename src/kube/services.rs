@@ -113,8 +113,13 @@ pub fn service_of<'a>(svc: &KubeService, slices: impl IntoIterator<Item = &'a En
             let number = u16::try_from(p.port).ok().filter(|n| *n > 0)?;
             let name = p.name.as_deref().unwrap_or_default();
             let protocol = protocol(name, p.app_protocol.as_deref());
-            let port = ServicePort { number, protocol, name: format!("{}-{number}", protocol.as_str().to_lowercase()) };
-            Some((name, port))
+            // The Service's own port name, which an Ingress backend may use.
+            let port_name = if name.is_empty() {
+                format!("{}-{number}", protocol.as_str().to_lowercase())
+            } else {
+                name.to_owned()
+            };
+            Some((name, ServicePort { number, protocol, name: port_name }))
         })
         .collect();
     if ports.is_empty() {

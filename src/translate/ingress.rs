@@ -602,7 +602,7 @@ impl Translator<'_> {
         };
         let port = port.map(|n| PortSelector { number: n.into() });
         let share = m.percentage.map(|p| Percent { value: p.into() });
-        Some((Destination { host, subset: None, port }, share))
+        Some((Destination { host, subset: None, port, port_name: None }, share))
     }
 
     /// Where a backend sends traffic, or why it cannot be routed; the
@@ -633,7 +633,8 @@ impl Translator<'_> {
             if !annotations::valid_dns_label(&svc.name) {
                 return Err(BackendError::ServiceName(clip(&svc.name).to_string()));
             }
-            let port = match (svc.port.number, svc.port.name.as_deref().filter(|n| !n.is_empty())) {
+            let port_name = svc.port.name.as_deref().filter(|n| !n.is_empty());
+            let port = match (svc.port.number, port_name) {
                 (Some(n @ 1..=65535), _) => Some(PortSelector { number: n as u32 }),
                 (Some(n), _) => return Err(BackendError::PortRange(n)),
                 (None, Some(name)) => {
@@ -641,8 +642,8 @@ impl Translator<'_> {
                         format!("Ingress {}", ing.id),
                         Reason::InvalidIngress,
                         format!(
-                            "backend service {} port {name:?} is named; named ports need the Service, \
-                         so the route has no port and Istio uses the Service's only port",
+                            "backend service {} port {name:?} is named; the route to istiod has no port, so \
+                         istiod uses the Service's only port (the standalone gateway looks the name up)",
                             svc.name
                         ),
                     ));
@@ -651,7 +652,8 @@ impl Translator<'_> {
                 (None, None) => return Err(BackendError::NoPort(svc.name.clone())),
             };
             let host = super::names::service_host(&ing.namespace, &svc.name);
-            let destination = Destination { host, subset: None, port };
+            let port_name = port.is_none().then(|| port_name.map(str::to_owned)).flatten();
+            let destination = Destination { host, subset: None, port, port_name };
             return Ok(vec![RouteDestination { destination, weight: None, headers: None }]);
         }
         let Some(resource) = &backend.resource else {
@@ -677,6 +679,7 @@ impl Translator<'_> {
                     host: self.service_host(&d.host),
                     subset: d.subset.clone(),
                     port: d.port.map(|p| PortSelector { number: p.into() }),
+                    port_name: None,
                 },
                 weight: (!single).then_some(d.weight),
                 headers: None,

@@ -650,6 +650,11 @@ pub struct Destination {
     /// `None`: Istio uses the service's only port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<PortSelector>,
+    /// An Ingress backend's port given by name (`port.name`), for the
+    /// standalone gateway to find among a Kubernetes Service's ports.
+    /// Istio's `Destination` has no such field: never sent.
+    #[serde(skip)]
+    pub port_name: Option<String>,
 }
 
 /// `HTTPRewrite`: `uri` replaces the matched prefix (or the whole path for

@@ -291,3 +291,48 @@ spec:
         "{warnings:?}"
     );
 }
+
+/// A backend port given by name on a Service with several ports: istiod gets
+/// a route without a port (and a warning); the standalone gateway finds the
+/// port by the Service's port name, as kube-proxy does (issue 35).
+#[test]
+fn a_named_backend_port_is_the_services_port_of_that_name_on_the_gateway() {
+    use envoy_types::pb::envoy::config::route::v3::{
+        RouteConfiguration, route::Action, route_action::ClusterSpecifier,
+    };
+    let yaml = r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: web
+  namespace: shop
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /, pathType: Prefix, backend: {service: {name: web, port: {name: http}}}}
+"#;
+    let kubernetes = RegistryKey::new(RegistryKind::Kubernetes, "kubernetes");
+    let named = |number, name: &str| ServicePort { number, protocol: Protocol::Http, name: name.into() };
+    let web = Service::new(
+        "web.shop.svc.cluster.local",
+        vec![named(9100, "metrics"), named(8080, "http")],
+        vec![endpoint("10.0.0.1", 8080, 1, &[])],
+    );
+    let ingresses = crate::config::ingress_docs(yaml);
+    let inputs = higress_inputs(&ingresses);
+    let set = build(&view(vec![(kubernetes, web)]), &inputs);
+    let vs = set.objects("VirtualService").next().expect("a VirtualService").spec.to_json();
+    assert_eq!(vs["http"][0]["route"][0]["destination"], serde_json::json!({"host": "web.shop.svc.cluster.local"}));
+    let route = set.envoy[envoy::ROUTE_TYPE].iter().next().expect("a route configuration");
+    let route = RouteConfiguration::decode(route.body.value()).unwrap();
+    let Some(Action::Route(action)) = &route.virtual_hosts[0].routes[0].action else { panic!("{route:?}") };
+    assert_eq!(
+        action.cluster_specifier,
+        Some(ClusterSpecifier::Cluster("outbound|8080||web.shop.svc.cluster.local".into())),
+        "{:?}",
+        set.warnings().map(ToString::to_string).collect::<Vec<_>>()
+    );
+}

@@ -120,9 +120,11 @@ impl<'a> Clusters<'a> {
                 .filter(|n| svc.ports.iter().any(|sp| sp.number == *n))
                 .ok_or_else(|| NoCluster::NoSuchPort { host: host.to_string(), port: p.number })?,
             (_, [only]) => only.number,
-            (_, ports) => {
-                return Err(NoCluster::AmbiguousPort { host: host.to_string(), ports: ports.len() });
-            }
+            // A Kubernetes Service's port by its name, as kube-proxy finds it.
+            (_, ports) => match dest.port_name.as_deref().and_then(|n| ports.iter().find(|p| p.name == n)) {
+                Some(p) => p.number,
+                None => return Err(NoCluster::AmbiguousPort { host: host.to_string(), ports: ports.len() }),
+            },
         };
         let subset = dest.subset.as_deref().filter(|s| !s.is_empty());
         let policy = self.policy(host, port);
