@@ -313,6 +313,7 @@ spec:
       http:
         paths:
           - {path: /, pathType: Prefix, backend: {service: {name: web, port: {name: http}}}}
+          - {path: /admin, pathType: Prefix, backend: {service: {name: web, port: {name: admin}}}}
 "#;
     let kubernetes = RegistryKey::new(RegistryKind::Kubernetes, "kubernetes");
     let named = |number, name: &str| ServicePort { number, protocol: Protocol::Http, name: name.into() };
@@ -326,9 +327,12 @@ spec:
     let set = build(&view(vec![(kubernetes, web)]), &inputs);
     let vs = set.objects("VirtualService").next().expect("a VirtualService").spec.to_json();
     assert_eq!(vs["http"][0]["route"][0]["destination"], serde_json::json!({"host": "web.shop.svc.cluster.local"}));
+    let warnings: Vec<String> = set.warnings().map(ToString::to_string).collect();
+    assert!(warnings.iter().any(|w| w.contains("has no port named \"admin\"")), "{warnings:?}");
     let route = set.envoy[envoy::ROUTE_TYPE].iter().next().expect("a route configuration");
     let route = RouteConfiguration::decode(route.body.value()).unwrap();
-    let Some(Action::Route(action)) = &route.virtual_hosts[0].routes[0].action else { panic!("{route:?}") };
+    let root = route.virtual_hosts[0].routes.iter().find(|r| format!("{:?}", r.r#match).contains("\"/\"")).unwrap();
+    let Some(Action::Route(action)) = &root.action else { panic!("{route:?}") };
     assert_eq!(
         action.cluster_specifier,
         Some(ClusterSpecifier::Cluster("outbound|8080||web.shop.svc.cluster.local".into())),

@@ -51,6 +51,9 @@ pub enum NoCluster {
     /// The destination names a port the service does not have.
     #[error("host {host} has no port {port}")]
     NoSuchPort { host: String, port: u32 },
+    /// The port was given by a name that none of the Service's ports has.
+    #[error("host {host} has no port named {name:?}")]
+    NoSuchPortName { host: String, name: String },
     /// No port given, and the service has several (or none) to choose from.
     #[error("host {host}: no port given and the service has {ports} ports")]
     AmbiguousPort { host: String, ports: usize },
@@ -121,8 +124,13 @@ impl<'a> Clusters<'a> {
                 .ok_or_else(|| NoCluster::NoSuchPort { host: host.to_string(), port: p.number })?,
             (_, [only]) => only.number,
             // A Kubernetes Service's port by its name, as kube-proxy finds it.
-            (_, ports) => match dest.port_name.as_deref().and_then(|n| ports.iter().find(|p| p.name == n)) {
-                Some(p) => p.number,
+            (_, ports) => match dest.port_name.as_deref() {
+                Some(name) => match ports.iter().find(|p| p.name == name) {
+                    Some(p) => p.number,
+                    None => {
+                        return Err(NoCluster::NoSuchPortName { host: host.to_string(), name: name.to_string() });
+                    }
+                },
                 None => return Err(NoCluster::AmbiguousPort { host: host.to_string(), ports: ports.len() }),
             },
         };
