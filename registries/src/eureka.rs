@@ -44,7 +44,7 @@
 mod client;
 pub(crate) mod decode;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -127,6 +127,10 @@ struct State {
     server: Option<usize>,
     /// When the last full read was made.
     last_full: Instant,
+    /// The digest of the last delta applied since that read: the server
+    /// answers the same delta again until its response cache refreshes
+    /// (30 s by default), and the same delta again changes nothing.
+    last_delta: Option<u64>,
 }
 
 impl EurekaWatcher {
@@ -139,8 +143,13 @@ impl EurekaWatcher {
             "starting"
         );
         self.selection = self.selector.current();
-        let mut st =
-            State { registry: Registry::default(), sent: BTreeMap::new(), server: None, last_full: Instant::now() };
+        let mut st = State {
+            registry: Registry::default(),
+            sent: BTreeMap::new(),
+            server: None,
+            last_full: Instant::now(),
+            last_delta: None,
+        };
         let mut failures: u32 = 0;
         loop {
             let round = match st.server {
@@ -228,6 +237,7 @@ impl EurekaWatcher {
     ) {
         st.registry = registry;
         st.last_full = Instant::now();
+        st.last_delta = None;
         let services = self.naming.services(&st.registry, &st.sent, &self.selection);
         if let Some(expected) = expected {
             let missed = differing_hosts(&expected, &services);
@@ -274,26 +284,35 @@ impl EurekaWatcher {
             info!(server = %self.client.servers()[answered_by], "another server answered; full fetch");
             return self.full(st, sink).await;
         }
-        let mut next = st.registry.clone();
-        next.apply_delta(&delta.instances);
-        let local = next.reconcile_hash_code();
+        if read.is_none() && st.last_delta == Some(delta.digest) {
+            debug!("the same delta as the last one applied");
+            return Ok(());
+        }
+        // Applied in place: if the hashcode then disagrees, a full fetch
+        // replaces the copy anyway.
+        let changed = st.registry.apply_delta(&delta.instances);
+        let local = st.registry.reconcile_hash_code();
         let remote = delta.hashcode.unwrap_or_default();
         if local != remote {
-            let changed = delta.instances.len();
-            warn!(client = %local, server = %remote, changed, "reconcile hashcodes differ; full fetch");
-            let entries: Vec<String> =
+            let entries = delta.instances.len();
+            warn!(client = %local, server = %remote, entries, "reconcile hashcodes differ; full fetch");
+            let listed: Vec<String> =
                 delta.instances.iter().map(|i| format!("{}/{} {} {:?}", i.app, i.id, i.status, i.action)).collect();
-            debug!(?entries, "the delta that disagreed");
+            debug!(entries = ?listed, "the delta that disagreed");
             // What the copy would have served with this delta applied: the
             // full fetch's differences from it are what the deltas missed.
-            let expected = self.naming.services(&next, &st.sent, &self.selection);
+            let expected = self.naming.services(&st.registry, &st.sent, &self.selection);
             return self.full_checked(st, sink, Some(expected)).await;
         }
-        if let Some(read) = read {
-            next = self.judge(st, next, read, &delta.instances, &remote, sink);
+        match read {
+            Some(read) => {
+                let held = std::mem::take(&mut st.registry);
+                st.registry = self.judge(st, held, read, &delta.instances, &remote, sink);
+                self.publish(st, sink);
+            }
+            None => self.publish_apps(st, sink, &changed),
         }
-        st.registry = next;
-        self.publish(st, sink);
+        st.last_delta = Some(delta.digest);
         Ok(())
     }
 
@@ -331,6 +350,34 @@ impl EurekaWatcher {
         }
         sink.repaired(RepairKind::MissedChange, &missed);
         read
+    }
+
+    /// Send what changed in `apps` (a delta's changed apps): the cost of
+    /// those apps, whatever the catalog.
+    fn publish_apps(&self, st: &mut State, sink: &dyn Sink, apps: &BTreeSet<String>) {
+        for app in apps {
+            let host = decode::host_name(app);
+            if !self.selection.wants(&host) {
+                continue;
+            }
+            match st.registry.apps.get(app) {
+                Some(instances) => {
+                    let last_port = st.sent.get(&host).and_then(|s| s.ports.first()).map(|p| p.number);
+                    let service = self.naming.service(app, host.clone(), instances.values(), last_port);
+                    if st.sent.get(&host) != Some(&service) {
+                        debug!(%host, endpoints = service.endpoints.len(), "app changed");
+                        sink.update(Update::Upsert(service.clone()));
+                        st.sent.insert(host, service);
+                    }
+                }
+                None => {
+                    if st.sent.remove(&host).is_some() {
+                        info!(%host, "app gone");
+                        sink.update(Update::Remove(host));
+                    }
+                }
+            }
+        }
     }
 
     /// Send what changed between the services last sent and the copy's.

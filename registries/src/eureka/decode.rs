@@ -15,16 +15,22 @@
 //!
 //! Its deserializer accepts a lone `application` or `instance` object where
 //! an array is expected (older XStream/Jettison servers wrote one element
-//! that way), so we do too. Instances are read field by field because real
-//! servers disagree on details: `$` as a number or a string, `@enabled` as a
-//! string or a boolean. `overriddenStatus` is not read: `status` already
-//! carries the server's verdict ([`Instance::serves`]).
+//! that way), so we do too. Instances are decoded straight into the
+//! fields we use, each taking whatever JSON type a server writes there
+//! (`$` as a number or a string, `@enabled` as a string or a boolean),
+//! with every other field skipped unread: no document tree is built.
+//! `overriddenStatus` is not read: `status` already carries the server's
+//! verdict ([`Instance::serves`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
-use serde_json::{Map, Value};
 use tracing::debug;
 
 use crate::fixed::wants_tls;
@@ -85,6 +91,13 @@ impl Instance {
     pub fn serves(&self) -> bool {
         self.status == "UP"
     }
+
+    /// The same instance, whatever the delta action each came with.
+    pub fn same_as(&self, other: &Instance) -> bool {
+        let Instance { id, app, ip_addr, status, port, secure_port, metadata, action: _ } = self;
+        (id, app, ip_addr, status, port, secure_port, metadata)
+            == (&other.id, &other.app, &other.ip_addr, &other.status, &other.port, &other.secure_port, &other.metadata)
+    }
 }
 
 /// A decoded `/eureka/apps` or `/eureka/apps/delta` answer.
@@ -92,6 +105,9 @@ impl Instance {
 pub(crate) struct Applications {
     pub hashcode: Option<String>,
     pub instances: Vec<Instance>,
+    /// A digest of the answer's bytes: the same delta again is told apart
+    /// without being applied.
+    pub digest: u64,
 }
 
 #[derive(Deserialize)]
@@ -112,26 +128,233 @@ struct AppJson {
     #[serde(default)]
     name: String,
     #[serde(default, deserialize_with = "one_or_many")]
-    instance: Vec<Map<String, Value>>,
+    instance: Vec<RawInstance>,
 }
 
+/// An instance as the JSON has it, decoded straight into the fields we
+/// use: every other field is skipped as it is read, so no document tree is
+/// ever built (a delta at 10k apps can be tens of MB). Each field takes
+/// whatever JSON type a server writes there (see [`Scalar`], [`RawPort`]).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawInstance {
+    #[serde(rename = "instanceId")]
+    instance_id: Scalar,
+    #[serde(rename = "hostName")]
+    host_name: Scalar,
+    app: Scalar,
+    #[serde(rename = "ipAddr")]
+    ip_addr: Scalar,
+    status: Scalar,
+    port: RawPort,
+    #[serde(rename = "securePort")]
+    secure_port: RawPort,
+    metadata: Metadata,
+    #[serde(rename = "actionType")]
+    action_type: Scalar,
+}
+
+/// A string, number or boolean as text, as Jackson's `asText`; anything
+/// else (null, an object, an array) is no value, and is skipped unread.
+#[derive(Default, Debug, PartialEq)]
+struct Scalar(Option<String>);
+
+impl Scalar {
+    fn text(self) -> Option<String> {
+        self.0.filter(|s| !s.is_empty())
+    }
+}
+
+struct ScalarVisitor;
+
+impl<'de> Visitor<'de> for ScalarVisitor {
+    type Value = Scalar;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
+        Ok(Scalar(Some(v.to_owned())))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Scalar, E> {
+        Ok(Scalar(Some(v)))
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
+        Ok(Scalar(Some(v.to_string())))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
+        Ok(Scalar(Some(v.to_string())))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
+        Ok(Scalar(Some(v.to_string())))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
+        Ok(Scalar(Some(serde_json::Number::from_f64(v).map_or_else(|| v.to_string(), |n| n.to_string()))))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Scalar, E> {
+        Ok(Scalar(None))
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Scalar, E> {
+        Ok(Scalar(None))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Scalar(None))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scalar, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Scalar(None))
+    }
+}
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Scalar, D::Error> {
+        d.deserialize_any(ScalarVisitor)
+    }
+}
+
+/// `{"$": 8080, "@enabled": "true"}`, or a bare number: the number and the
+/// `@enabled` flag as text; anything else is no port.
+#[derive(Default)]
+struct RawPort {
+    number: Scalar,
+    enabled: Scalar,
+}
+
+impl<'de> Deserialize<'de> for RawPort {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<RawPort, D::Error> {
+        struct PortVisitor;
+        impl<'de> Visitor<'de> for PortVisitor {
+            type Value = RawPort;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a port")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawPort, A::Error> {
+                let mut port = RawPort::default();
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    match key.as_ref() {
+                        "$" => port.number = map.next_value()?,
+                        "@enabled" => port.enabled = map.next_value()?,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(port)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<RawPort, A::Error> {
+                ScalarVisitor.visit_seq(seq).map(|_| RawPort::default())
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawPort, E> {
+                Ok(RawPort { number: ScalarVisitor.visit_str(v)?, enabled: Scalar(None) })
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawPort, E> {
+                Ok(RawPort { number: ScalarVisitor.visit_u64(v)?, enabled: Scalar(None) })
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawPort, E> {
+                Ok(RawPort { number: ScalarVisitor.visit_i64(v)?, enabled: Scalar(None) })
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<RawPort, E> {
+                Ok(RawPort::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<RawPort, E> {
+                Ok(RawPort::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<RawPort, E> {
+                Ok(RawPort::default())
+            }
+            fn visit_none<E: de::Error>(self) -> Result<RawPort, E> {
+                Ok(RawPort::default())
+            }
+        }
+        d.deserialize_any(PortVisitor)
+    }
+}
+
+/// `metadata`: its scalar values as text; `@class` (the Jackson codec's
+/// mark of an empty map) and values that are objects or arrays are left
+/// out; anything but an object is no metadata.
+#[derive(Default)]
+struct Metadata(BTreeMap<String, String>);
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Metadata, D::Error> {
+        struct MetaVisitor;
+        impl<'de> Visitor<'de> for MetaVisitor {
+            type Value = Metadata;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("metadata")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Metadata, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let Scalar(value) = map.next_value()?;
+                    if let Some(value) = value.filter(|_| key != "@class") {
+                        out.insert(key, value);
+                    }
+                }
+                Ok(Metadata(out))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Metadata, A::Error> {
+                ScalarVisitor.visit_seq(seq).map(|_| Metadata::default())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Metadata, E> {
+                Ok(Metadata::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Metadata, E> {
+                Ok(Metadata::default())
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Metadata, E> {
+                Ok(Metadata::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Metadata, E> {
+                Ok(Metadata::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Metadata, E> {
+                Ok(Metadata::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Metadata, E> {
+                Ok(Metadata::default())
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Metadata, E> {
+                Ok(Metadata::default())
+            }
+        }
+        d.deserialize_any(MetaVisitor)
+    }
+}
+
+/// An array, or a lone element where an array is expected (older servers),
+/// or null: decoded as it is read, never buffered first.
 fn one_or_many<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de>,
 {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany<T> {
-        Many(Vec<T>),
-        One(T),
-        Null(()),
+    struct OneOrMany<T>(PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for OneOrMany<T> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an array, an object or null")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+            while let Some(t) = seq.next_element()? {
+                out.push(t);
+            }
+            Ok(out)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Vec<T>, A::Error> {
+            T::deserialize(de::value::MapAccessDeserializer::new(map)).map(|t| vec![t])
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Vec<T>, E> {
+            Ok(Vec::new())
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Vec<T>, E> {
+            Ok(Vec::new())
+        }
     }
-    Ok(match OneOrMany::deserialize(d)? {
-        OneOrMany::Many(v) => v,
-        OneOrMany::One(t) => vec![t],
-        OneOrMany::Null(()) => Vec::new(),
-    })
+    d.deserialize_any(OneOrMany(PhantomData))
 }
 
 /// Decode an applications answer. Instances without an id cannot be
@@ -141,41 +364,43 @@ pub(crate) fn decode_apps(body: &[u8]) -> Result<Applications, serde_json::Error
     let mut instances = Vec::new();
     for app in root.applications.application {
         for raw in app.instance {
-            match instance_of(&raw, &app.name) {
+            match instance_from(raw, &app.name) {
                 Some(i) => instances.push(i),
                 None => debug!(app = %app.name, "instance without instanceId or hostName ignored"),
             }
         }
     }
-    Ok(Applications { hashcode: root.applications.hashcode, instances })
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::hash::Hasher::write(&mut hasher, body);
+    let digest = std::hash::Hasher::finish(&hasher);
+    Ok(Applications { hashcode: root.applications.hashcode, instances, digest })
 }
 
-fn instance_of(raw: &Map<String, Value>, app_name: &str) -> Option<Instance> {
-    let text = |key: &str| raw.get(key).and_then(scalar_text).filter(|s| !s.is_empty());
-    let id = text("instanceId").or_else(|| text("hostName"))?;
+/// One instance from its JSON object (tests).
+#[cfg(test)]
+fn instance_of(raw: &serde_json::Map<String, serde_json::Value>, app_name: &str) -> Option<Instance> {
+    let raw: RawInstance = serde_json::from_value(serde_json::Value::Object(raw.clone())).ok()?;
+    instance_from(raw, app_name)
+}
+
+fn instance_from(raw: RawInstance, app_name: &str) -> Option<Instance> {
+    let id = raw.instance_id.text().or_else(|| raw.host_name.text())?;
     // `updateDelta` files an instance under its own appName.
-    let app = text("app").unwrap_or_else(|| app_name.to_string()).to_uppercase();
-    let action = match text("actionType").as_deref() {
+    let app = raw.app.text().unwrap_or_else(|| app_name.to_string()).to_uppercase();
+    let action = match raw.action_type.text().as_deref() {
         Some("ADDED") => Some(Action::Added),
         Some("MODIFIED") => Some(Action::Modified),
         Some("DELETED") => Some(Action::Deleted),
         _ => None,
     };
-    let metadata = match raw.get("metadata") {
-        // `@class` marks an empty map in the Jackson codec; it is no label.
-        Some(Value::Object(m)) => {
-            m.iter().filter(|(k, _)| *k != "@class").filter_map(|(k, v)| Some((k.clone(), scalar_text(v)?))).collect()
-        }
-        _ => BTreeMap::new(),
-    };
     Some(Instance {
         id,
         app,
-        ip_addr: text("ipAddr"),
-        status: text("status").map_or("UP", |s| status_name(&s)),
-        port: raw.get("port").and_then(|v| port_of(v, true)),
-        secure_port: raw.get("securePort").and_then(|v| port_of(v, false)),
-        metadata,
+        ip_addr: raw.ip_addr.text(),
+        status: raw.status.text().map_or("UP", |s| status_name(&s)),
+        port: port_of(raw.port, true),
+        secure_port: port_of(raw.secure_port, false),
+        metadata: raw.metadata.0,
         action,
     })
 }
@@ -185,70 +410,92 @@ fn status_name(s: &str) -> &'static str {
     STATUSES.iter().find(|known| known.eq_ignore_ascii_case(s)).copied().unwrap_or("UNKNOWN")
 }
 
-/// Strings, numbers and booleans as text, as Jackson's `asText`.
-fn scalar_text(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
-        _ => None,
-    }
-}
-
-/// `{"$": 8080, "@enabled": "true"}`. A bare number is a port too. When
-/// `@enabled` is missing the `InstanceInfo` default holds: the plain port on,
-/// the secure port off.
-fn port_of(v: &Value, enabled_by_default: bool) -> Option<PortInfo> {
-    let (number, enabled) = match v {
-        Value::Object(m) => (m.get("$")?, m.get("@enabled")),
-        other => (other, None),
-    };
-    let number = scalar_text(number)?.trim().parse::<u16>().ok()?;
-    let enabled = match enabled {
-        Some(Value::Bool(b)) => *b,
-        Some(Value::String(s)) => s.eq_ignore_ascii_case("true"),
-        _ => enabled_by_default,
-    };
+/// A port's number and flag. When `@enabled` is missing the
+/// `InstanceInfo` default holds: the plain port on, the secure port off.
+fn port_of(raw: RawPort, enabled_by_default: bool) -> Option<PortInfo> {
+    let number = raw.number.0?.trim().parse::<u16>().ok()?;
+    let enabled = raw.enabled.0.map_or(enabled_by_default, |s| s.eq_ignore_ascii_case("true"));
     Some(PortInfo { number, enabled })
 }
 
 /// Our copy of the server's registry: app -> instance id -> instance, every
-/// status included, as the Eureka client keeps it.
+/// status included, as the Eureka client keeps it, with the number of
+/// instances in each status kept as it changes (the reconcile hashcode
+/// without a walk). Instances are held without their delta action.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Registry {
     pub apps: BTreeMap<String, BTreeMap<String, Instance>>,
+    counts: BTreeMap<&'static str, usize>,
 }
 
 impl Registry {
     pub fn from_full(instances: Vec<Instance>) -> Registry {
         let mut reg = Registry::default();
-        for i in instances {
-            reg.apps.entry(i.app.clone()).or_default().insert(i.id.clone(), i);
+        for mut i in instances {
+            i.action = None;
+            reg.put(i);
         }
         reg
+    }
+
+    /// Hold `i`; whether that changed anything.
+    fn put(&mut self, i: Instance) -> bool {
+        let app = self.apps.entry(i.app.clone()).or_default();
+        if app.get(&i.id).is_some_and(|held| *held == i) {
+            return false;
+        }
+        *self.counts.entry(i.status).or_default() += 1;
+        if let Some(old) = app.insert(i.id.clone(), i) {
+            self.uncount(old.status);
+        }
+        true
+    }
+
+    fn uncount(&mut self, status: &'static str) {
+        if let Some(n) = self.counts.get_mut(status) {
+            *n -= 1;
+            if *n == 0 {
+                self.counts.remove(status);
+            }
+        }
     }
 
     /// `DiscoveryClient.updateDelta`: ADDED and MODIFIED put the instance
     /// (replacing one with the same id), DELETED removes it, and an entry
     /// without an action type is ignored. An app left without instances is
-    /// dropped, as a full fetch would not list it.
-    pub fn apply_delta(&mut self, delta: &[Instance]) {
+    /// dropped, as a full fetch would not list it. Returns the apps that
+    /// changed: an entry that repeats what is held (the server's delta
+    /// queue keeps every change of its last three minutes, so most entries
+    /// of a delta usually do) costs a comparison, and no copy.
+    pub fn apply_delta(&mut self, delta: &[Instance]) -> BTreeSet<String> {
+        let mut changed = BTreeSet::new();
         for i in delta {
             match i.action {
                 Some(Action::Added | Action::Modified) => {
-                    self.apps.entry(i.app.clone()).or_default().insert(i.id.clone(), i.clone());
+                    let held = self.apps.get(&i.app).and_then(|app| app.get(&i.id));
+                    if held.is_some_and(|held| held.same_as(i)) {
+                        continue;
+                    }
+                    let mut i = i.clone();
+                    i.action = None;
+                    let app = i.app.clone();
+                    if self.put(i) {
+                        changed.insert(app);
+                    }
                 }
                 Some(Action::Deleted) => {
-                    if let Some(app) = self.apps.get_mut(&i.app) {
-                        app.remove(&i.id);
-                        if app.is_empty() {
-                            self.apps.remove(&i.app);
-                        }
+                    let Some(app) = self.apps.get_mut(&i.app) else { continue };
+                    let Some(old) = app.remove(&i.id) else { continue };
+                    if app.is_empty() {
+                        self.apps.remove(&i.app);
                     }
+                    self.uncount(old.status);
+                    changed.insert(i.app.clone());
                 }
                 None => {}
             }
         }
+        changed
     }
 
     /// `Applications.getReconcileHashCode`: the number of instances in each
@@ -256,11 +503,7 @@ impl Registry {
     /// order, each written `STATUS_count_`, e.g. `DOWN_2_UP_5_`; empty for
     /// no instances.
     pub fn reconcile_hash_code(&self) -> String {
-        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-        for i in self.apps.values().flat_map(|a| a.values()) {
-            *counts.entry(i.status).or_default() += 1;
-        }
-        counts.iter().map(|(status, n)| format!("{status}_{n}_")).collect()
+        self.counts.iter().map(|(status, n)| format!("{status}_{n}_")).collect()
     }
 }
 
@@ -305,7 +548,7 @@ impl Naming {
     /// every UP instance has its secure port enabled: one Envoy cluster has
     /// one transport socket, so in a mixed app the plain ports are used and
     /// instances with only a secure port are left out.
-    fn service<'a>(
+    pub fn service<'a>(
         &self,
         app: &str,
         host: String,

@@ -1,4 +1,4 @@
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::*;
 use crate::spec::RegistryKind;
@@ -122,6 +122,71 @@ fn delta_adds_modifies_and_deletes() {
     assert_eq!(reg.apps["A"]["a1"].status, "DOWN");
     assert_eq!(reg.reconcile_hash_code(), "DOWN_1_STARTING_1_UP_1_");
     assert_eq!(Registry::default().reconcile_hash_code(), "");
+}
+
+/// The hashcode by a walk of every instance, as Eureka computes it.
+fn walked_hash_code(reg: &Registry) -> String {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for i in reg.apps.values().flat_map(|a| a.values()) {
+        *counts.entry(i.status).or_default() += 1;
+    }
+    counts.iter().map(|(status, n)| format!("{status}_{n}_")).collect()
+}
+
+/// A delta names the apps it changed; entries that repeat what is held
+/// (the server's queue keeps three minutes of changes, so the same entries
+/// come again round after round) change nothing and name nothing.
+#[test]
+fn a_delta_names_the_apps_it_changed_and_repeats_change_nothing() {
+    let mut reg = Registry::from_full(instances(vec![
+        inst("A", "a1", "10.0.0.1", 80, "UP"),
+        inst("B", "b1", "10.0.1.1", 80, "UP"),
+        inst("C", "c1", "10.0.2.1", 80, "UP"),
+    ]));
+    let delta = instances(vec![
+        action(inst("A", "a1", "10.0.0.1", 80, "UP"), "ADDED"),
+        action(inst("B", "b1", "10.0.1.1", 80, "DOWN"), "MODIFIED"),
+        action(inst("C", "c1", "10.0.2.1", 80, "UP"), "DELETED"),
+        action(inst("D", "d1", "10.0.3.1", 80, "UP"), "ADDED"),
+    ]);
+    let changed = reg.apply_delta(&delta);
+    assert_eq!(changed, BTreeSet::from(["B".into(), "C".into(), "D".into()]), "A's entry repeats what is held");
+    assert_eq!(reg.reconcile_hash_code(), walked_hash_code(&reg));
+    let before = reg.clone();
+    assert!(reg.apply_delta(&delta).is_empty(), "the same delta again");
+    assert_eq!(reg, before);
+
+    // Kept counts agree with a walk through any mix of operations.
+    let mut seed = 7u64;
+    for round in 0..200 {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let app = ["A", "B", "C"][(seed >> 33) as usize % 3];
+        let id = format!("{}{}", app.to_lowercase(), (seed >> 40) % 4);
+        let status = ["UP", "DOWN", "STARTING"][(seed >> 50) as usize % 3];
+        let kind = ["ADDED", "MODIFIED", "DELETED"][(seed >> 20) as usize % 3];
+        reg.apply_delta(&instances(vec![action(inst(app, &id, "10.0.0.9", 80, status), kind)]));
+        assert_eq!(reg.reconcile_hash_code(), walked_hash_code(&reg), "round {round}");
+    }
+}
+
+#[test]
+fn unknown_and_nested_fields_are_skipped_unread() {
+    let b = body(
+        json!([{"name": "A", "instance": [with(inst("A", "a1", "10.0.0.1", 80, "UP"), json!({
+            "leaseInfo": {"renewalIntervalInSecs": 30, "durationInSecs": 90},
+            "dataCenterInfo": {"@class": "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo", "name": "MyOwn"},
+            "lastUpdatedTimestamp": 1700000000000u64, "isCoordinatingDiscoveryServer": false,
+            "port": [8080], "securePort": null, "metadata": ["not", "a", "map"],
+        }))]}]),
+        "UP_1_",
+    );
+    let apps = decode_apps(&b).unwrap();
+    assert_eq!(apps.instances.len(), 1);
+    let i = &apps.instances[0];
+    assert_eq!((i.id.as_str(), i.ip_addr.as_deref()), ("a1", Some("10.0.0.1")));
+    assert_eq!((i.port, i.secure_port), (None, None), "a port that is an array or null is no port");
+    assert!(i.metadata.is_empty());
+    assert_eq!(decode_apps(&b).unwrap().digest, apps.digest, "the same bytes, the same digest");
 }
 
 #[test]
