@@ -213,6 +213,60 @@ impl<'de> Deserialize<'de> for Scalar {
     }
 }
 
+/// A value that is read from a JSON object; any other JSON value (a
+/// scalar, which [`FromObject::from_scalar`] may take, or an array, skipped
+/// unread) gives the default.
+trait FromObject<'de>: Default + Sized {
+    fn from_map<A: MapAccess<'de>>(map: A) -> Result<Self, A::Error>;
+
+    fn from_scalar(_: Scalar) -> Self {
+        Self::default()
+    }
+}
+
+struct ObjectVisitor<T>(PhantomData<T>);
+
+impl<'de, T: FromObject<'de>> ObjectVisitor<T> {
+    fn scalar<E>(s: Result<Scalar, E>) -> Result<T, E> {
+        s.map(T::from_scalar)
+    }
+}
+
+impl<'de, T: FromObject<'de>> Visitor<'de> for ObjectVisitor<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::from_map(map)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<T, A::Error> {
+        ScalarVisitor.visit_seq(seq).map(|_| T::default())
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+        Self::scalar(ScalarVisitor.visit_str(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
+        Self::scalar(ScalarVisitor.visit_u64(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<T, E> {
+        Self::scalar(ScalarVisitor.visit_i64(v))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<T, E> {
+        Self::scalar(ScalarVisitor.visit_f64(v))
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<T, E> {
+        Self::scalar(ScalarVisitor.visit_bool(v))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<T, E> {
+        Ok(T::default())
+    }
+    fn visit_none<E: de::Error>(self) -> Result<T, E> {
+        Ok(T::default())
+    }
+}
+
 /// `{"$": 8080, "@enabled": "true"}`, or a bare number: the number and the
 /// `@enabled` flag as text; anything else is no port.
 #[derive(Default)]
@@ -221,53 +275,29 @@ struct RawPort {
     enabled: Scalar,
 }
 
-impl<'de> Deserialize<'de> for RawPort {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<RawPort, D::Error> {
-        struct PortVisitor;
-        impl<'de> Visitor<'de> for PortVisitor {
-            type Value = RawPort;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a port")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawPort, A::Error> {
-                let mut port = RawPort::default();
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                    match key.as_ref() {
-                        "$" => port.number = map.next_value()?,
-                        "@enabled" => port.enabled = map.next_value()?,
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
+impl<'de> FromObject<'de> for RawPort {
+    fn from_map<A: MapAccess<'de>>(mut map: A) -> Result<RawPort, A::Error> {
+        let mut port = RawPort::default();
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match key.as_ref() {
+                "$" => port.number = map.next_value()?,
+                "@enabled" => port.enabled = map.next_value()?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
                 }
-                Ok(port)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<RawPort, A::Error> {
-                ScalarVisitor.visit_seq(seq).map(|_| RawPort::default())
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawPort, E> {
-                Ok(RawPort { number: ScalarVisitor.visit_str(v)?, enabled: Scalar(None) })
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawPort, E> {
-                Ok(RawPort { number: ScalarVisitor.visit_u64(v)?, enabled: Scalar(None) })
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawPort, E> {
-                Ok(RawPort { number: ScalarVisitor.visit_i64(v)?, enabled: Scalar(None) })
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<RawPort, E> {
-                Ok(RawPort::default())
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<RawPort, E> {
-                Ok(RawPort::default())
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<RawPort, E> {
-                Ok(RawPort::default())
-            }
-            fn visit_none<E: de::Error>(self) -> Result<RawPort, E> {
-                Ok(RawPort::default())
             }
         }
-        d.deserialize_any(PortVisitor)
+        Ok(port)
+    }
+
+    fn from_scalar(number: Scalar) -> RawPort {
+        RawPort { number, enabled: Scalar(None) }
+    }
+}
+
+impl<'de> Deserialize<'de> for RawPort {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<RawPort, D::Error> {
+        d.deserialize_any(ObjectVisitor(PhantomData))
     }
 }
 
@@ -277,50 +307,22 @@ impl<'de> Deserialize<'de> for RawPort {
 #[derive(Default)]
 struct Metadata(BTreeMap<String, String>);
 
-impl<'de> Deserialize<'de> for Metadata {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Metadata, D::Error> {
-        struct MetaVisitor;
-        impl<'de> Visitor<'de> for MetaVisitor {
-            type Value = Metadata;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("metadata")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Metadata, A::Error> {
-                let mut out = BTreeMap::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    let Scalar(value) = map.next_value()?;
-                    if let Some(value) = value.filter(|_| key != "@class") {
-                        out.insert(key, value);
-                    }
-                }
-                Ok(Metadata(out))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Metadata, A::Error> {
-                ScalarVisitor.visit_seq(seq).map(|_| Metadata::default())
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Metadata, E> {
-                Ok(Metadata::default())
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Metadata, E> {
-                Ok(Metadata::default())
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Metadata, E> {
-                Ok(Metadata::default())
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Metadata, E> {
-                Ok(Metadata::default())
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Metadata, E> {
-                Ok(Metadata::default())
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Metadata, E> {
-                Ok(Metadata::default())
-            }
-            fn visit_none<E: de::Error>(self) -> Result<Metadata, E> {
-                Ok(Metadata::default())
+impl<'de> FromObject<'de> for Metadata {
+    fn from_map<A: MapAccess<'de>>(mut map: A) -> Result<Metadata, A::Error> {
+        let mut out = BTreeMap::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let Scalar(value) = map.next_value()?;
+            if let Some(value) = value.filter(|_| key != "@class") {
+                out.insert(key, value);
             }
         }
-        d.deserialize_any(MetaVisitor)
+        Ok(Metadata(out))
+    }
+}
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Metadata, D::Error> {
+        d.deserialize_any(ObjectVisitor(PhantomData))
     }
 }
 
