@@ -14,8 +14,13 @@ use reqwest::Url;
 use reqwest::header::{ACCEPT, HeaderMap, HeaderValue};
 use tracing::{debug, warn};
 
-use super::decode::{Applications, decode_apps};
-use crate::body::{MAX_BODY_BYTES, read_capped};
+use std::hash::{DefaultHasher, Hasher};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+
+use super::decode::{Applications, decode_reader};
+use crate::body::{read_capped, too_large};
 use crate::http_error::request_error;
 use crate::spec::RegistrySpec;
 use crate::watcher::RegistryError;
@@ -23,8 +28,16 @@ use crate::watcher::RegistryError;
 pub(crate) const APPS: &str = "/eureka/apps";
 pub(crate) const DELTA: &str = "/eureka/apps/delta";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// A full registry can be megabytes; give it time.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// A full registry can be hundreds of megabytes; give it time.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most bytes read from one answer. It is decoded as it arrives, never
+/// held: a full answer is about 1 KB per instance, so this is about a
+/// million instances.
+const MAX_STREAM_BYTES: usize = 1 << 30;
+/// An error answer is read for its first lines only.
+const ERROR_BODY_BYTES: usize = 64 << 10;
+/// Chunks between the reader and the decoder.
+const CHUNKS_IN_FLIGHT: usize = 8;
 
 pub(crate) struct Client {
     http: reqwest::Client,
@@ -96,17 +109,89 @@ impl Client {
         let resp = self.http.get(&what).send().await.map_err(|e| request_error(&self.registry, "GET", &what, &e))?;
         let status = resp.status();
         let read_error = |e: &reqwest::Error| request_error(&self.registry, "GET", &what, e);
-        let body = read_capped(resp, MAX_BODY_BYTES, &self.registry, &what, read_error).await?;
         if !status.is_success() {
+            let body = read_capped(resp, ERROR_BODY_BYTES, &self.registry, &what, read_error).await?;
             let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
             debug!(what, status = status.as_u16(), body = %text.trim(), "eureka error answer");
             return Err(RegistryError::Status { registry: self.registry.clone(), what, status: status.as_u16() });
         }
-        decode_apps(&body).map_err(|e| RegistryError::BadResponse {
-            registry: self.registry.clone(),
-            what,
-            reason: e.to_string(),
+        decode_streamed(resp, MAX_STREAM_BYTES, &self.registry, &what, read_error).await
+    }
+}
+
+/// Decode `resp`'s body as it arrives, on a blocking thread fed chunk by
+/// chunk: memory is the decoded instances and a few chunks in flight, never
+/// the body (a full answer at 100k apps is hundreds of MB). At most `cap`
+/// bytes are read.
+async fn decode_streamed(
+    mut resp: reqwest::Response,
+    cap: usize,
+    registry: &str,
+    what: &str,
+    read_error: impl Fn(&reqwest::Error) -> RegistryError,
+) -> Result<Applications, RegistryError> {
+    if resp.content_length().unwrap_or(0) > cap as u64 {
+        return Err(too_large(registry, what, cap));
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(CHUNKS_IN_FLIGHT);
+    let digest = Arc::new(Mutex::new(DefaultHasher::new()));
+    let decoder = {
+        let digest = digest.clone();
+        tokio::task::spawn_blocking(move || {
+            let reader = std::io::BufReader::with_capacity(64 << 10, ChunkReader { rx, current: Bytes::new() });
+            decode_reader(reader, || digest.lock().unwrap_or_else(PoisonError::into_inner).finish())
         })
+    };
+    let mut read = 0usize;
+    let transport = loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                read += chunk.len();
+                if read > cap {
+                    break Err(too_large(registry, what, cap));
+                }
+                digest.lock().unwrap_or_else(PoisonError::into_inner).write(&chunk);
+                // The decoder stopped early (the JSON is broken): its error says why.
+                if tx.send(chunk).await.is_err() {
+                    break Ok(());
+                }
+            }
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(read_error(&e)),
+        }
+    };
+    // The end of the body, or of what will be read of it.
+    drop(tx);
+    let decoded = decoder.await.map_err(|e| RegistryError::BadResponse {
+        registry: registry.to_string(),
+        what: what.to_string(),
+        reason: format!("decoder stopped: {e}"),
+    })?;
+    transport?;
+    decoded.map_err(|e| RegistryError::BadResponse {
+        registry: registry.to_string(),
+        what: what.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// The body's chunks as a `Read`, for the blocking decoder.
+struct ChunkReader {
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+    current: Bytes,
+}
+
+impl std::io::Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(chunk) => self.current = chunk,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
     }
 }
 
@@ -164,6 +249,71 @@ pub(crate) fn parse_servers(domain: &str, default_port: u16) -> Result<Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server on loopback that answers one request with `body`, chunked
+    /// (no length declared), in pieces of `piece` bytes.
+    async fn serve_once(body: Vec<u8>, piece: usize) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut head = [0u8; 4096];
+            let _ = sock.read(&mut head).await;
+            let mut out =
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+            for part in body.chunks(piece) {
+                out.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+                out.extend_from_slice(part);
+                out.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(b"0\r\n\r\n");
+            let _ = sock.write_all(&out).await;
+        });
+        format!("http://{addr}/eureka/apps")
+    }
+
+    fn answer(apps: usize) -> Vec<u8> {
+        let apps: Vec<serde_json::Value> = (0..apps)
+            .map(|a| {
+                serde_json::json!({"name": format!("A{a}"), "instance": [{"instanceId": format!("i{a}"),
+                "app": format!("A{a}"), "ipAddr": "10.0.0.1", "status": "UP", "port": {"$": 80, "@enabled": "true"},
+                "actionType": "ADDED"}]})
+            })
+            .collect();
+        serde_json::json!({"applications": {"apps__hashcode": format!("UP_{}_", apps.len()), "application": apps}})
+            .to_string()
+            .into_bytes()
+    }
+
+    async fn fetch(url: &str, cap: usize) -> Result<Applications, RegistryError> {
+        let resp = reqwest::get(url).await.unwrap();
+        let read_error = |e: &reqwest::Error| request_error("e", "GET", url, e);
+        decode_streamed(resp, cap, "e", url, read_error).await
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_decoded_as_it_streams_and_capped() {
+        let body = answer(500);
+        let whole = super::super::decode::decode_apps(&body).unwrap();
+        let url = serve_once(body.clone(), 777).await;
+        let streamed = fetch(&url, body.len()).await.unwrap();
+        assert_eq!(streamed.instances, whole.instances);
+        assert_eq!(
+            (streamed.hashcode, streamed.digest),
+            (whole.hashcode, whole.digest),
+            "the digest of the same bytes"
+        );
+
+        let url = serve_once(body.clone(), 777).await;
+        let err = fetch(&url, body.len() - 1).await.unwrap_err();
+        assert!(err.to_string().contains("byte cap"), "{err}");
+
+        let mut broken = body.clone();
+        broken.truncate(body.len() / 2);
+        let url = serve_once(broken, 777).await;
+        assert!(matches!(fetch(&url, body.len()).await, Err(RegistryError::BadResponse { .. })));
+    }
 
     #[test]
     fn server_lists() {

@@ -359,10 +359,27 @@ where
     d.deserialize_any(OneOrMany(PhantomData))
 }
 
-/// Decode an applications answer. Instances without an id cannot be
-/// tracked and are dropped (the hashcode check then forces a full fetch).
+/// Decode an applications answer held whole (tests, fuzzing). Instances
+/// without an id cannot be tracked and are dropped (the hashcode check then
+/// forces a full fetch).
+#[cfg(test)]
 pub(crate) fn decode_apps(body: &[u8]) -> Result<Applications, serde_json::Error> {
-    let root: Root = serde_json::from_slice(body)?;
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::hash::Hasher::write(&mut hasher, body);
+    applications(serde_json::from_slice(body)?, std::hash::Hasher::finish(&hasher))
+}
+
+/// Decode an answer as its bytes arrive (the watcher: a body is never held
+/// whole, only the instances decoded from it). `digest` is of the bytes.
+pub(crate) fn decode_reader(
+    body: impl std::io::Read,
+    digest: impl FnOnce() -> u64,
+) -> Result<Applications, serde_json::Error> {
+    let root: Root = serde_json::from_reader(body)?;
+    applications(root, digest())
+}
+
+fn applications(root: Root, digest: u64) -> Result<Applications, serde_json::Error> {
     let mut instances = Vec::new();
     for app in root.applications.application {
         for raw in app.instance {
@@ -372,9 +389,6 @@ pub(crate) fn decode_apps(body: &[u8]) -> Result<Applications, serde_json::Error
             }
         }
     }
-    let mut hasher = std::hash::DefaultHasher::new();
-    std::hash::Hasher::write(&mut hasher, body);
-    let digest = std::hash::Hasher::finish(&hasher);
     Ok(Applications { hashcode: root.applications.hashcode, instances, digest })
 }
 
