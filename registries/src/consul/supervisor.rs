@@ -421,9 +421,11 @@ impl Supervisor {
         self.update_degraded();
     }
 
-    /// Schedule the sweep for a catalog change: after [`SWEEP_QUIET`] with
-    /// no other change, at most [`SWEEP_MAX_DEFER`] after the first; at
-    /// once after the running sweep, if one runs.
+    /// Schedule the sweep for a catalog change. The first change after a
+    /// quiet spell starts it at once (a lone change waits for nothing; the
+    /// rest of a burst extends the running sweep). Otherwise after
+    /// [`SWEEP_QUIET`] with no other change, at most [`SWEEP_MAX_DEFER`]
+    /// after the first; at once after the running sweep, if one runs.
     fn catalog_moved(&mut self) {
         if let Some(run) = &self.running {
             // The sweep running now probes what it has not reached yet
@@ -437,6 +439,13 @@ impl Supervisor {
             return;
         }
         let now = Instant::now();
+        let quiet = self.unswept.is_none()
+            && self.sweep_due.is_none()
+            && self.last_sweep.is_none_or(|(ended, _)| now.duration_since(ended) >= SWEEP_QUIET);
+        if quiet {
+            self.want_sweep();
+            return;
+        }
         let first = self.unswept.map_or(now, |(first, _)| first);
         self.unswept = Some((first, (now + SWEEP_QUIET).min(first + SWEEP_MAX_DEFER)));
     }
