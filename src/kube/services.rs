@@ -293,12 +293,16 @@ async fn watch_namespace(
     listed: mpsc::UnboundedSender<String>,
 ) {
     let (tx, mut rx) = mpsc::channel::<Seen>(256);
+    // Held per namespace: only what the mapping reads is kept (managed
+    // fields and annotations are most of an object's bytes).
     let services = watcher(Api::<KubeService>::namespaced(client.clone(), &ns), watcher::Config::default())
         .default_backoff()
+        .modify(|s| strip(&mut s.metadata))
         .map(Seen::Service);
     let slices =
         watcher(Api::<EndpointSlice>::namespaced(client, &ns), watcher::Config::default().labels(SERVICE_NAME_LABEL))
             .default_backoff()
+            .modify(|s| strip(&mut s.metadata))
             .map(Seen::Slice);
     let forward = {
         let tx = tx.clone();
@@ -394,6 +398,11 @@ async fn watch_namespace(
     for svc in std::mem::take(&mut state.written).into_values() {
         sink.update(Update::Remove(svc.host.clone()));
     }
+}
+
+fn strip(meta: &mut kube::api::ObjectMeta) {
+    meta.managed_fields = None;
+    meta.annotations = None;
 }
 
 struct Running {
