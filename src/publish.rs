@@ -9,7 +9,6 @@
 //! worker.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use meshbridge_registries::Migration;
 use tokio::sync::watch;
@@ -173,9 +172,8 @@ fn translate(
         registry_ecdh_curves,
         registry_migration,
     };
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or_default();
     let hosts = changes.hosts.len();
-    let changed = t.apply(changes, &inputs, inputs_changed, now);
+    let changed = t.apply(changes, &inputs, inputs_changed);
     if changed {
         let set = t.set();
         debug!(revision = set.revision, hosts, warnings = set.warnings.len(), "published");

@@ -31,7 +31,7 @@ impl Fixture {
         let cache = Cache::new();
         let clients = Clients::new();
         let mut translator = Translator::new();
-        translator.apply(cache.take_all(), &Inputs::default(), true, 0);
+        translator.apply(cache.take_all(), &Inputs::default(), true);
         let (tx, config) = watch::channel(Arc::new(Published::ready(translator.set().clone())));
         let metrics = Arc::new(Metrics::new(cache.clone(), clients.clone(), config.clone()));
         let state = AdminState {
@@ -55,7 +55,7 @@ impl Fixture {
     /// change time, for the latency metrics).
     fn publish(&self) {
         let mut t = self.translator.lock().unwrap();
-        t.apply(self.cache.take_changes(), &Inputs::default(), false, 0);
+        t.apply(self.cache.take_changes(), &Inputs::default(), false);
         self.tx.send_replace(Arc::new(Published::ready(t.set().clone())));
     }
 

@@ -82,7 +82,7 @@ struct SharedHost {
     conflicts: Vec<Warning>,
 }
 
-/// Keeps a [`ConfigSet`] up to date. Pure: time comes in as `now`.
+/// Keeps a [`ConfigSet`] up to date. Pure: no clock is read.
 #[derive(Debug, Default)]
 pub struct Translator {
     set: ConfigSet,
@@ -120,9 +120,6 @@ pub struct Translator {
     /// `BTreeSet` would cost a whole node per host.)
     spellings: HashMap<String, Vec<String>>,
     service_hosts: imbl::OrdMap<String, String>,
-    /// MCP creation times, by object: when an object was
-    /// first seen. Pilot reads a changed time as a changed object.
-    create_times: HashMap<ObjectKey, i64>,
     /// The derived stage's MCP resources, reused while the object is equal.
     derived_mcp: HashMap<ObjectKey, (Arc<IstioObject>, Result<Resource, Warning>)>,
 }
@@ -138,10 +135,9 @@ impl Translator {
     }
 
     /// Apply a batch of changed hosts, and the inputs (`inputs_changed`
-    /// when they differ from the last call's). `now` is the creation time
-    /// of objects first seen. True if the set changed; its revision then
-    /// grows by one.
-    pub fn apply(&mut self, changes: Changes, inputs: &Inputs<'_>, inputs_changed: bool, now: i64) -> bool {
+    /// when they differ from the last call's). True if the set changed;
+    /// its revision then grows by one.
+    pub fn apply(&mut self, changes: Changes, inputs: &Inputs<'_>, inputs_changed: bool) -> bool {
         let rev = self.set.revision + 1;
         let mut changed = false;
         let registry_proxies: BTreeSet<RegistryKey> = inputs.registry_proxies.keys().cloned().collect();
@@ -205,10 +201,10 @@ impl Translator {
             changed |= self.remove_derived(rev, d);
         }
         for host in &dirty {
-            changed |= self.translate_host(rev, host, now);
+            changed |= self.translate_host(rev, host);
         }
         if let Some(d) = derived {
-            changed |= self.write_derived(rev, d, now);
+            changed |= self.write_derived(rev, d);
         }
         if changed {
             self.set.revision = rev;
@@ -290,7 +286,7 @@ impl Translator {
 
     /// The per-host stage for one host: write what it makes now, take back
     /// what it made before and no longer does.
-    fn translate_host(&mut self, rev: u64, host: &str, now: i64) -> bool {
+    fn translate_host(&mut self, rev: u64, host: &str) -> bool {
         let mut warnings = Vec::new();
         let mut resources: Vec<(&'static str, Resource)> = Vec::new();
         let mut objects = Vec::new();
@@ -322,7 +318,7 @@ impl Translator {
             changed |= self.set.envoy.entry(type_url).or_default().insert(rev, r);
         }
         for obj in objects {
-            let encoded = self.encode(&obj, now);
+            let encoded = encode(&obj);
             let (key, mcp) = self.write_object(rev, Arc::new(obj), encoded, &mut warnings, &mut changed);
             written.objects.push(key);
             written.mcp.extend(mcp);
@@ -338,12 +334,6 @@ impl Translator {
         }
         changed |= self.set_warnings(format!("host:{host}"), warnings);
         changed
-    }
-
-    /// The object's MCP resource, with its creation time (first seen).
-    fn encode(&mut self, obj: &IstioObject, now: i64) -> Result<Resource, Warning> {
-        let created = *self.create_times.entry(object_key(obj)).or_insert(now);
-        mcp::resource(obj, created)
     }
 
     /// Put an object and its MCP resource (or the reason it has none) in
@@ -392,7 +382,6 @@ impl Translator {
         }
         for key in &old.objects {
             if !new.objects.contains(key) && self.set.istio.remove(key).is_some() {
-                self.create_times.remove(key);
                 changed = true;
             }
         }
@@ -486,7 +475,6 @@ impl Translator {
             let served = self.derived_objects.remove(&key).flatten();
             self.derived_mcp.remove(&key);
             if self.set.istio.remove(&key).is_some() {
-                self.create_times.remove(&key);
                 changed = true;
             }
             if let Some((collection, name)) = served
@@ -499,7 +487,7 @@ impl Translator {
     }
 
     /// Second half: write what the derived stage makes now.
-    fn write_derived(&mut self, rev: u64, d: Derived, now: i64) -> bool {
+    fn write_derived(&mut self, rev: u64, d: Derived) -> bool {
         let mut changed = false;
         for (type_url, r) in d.envoy {
             self.derived.envoy.push((type_url, r.name.clone()));
@@ -511,7 +499,7 @@ impl Translator {
             let reuse = self.derived_mcp.get(&key).filter(|(o, _)| **o == obj).map(|(_, r)| r.clone());
             let encoded = match reuse {
                 Some(r) => r,
-                None => self.encode(&obj, now),
+                None => encode(&obj),
             };
             let obj = Arc::new(obj);
             self.derived_mcp.insert(key.clone(), (obj.clone(), encoded.clone()));
@@ -534,6 +522,12 @@ impl Translator {
     }
 }
 
+/// The object's MCP resource, with its stable creation time
+/// ([`ObjectMeta::created`](super::model::ObjectMeta::created)).
+fn encode(obj: &IstioObject) -> Result<Resource, Warning> {
+    mcp::resource(obj, obj.metadata.created.unwrap_or(0))
+}
+
 fn object_key(o: &IstioObject) -> ObjectKey {
     (o.kind(), o.metadata.namespace.clone(), o.metadata.name.clone())
 }
@@ -548,7 +542,7 @@ fn dedup(warnings: Vec<Warning>) -> Vec<Warning> {
 /// rather than changes), with creation times all zero.
 pub fn build(view: &View, inputs: &Inputs<'_>) -> ConfigSet {
     let mut t = Translator::new();
-    t.apply(view.clone().into_changes(), inputs, true, 0);
+    t.apply(view.clone().into_changes(), inputs, true);
     t.set().clone()
 }
 

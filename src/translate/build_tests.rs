@@ -180,7 +180,7 @@ fn incremental_equals_a_fresh_translation_after_every_change() {
     let mut proxied = true;
     let proxies = proxies();
     let mut t = Translator::new();
-    t.apply(cache.take_all(), &inputs(&ingress_sets[which], &proxies), true, 0);
+    t.apply(cache.take_all(), &inputs(&ingress_sets[which], &proxies), true);
 
     let hosts =
         ["web.dc1.consul", "api.dc1.consul", "API.dc1.consul", "x.dc1.consul", "partner.dns", "ghost.dc1.consul"];
@@ -229,7 +229,7 @@ fn incremental_equals_a_fresh_translation_after_every_change() {
         }
         let inputs = inputs_full(&ingress_sets[which], &proxies, proxied, curves, migrate);
         let before = t.set().revision;
-        let changed = t.apply(cache.take_changes(), &inputs, inputs_changed, 0);
+        let changed = t.apply(cache.take_changes(), &inputs, inputs_changed);
         assert_eq!(t.set().revision, before + u64::from(changed), "step {step}: revision grows with changes");
         let fresh = build(&cache.view(), &inputs);
         assert_eq!(seen(t.set()), seen(&fresh), "step {step}: {key} {host}");
@@ -248,7 +248,7 @@ fn an_endpoint_change_touches_only_its_own_endpoints() {
     let ingresses = [ingress(), api_ingress()];
     let inputs = inputs(&ingresses, &[]);
     let mut t = Translator::new();
-    t.apply(cache.take_all(), &inputs, true, 0);
+    t.apply(cache.take_all(), &inputs, true);
     let rev = t.set().revision;
 
     // A routed host without subsets (api) and a plain one change endpoints.
@@ -256,7 +256,7 @@ fn an_endpoint_change_touches_only_its_own_endpoints() {
     sink.update(Update::Upsert(svc("api.dc1.consul", 9090, &["10.0.0.4"], "v1")));
     let changes = cache.take_changes();
     assert_eq!(changes.hosts.len(), 2);
-    assert!(t.apply(changes, &inputs, false, 0));
+    assert!(t.apply(changes, &inputs, false));
     let set = t.set();
     let changed = |type_url: &str| -> Vec<String> {
         let mut names: Vec<String> =
@@ -279,11 +279,11 @@ fn a_subset_host_change_reaches_its_subset_endpoints() {
     let ingresses = [ingress()];
     let inputs = inputs(&ingresses, &[]);
     let mut t = Translator::new();
-    t.apply(cache.take_all(), &inputs, true, 0);
+    t.apply(cache.take_all(), &inputs, true);
     assert!(t.set().envoy[ENDPOINT_TYPE].contains("outbound|8080|v1|web.dc1.consul"));
     let rev = t.set().revision;
     sink.update(Update::Upsert(svc("web.dc1.consul", 8080, &["10.0.0.1", "10.0.0.2"], "v1")));
-    t.apply(cache.take_changes(), &inputs, false, 0);
+    t.apply(cache.take_changes(), &inputs, false);
     let changed = t.set().envoy[ENDPOINT_TYPE].changed_since(rev).expect("logged");
     assert!(changed.iter().any(|n| &**n == "outbound|8080|v1|web.dc1.consul"), "{changed:?}");
 }

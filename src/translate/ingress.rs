@@ -303,6 +303,10 @@ impl Candidate {
 
 #[derive(Default)]
 struct HostRoutes {
+    /// The `creationTimestamp` (seconds) of the first Ingress to route this
+    /// host, the oldest (Ingresses come oldest first); inside, `None` when
+    /// it has none. Set once.
+    created: Option<Option<i64>>,
     routes: Vec<Candidate>,
     /// (type, path) → the Ingress that holds it.
     owners: BTreeMap<(PathKind, String), String>,
@@ -405,6 +409,7 @@ impl Translator<'_> {
         }
         for host in hosts {
             let routes = self.hosts.entry(host.clone()).or_default();
+            routes.created.get_or_insert(ing.created.map(|t| t.as_second()));
             match &routes.app_root {
                 Some((_, _, path)) if path == root => {}
                 Some((owner, _, path)) => self.warnings.push(Warning::new(
@@ -486,6 +491,7 @@ impl Translator<'_> {
         };
         let mirror = self.mirror_of(ing);
         let routes = self.hosts.entry(host.to_owned()).or_default();
+        routes.created.get_or_insert(ing.created.map(|t| t.as_second()));
         if let Some(owner) = routes.owners.get(&key) {
             self.warnings.push(Warning::new(
                 format!("Ingress {}", ing.id),
@@ -542,6 +548,7 @@ impl Translator<'_> {
         }
         for host in hosts {
             let routes = self.hosts.entry(host.clone()).or_default();
+            routes.created.get_or_insert(ing.created.map(|t| t.as_second()));
             if routes.owners.contains_key(&(PathKind::Prefix, "/".to_owned())) {
                 continue;
             }
@@ -705,6 +712,12 @@ impl Translator<'_> {
             }
         }
         let vs_names = object_names(routed.iter().map(String::as_str));
+        // Each VirtualService is as old as its host's oldest Ingress; the
+        // objects every host shares (the Gateway, the DestinationRules) as
+        // the oldest of all (no time counts as oldest, as in the ordering).
+        let created: BTreeMap<&str, Option<i64>> =
+            routed.iter().map(|h| (h.as_str(), self.hosts[h.as_str()].created.flatten())).collect();
+        let oldest = created.values().copied().min().flatten();
         let mut subsets: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for host in &routed {
             let mut routes = std::mem::take(&mut self.hosts.get_mut(host).expect("routed host").routes);
@@ -719,7 +732,9 @@ impl Translator<'_> {
                 gateways: vec![gateway_ref.clone()],
                 http: routes.into_iter().map(|c| c.route).collect(),
             };
-            objects.push(IstioObject::new(&vs_names[host.as_str()], &ns, Spec::VirtualService(spec)));
+            let mut vs = IstioObject::new(&vs_names[host.as_str()], &ns, Spec::VirtualService(spec));
+            vs.metadata.created = created[host.as_str()];
+            objects.push(vs);
         }
 
         // A DestinationRule for each host with subsets or an upstream policy.
@@ -735,7 +750,9 @@ impl Translator<'_> {
                     .map(|n| Subset { name: n.clone(), labels: BTreeMap::from([("version".into(), n.clone())]) })
                     .collect(),
             };
-            objects.push(IstioObject::new(&dr_names[host.as_str()], &ns, Spec::DestinationRule(spec)));
+            let mut dr = IstioObject::new(&dr_names[host.as_str()], &ns, Spec::DestinationRule(spec));
+            dr.metadata.created = oldest;
+            objects.push(dr);
         }
 
         let mut servers = Vec::new();
@@ -764,11 +781,10 @@ impl Translator<'_> {
         }
         if !servers.is_empty() {
             let selector = BTreeMap::from([("higress".to_owned(), format!("{ns}-{}", self.opts.gateway_name))]);
-            objects.push(IstioObject::new(
-                &self.opts.gateway_name,
-                &ns,
-                Spec::Gateway(GatewaySpec { selector, servers }),
-            ));
+            let mut gateway =
+                IstioObject::new(&self.opts.gateway_name, &ns, Spec::Gateway(GatewaySpec { selector, servers }));
+            gateway.metadata.created = oldest;
+            objects.push(gateway);
         }
 
         objects.sort_by(|a, b| {

@@ -232,11 +232,11 @@ fn a_migration_step_touches_only_the_hosts_the_registries_share() {
         a.update(Update::Upsert(s));
     }
     let mut t = crate::translate::Translator::new();
-    t.apply(cache.take_all(), &Inputs::default(), true, 0);
+    t.apply(cache.take_all(), &Inputs::default(), true);
     let rev = t.set().revision;
     let step =
         Inputs { registry_migration: [(old(), m(Some(90), 0)), (new(), m(Some(10), 0))].into(), ..Inputs::default() };
-    assert!(t.apply(cache.take_changes(), &step, true, 0));
+    assert!(t.apply(cache.take_changes(), &step, true));
     let changed = t.set().envoy[ENDPOINT_TYPE].changed_since(rev).expect("logged");
     assert_eq!(changed.iter().map(|n| n.to_string()).collect::<Vec<_>>(), [format!("outbound|8080||{HOST}")]);
     let served = served(t.set(), 8080);

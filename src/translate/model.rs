@@ -41,6 +41,13 @@ pub struct ObjectMeta {
     pub labels: Labels,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// When what the object comes from was created, in Unix seconds: the
+    /// `creationTimestamp` of its oldest Ingress. Its MCP `create_time`
+    /// (istiod lets the oldest of conflicting objects win), the same on
+    /// every replica and across restarts; `None` (a registry's objects, or
+    /// Ingresses without one) is the Unix epoch. Never in the object's body.
+    #[serde(skip)]
+    pub created: Option<i64>,
 }
 
 /// An Istio object: its metadata and its typed spec, which fixes its kind.

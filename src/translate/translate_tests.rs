@@ -340,3 +340,81 @@ spec:
         set.warnings().map(ToString::to_string).collect::<Vec<_>>()
     );
 }
+
+/// `create_time` is the same on every replica and across restarts: a
+/// VirtualService is as old as its host's oldest Ingress, the Gateway as
+/// the oldest of all, a registry's objects the Unix epoch (issue 37).
+#[test]
+fn create_times_come_from_the_sources_not_the_clock() {
+    use meshbridge_proto::istio::mcp::v1alpha1 as mcp;
+    let yaml = r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: newer
+  namespace: shop
+  creationTimestamp: "2025-03-04T05:06:07Z"
+  annotations: {higress.io/destination: web.dc1.consul:8080}
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /new, pathType: Prefix, backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}}
+    - host: only-new.example.com
+      http:
+        paths:
+          - {path: /, pathType: Prefix, backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: older
+  namespace: shop
+  creationTimestamp: "2024-01-02T03:04:05Z"
+  annotations: {higress.io/destination: web.dc1.consul:8080}
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /, pathType: Prefix, backend: {resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}}
+"#;
+    let (older, newer) = (1_704_164_645, 1_741_064_767);
+    let ingresses = crate::config::ingress_docs(yaml);
+    let inputs = higress_inputs(&ingresses);
+    let times = |set: &ConfigSet| -> BTreeMap<String, i64> {
+        set.mcp
+            .values()
+            .flat_map(|t| t.iter())
+            .map(|r| {
+                let res = mcp::Resource::decode(r.body.value()).unwrap();
+                let meta = res.metadata.unwrap();
+                (meta.name, meta.create_time.unwrap().seconds)
+            })
+            .collect()
+    };
+    let set = build(&view(vec![(consul(), web())]), &inputs);
+    let got = times(&set);
+    let vs = |host: &str| {
+        let obj = set.objects("VirtualService").find(|o| o.spec.to_json()["hosts"][0] == host).unwrap();
+        got[&obj.key()]
+    };
+    assert_eq!(vs("shop.example.com"), older, "{got:?}");
+    assert_eq!(vs("only-new.example.com"), newer, "{got:?}");
+    let gateway = set.objects("Gateway").next().unwrap().key();
+    assert_eq!(got[&gateway], older);
+    let entry = set.objects("ServiceEntry").next().unwrap().key();
+    assert_eq!(got[&entry], 0, "a registry's objects: the epoch");
+
+    // Another replica, or a restart: the same resources, byte for byte.
+    let again = build(&view(vec![(consul(), web())]), &inputs);
+    for (collection, resources) in &set.mcp {
+        let other = &again.mcp[collection];
+        for r in resources.iter() {
+            assert_eq!(other.get(&r.name).map(|o| o.body.value()), Some(r.body.value()), "{}", r.name);
+        }
+    }
+}

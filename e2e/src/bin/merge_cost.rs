@@ -57,7 +57,7 @@ fn run(services: usize, instances: usize, shared: bool) {
     let mut t = Translator::new();
     let inputs = Inputs::default();
     let started = Instant::now();
-    t.apply(cache.take_all(), &inputs, true, 0);
+    t.apply(cache.take_all(), &inputs, true);
     let full = started.elapsed();
 
     let mut changes = Vec::new();
@@ -65,7 +65,7 @@ fn run(services: usize, instances: usize, shared: bool) {
         let i = (k * 7919) % services;
         a.update(Update::Upsert(service(i, 1, instances, k + 1)));
         let started = Instant::now();
-        t.apply(cache.take_changes(), &inputs, false, 0);
+        t.apply(cache.take_changes(), &inputs, false);
         changes.push(started.elapsed());
     }
     let (p50, max) = median(changes);
@@ -75,7 +75,7 @@ fn run(services: usize, instances: usize, shared: bool) {
         ..Inputs::default()
     };
     let started = Instant::now();
-    t.apply(cache.take_changes(), &step, true, 0);
+    t.apply(cache.take_changes(), &step, true);
     let migration = started.elapsed();
     let catalog = if shared { "two registries, every host shared" } else { "one registry" };
     println!(
