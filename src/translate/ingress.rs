@@ -187,7 +187,14 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
             }
         };
         let ann = IngressAnnotations::read(&ingress.metadata);
-        t.ignored_annotations += ann.ignored;
+        for key in &ann.ignored {
+            t.ignored_annotations += 1;
+            t.warnings.push(Warning::new(
+                format!("Ingress {id}"),
+                Reason::IgnoredAnnotation,
+                format!("annotation {key} is not implemented; the Ingress is served without it"),
+            ));
+        }
         ours.push(Parsed { id, namespace: doc.namespace.clone(), name: doc.name.clone(), created, ingress, ann });
     }
     // Oldest first, so that the first claim on a path is the one that stands.

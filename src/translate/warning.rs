@@ -30,11 +30,15 @@ pub enum Reason {
     /// A proxy that cannot be used, or a service that cannot go through one:
     /// its services are routed directly.
     ProxyUnusable,
+    /// An Ingress annotation under `higress.io/` or
+    /// `nginx.ingress.kubernetes.io/` that meshbridge does not implement:
+    /// the Ingress is served without it.
+    IgnoredAnnotation,
 }
 
 impl Reason {
     /// Every reason, so metrics can report zeros.
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 11] = [
         Reason::HostConflict,
         Reason::NoPort,
         Reason::EmptyHost,
@@ -45,6 +49,7 @@ impl Reason {
         Reason::NoCluster,
         Reason::Unservable,
         Reason::ProxyUnusable,
+        Reason::IgnoredAnnotation,
     ];
 
     /// The metric label value.
@@ -60,6 +65,7 @@ impl Reason {
             Reason::NoCluster => "no_cluster",
             Reason::Unservable => "unservable",
             Reason::ProxyUnusable => "proxy_unusable",
+            Reason::IgnoredAnnotation => "ignored_annotation",
         }
     }
 }

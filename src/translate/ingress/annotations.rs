@@ -62,8 +62,8 @@ pub struct IngressAnnotations {
     pub upstream: Option<TrafficPolicy>,
     /// Redirects, timeout, retries, header control, upstream-vhost, CORS.
     pub policy: RoutePolicy,
-    /// `higress.io/*` and `nginx.ingress.kubernetes.io/*` keys not understood.
-    pub ignored: u64,
+    /// `higress.io/*` and `nginx.ingress.kubernetes.io/*` keys not understood, in key order.
+    pub ignored: Vec<String>,
     /// Annotations that were understood but whose value was not.
     pub warnings: Vec<String>,
 }
@@ -132,7 +132,7 @@ impl IngressAnnotations {
             canary: None,
             upstream: None,
             policy: RoutePolicy::default(),
-            ignored: 0,
+            ignored: Vec::new(),
             warnings: Vec::new(),
         };
         let mut used: Vec<String> = vec![DESTINATION.to_owned()];
@@ -186,10 +186,13 @@ impl IngressAnnotations {
         out.canary = read_canary(&canary, &mut out.warnings);
         out.policy = policy::read(&mut get, &mut out.warnings);
 
-        out.ignored = meta
+        let mut ignored: Vec<String> = meta
             .annotation_keys()
             .filter(|k| (k.starts_with(HIGRESS) || k.starts_with(NGINX)) && !used.iter().any(|u| u == k))
-            .count() as u64;
+            .map(|k| clip(k).to_string())
+            .collect();
+        ignored.sort();
+        out.ignored = ignored;
         out
     }
 }

@@ -583,7 +583,20 @@ spec:
   ingressClassName: nginx
 "#);
     assert_eq!(t.ignored_annotations, 3, "{t:#?}");
-    assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+    assert!(t.warnings.iter().all(|w| w.reason == Reason::IgnoredAnnotation));
+    let warned: Vec<String> = t.warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        warned,
+        [
+            "Ingress shop/annotated: annotation higress.io/use-regex is not implemented; \
+             the Ingress is served without it",
+            "Ingress shop/annotated: annotation nginx.ingress.kubernetes.io/auth-type is not \
+             implemented; the Ingress is served without it",
+            "Ingress shop/annotated: annotation nginx.ingress.kubernetes.io/proxy-body-size is \
+             not implemented; the Ingress is served without it",
+        ],
+        "one warning per ignored annotation, naming the Ingress and the key; none for other prefixes or Ingresses"
+    );
     let vs = t.objects.iter().find(|o| o.kind() == "VirtualService").expect("a VirtualService");
     assert!(vs.spec.to_json()["http"][0].get("rewrite").is_none(), "an empty rewrite-path rewrites nothing");
 }
