@@ -7,6 +7,11 @@
 //!
 //! What the watcher reads is counted by a relay in front of the registry
 //! that records every request line (`meshbridge_e2e::request_log`).
+//!
+//! Over Nacos gRPC (`nacos2`, on the real Nacos 3.1 server) and Eureka (the
+//! real server), whose reads a relay cannot count, the served set is what
+//! is checked: only the referenced services, a new reference served within
+//! seconds while the others never leave, a dropped one gone.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -15,7 +20,9 @@ use std::time::{Duration, Instant};
 use meshbridge::cache::{Cache, RegistryKey};
 use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::consul::Consul;
-use meshbridge_e2e::nacos::{Instance, Rnacos};
+use meshbridge_e2e::eureka::{EurekaServer, instance};
+use meshbridge_e2e::nacos::{Flavor, Instance, Options, Rnacos};
+use meshbridge_e2e::nacos_server::Target;
 use meshbridge_e2e::request_log::RequestLog;
 use meshbridge_registries::RegistryKind;
 use serde_json::json;
@@ -187,4 +194,66 @@ async fn nacos_reads_and_serves_only_referenced_services() {
     };
     let (took, _) = only_referenced_are_read_and_served(registry, key, hosts, &log, read).await;
     println!("nacos: a newly referenced service served after {took:?}");
+}
+
+/// The served-set half of the scenario, for registries whose reads are not
+/// counted: `hosts[i]` is service `s{i}`'s host.
+async fn only_referenced_are_served(registry_yaml: String, key: RegistryKey, hosts: Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("bridge.yaml"), bridge(&registry_yaml)).unwrap();
+    std::fs::write(dir.path().join("ing-1.yaml"), ingress("one", &hosts[1])).unwrap();
+    std::fs::write(dir.path().join("ing-2.yaml"), ingress("two", &hosts[2])).unwrap();
+    let app = App::start(RunArgs::loopback(dir.path())).await.unwrap();
+    let two = set(&[&hosts[1], &hosts[2]]);
+    wait_served(&app.cache, &key, &two, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(served(&app.cache, &key), two, "only the referenced services are served");
+
+    std::fs::write(dir.path().join("ing-3.yaml"), ingress("three", &hosts[3])).unwrap();
+    let three = set(&[&hosts[1], &hosts[2], &hosts[3]]);
+    let (cache, k, two_kept) = (app.cache.clone(), key.clone(), two.clone());
+    let deadline = Instant::now() + APPEAR_WITHIN + Duration::from_secs(5);
+    loop {
+        let now = served(&cache, &k);
+        assert!(now.is_superset(&two_kept), "a referenced service left while the selection changed: {now:?}");
+        if now == three {
+            break;
+        }
+        assert!(Instant::now() < deadline, "served {now:?}, want {three:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    std::fs::remove_file(dir.path().join("ing-1.yaml")).unwrap();
+    wait_served(&app.cache, &key, &set(&[&hosts[2], &hosts[3]]), Duration::from_secs(15)).await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacos_grpc_serves_only_referenced_services() {
+    let server = Target::start(Flavor::Nacos, Options::default()).await.expect("start the server");
+    for i in 0..SERVICES {
+        server.register(&server.instance(&format!("s{i}"), "127.0.0.1", 9000 + i as u16)).await.unwrap();
+    }
+    let registry = format!(
+        "    - type: nacos2\n      name: local\n      domain: 127.0.0.1\n      port: {}\n      \
+         nacosNamespaceId: {}\n      meshbridgeWatch: {{ mode: referenced }}\n",
+        server.http_port, server.namespace
+    );
+    let hosts: Vec<String> = (0..4).map(|i| server.host(&format!("s{i}"), "DEFAULT_GROUP")).collect();
+    only_referenced_are_served(registry, RegistryKey::new(RegistryKind::Nacos2, "local"), hosts).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eureka_serves_only_referenced_apps() {
+    let eureka = EurekaServer::start().await.expect("start eureka");
+    for i in 0..SERVICES {
+        let app = format!("S{i}");
+        eureka.api.register(instance(&app, &format!("s{i}-1"), "127.0.0.1", 9000 + i as u16, "UP")).await.unwrap();
+    }
+    let registry = format!(
+        "    - type: eureka\n      name: local\n      domain: 127.0.0.1\n      port: {}\n      \
+         meshbridgeWatch: {{ mode: referenced }}\n",
+        eureka.port
+    );
+    let hosts: Vec<String> = (0..4).map(|i| format!("s{i}.eureka")).collect();
+    only_referenced_are_served(registry, RegistryKey::new(RegistryKind::Eureka, "local"), hosts).await;
 }
