@@ -280,6 +280,12 @@ impl ApiServer {
         Ok(seen)
     }
 
+    /// The admin's bearer token (`system:masters`), for a harness that
+    /// calls the API directly rather than through kubectl.
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
+    }
+
     /// The API server's log so far.
     pub fn log(&self) -> String {
         self.apiserver.log()

@@ -111,10 +111,20 @@ impl Meshbridge {
     /// `meshbridge run --config-dir <config_dir>` on free loopback ports,
     /// with `env` added (e.g. `MALLOC_ARENA_MAX`); its output goes to `log`.
     pub async fn start(bin: &Path, config_dir: &Path, log: PathBuf, env: &[(String, String)]) -> anyhow::Result<Self> {
+        Self::start_with(bin, &["--config-dir".into(), config_dir.into()], log, env).await
+    }
+
+    /// `meshbridge run ARGS` (the config source, e.g. `--kube --kubeconfig
+    /// FILE`) on free loopback ports, as [`start`](Self::start).
+    pub async fn start_with(
+        bin: &Path,
+        args: &[std::ffi::OsString],
+        log: PathBuf,
+        env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
         let mut cmd = Command::new(bin);
         cmd.arg("run")
-            .arg("--config-dir")
-            .arg(config_dir)
+            .args(args)
             .args(["--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
             .env("RUST_LOG", log_filter())
             .envs(env.iter().map(|(k, v)| (k, v)));

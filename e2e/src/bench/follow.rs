@@ -1,15 +1,18 @@
 //! In-process ADS clients that follow everything meshbridge serves, the way
 //! Envoy (SotW or delta) or Istio Pilot (MCP over SotW) would: subscribe to
 //! every cluster, then to the endpoints of each, ACK every response, and
-//! count the bytes and the time of each update.
+//! count the bytes and the time of each update. A tracking follower
+//! ([`Follower::start_tracking`]) also keeps, per cluster, how many
+//! endpoints its last ClusterLoadAssignment held and when it arrived.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
     aggregated_discovery_service_client::AggregatedDiscoveryServiceClient,
@@ -57,9 +60,22 @@ pub struct Tally {
     pub last: Option<Instant>,
 }
 
+/// The last ClusterLoadAssignment a tracking follower received for one
+/// cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    /// Its `lb_endpoints`, over every locality.
+    pub endpoints: usize,
+    /// When the response that carried it arrived.
+    pub at: Instant,
+}
+
+type Loads = Arc<Mutex<HashMap<String, Load>>>;
+
 /// One following client; dropping it closes its stream.
 pub struct Follower {
     tally: Arc<Mutex<Tally>>,
+    loads: Option<Loads>,
     task: JoinHandle<()>,
 }
 
@@ -112,8 +128,20 @@ fn sotw_request(type_url: &str, names: &[String], version: &str, nonce: &str) ->
 
 impl Follower {
     pub async fn start(kind: Kind, addr: SocketAddr) -> anyhow::Result<Follower> {
+        Self::start_inner(kind, addr, None).await
+    }
+
+    /// An Envoy-like follower (SotW or delta) that also decodes each
+    /// ClusterLoadAssignment it receives ([`Follower::load`]).
+    pub async fn start_tracking(kind: Kind, addr: SocketAddr) -> anyhow::Result<Follower> {
+        anyhow::ensure!(kind != Kind::Mcp, "an MCP follower receives no ClusterLoadAssignment");
+        Self::start_inner(kind, addr, Some(Loads::default())).await
+    }
+
+    async fn start_inner(kind: Kind, addr: SocketAddr, loads: Option<Loads>) -> anyhow::Result<Follower> {
         let tally = Arc::new(Mutex::new(Tally::default()));
         let t = tally.clone();
+        let l = loads.clone();
         let mut grpc = client(addr).await?;
         let task = match kind {
             Kind::Sotw | Kind::Mcp => {
@@ -121,7 +149,7 @@ impl Follower {
                 let rx = grpc.stream_aggregated_resources(ReceiverStream::new(rx)).await?.into_inner();
                 let stream = Stream { tx, rx };
                 if kind == Kind::Sotw {
-                    tokio::spawn(follow_sotw(stream, t))
+                    tokio::spawn(follow_sotw(stream, t, l))
                 } else {
                     tokio::spawn(follow_mcp(stream, t))
                 }
@@ -129,14 +157,41 @@ impl Follower {
             Kind::Delta => {
                 let (tx, rx) = mpsc::channel(16);
                 let rx = grpc.delta_aggregated_resources(ReceiverStream::new(rx)).await?.into_inner();
-                tokio::spawn(follow_delta(Stream { tx, rx }, t))
+                tokio::spawn(follow_delta(Stream { tx, rx }, t, l))
             }
         };
-        Ok(Follower { tally, task })
+        Ok(Follower { tally, loads, task })
     }
 
     pub fn tally(&self) -> Tally {
         *self.tally.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What a tracking follower last received for `cluster`.
+    pub fn load(&self, cluster: &str) -> Option<Load> {
+        let loads = self.loads.as_ref()?.lock().unwrap_or_else(PoisonError::into_inner);
+        loads.get(cluster).copied()
+    }
+
+    /// Clusters with a ClusterLoadAssignment, and their endpoints in all.
+    pub fn loads_total(&self) -> (usize, usize) {
+        let Some(loads) = &self.loads else { return (0, 0) };
+        let loads = loads.lock().unwrap_or_else(PoisonError::into_inner);
+        (loads.len(), loads.values().map(|l| l.endpoints).sum())
+    }
+}
+
+/// Note each ClusterLoadAssignment of an EDS response that arrived `at`.
+fn track<'a>(loads: &Option<Loads>, at: Instant, assignments: impl Iterator<Item = &'a [u8]>, removed: &[String]) {
+    let Some(loads) = loads else { return };
+    let mut loads = loads.lock().unwrap_or_else(PoisonError::into_inner);
+    for bytes in assignments {
+        let Ok(cla) = ClusterLoadAssignment::decode(bytes) else { continue };
+        let endpoints = cla.endpoints.iter().map(|l| l.lb_endpoints.len()).sum();
+        loads.insert(cla.cluster_name, Load { endpoints, at });
+    }
+    for name in removed {
+        loads.remove(name);
     }
 }
 
@@ -149,13 +204,16 @@ fn record(tally: &Mutex<Tally>, bytes: usize, update: bool) {
     }
 }
 
-async fn follow_sotw(mut s: Sotw, tally: Arc<Mutex<Tally>>) {
+async fn follow_sotw(mut s: Sotw, tally: Arc<Mutex<Tally>>, loads: Option<Loads>) {
     s.send(sotw_request(CLUSTER_TYPE, &[], "", "")).await;
     let mut names: Vec<String> = Vec::new();
     let (mut eds_version, mut eds_nonce) = (String::new(), String::new());
     while let Some(resp) = s.recv().await {
         let is_eds = resp.type_url == ENDPOINT_TYPE;
         record(&tally, resp.encoded_len(), is_eds);
+        if is_eds {
+            track(&loads, Instant::now(), resp.resources.iter().map(|a| a.value.as_slice()), &[]);
+        }
         let ok = if resp.type_url == CLUSTER_TYPE {
             let acked = s.send(sotw_request(CLUSTER_TYPE, &[], &resp.version_info, &resp.nonce)).await;
             let now: Vec<String> = resp
@@ -183,7 +241,7 @@ async fn follow_sotw(mut s: Sotw, tally: Arc<Mutex<Tally>>) {
     }
 }
 
-async fn follow_delta(mut s: Delta, tally: Arc<Mutex<Tally>>) {
+async fn follow_delta(mut s: Delta, tally: Arc<Mutex<Tally>>, loads: Option<Loads>) {
     let subscribe = |type_url: &str, names: Vec<String>| DeltaDiscoveryRequest {
         node: node(),
         type_url: type_url.into(),
@@ -195,6 +253,10 @@ async fn follow_delta(mut s: Delta, tally: Arc<Mutex<Tally>>) {
     while let Some(resp) = s.recv().await {
         let is_eds = resp.type_url == ENDPOINT_TYPE;
         record(&tally, resp.encoded_len(), is_eds);
+        if is_eds {
+            let assignments = resp.resources.iter().filter_map(|r| Some(r.resource.as_ref()?.value.as_slice()));
+            track(&loads, Instant::now(), assignments, &resp.removed_resources);
+        }
         let ack = DeltaDiscoveryRequest {
             type_url: resp.type_url.clone(),
             response_nonce: resp.nonce.clone(),

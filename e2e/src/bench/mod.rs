@@ -12,6 +12,7 @@ pub mod child;
 pub mod consul;
 pub mod follow;
 pub mod inproc;
+pub mod kube;
 pub mod peer;
 pub mod procfs;
 pub mod registry;
