@@ -185,14 +185,14 @@ impl Connections {
 
     /// Wrap a plaintext connection.
     pub fn accept_plain(self: &Arc<Self>, io: TcpStream, limits: &XdsLimits) -> Conn {
-        no_delay(&io);
         let auth = PeerAuth::unverified(io.peer_addr().ok(), false);
         self.accept(Io::Plain(io), auth, limits)
     }
 
-    /// Wrap an accepted connection whose peer authenticated as `auth`.
-    /// (Set [`no_delay`] on its socket first.)
+    /// Wrap an accepted connection whose peer authenticated as `auth`, its
+    /// socket set to [`no_delay`].
     pub fn accept(self: &Arc<Self>, io: Io, auth: PeerAuth, limits: &XdsLimits) -> Conn {
+        no_delay(io.tcp());
         let state = Arc::new(ConnState { streams: AtomicUsize::new(0), last_busy_ms: AtomicU64::new(self.now_ms()) });
         let remote = io.tcp().peer_addr().ok();
         if let Some(peer) = remote {
@@ -455,7 +455,7 @@ pub fn short(s: &str) -> std::borrow::Cow<'_, str> {
 /// in two pieces (a gRPC frame's header and body, or an HTTP/2 frame past
 /// 16 KB) waits for the client's delayed ACK, about 40 ms on Linux, before
 /// its second piece leaves.
-pub fn no_delay(tcp: &TcpStream) {
+fn no_delay(tcp: &TcpStream) {
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(error = %e, "TCP_NODELAY not set");
     }
@@ -464,6 +464,19 @@ pub fn no_delay(tcp: &TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Without `TCP_NODELAY`, a response written in two pieces waited for
+    /// the client's delayed ACK (about 40 ms): every accepted socket has it.
+    #[tokio::test]
+    async fn accepted_connections_send_at_once() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert!(!accepted.nodelay().unwrap(), "off by default: the test would prove nothing");
+        let conn = Arc::new(Connections::default()).accept_plain(accepted, &XdsLimits::default());
+        assert!(conn.io.tcp().nodelay().unwrap());
+    }
 
     #[test]
     fn truncation() {

@@ -253,7 +253,6 @@ pub fn incoming(
                     }
                 },
             };
-            super::limits::no_delay(&tcp);
             let Ok(permit) = handshakes.clone().acquire_owned().await else { return };
             let (acceptor, tx, failures) = (tls.acceptor(), tx.clone(), failures.clone());
             let (connections, limits) = (connections.clone(), limits.clone());
