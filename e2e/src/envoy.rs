@@ -223,8 +223,9 @@ impl Envoy {
         listen_port: u16,
         stats: Stats,
     ) -> anyhow::Result<Envoy> {
-        let admin_port = free_port();
-        let mut yaml = bootstrap(node, xds[0], mode, admin_port, listen_port, listeners);
+        // Port 0: Envoy binds its admin itself and says where (a port picked
+        // free beforehand can be taken by another process before Envoy binds it).
+        let mut yaml = bootstrap(node, xds[0], mode, 0, listen_port, listeners);
         let first = format!("socket_address: {{ address: {}, port_value: {} }}\n", xds[0].ip(), xds[0].port());
         let at = yaml.find(&first).map(|i| i + first.len()).expect("xds endpoint in bootstrap");
         for more in &xds[1..] {
@@ -238,12 +239,13 @@ impl Envoy {
         if stats == Stats::Istio {
             yaml.push_str(ISTIO_STATS);
         }
-        Envoy::start_bootstrap(&yaml, admin_port, listen_port).await
+        Envoy::start_bootstrap(&yaml, 0, listen_port).await
     }
 
     /// Start Envoy on a bootstrap of the caller's (e.g. a deploy/ file with
-    /// its ports replaced) whose admin listens on `admin_port`, and wait
-    /// until it is ready. `listen_port` is where [`Envoy::get`] sends.
+    /// its ports replaced) whose admin listens on `admin_port` (0: a port
+    /// Envoy picks, read from `--admin-address-path`), and wait until it is
+    /// ready. `listen_port` is where [`Envoy::get`] sends.
     pub async fn start_bootstrap(bootstrap: &str, admin_port: u16, listen_port: u16) -> anyhow::Result<Envoy> {
         let bin = binary_from_env("MESHBRIDGE_ENVOY_BIN")?;
         let dir = tempfile::tempdir()?;
@@ -254,11 +256,23 @@ impl Envoy {
             .arg(&config)
             .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"])
             .arg("--log-path")
-            .arg(dir.path().join("envoy.log"));
+            .arg(dir.path().join("envoy.log"))
+            .arg("--admin-address-path")
+            .arg(dir.path().join("admin.address"));
         let guard = ChildGuard::spawn("envoy", cmd, dir.path().join("stdout.log"))?;
         let mut envoy = Envoy { listen_port, admin_port, guard, _dir: dir };
-        let ready = format!("http://127.0.0.1:{admin_port}/ready");
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while envoy.admin_port == 0 {
+            let written = std::fs::read_to_string(envoy._dir.path().join("admin.address")).unwrap_or_default();
+            match written.trim().parse::<SocketAddr>() {
+                Ok(addr) => envoy.admin_port = addr.port(),
+                Err(_) if !envoy.guard.is_running() || std::time::Instant::now() > deadline => {
+                    anyhow::bail!("envoy never wrote its admin address\n{}", envoy.log());
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+        let ready = format!("http://127.0.0.1:{}/ready", envoy.admin_port);
         while wait_for_http(&ready, Duration::from_millis(500)).await.is_err() {
             if !envoy.guard.is_running() || std::time::Instant::now() > deadline {
                 anyhow::bail!("envoy not ready at {ready}\n{}", envoy.log());

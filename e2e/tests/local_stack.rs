@@ -40,14 +40,13 @@ fn replace(text: &str, from: &str, to: &str) -> String {
 
 /// Envoy on a bootstrap from deploy/examples/, as written but for two
 /// addresses: meshbridge's (`{xds_host}:15051`) becomes the in-process one,
-/// and the admin's (`{admin_host}:9901`) a free loopback port.
+/// and the admin's (`{admin_host}:9901`) a loopback port Envoy picks.
 async fn envoy_from(file: &str, xds_host: &str, admin_host: &str, app: &App, gateway_port: u16) -> Envoy {
-    let admin_port = free_port();
     let text = std::fs::read_to_string(repo().join("deploy/examples").join(file)).unwrap();
     let at = |host: &str, port: u16| format!("socket_address: {{ address: {host}, port_value: {port} }}");
     let text = replace(&text, &at(xds_host, 15051), &at("127.0.0.1", app.xds_addr.port()));
-    let text = replace(&text, &at(admin_host, 9901), &at("127.0.0.1", admin_port));
-    Envoy::start_bootstrap(&text, admin_port, gateway_port).await.expect("start envoy")
+    let text = replace(&text, &at(admin_host, 9901), &at("127.0.0.1", 0));
+    Envoy::start_bootstrap(&text, 0, gateway_port).await.expect("start envoy")
 }
 
 /// One demo backend process, registering itself in `registry`.

@@ -108,18 +108,17 @@ async fn wait_for_https(s: &Setup, envoy: &Envoy) -> String {
 /// addresses, the certificate files and meshbridge's name.
 async fn envoy_over_mtls(s: &Setup, xds: SocketAddr, client: &Issued) -> Envoy {
     let text = std::fs::read_to_string(repo().join("deploy/examples/envoy-bootstrap-mtls.yaml")).unwrap();
-    let admin_port = free_port();
     let text = replace(
         &text,
         "socket_address: { address: meshbridge.meshbridge-system.svc, port_value: 15051 }",
         &format!("socket_address: {{ address: {}, port_value: {} }}", xds.ip(), xds.port()),
     );
-    let text = replace(&text, "port_value: 9901", &format!("port_value: {admin_port}"));
+    let text = replace(&text, "port_value: 9901", "port_value: 0");
     let text = replace(&text, "meshbridge.meshbridge-system.svc", XDS_NAME);
     let text = replace(&text, "/etc/envoy/xds/tls.crt", &client.cert.display().to_string());
     let text = replace(&text, "/etc/envoy/xds/tls.key", &client.key.display().to_string());
     let text = replace(&text, "/etc/envoy/xds/ca.crt", &s.pki.ca.cert.display().to_string());
-    Envoy::start_bootstrap(&text, admin_port, s.http_port).await.expect("start envoy")
+    Envoy::start_bootstrap(&text, 0, s.http_port).await.expect("start envoy")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,16 +172,15 @@ async fn plaintext_envoy_from_elsewhere_gets_the_listener_but_no_key() {
     let app = launch(&s, SocketAddr::new(ip, 0), XdsTlsArgs::default()).await;
     // deploy/examples/envoy-bootstrap.yaml, pointed at that address.
     let text = std::fs::read_to_string(repo().join("deploy/examples/envoy-bootstrap.yaml")).unwrap();
-    let admin_port = free_port();
     let text = replace(
         &text,
         "socket_address: { address: 127.0.0.1, port_value: 15051 }",
         &format!("socket_address: {{ address: {ip}, port_value: {} }}", app.xds_addr.port()),
     );
-    let text = replace(&text, "port_value: 9901", &format!("port_value: {admin_port}"));
+    let text = replace(&text, "port_value: 9901", "port_value: 0");
     // Ready once the HTTPS listener gives up waiting for its Secret (SDS
     // initial fetch timeout, 15 s).
-    let envoy = Envoy::start_bootstrap(&text, admin_port, s.http_port).await.expect("start envoy");
+    let envoy = Envoy::start_bootstrap(&text, 0, s.http_port).await.expect("start envoy");
     let snap = app.clients.snapshot();
     assert_eq!((snap[0].auth, snap[0].secrets_withheld), ("plaintext", true), "{snap:?}");
     let listeners = envoy.admin("/listeners").await.unwrap();
