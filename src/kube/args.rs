@@ -128,8 +128,8 @@ pub fn in_cluster() -> bool {
 /// Errors of Kubernetes mode.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
-    /// Neither --kube-api-url, in-cluster config nor KUBECONFIG gave a usable
-    /// API server config.
+    /// Neither --kube-api-url, --kubeconfig, a kubeconfig file nor in-cluster
+    /// config gave a usable API server config.
     #[error("kubernetes client config: {0}")]
     Config(String),
     /// The client could not be built (TLS, proxy settings).
@@ -140,9 +140,10 @@ pub enum KubeError {
     SyncTimeout { resource: &'static str, timeout: Duration },
 }
 
-/// A kube client for `args`: --kube-api-url, else --kubeconfig, else
-/// in-cluster, else KUBECONFIG. TLS is rustls with ring, the binary's one
-/// provider.
+/// A kube client for `args`: --kube-api-url, else --kubeconfig, else what
+/// kube-rs infers (`Config::infer`: KUBECONFIG or `~/.kube/config` if
+/// present, then the pod's service account). TLS is rustls with ring, the
+/// binary's one provider.
 pub async fn client(args: &KubeArgs) -> Result<Client, KubeError> {
     let config = match (&args.kube_api_url, &args.kubeconfig) {
         (Some(url), _) => {
