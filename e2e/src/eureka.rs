@@ -30,6 +30,7 @@ pub struct EurekaServer {
     pub port: u16,
     pub api: EurekaApi,
     jar: PathBuf,
+    jvm: Vec<String>,
     args: Vec<String>,
     guard: ChildGuard,
     dir: TempDir,
@@ -43,11 +44,19 @@ impl EurekaServer {
 
     /// A standalone server with extra `--key=value` Spring properties.
     pub async fn start_with(props: &[&str]) -> anyhow::Result<EurekaServer> {
+        EurekaServer::start_with_jvm(&[], props).await
+    }
+
+    /// [`start_with`](Self::start_with) plus JVM options after the
+    /// harness's own (`-Xmx1024m` wins over its `-Xmx256m`): a bench's
+    /// catalog may need a larger heap than a test's.
+    pub async fn start_with_jvm(jvm: &[&str], props: &[&str]) -> anyhow::Result<EurekaServer> {
         let jar = binary_from_env(JAR_VAR)?;
+        let jvm: Vec<String> = jvm.iter().map(|o| o.to_string()).collect();
         let mut last_err = None;
         for _ in 0..START_ATTEMPTS {
             let port = free_port();
-            let mut server = EurekaServer::spawn(&jar, port, None, props)?;
+            let mut server = EurekaServer::spawn(&jar, port, None, &jvm, props)?;
             match server.wait_ready().await {
                 Ok(()) => return Ok(server),
                 Err(e) => last_err = Some(e.context(format!("eureka log:\n{}", server.log()))),
@@ -66,8 +75,8 @@ impl EurekaServer {
             if pa == pb {
                 continue;
             }
-            let mut a = EurekaServer::spawn(&jar, pa, Some(pb), &[])?;
-            let mut b = EurekaServer::spawn(&jar, pb, Some(pa), &[])?;
+            let mut a = EurekaServer::spawn(&jar, pa, Some(pb), &[], &[])?;
+            let mut b = EurekaServer::spawn(&jar, pb, Some(pa), &[], &[])?;
             let (ra, rb) = tokio::join!(a.wait_ready(), b.wait_ready());
             match (ra, rb) {
                 (Ok(()), Ok(())) => return Ok((a, b)),
@@ -78,18 +87,19 @@ impl EurekaServer {
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("eureka pair did not start")))
     }
 
-    fn spawn(jar: &Path, port: u16, peer: Option<u16>, props: &[&str]) -> anyhow::Result<EurekaServer> {
+    fn spawn(jar: &Path, port: u16, peer: Option<u16>, jvm: &[String], props: &[&str]) -> anyhow::Result<EurekaServer> {
         let dir = tempfile::Builder::new().prefix("meshbridge-eureka-").tempdir()?;
         let mut args = vec![format!("--server.port={port}")];
         if let Some(peer) = peer {
             args.push(format!("--eureka.peers={}", service_url(peer)));
         }
         args.extend(props.iter().map(|p| p.to_string()));
-        let guard = spawn("eureka", jar, dir.path(), &args)?;
+        let guard = spawn("eureka", jar, dir.path(), jvm, &args)?;
         Ok(EurekaServer {
             port,
             api: EurekaApi::new(&format!("127.0.0.1:{port}")),
             jar: jar.to_path_buf(),
+            jvm: jvm.to_vec(),
             args,
             guard,
             dir,
@@ -99,6 +109,11 @@ impl EurekaServer {
     /// `127.0.0.1:port`, as a registry `domain` entry.
     pub fn host_port(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The server's process id while it runs (a bench reads its CPU).
+    pub fn pid(&self) -> Option<u32> {
+        self.guard.id()
     }
 
     /// The server's output so far (its tail).
@@ -117,7 +132,7 @@ impl EurekaServer {
     pub async fn restart_with(&mut self, props: &[&str]) -> anyhow::Result<()> {
         self.guard.kill();
         self.args.extend(props.iter().map(|p| p.to_string()));
-        self.guard = spawn("eureka", &self.jar, self.dir.path(), &self.args)?;
+        self.guard = spawn("eureka", &self.jar, self.dir.path(), &self.jvm, &self.args)?;
         self.wait_until(|status| status.is_some()).await.with_context(|| format!("eureka log:\n{}", self.log()))
     }
 
@@ -170,7 +185,7 @@ impl GreeterApp {
                 format!("--eureka.client.service-url.defaultZone={}", service_url(eureka.port)),
                 format!("--greeter.reply={reply}"),
             ];
-            let guard = spawn("greeter", &jar, dir.path(), &args)?;
+            let guard = spawn("greeter", &jar, dir.path(), &[], &args)?;
             let mut app = GreeterApp { port, guard, _dir: dir };
             match app.wait_ready().await {
                 Ok(()) => return Ok(app),
@@ -204,8 +219,8 @@ fn service_url(port: u16) -> String {
     format!("http://127.0.0.1:{port}/eureka/")
 }
 
-fn spawn(name: &str, jar: &Path, dir: &Path, args: &[String]) -> anyhow::Result<ChildGuard> {
-    let mut cmd = jvm::java_command(jar, dir);
+fn spawn(name: &str, jar: &Path, dir: &Path, jvm_options: &[String], args: &[String]) -> anyhow::Result<ChildGuard> {
+    let mut cmd = jvm::java_command_with(jar, dir, jvm_options);
     cmd.args(args).env_remove("EUREKA_PEERS").env_remove("EUREKA_PORT");
     ChildGuard::spawn(name, cmd, dir.join(format!("{name}.log")))
 }

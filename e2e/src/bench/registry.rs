@@ -108,7 +108,7 @@ pub fn no_pool_client() -> reqwest::Client {
 }
 
 /// Run `job(k)` for every `k` in `0..total`, `concurrency` at a time.
-async fn bounded<F, Fut>(total: usize, concurrency: usize, job: F) -> anyhow::Result<()>
+pub async fn bounded<F, Fut>(total: usize, concurrency: usize, job: F) -> anyhow::Result<()>
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = anyhow::Result<()>> + Send,
