@@ -9,7 +9,7 @@
 //! - a wrong password: `lastError` on `/v1/registries` names the login and
 //!   what to check (Nacos 3.1 answers it `500`, without a reason);
 //! - a user who may read one namespace, pointed at another: `lastError`
-//!   carries Nacos's `403`;
+//!   names the namespace and Nacos's `403`;
 //! - no password in any admin answer or log line (debug level).
 
 use std::future::Future;
@@ -171,7 +171,7 @@ async fn nacos3_auth_login_refresh_and_refusals() {
         assert!(r["ready"] == false && r["endpoints"] == 0, "{r}");
     }
     for name in ["grpc-denied", "http-denied"] {
-        let e = error_of(&app, name, "403").await;
+        let e = error_of(&app, name, "namespace ns-denied: not readable with these credentials): status 403").await;
         println!("FIGURE nacos3_auth lastError registry={name}: {e}");
         assert!(!e.contains("nacos login"), "the login works, the read is refused: {e}");
         let r = registry(&app, name).await;
