@@ -102,7 +102,7 @@ fn protocol(name: &str, app_protocol: Option<&str>) -> Protocol {
 pub fn service_of<'a>(svc: &KubeService, slices: impl IntoIterator<Item = &'a EndpointSlice>) -> Option<Service> {
     let namespace = svc.namespace().unwrap_or_default();
     let spec = svc.spec.as_ref()?;
-    let external = (spec.type_.as_deref() == Some("ExternalName")).then(|| spec.external_name.as_deref());
+    let external = (spec.type_.as_deref() == Some("ExternalName")).then_some(spec.external_name.as_deref());
     let tcp = |p: Option<&String>| p.is_none_or(|p| p == "TCP");
     let ports: Vec<(&str, ServicePort)> = spec
         .ports
