@@ -372,17 +372,19 @@ impl Api {
         Ok((status, resp.text().await.unwrap_or_default()))
     }
 
-    /// A fresh admin token when auth is on (tokens may be short-lived).
+    /// A fresh admin token when auth is on (tokens may be short-lived), from
+    /// the v3 login both servers serve.
     async fn admin_token(&self) -> anyhow::Result<Option<String>> {
         let Some((user, password)) = &self.auth else {
             return Ok(None);
         };
-        let url = format!("{}/nacos/v1/auth/login", self.base);
+        let url = format!("{}/nacos/v3/auth/user/login", self.base);
         let form = [("username", user.as_str()), ("password", password.as_str())];
         let resp = self.http.post(url).form(&form).timeout(Duration::from_secs(5)).send().await?;
         let status = resp.status();
-        let body: serde_json::Value = resp.json().await.context("login answer")?;
-        ensure!(status.is_success(), "login: {status}: {body}");
+        let text = resp.text().await.context("login answer")?;
+        ensure!(status.is_success(), "login: {status}: {text}");
+        let body: serde_json::Value = serde_json::from_str(&text).context("login answer")?;
         let token = body["accessToken"].as_str().context("no accessToken")?;
         Ok(Some(token.to_string()))
     }

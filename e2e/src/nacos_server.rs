@@ -38,6 +38,11 @@ const GRPC_OFFSET: u16 = 1000;
 /// C1 only, serial GC, a small heap: start-up is what the tests pay for.
 const JVM_FLAGS: [&str; 5] = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xms64m", "-Xmx320m", "-Xss512k"];
 const SHARED_PREFIX: &str = "meshbridge-nacos-shared-";
+/// Nacos 3's admin user.
+pub const ADMIN: &str = "nacos";
+/// Nacos reloads its user, role and permission caches 5 s after start,
+/// then every 15 s (`AbstractCachedUserService.reload`).
+const USER_CACHE_WAIT: Duration = Duration::from_secs(40);
 
 /// A Nacos server of the test's own, which it may stop and restart.
 pub struct NacosServer {
@@ -45,6 +50,23 @@ pub struct NacosServer {
     api: Api,
     guard: ChildGuard,
     dir: TempDir,
+    /// The `-D` options it was started with (auth).
+    extra: Vec<String>,
+}
+
+/// Auth settings of a [`NacosServer::start_with_auth`].
+struct Auth {
+    admin_password: String,
+    token_ttl: Duration,
+}
+
+impl Auth {
+    fn options(&self) -> Vec<String> {
+        vec![
+            "-Dnacos.core.auth.enabled=true".into(),
+            format!("-Dnacos.core.auth.plugin.nacos.token.expire.seconds={}", self.token_ttl.as_secs().max(1)),
+        ]
+    }
 }
 
 /// The HTTP calls tests make ([`Api`]).
@@ -58,24 +80,131 @@ impl std::ops::Deref for NacosServer {
 
 impl NacosServer {
     pub async fn start() -> anyhow::Result<NacosServer> {
+        NacosServer::start_as(None).await
+    }
+
+    /// With auth on (`nacos.core.auth.enabled`; the token key and server
+    /// identity are in the jar's properties): tokens live `token_ttl`, and
+    /// the admin `nacos` gets `admin_password` through
+    /// `POST /nacos/v3/auth/user/admin` (Nacos 3 has no default password).
+    /// The returned server's [`Api`] logs in as that admin.
+    ///
+    /// Nacos reads users, roles and permissions from caches it reloads
+    /// every 15 s (`nacos.core.auth.caching.enabled=true`, its default):
+    /// until then a new user's login is refused (`403 Access Denied` on
+    /// v3, `500 Handle API Compatibility failed` on v1). So this returns
+    /// once the admin's login works, 5–20 s after the admin is set.
+    pub async fn start_with_auth(admin_password: &str, token_ttl: Duration) -> anyhow::Result<NacosServer> {
+        let auth = Auth { admin_password: admin_password.to_string(), token_ttl };
+        NacosServer::start_as(Some(auth)).await
+    }
+
+    async fn start_as(auth: Option<Auth>) -> anyhow::Result<NacosServer> {
         let jar = binary_from_env(JAR_VAR)?;
+        let extra = auth.as_ref().map(Auth::options).unwrap_or_default();
         let mut last_err = None;
         for _ in 0..START_ATTEMPTS {
             let Some(http_port) = port_quad() else { continue };
             let dir = tempfile::Builder::new().prefix("meshbridge-nacos-").tempdir()?;
-            let guard = ChildGuard::spawn("nacos", java(&jar, http_port, dir.path(), false), log_path(dir.path()))?;
-            let api = Api::new(Flavor::Nacos, base(http_port), None);
-            let mut server = NacosServer { http_port, api, guard, dir };
+            let cmd = java(&jar, http_port, dir.path(), false, &extra);
+            let guard = ChildGuard::spawn("nacos", cmd, log_path(dir.path()))?;
+            let admin = auth.as_ref().map(|a| (ADMIN.to_string(), a.admin_password.clone()));
+            let api = Api::new(Flavor::Nacos, base(http_port), admin);
+            let mut server = NacosServer { http_port, api, guard, dir, extra: extra.clone() };
             let started = Instant::now();
-            match wait_ready(&server.api, http_port, &mut server.guard).await {
+            let ready = match &auth {
+                Some(a) => server.init_admin(&a.admin_password).await,
+                None => Ok(()),
+            };
+            let ready = match ready {
+                Ok(()) => wait_ready(&server.api, http_port, &mut server.guard).await,
+                Err(e) => Err(e),
+            };
+            match ready {
                 Ok(()) => {
-                    println!("FIGURE nacos_server_start ms={}", started.elapsed().as_millis());
+                    println!("FIGURE nacos_server_start auth={} ms={}", auth.is_some(), started.elapsed().as_millis());
                     return Ok(server);
                 }
                 Err(e) => last_err = Some(e.context(format!("nacos log:\n{}", server.log()))),
             }
         }
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("no four free ports for nacos")))
+    }
+
+    /// Set the admin's password as soon as the HTTP API answers, then wait
+    /// until the admin can log in (the user cache, above).
+    async fn init_admin(&mut self, password: &str) -> anyhow::Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let url = format!("{}/nacos/v3/auth/user/admin", base(self.http_port));
+        let http = reqwest::Client::new();
+        loop {
+            ensure!(self.guard.is_running(), "nacos exited during startup");
+            let sent = http.post(&url).form(&[("password", password)]).timeout(Duration::from_secs(5)).send().await;
+            match sent {
+                Ok(resp) if resp.status().is_success() => break,
+                Ok(resp) => bail!("POST /nacos/v3/auth/user/admin: {}: {}", resp.status(), resp.text().await?),
+                Err(_) => {}
+            }
+            ensure!(Instant::now() < deadline, "nacos HTTP API not up after {READY_TIMEOUT:?}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        self.wait_login(ADMIN, password).await.map(drop)
+    }
+
+    /// Poll `POST /nacos/v3/auth/user/login` until it gives `user` a token
+    /// (a new user shows after Nacos's next cache reload).
+    pub async fn wait_login(&self, user: &str, password: &str) -> anyhow::Result<String> {
+        let deadline = Instant::now() + USER_CACHE_WAIT;
+        loop {
+            let (status, body) = self.login(user, password).await?;
+            if status.is_success() {
+                let answer: serde_json::Value = serde_json::from_str(&body)?;
+                return answer["accessToken"].as_str().map(str::to_string).context("login answer without a token");
+            }
+            ensure!(Instant::now() < deadline, "{user} cannot log in after {USER_CACHE_WAIT:?}: {status}: {body}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// One `POST /nacos/v3/auth/user/login`: the status and body.
+    pub async fn login(&self, user: &str, password: &str) -> anyhow::Result<(reqwest::StatusCode, String)> {
+        let params = [("username", user.to_string()), ("password", password.to_string())];
+        let url = format!("{}/nacos/v3/auth/user/login", base(self.http_port));
+        let resp = reqwest::Client::new().post(url).form(&params).timeout(Duration::from_secs(5)).send().await?;
+        Ok((resp.status(), resp.text().await?))
+    }
+
+    /// A user who may read `namespace` only (a role of its own with an `r`
+    /// permission on `namespace:*:*`); returns once Nacos's caches let it.
+    pub async fn add_reader(&self, user: &str, password: &str, namespace: &str) -> anyhow::Result<()> {
+        let role = format!("{user}-role");
+        let calls = [
+            ("/nacos/v3/auth/user", vec![("username", user.to_string()), ("password", password.to_string())]),
+            ("/nacos/v3/auth/role", vec![("role", role.clone()), ("username", user.to_string())]),
+            (
+                "/nacos/v3/auth/permission",
+                vec![("role", role), ("resource", format!("{namespace}:*:*")), ("action", "r".to_string())],
+            ),
+        ];
+        for (path, params) in calls {
+            self.api.call(reqwest::Method::POST, path, &params).await?;
+        }
+        let token = self.wait_login(user, password).await?;
+        let deadline = Instant::now() + USER_CACHE_WAIT;
+        let params = [("pageNo", "1"), ("pageSize", "1"), ("namespaceId", namespace), ("accessToken", &token)];
+        let url = format!("{}/nacos/v1/ns/service/list", base(self.http_port));
+        loop {
+            let resp = reqwest::Client::new().get(&url).query(&params).send().await?;
+            if resp.status().is_success() {
+                return Ok(());
+            }
+            let (status, body) = (resp.status(), resp.text().await?);
+            ensure!(
+                Instant::now() < deadline,
+                "{user} cannot read {namespace} after {USER_CACHE_WAIT:?}: {status}: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
 
     pub fn grpc_port(&self) -> u16 {
@@ -97,8 +226,8 @@ impl NacosServer {
         let jar = binary_from_env(JAR_VAR)?;
         self.guard.kill();
         std::fs::write(log_path(self.dir.path()), "")?;
-        self.guard =
-            ChildGuard::spawn("nacos", java(&jar, self.http_port, self.dir.path(), false), log_path(self.dir.path()))?;
+        let cmd = java(&jar, self.http_port, self.dir.path(), false, &self.extra);
+        self.guard = ChildGuard::spawn("nacos", cmd, log_path(self.dir.path()))?;
         let started = Instant::now();
         wait_ready(&self.api, self.http_port, &mut self.guard)
             .await
@@ -128,7 +257,7 @@ async fn shared_port() -> anyhow::Result<u16> {
                 let dir = tempfile::Builder::new().prefix(&prefix).tempdir()?.keep();
                 let (spawned_tx, spawned_rx) = std::sync::mpsc::channel();
                 let (kill_tx, kill_rx) = std::sync::mpsc::channel::<()>();
-                let (cmd, log) = (java(&jar, http_port, &dir, true), log_path(&dir));
+                let (cmd, log) = (java(&jar, http_port, &dir, true, &[]), log_path(&dir));
                 // The server's parent thread, which holds its guard: it
                 // ends (and the server with it) on a message, or when the
                 // process does.
@@ -258,7 +387,7 @@ fn port_quad() -> Option<u16> {
     None
 }
 
-fn java(jar: &Path, http_port: u16, home: &Path, die_with_parent: bool) -> Command {
+fn java(jar: &Path, http_port: u16, home: &Path, die_with_parent: bool, extra: &[String]) -> Command {
     let java =
         std::env::var_os("JAVA_HOME").map_or_else(|| PathBuf::from("java"), |h| PathBuf::from(h).join("bin/java"));
     let mut cmd = if die_with_parent {
@@ -280,6 +409,7 @@ fn java(jar: &Path, http_port: u16, home: &Path, die_with_parent: bool) -> Comma
         // used).
         .arg("-Dnacos.server.ip=127.0.0.1")
         .arg("-Dserver.address=127.0.0.1")
+        .args(extra)
         .arg("-jar")
         .arg(jar)
         .current_dir(home);

@@ -70,3 +70,31 @@ impl Probe {
 pub(crate) fn is_auth_error(e: &RegistryError) -> bool {
     matches!(e, RegistryError::Status { status: 401 | 403, .. })
 }
+
+/// A read refused for its credentials, naming the namespace: Nacos lets a
+/// user log in and then refuses every read of a namespace its roles do not
+/// cover (`403 authorization failed!`), so that is the likely cause.
+pub(crate) fn refused_read(e: RegistryError, namespace: &str) -> RegistryError {
+    match e {
+        RegistryError::Status { registry, what, status: status @ (401 | 403) } => RegistryError::Status {
+            registry,
+            what: format!("{what} (namespace {namespace}: not readable with these credentials)"),
+            status,
+        },
+        e => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_read_names_the_namespace_and_stays_an_auth_error() {
+        let status = |status| RegistryError::Status { registry: "n".into(), what: "ServiceList".into(), status };
+        let e = refused_read(status(403), "ns-b");
+        assert_eq!(e.to_string(), "n: ServiceList (namespace ns-b: not readable with these credentials): status 403");
+        assert!(is_auth_error(&e));
+        assert_eq!(refused_read(status(500), "ns-b").to_string(), "n: ServiceList: status 500");
+    }
+}

@@ -10,6 +10,14 @@
 //! sure the token is fresh, a failed login is an error the watcher reports,
 //! and a token the server rejects is dropped so the next call logs in again.
 //!
+//! The login goes where Nacos's own Java client (3.x, `HttpLoginProcessor`)
+//! sends it: `/v3/auth/user/login` first, then `/v1/auth/users/login` when
+//! the server answers 404 or 501 (Nacos 1.x and 2.x have no v3 API). The
+//! path that worked is kept, so refreshes against an old server cost one
+//! call. Nacos 3.1 answers a wrong password on the v3 path `500` (its
+//! `AccessException` has no handler outside the console) and an unknown user
+//! `403`; both are login errors here, whatever the status, never a fallback.
+//!
 //! Secrets leave only in a form body, a sensitive header or a signature.
 //! Errors and logs name the call, never a credential.
 
@@ -25,7 +33,12 @@ use crate::http_error::client_error;
 use crate::spec::{RegistrySpec, Secret};
 use crate::watcher::RegistryError;
 
-const LOGIN_PATH: &str = "/nacos/v1/auth/login";
+/// Nacos 3.x (and rnacos).
+const LOGIN_V3: &str = "/nacos/v3/auth/user/login";
+/// Nacos 1.x and 2.x; Nacos 3.x while `nacos.core.api.compatibility.client.enabled`.
+const LOGIN_V1: &str = "/nacos/v1/auth/users/login";
+/// How a login error starts its `what`: [`is_login_error`] reads it.
+const LOGIN_WHAT: &str = "nacos login";
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Refresh when this share of the token's TTL has passed.
 const REFRESH_AT: f64 = 0.75;
@@ -103,7 +116,12 @@ impl Auth {
 
 /// A refused login (as opposed to a refused token).
 pub(crate) fn is_login_error(e: &RegistryError) -> bool {
-    matches!(e, RegistryError::Status { what, .. } if what.ends_with(LOGIN_PATH))
+    matches!(e, RegistryError::Status { what, .. } if what.starts_with(LOGIN_WHAT))
+}
+
+/// The `what` of a refused login: the call, and what to check.
+fn login_what(path: &str) -> String {
+    format!("{LOGIN_WHAT} (POST {path}; check nacosUsername and nacosPassword)")
 }
 
 fn now_millis() -> u128 {
@@ -126,6 +144,8 @@ struct TokenState {
     refresh_at: Option<Instant>,
     /// Where the next login goes first, rotating over the servers.
     next: usize,
+    /// The server has no v3 login (it answered 404 or 501): use v1.
+    v1: bool,
 }
 
 #[derive(Deserialize)]
@@ -172,43 +192,71 @@ impl Login {
     }
 
     async fn login(&self, server: &str) -> Result<(), RegistryError> {
-        let url = format!("{}://{server}{LOGIN_PATH}", self.scheme);
+        if !self.state().v1 {
+            match self.post(server, LOGIN_V3).await? {
+                Answer::NoSuchPath => {
+                    debug!(server, "no v3 login on this nacos; using v1");
+                    self.state().v1 = true;
+                }
+                Answer::Body(body) => return self.keep(server, LOGIN_V3, &body),
+            }
+        }
+        match self.post(server, LOGIN_V1).await? {
+            Answer::Body(body) => self.keep(server, LOGIN_V1, &body),
+            Answer::NoSuchPath => Err(self.refused(LOGIN_V1, 404)),
+        }
+    }
+
+    /// One login call: the answer's body, or that the path is unknown.
+    async fn post(&self, server: &str, path: &str) -> Result<Answer, RegistryError> {
+        let url = format!("{}://{server}{path}", self.scheme);
         // A form body, not the query string that nacos-sdk uses: URLs end up
         // in access logs.
         let form = [("username", self.username.expose()), ("password", self.password.expose())];
         let req = self.http.post(url).form(&form).timeout(LOGIN_TIMEOUT);
-        let resp = req.send().await.map_err(|e| client_error(&self.registry, "POST", LOGIN_PATH, &e))?;
+        let resp = req.send().await.map_err(|e| client_error(&self.registry, "POST", path, &e))?;
         let status = resp.status();
-        let read_error = |e: &reqwest::Error| client_error(&self.registry, "POST", LOGIN_PATH, e);
-        let body = read_capped(resp, MAX_BODY_BYTES, &self.registry, LOGIN_PATH, read_error).await?;
-        if !status.is_success() {
-            debug!(status = status.as_u16(), "nacos login refused");
-            return Err(RegistryError::Status {
-                registry: self.registry.clone(),
-                what: format!("POST {LOGIN_PATH}"),
-                status: status.as_u16(),
-            });
+        if path == LOGIN_V3 && matches!(status.as_u16(), 404 | 501) {
+            return Ok(Answer::NoSuchPath);
         }
-        let answer: LoginAnswer = serde_json::from_slice(&body).map_err(|e| RegistryError::BadResponse {
+        let read_error = |e: &reqwest::Error| client_error(&self.registry, "POST", path, e);
+        let body = read_capped(resp, MAX_BODY_BYTES, &self.registry, path, read_error).await?;
+        if !status.is_success() {
+            debug!(status = status.as_u16(), path, "nacos login refused");
+            return Err(self.refused(path, status.as_u16()));
+        }
+        Ok(Answer::Body(body))
+    }
+
+    fn refused(&self, path: &str, status: u16) -> RegistryError {
+        RegistryError::Status { registry: self.registry.clone(), what: login_what(path), status }
+    }
+
+    /// Keep the token of a successful login.
+    fn keep(&self, server: &str, path: &str, body: &[u8]) -> Result<(), RegistryError> {
+        let bad = |reason: String| RegistryError::BadResponse {
             registry: self.registry.clone(),
-            what: format!("POST {LOGIN_PATH}"),
-            // serde's message names the field, never the value.
-            reason: e.to_string(),
-        })?;
+            what: format!("POST {path}"),
+            reason,
+        };
+        // serde's message names the field, never the value.
+        let answer: LoginAnswer = serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
         if answer.access_token.is_empty() {
-            return Err(RegistryError::BadResponse {
-                registry: self.registry.clone(),
-                what: format!("POST {LOGIN_PATH}"),
-                reason: "empty accessToken".into(),
-            });
+            return Err(bad("empty accessToken".into()));
         }
         let ttl = Duration::from_secs(u64::try_from(answer.token_ttl).unwrap_or(0));
         let mut st = self.state();
-        info!(server, ttl_s = ttl.as_secs(), "logged in to nacos");
+        info!(server, path, ttl_s = ttl.as_secs(), "logged in to nacos");
         st.token = Some(Secret::new(answer.access_token));
         st.refresh_at = Some(Instant::now() + ttl.mul_f64(REFRESH_AT));
         Ok(())
     }
+}
+
+enum Answer {
+    Body(Vec<u8>),
+    /// 404 or 501 on the v3 path: a server without the v3 API.
+    NoSuchPath,
 }
 
 /// AK/SK signing as Nacos's clients do it for naming calls: `data` is the
@@ -234,6 +282,8 @@ impl Signer {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::spec::RegistryKind;
 
@@ -283,7 +333,75 @@ mod tests {
         let err = auth.ensure(&["127.0.0.1:1".to_string()]).await.unwrap_err();
         assert!(matches!(err, RegistryError::Unreachable { .. }), "{err:?}");
         let text = format!("{err} {err:?}");
-        assert!(text.contains(LOGIN_PATH) && !text.contains("secret-pw-31"), "{text}");
+        assert!(text.contains(LOGIN_V3) && !text.contains("secret-pw-31"), "{text}");
         assert!(auth.token().is_none());
+    }
+
+    /// A one-shot HTTP server: answers each request with the status for its
+    /// path (`paths`), 404 otherwise, and records the paths asked.
+    async fn fake(paths: &'static [(&'static str, u16)]) -> (String, Arc<Mutex<Vec<String>>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = vec![0u8; 4096];
+                let n = conn.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let path = head.split_whitespace().nth(1).unwrap_or_default().to_string();
+                let status = paths.iter().find(|(p, _)| *p == path).map_or(404, |(_, s)| *s);
+                let body = if status == 200 { r#"{"accessToken":"tok-1","tokenTtl":1}"# } else { "{}" };
+                log.lock().unwrap().push(path);
+                let resp =
+                    format!("HTTP/1.1 {status} X\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+                let _ = conn.write_all(resp.as_bytes()).await;
+            }
+        });
+        (addr, seen)
+    }
+
+    fn login_auth() -> Auth {
+        let mut s = spec();
+        s.auth.insert("nacosUsername".into(), Secret::new("u"));
+        s.auth.insert("nacosPassword".into(), Secret::new("secret-pw-31"));
+        Auth::new(&s, reqwest::Client::new()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn login_tries_v3_then_v1_and_keeps_what_worked() {
+        // Nacos 2.x: no v3 API.
+        let (addr, seen) = fake(&[(LOGIN_V1, 200)]).await;
+        let auth = login_auth();
+        auth.ensure(std::slice::from_ref(&addr)).await.unwrap();
+        assert_eq!(auth.token().map(|t| t.expose().to_string()).as_deref(), Some("tok-1"));
+        // The 1 s token is refreshed at 0.75 s: straight to v1.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        auth.ensure(std::slice::from_ref(&addr)).await.unwrap();
+        assert_eq!(*seen.lock().unwrap(), [LOGIN_V3, LOGIN_V1, LOGIN_V1]);
+
+        // Nacos 3.x: v3 only.
+        let (addr, seen) = fake(&[(LOGIN_V3, 200)]).await;
+        let auth = login_auth();
+        auth.ensure(std::slice::from_ref(&addr)).await.unwrap();
+        assert_eq!(*seen.lock().unwrap(), [LOGIN_V3]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_login_is_final_and_says_what_to_check() {
+        // Nacos 3.1 answers a wrong password 500 and an unknown user 403
+        // on v3: neither is a reason to try v1.
+        for status in [500, 403] {
+            let paths: &'static [(&str, u16)] = if status == 500 { &[(LOGIN_V3, 500)] } else { &[(LOGIN_V3, 403)] };
+            let (addr, seen) = fake(paths).await;
+            let auth = login_auth();
+            let err = auth.ensure(std::slice::from_ref(&addr)).await.unwrap_err();
+            assert!(is_login_error(&err), "{err:?}");
+            let text = err.to_string();
+            assert!(text.contains("check nacosUsername and nacosPassword") && text.contains(LOGIN_V3), "{text}");
+            assert!(!format!("{text} {err:?}").contains("secret-pw-31"));
+            assert_eq!(*seen.lock().unwrap(), [LOGIN_V3]);
+        }
     }
 }

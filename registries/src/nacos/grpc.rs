@@ -25,7 +25,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info};
 
-use super::api::{Api, PROBE_PAGE, Probe, is_auth_error};
+use super::api::{Api, PROBE_PAGE, Probe, is_auth_error, refused_read};
 use super::auth::{ACCESS_TOKEN, Auth};
 use super::decode::{Instance, PUBLIC_NAMESPACE, ServiceKey};
 use super::pushed::Pushed;
@@ -198,7 +198,7 @@ impl Shared {
         {
             self.auth.invalidate();
         }
-        result
+        result.map_err(|e| refused_read(e, &self.namespace))
     }
 
     async fn subscribe_on(&self, key: &ServiceKey) -> Result<Vec<Instance>, RegistryError> {

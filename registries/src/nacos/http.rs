@@ -13,7 +13,7 @@ use std::time::Duration;
 use reqwest::header::{AUTHORIZATION, HeaderValue};
 use tracing::debug;
 
-use super::api::{Api, PROBE_PAGE, Probe, is_auth_error};
+use super::api::{Api, PROBE_PAGE, Probe, is_auth_error, refused_read};
 use super::auth::{ACCESS_TOKEN, Auth};
 use super::decode::{Instance, ServiceKey, decode_instance_list, decode_service_list};
 use crate::body::{MAX_BODY_BYTES, read_capped};
@@ -135,11 +135,12 @@ impl HttpApi {
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
             debug!(path, status = status.as_u16(), body = %text.trim(), "nacos error answer");
-            return Err(RegistryError::Status {
+            let e = RegistryError::Status {
                 registry: self.registry.clone(),
                 what: format!("GET {path}"),
                 status: status.as_u16(),
-            });
+            };
+            return Err(refused_read(e, &self.namespace_id));
         }
         Ok(body)
     }
