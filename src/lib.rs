@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod cache;
+pub mod check;
 pub mod config;
 pub mod dump;
 pub mod kube;

@@ -145,6 +145,19 @@ fn translate(
     opts: &PublishOptions,
     inputs_changed: bool,
 ) -> bool {
+    let inputs = inputs(desired, opts);
+    let hosts = changes.hosts.len();
+    let changed = t.apply(changes, &inputs, inputs_changed);
+    if changed {
+        let set = t.set();
+        debug!(revision = set.revision, hosts, warnings = set.warnings.len(), "published");
+    }
+    changed
+}
+
+/// What translation takes from a [`Desired`] and the options: the same for
+/// the server and for `meshbridge check`.
+pub(crate) fn inputs<'a>(desired: &'a Desired, opts: &PublishOptions) -> Inputs<'a> {
     let registry_proxies = desired
         .registries
         .iter()
@@ -162,7 +175,7 @@ fn translate(
         .filter(|r| r.migration != Migration::default())
         .map(|r| (RegistryKey::new(r.kind, r.name.clone()), r.migration))
         .collect();
-    let inputs = Inputs {
+    Inputs {
         ingresses: &desired.ingresses,
         tls_secrets: &desired.tls_secrets,
         ingress: opts.ingress.clone(),
@@ -171,12 +184,51 @@ fn translate(
         registry_proxies,
         registry_ecdh_curves,
         registry_migration,
-    };
-    let hosts = changes.hosts.len();
-    let changed = t.apply(changes, &inputs, inputs_changed);
-    if changed {
-        let set = t.set();
-        debug!(revision = set.revision, hosts, warnings = set.warnings.len(), "published");
     }
-    changed
+}
+
+/// How Ingresses are read and what the standalone Envoy gateway listens on.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewayArgs {
+    /// Only Ingresses of this class count; an empty value means all.
+    #[arg(long, env = "MESHBRIDGE_INGRESS_CLASS", default_value = crate::translate::ingress::DEFAULT_INGRESS_CLASS)]
+    pub ingress_class: String,
+    /// Ports of the HTTP listeners served to Envoy over LDS (comma list).
+    #[arg(long, env = "MESHBRIDGE_GATEWAY_HTTP_PORT", default_value = "80", value_delimiter = ',')]
+    pub gateway_http_port: Vec<u16>,
+    /// Port of the HTTPS listener, made when an Ingress TLS Secret is present.
+    #[arg(long, env = "MESHBRIDGE_GATEWAY_HTTPS_PORT", default_value_t = 443)]
+    pub gateway_https_port: u16,
+    /// Namespace and name of the Istio Gateway that Ingresses are bound to.
+    #[arg(long, env = "MESHBRIDGE_GATEWAY_NAMESPACE", default_value = "higress-system")]
+    pub gateway_namespace: String,
+    #[arg(long, env = "MESHBRIDGE_GATEWAY_NAME", default_value = "higress-gateway")]
+    pub gateway_name: String,
+}
+
+impl Default for GatewayArgs {
+    fn default() -> Self {
+        GatewayArgs {
+            ingress_class: crate::translate::ingress::DEFAULT_INGRESS_CLASS.into(),
+            gateway_http_port: vec![80],
+            gateway_https_port: 443,
+            gateway_namespace: "higress-system".into(),
+            gateway_name: "higress-gateway".into(),
+        }
+    }
+}
+
+impl GatewayArgs {
+    pub(crate) fn publish_options(&self) -> PublishOptions {
+        PublishOptions {
+            ingress: IngressOptions {
+                ingress_class: Some(self.ingress_class.clone()),
+                gateway_namespace: self.gateway_namespace.clone(),
+                gateway_name: self.gateway_name.clone(),
+                known_secrets: Default::default(),
+                service_hosts: Default::default(),
+            },
+            gateway: GatewayOptions { http_ports: self.gateway_http_port.clone(), https_port: self.gateway_https_port },
+        }
+    }
 }

@@ -21,10 +21,9 @@ use crate::dump::{Dumper, StateDir};
 use crate::kube::{KubeArgs, KubeSource, SourceOptions};
 use crate::lifecycle::LifecycleArgs;
 use crate::metrics::Metrics;
-use crate::publish::{PublishOptions, Published};
+pub use crate::publish::GatewayArgs;
+use crate::publish::Published;
 use crate::time::parse_duration;
-use crate::translate::gateway::GatewayOptions;
-use crate::translate::ingress::IngressOptions;
 use crate::xds::{AdsServer, Clients, XdsLimits, XdsTls};
 
 #[derive(Debug, Parser)]
@@ -46,6 +45,9 @@ pub enum LogFormat {
 pub enum Command {
     /// Watch the registries described by a config source and serve xDS.
     Run(RunCommand),
+    /// Validate config offline (directories, YAML files, or `-` for stdin)
+    /// and print its errors and warnings, as `/v1/config` would list them.
+    Check(crate::check::CheckCommand),
 }
 
 /// `meshbridge run`: what [`App::start_with`] takes.
@@ -63,52 +65,6 @@ pub struct RunCommand {
     pub xds: XdsLimits,
     #[command(flatten)]
     pub kube: KubeArgs,
-}
-
-/// How Ingresses are read and what the standalone Envoy gateway listens on.
-#[derive(Debug, Clone, clap::Args)]
-pub struct GatewayArgs {
-    /// Only Ingresses of this class count; an empty value means all.
-    #[arg(long, env = "MESHBRIDGE_INGRESS_CLASS", default_value = crate::translate::ingress::DEFAULT_INGRESS_CLASS)]
-    pub ingress_class: String,
-    /// Ports of the HTTP listeners served to Envoy over LDS (comma list).
-    #[arg(long, env = "MESHBRIDGE_GATEWAY_HTTP_PORT", default_value = "80", value_delimiter = ',')]
-    pub gateway_http_port: Vec<u16>,
-    /// Port of the HTTPS listener, made when an Ingress TLS Secret is present.
-    #[arg(long, env = "MESHBRIDGE_GATEWAY_HTTPS_PORT", default_value_t = 443)]
-    pub gateway_https_port: u16,
-    /// Namespace and name of the Istio Gateway that Ingresses are bound to.
-    #[arg(long, env = "MESHBRIDGE_GATEWAY_NAMESPACE", default_value = "higress-system")]
-    pub gateway_namespace: String,
-    #[arg(long, env = "MESHBRIDGE_GATEWAY_NAME", default_value = "higress-gateway")]
-    pub gateway_name: String,
-}
-
-impl Default for GatewayArgs {
-    fn default() -> Self {
-        GatewayArgs {
-            ingress_class: crate::translate::ingress::DEFAULT_INGRESS_CLASS.into(),
-            gateway_http_port: vec![80],
-            gateway_https_port: 443,
-            gateway_namespace: "higress-system".into(),
-            gateway_name: "higress-gateway".into(),
-        }
-    }
-}
-
-impl GatewayArgs {
-    fn publish_options(&self) -> PublishOptions {
-        PublishOptions {
-            ingress: IngressOptions {
-                ingress_class: Some(self.ingress_class.clone()),
-                gateway_namespace: self.gateway_namespace.clone(),
-                gateway_name: self.gateway_name.clone(),
-                known_secrets: Default::default(),
-                service_hosts: Default::default(),
-            },
-            gateway: GatewayOptions { http_ports: self.gateway_http_port.clone(), https_port: self.gateway_https_port },
-        }
-    }
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -241,7 +197,10 @@ fn parse_secret(s: &str) -> Result<Secret, std::convert::Infallible> {
 
 pub async fn main(cli: Cli) -> anyhow::Result<()> {
     init_tracing(cli.log_format);
-    let Command::Run(cmd) = cli.command;
+    let cmd = match cli.command {
+        Command::Run(cmd) => cmd,
+        Command::Check(check) => std::process::exit(crate::check::main(&check)),
+    };
     let args = &cmd.args;
     let source = match &args.config_dir {
         Some(dir) => format!("config from {}", dir.display()),
@@ -557,7 +516,7 @@ mod tests {
         let file = path.to_str().unwrap();
         let cli =
             Cli::try_parse_from(["meshbridge", "run", "--config-dir", "/tmp", "--admin-token-file", file]).unwrap();
-        let Command::Run(run) = &cli.command;
+        let Command::Run(run) = &cli.command else { panic!("not run") };
         assert_eq!(run.admin.token().unwrap().as_ref().map(Secret::expose), Some("tok-file-71c4"));
         assert_eq!(run.admin.limits().max_connections, 128);
 
@@ -576,7 +535,7 @@ mod tests {
     fn admin_token_is_never_shown() {
         let cli =
             Cli::try_parse_from(["meshbridge", "run", "--config-dir", "/tmp", "--admin-token", "tok-93c2"]).unwrap();
-        let Command::Run(run) = &cli.command;
+        let Command::Run(run) = &cli.command else { panic!("not run") };
         assert_eq!(run.admin.admin_token.as_ref().map(Secret::expose), Some("tok-93c2"));
         assert!(!format!("{cli:?}").contains("tok-93c2"));
     }

@@ -65,3 +65,84 @@ fn min_refresh_interval_flag_is_parsed_and_logged() {
     let out = stderr_until(&["--min-refresh-interval", "500ms"], "refresh-interval floor");
     assert!(out.contains("min_refresh_interval=500ms"), "{out}");
 }
+
+/// `meshbridge check ARGS` with `stdin`: (exit code, stdout).
+fn check(args: &[&str], stdin: &str) -> (i32, String) {
+    use std::io::Write;
+    // Offline and short-lived: it exits on its own once stdin is closed.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_meshbridge"))
+        .arg("check")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("MESHBRIDGE_INGRESS_CLASS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start meshbridge check");
+    // A check that does not read stdin may exit first: a broken pipe is fine.
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.stderr.is_empty(), "check writes to stdout only: {}", String::from_utf8_lossy(&out.stderr));
+    (out.status.code().expect("exited"), String::from_utf8(out.stdout).unwrap())
+}
+
+/// Every example config directory passes, as CI and the quick start run it.
+#[test]
+fn check_passes_the_examples() {
+    let mut dirs: Vec<String> = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.is_dir() && std::fs::read_dir(p).unwrap().any(|f| f.unwrap().path().extension() == Some("yaml".as_ref()))
+        })
+        .map(|p| p.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap().display().to_string())
+        .collect();
+    dirs.sort();
+    assert!(dirs.len() >= 4, "{dirs:?}");
+    let args: Vec<&str> = dirs.iter().map(String::as_str).collect();
+    let (code, out) = check(&args, "");
+    assert_eq!(code, 0, "{out}");
+    for dir in &dirs {
+        assert!(out.contains(&format!("{dir}: ")), "{dir} not reported:\n{out}");
+    }
+    assert!(out.lines().all(|l| !l.trim_start().starts_with("error")), "{out}");
+}
+
+#[test]
+fn check_exits_non_zero_on_errors_and_with_strict_on_warnings() {
+    let bridge = |fields: &str| {
+        format!(
+            "apiVersion: networking.higress.io/v1\nkind: McpBridge\nmetadata: {{name: default, namespace: higress-system}}\n\
+             spec:\n  registries:\n  - {{type: consul, name: consul, domain: 127.0.0.1, {fields}}}\n"
+        )
+    };
+    let (code, out) = check(&["-"], &bridge("port: 8500"));
+    assert_eq!((code, out.as_str()), (0, "-: 1 McpBridge, 0 Ingresses, 0 Secrets; 0 errors, 0 warnings\n"));
+
+    let (code, out) = check(&["-"], &bridge("port: 0"));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("error: McpBridge higress-system/default: spec.registries[0].port"), "{out}");
+
+    let warned = bridge("port: 8500, registryTls: {enabled: false}");
+    let (code, out) = check(&["-"], &warned);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(
+            "warning [pruned_by_higress_crd]: McpBridge higress-system/default: spec.registries[0].registryTls"
+        ),
+        "{out}"
+    );
+    let (code, _) = check(&["--strict", "-"], &warned);
+    assert_eq!(code, 1);
+
+    let (code, out) = check(&["--output", "json", "-"], &warned);
+    assert_eq!(code, 0);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(json["warnings"], 1, "{json}");
+    assert_eq!(json["sources"][0]["warnings"][0]["reason"], "pruned_by_higress_crd", "{json}");
+
+    let (code, out) = check(&["no/such/dir"], "");
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("error: no/such/dir: "), "{out}");
+}

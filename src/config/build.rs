@@ -62,6 +62,12 @@ impl Builder {
     /// Build from documents in source order ("later" in duplicate errors
     /// means later in this order).
     pub fn build<'a>(&mut self, docs: impl IntoIterator<Item = &'a Document>) -> Desired {
+        self.build_reporting(docs).desired
+    }
+
+    /// As [`Builder::build`], keeping the warnings it logged beside the
+    /// result (`meshbridge check` prints them).
+    pub(crate) fn build_reporting<'a>(&mut self, docs: impl IntoIterator<Item = &'a Document>) -> Built {
         let mut built = self.build_full(docs);
         for r in built.desired.registries.iter_mut().filter(|r| r.kind == RegistryKind::Consul) {
             r.consul_max_conns = r.consul_max_conns.or(self.consul_max_conns);
@@ -72,7 +78,7 @@ impl Builder {
         for w in &built.warnings {
             warn!(warning = %w, "config");
         }
-        built.desired
+        built
     }
 
     pub(crate) fn build_full<'a>(&mut self, docs: impl IntoIterator<Item = &'a Document>) -> Built {

@@ -299,6 +299,16 @@ impl Scanner {
     }
 }
 
+/// Read a directory once, as [`DirSource`] reads it at start, into a
+/// [`ConfigState`] (`meshbridge check`). Errors only if the directory
+/// cannot be listed; a bad file is in the state's errors.
+pub fn load_once(dir: &Path) -> Result<ConfigState, ConfigError> {
+    let mut scanner = Scanner::new(dir.to_owned(), MAX_FILE_BYTES, ConfigState::new());
+    let files = scanner.scan()?;
+    apply(&mut scanner.state, files);
+    Ok(scanner.state)
+}
+
 /// Make `state` match a fresh scan. Returns whether anything changed.
 fn apply(state: &mut ConfigState, files: Vec<(String, FileRead)>) -> bool {
     let gone: Vec<String> =

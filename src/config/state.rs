@@ -15,6 +15,9 @@ pub struct ConfigState {
     files: BTreeMap<String, FileState>,
     source_error: Option<String>,
     builder: Builder,
+    /// The warnings of the last [`ConfigState::desired`]: unknown or
+    /// ignored fields, clamped values (logged, not errors).
+    warnings: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -66,6 +69,17 @@ impl ConfigState {
         changed
     }
 
+    /// The warnings of the last [`ConfigState::desired`], each naming its
+    /// object and field.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// The documents in force, file by file (duplicates included).
+    pub fn documents(&self) -> impl Iterator<Item = &Document> {
+        self.files.values().flat_map(|f| f.good.iter().flatten())
+    }
+
     /// Forget `file` and its documents. Returns whether it was known.
     pub fn remove_file(&mut self, file: &str) -> bool {
         self.files.remove(file).is_some()
@@ -111,7 +125,9 @@ impl ConfigState {
                 }
             }
         }
-        let mut desired = self.builder.build(docs);
+        let built = self.builder.build_reporting(docs);
+        self.warnings = built.warnings;
+        let mut desired = built.desired;
         desired.errors.splice(0..0, duplicates);
         desired.files = self
             .files

@@ -44,6 +44,17 @@ pub enum CrdFields {
     Pruned(Vec<String>),
 }
 
+/// What Higress's own McpBridge CRD prunes of the fields meshbridge reads
+/// (a test derives it from that CRD's schema): `meshbridge check` warns of
+/// each one it finds.
+pub const HIGRESS_CRD_PRUNES: [&str; 5] = [
+    "spec.registries[].nacosTimeout",
+    "spec.registries[].ecdhCurves",
+    "spec.registries[].meshbridgeWatch",
+    "spec.registries[].meshbridgeMigration",
+    "spec.registries[].registryTls",
+];
+
 /// The name of the McpBridge CRD.
 pub fn crd_name() -> String {
     format!("{MCPBRIDGE_PLURAL}.{MCPBRIDGE_GROUP}")

@@ -173,7 +173,7 @@ fn kube_flags_parse_and_exclude_the_config_dir() {
         "20s",
     ])
     .unwrap();
-    let Command::Run(run) = cli.command;
+    let Command::Run(run) = cli.command else { panic!("not run") };
     assert!(run.kube.kube && run.kube.all_mcpbridges);
     assert_eq!(run.kube.watch_namespace.as_deref(), Some("apps"));
     assert_eq!(run.kube.leader_elect, Some(true));
@@ -347,6 +347,8 @@ fn higress_crd_prunes_what_meshbridge_adds() {
             "spec.registries[].registryTls",
         ]
     );
+    // What `meshbridge check` warns of.
+    assert_eq!(pruned, super::HIGRESS_CRD_PRUNES);
 }
 
 #[test]

@@ -38,7 +38,7 @@ pub use args::{
     DEFAULT_MCPBRIDGE, KubeArgs, KubeError, MCPBRIDGE_GROUP, MCPBRIDGE_KIND, MCPBRIDGE_PLURAL, MCPBRIDGE_VERSION,
     SourceOptions, client, in_cluster,
 };
-pub use crd::{CrdFields, crd_name, pruned_fields};
+pub use crd::{CrdFields, HIGRESS_CRD_PRUNES, crd_name, pruned_fields};
 pub use leader::{LeaderConfig, LeaderElector};
 pub use status::{BridgeStatus, FIELD_MANAGER, bridge_status, with_fields_condition};
 pub use watch::{Observed, ObservedBridge};

@@ -1,0 +1,289 @@
+//! `meshbridge check`: validate config offline, as `nginx -t` does.
+//!
+//! Each argument (a config directory, one YAML file, or `-` for stdin) is
+//! read and built exactly as the server reads it ([`crate::config`]), then
+//! translated with no registry contents ([`crate::translate`]). What it
+//! prints are the server's own errors and warnings, as `/v1/config` lists
+//! them, plus one warning per field that Higress's McpBridge CRD would prune.
+//!
+//! Offline, the registries' services are unknown, so a route to a registry
+//! service cannot be told from a route to nothing: those `no_cluster`
+//! warnings are left to the running server (`/v1/config`).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use clap::ValueEnum;
+use serde::Serialize;
+
+use crate::cache::Changes;
+use crate::config::{ConfigState, Document, MAX_FILE_BYTES};
+use crate::publish::GatewayArgs;
+use crate::translate::{Reason, Translator, Warning};
+
+/// Exit status: nothing wrong (or only warnings without `--strict`).
+pub const EXIT_OK: i32 = 0;
+/// Exit status: errors, or warnings under `--strict`.
+pub const EXIT_PROBLEMS: i32 = 1;
+/// Exit status: an argument could not be read at all.
+pub const EXIT_UNREADABLE: i32 = 2;
+
+/// `meshbridge check`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CheckCommand {
+    /// Config directories (`*.yaml` and `*.yml` in each, as --config-dir
+    /// reads them), YAML files, or `-` for standard input. Each is checked
+    /// on its own.
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// Exit non-zero on warnings too.
+    #[arg(long)]
+    pub strict: bool,
+    /// `text` for people, `json` for pipelines.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+    /// The objects are for Kubernetes mode (`--kube`), where Service
+    /// backends are read from the cluster: do not warn that a config
+    /// directory cannot reach them.
+    #[arg(long, env = "MESHBRIDGE_KUBE")]
+    pub kube: bool,
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+/// What one argument holds and what is wrong with it.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// The argument as given.
+    pub path: String,
+    /// Objects read, by kind.
+    pub mcp_bridges: usize,
+    pub ingresses: usize,
+    pub secrets: usize,
+    /// Valid registries and proxies.
+    pub registries: usize,
+    pub proxies: usize,
+    /// Problems that leave something out, each naming its object and field.
+    pub errors: Vec<String>,
+    /// Problems that do not (unknown fields, ignored annotations, pruned
+    /// fields, routes that answer 503).
+    pub warnings: Vec<Problem>,
+}
+
+/// One warning, shaped as `/v1/config` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    pub object: String,
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+impl Report {
+    fn failed(&self, strict: bool) -> bool {
+        !self.errors.is_empty() || (strict && !self.warnings.is_empty())
+    }
+}
+
+/// Why an argument could not be checked at all.
+#[derive(Debug, thiserror::Error)]
+pub enum Unreadable {
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{path}: larger than {max} bytes")]
+    TooLarge { path: String, max: u64 },
+    #[error("{path}: not valid UTF-8")]
+    NotUtf8 { path: String },
+    #[error("{0}")]
+    Config(crate::config::ConfigError),
+}
+
+/// Run the command: print the reports and return the exit status.
+pub fn main(cmd: &CheckCommand) -> i32 {
+    let mut reports = Vec::new();
+    let mut unreadable = Vec::new();
+    for path in &cmd.paths {
+        match check_path(path, cmd) {
+            Ok(r) => reports.push(r),
+            Err(e) => unreadable.push(e.to_string()),
+        }
+    }
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let written = match cmd.output {
+        Output::Json => write_json(&mut out, &reports, &unreadable),
+        Output::Text => write_text(&mut out, &reports, &unreadable),
+    };
+    if let Err(e) = written.and_then(|()| out.flush()) {
+        eprintln!("meshbridge check: writing the report: {e}");
+        return EXIT_UNREADABLE;
+    }
+    if !unreadable.is_empty() {
+        EXIT_UNREADABLE
+    } else if reports.iter().any(|r| r.failed(cmd.strict)) {
+        EXIT_PROBLEMS
+    } else {
+        EXIT_OK
+    }
+}
+
+/// Check one argument.
+pub fn check_path(path: &Path, cmd: &CheckCommand) -> Result<Report, Unreadable> {
+    let shown = path.display().to_string();
+    let state = if path == Path::new("-") {
+        let text = read_capped(std::io::stdin().lock(), "<stdin>")?;
+        let mut state = ConfigState::new();
+        state.set_file("<stdin>", text);
+        state
+    } else if path.is_dir() {
+        crate::config::load_once(path).map_err(Unreadable::Config)?
+    } else {
+        let file = std::fs::File::open(path).map_err(|source| Unreadable::Io { path: shown.clone(), source })?;
+        let text = read_capped(file, &shown)?;
+        let mut state = ConfigState::new();
+        state.set_file(&shown, text);
+        state
+    };
+    Ok(check_state(shown, state, cmd))
+}
+
+fn read_capped(r: impl Read, path: &str) -> Result<String, Unreadable> {
+    let mut bytes = Vec::new();
+    r.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| Unreadable::Io { path: path.to_owned(), source })?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(Unreadable::TooLarge { path: path.to_owned(), max: MAX_FILE_BYTES });
+    }
+    String::from_utf8(bytes).map_err(|_| Unreadable::NotUtf8 { path: path.to_owned() })
+}
+
+/// Build and translate what `state` holds, and report on it.
+pub fn check_state(path: String, mut state: ConfigState, cmd: &CheckCommand) -> Report {
+    let desired = state.desired();
+    let mut report = Report {
+        path,
+        ingresses: desired.ingresses.len(),
+        registries: desired.registries.len(),
+        proxies: desired.proxies.len(),
+        errors: desired.errors.clone(),
+        ..Report::default()
+    };
+    report.warnings.extend(state.warnings().iter().map(|w| config_warning(w)));
+    for doc in state.documents() {
+        match doc {
+            Document::McpBridge(b) => {
+                report.mcp_bridges += 1;
+                report.warnings.extend(pruned_by_higress(b));
+            }
+            Document::Secret(_) => report.secrets += 1,
+            Document::Ingress(_) => {}
+        }
+    }
+    let opts = cmd.gateway.publish_options();
+    let inputs = crate::publish::inputs(&desired, &opts);
+    let mut translator = Translator::new();
+    translator.apply(Changes::default(), &inputs, true);
+    let translated = translator.set().warnings.values().flat_map(|ws| ws.iter());
+    report.warnings.extend(translated.filter(|w| offline_knowable(w, cmd.kube)).map(|w| Problem {
+        object: w.object.clone(),
+        reason: w.reason.as_str(),
+        detail: w.detail.clone(),
+    }));
+    report
+}
+
+/// A config warning (`McpBridge ns/name: field: why`) in `/v1/config`'s
+/// shape.
+fn config_warning(w: &str) -> Problem {
+    let (object, detail) = match w.split_once(": ") {
+        Some((object, detail)) => (object.to_owned(), detail.to_owned()),
+        None => (String::new(), w.to_owned()),
+    };
+    Problem { object, reason: "config", detail }
+}
+
+/// Whether a translation warning holds whatever the registries hold.
+/// `no_cluster` for a host no registry has yet is left out (offline, every
+/// registry service is such a host), and so is a Kubernetes Service in
+/// Kubernetes mode, where its endpoints are read from the cluster.
+fn offline_knowable(w: &Warning, kube: bool) -> bool {
+    if w.reason != Reason::NoCluster {
+        return true;
+    }
+    let registry_dependent = w.detail.contains("(not a registry service)");
+    let kube_service = w.detail.contains("is a Kubernetes Service the standalone gateway has no endpoints for");
+    !(registry_dependent || (kube && kube_service))
+}
+
+/// One warning per field of `bridge` that Higress's McpBridge CRD prunes:
+/// in a cluster where that CRD is installed, the API server drops it.
+fn pruned_by_higress(bridge: &crate::config::McpBridgeDoc) -> Vec<Problem> {
+    let mut found = Vec::new();
+    for (list, entries) in [("registries", &bridge.registries), ("proxies", &bridge.proxies)] {
+        for (i, entry) in entries.iter().enumerate() {
+            for path in crate::kube::HIGRESS_CRD_PRUNES {
+                let Some(field) = path.strip_prefix(&format!("spec.{list}[].")) else { continue };
+                if entry.0.get(field).is_some() {
+                    found.push(Problem {
+                        object: format!("McpBridge {}", bridge.id()),
+                        reason: "pruned_by_higress_crd",
+                        detail: format!(
+                            "spec.{list}[{i}].{field}: Higress's McpBridge CRD prunes this field, so the API server \
+                             drops it where that CRD is installed; install meshbridge's \
+                             (deploy/kubernetes/crd-mcpbridge.yaml) to keep it"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    found
+}
+
+fn write_text(out: &mut impl Write, reports: &[Report], unreadable: &[String]) -> std::io::Result<()> {
+    for e in unreadable {
+        writeln!(out, "error: {e}")?;
+    }
+    for r in reports {
+        let plural = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        writeln!(
+            out,
+            "{}: {}, {}, {}; {}, {}",
+            r.path,
+            plural(r.mcp_bridges, "McpBridge", "McpBridges"),
+            plural(r.ingresses, "Ingress", "Ingresses"),
+            plural(r.secrets, "Secret", "Secrets"),
+            plural(r.errors.len(), "error", "errors"),
+            plural(r.warnings.len(), "warning", "warnings"),
+        )?;
+        for e in &r.errors {
+            writeln!(out, "  error: {e}")?;
+        }
+        for w in &r.warnings {
+            writeln!(out, "  warning [{}]: {}: {}", w.reason, w.object, w.detail)?;
+        }
+    }
+    Ok(())
+}
+
+fn write_json(out: &mut impl Write, reports: &[Report], unreadable: &[String]) -> std::io::Result<()> {
+    let doc = serde_json::json!({
+        "errors": reports.iter().map(|r| r.errors.len()).sum::<usize>() + unreadable.len(),
+        "warnings": reports.iter().map(|r| r.warnings.len()).sum::<usize>(),
+        "unreadable": unreadable,
+        "sources": reports,
+    });
+    serde_json::to_writer_pretty(&mut *out, &doc)?;
+    writeln!(out)
+}
+
+#[cfg(test)]
+#[path = "check_tests.rs"]
+mod tests;
