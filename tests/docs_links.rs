@@ -265,33 +265,14 @@ fn every_docs_page_is_in_the_summary() {
     assert!(missing.is_empty(), "pages under docs/src that SUMMARY.md does not list: {missing:?}");
 }
 
-/// The long flags clap declares in `src/`: `long = "name"`, or a bare
-/// `long` on the field that follows (`config_dir` → `config-dir`).
+/// Every long flag of every subcommand, and the global ones, as clap
+/// declares them.
 fn declared_flags() -> BTreeSet<String> {
-    let mut files = Vec::new();
-    collect(&root().join("src"), "rs", &mut files);
+    let cli = <meshbridge::run::Cli as clap::CommandFactory>::command();
     let mut flags = BTreeSet::from(["help".to_string(), "version".to_string()]);
-    for file in files {
-        let text = fs::read_to_string(&file).expect("read a source file");
-        let mut rest = text.as_str();
-        while let Some(at) = rest.find("#[arg(") {
-            rest = &rest[at + 6..];
-            let end = rest.find(")]").unwrap_or(rest.len());
-            let attr = &rest[..end];
-            if let Some(named) = attr.split("long = \"").nth(1) {
-                flags.insert(named.split('"').next().unwrap_or("").to_string());
-            } else if attr.split(|c: char| !c.is_alphanumeric() && c != '_').any(|w| w == "long") {
-                // The field: the next `name:` after the attribute.
-                let field = rest[end..]
-                    .lines()
-                    .skip(1)
-                    .map(str::trim)
-                    .find(|l| !l.starts_with("#[") && !l.starts_with("//") && l.contains(':'))
-                    .and_then(|l| l.trim_start_matches("pub ").split(':').next())
-                    .unwrap_or("");
-                flags.insert(field.trim().replace('_', "-"));
-            }
-        }
+    let commands = std::iter::once(&cli).chain(cli.get_subcommands());
+    for command in commands {
+        flags.extend(command.get_arguments().filter_map(|a| a.get_long()).map(str::to_owned));
     }
     flags
 }
@@ -349,12 +330,71 @@ fn every_flag_shown_exists_and_every_flag_is_documented() {
         }
     }
     assert!(unknown.is_empty(), "flags the docs show that no clap definition declares:\n{}", unknown.join("\n"));
+}
 
-    let reference = fs::read_to_string(root.join("docs/src/reference/run-flags.md")).expect("the flag reference");
-    let shown: BTreeSet<String> = flags_in(&reference).into_iter().collect();
-    let undocumented: Vec<&String> =
-        declared.iter().filter(|f| !shown.contains(*f) && !["help", "version"].contains(&f.as_str())).collect();
-    assert!(undocumented.is_empty(), "run flags missing from docs/src/reference/run-flags.md: {undocumented:?}");
+/// Each subcommand's reference page: a table row per flag, whose
+/// environment and default cells are what clap declares.
+const REFERENCE_PAGES: [(&str, &str); 2] =
+    [("run", "docs/src/reference/run-flags.md"), ("check", "docs/src/reference/check.md")];
+
+/// The cells of the table row that documents `--flag`: the first row whose
+/// first cell starts `` `--flag`` followed by a space, `` ` `` or `[`.
+fn flag_row<'p>(page: &'p str, flag: &str) -> Option<Vec<&'p str>> {
+    let start = format!("| `--{flag}");
+    page.lines()
+        .find(|l| l.strip_prefix(&start).is_some_and(|rest| rest.starts_with([' ', '`', '['])))
+        .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
+}
+
+/// Every flag of `run` and `check` (and the global ones, on the `run`
+/// page) has a row on its reference page, and the row's environment
+/// variable and default are clap's: a changed default or a renamed
+/// variable fails here.
+#[test]
+fn flag_reference_pages_match_clap() {
+    let mut cli = <meshbridge::run::Cli as clap::CommandFactory>::command();
+    // Building fills in implied defaults (`false` for a switch).
+    cli.build();
+    let mut problems = Vec::new();
+    for (name, file) in REFERENCE_PAGES {
+        let page = fs::read_to_string(root().join(file)).expect("a reference page");
+        let command = cli.find_subcommand(name).unwrap_or_else(|| panic!("no subcommand {name}"));
+        // Built, each subcommand holds the global flags too: they are
+        // documented on the `run` page.
+        let args = command.get_arguments().filter(|a| name == "run" || !a.is_global_set());
+        for arg in args {
+            let Some(flag) = arg.get_long() else { continue };
+            if ["help", "version"].contains(&flag) || arg.is_hide_set() {
+                continue;
+            }
+            let Some(row) = flag_row(&page, flag) else {
+                problems.push(format!("{file}: no row for --{flag}"));
+                continue;
+            };
+            let [_, env, default, ..] = row[..] else {
+                problems.push(format!("{file}: the row of --{flag} has fewer than four cells"));
+                continue;
+            };
+            let want_env = arg.get_env().map(|e| format!("`{}`", e.to_string_lossy())).unwrap_or("—".into());
+            if env != want_env {
+                problems.push(format!("{file}: --{flag}: environment {env}, clap says {want_env}"));
+            }
+            let defaults: Vec<String> =
+                arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
+            // A flag that takes no value defaults to off; clap says "false".
+            let want_default = match defaults.join(",").as_str() {
+                "" => None,
+                "false" if !arg.get_action().takes_values() => Some("off".to_owned()),
+                d => Some(format!("`{d}`")),
+            };
+            if let Some(want) = want_default
+                && !default.starts_with(&want)
+            {
+                problems.push(format!("{file}: --{flag}: default {default:?}, clap says {want}"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "the flag reference differs from clap:\n{}", problems.join("\n"));
 }
 
 /// The string literals of a `const NAME: &[&str] = &[...]` in a source file.
@@ -393,4 +433,59 @@ fn slugs_follow_github() {
     assert_eq!(p.anchors, BTreeSet::from(["a".to_string(), "a-1".to_string()]));
     assert_eq!(link_targets("see [x](a.md#b) and `[y](nope.md)` [z]( c.md )"), ["a.md#b", "c.md"]);
     assert_eq!(flags_in("run --config-dir D [--drain 5s] a--b"), ["config-dir", "drain"]);
+}
+
+/// The type the reference gives a field, as the CRD's schema names it.
+fn schema_type(cell: &str) -> Option<&'static str> {
+    let cell = cell.trim();
+    [
+        ("string", "string"),
+        ("integer", "integer"),
+        ("int64", "integer"),
+        ("list of", "array"),
+        ("boolean", "boolean"),
+        ("`{", "object"),
+    ]
+    .into_iter()
+    .find(|(prefix, _)| cell.starts_with(prefix))
+    .map(|(_, t)| t)
+}
+
+/// The McpBridge reference gives each `spec.registries[]` and
+/// `spec.proxies[]` field the type our CRD declares.
+#[test]
+fn mcpbridge_reference_types_match_the_crd() {
+    let crd: serde_json::Value =
+        serde_saphyr::from_str(&fs::read_to_string(root().join("deploy/kubernetes/crd-mcpbridge.yaml")).unwrap())
+            .expect("the CRD parses");
+    let v1 = crd["spec"]["versions"].as_array().unwrap().iter().find(|v| v["name"] == "v1").expect("v1");
+    let spec = &v1["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    let page = fs::read_to_string(root().join("docs/src/reference/mcpbridge.md")).unwrap();
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for (list, heading) in [("registries", "## `spec.registries[]`"), ("proxies", "## `spec.proxies[]`")] {
+        let section = page.split(heading).nth(1).expect("the section").split("\n## ").next().unwrap();
+        // The section's first table is its fields'.
+        let rows = section.lines().skip_while(|l| !l.starts_with("| field")).skip(2).take_while(|l| l.starts_with('|'));
+        let properties = &spec[list]["items"]["properties"];
+        for row in rows {
+            let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
+            let Some(&ty) = cells.get(2) else { continue };
+            for field in cells[0].split(", ").map(|f| f.trim_matches('`')) {
+                let Some(declared) = properties[field]["type"].as_str() else {
+                    problems.push(format!("spec.{list}[].{field}: in the reference, not in the CRD"));
+                    continue;
+                };
+                checked += 1;
+                match schema_type(ty) {
+                    Some(t) if t == declared => {}
+                    documented => problems.push(format!(
+                        "spec.{list}[].{field}: the reference says {ty:?} ({documented:?}), the CRD says {declared}"
+                    )),
+                }
+            }
+        }
+    }
+    assert!(checked >= 30, "only {checked} fields checked: has the reference's layout changed?");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
