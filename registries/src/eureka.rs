@@ -53,7 +53,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use self::client::{APPS, Client, DELTA};
+use self::client::{APPS, Client, Delta};
 use self::decode::{Naming, Registry};
 use crate::model::Service;
 use crate::repair::RepairKind;
@@ -269,7 +269,11 @@ impl EurekaWatcher {
         read: Option<Registry>,
     ) -> Result<(), Vec<RegistryError>> {
         let started = Instant::now();
-        let (answered_by, delta) = match self.client.fetch(DELTA).await {
+        // The anti-entropy round judges its read by the delta: decode it
+        // whatever it is. Otherwise a delta byte for byte the last one
+        // applied changes nothing, and is not decoded at all.
+        let last = if read.is_none() { st.last_delta } else { None };
+        let (answered_by, delta) = match self.client.fetch_delta(last).await {
             Ok(answer) => answer,
             Err(errors) => {
                 debug!(errors = errors.len(), "delta failed; trying a full fetch");
@@ -284,10 +288,13 @@ impl EurekaWatcher {
             info!(server = %self.client.servers()[answered_by], "another server answered; full fetch");
             return self.full(st, sink).await;
         }
-        if read.is_none() && st.last_delta == Some(delta.digest) {
-            debug!("the same delta as the last one applied");
-            return Ok(());
-        }
+        let delta = match delta {
+            Delta::Same => {
+                debug!("the same delta as the last one applied");
+                return Ok(());
+            }
+            Delta::New(delta) => delta,
+        };
         // Applied in place: if the hashcode then disagrees, a full fetch
         // replaces the copy anyway.
         let changed = st.registry.apply_delta(&delta.instances);

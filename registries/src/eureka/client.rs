@@ -38,6 +38,19 @@ const MAX_STREAM_BYTES: usize = 1 << 30;
 const ERROR_BODY_BYTES: usize = 64 << 10;
 /// Chunks between the reader and the decoder.
 const CHUNKS_IN_FLIGHT: usize = 8;
+/// A delta up to this size is held while its digest is taken, then
+/// decoded from memory if it is new. A larger one is only hashed as it
+/// streams by, and fetched again to be decoded if it is new: after a mass
+/// registration the server answers the whole catalog as the delta, the
+/// same bytes for up to three minutes, and decoding it again every poll
+/// was nearly all the watcher's CPU.
+const HELD_DELTA_BYTES: usize = 1 << 20;
+
+/// A delta, or word that it is byte for byte the one last applied.
+pub(crate) enum Delta {
+    Same,
+    New(Applications),
+}
 
 pub(crate) struct Client {
     http: reqwest::Client,
@@ -104,19 +117,93 @@ impl Client {
         Err(errors)
     }
 
-    async fn get(&self, index: usize, path: &str) -> Result<Applications, RegistryError> {
+    /// GET the delta, failing over as [`Client::fetch`] does. When its
+    /// digest is `last`, it is not decoded ([`Delta::Same`]).
+    pub async fn fetch_delta(&mut self, last: Option<u64>) -> Result<(usize, Delta), Vec<RegistryError>> {
+        let mut errors = Vec::new();
+        for step in 0..self.servers.len() {
+            let index = (self.current + step) % self.servers.len();
+            match self.get_delta(index, last).await {
+                Ok(delta) => {
+                    if index != self.current {
+                        warn!(from = %self.servers[self.current], to = %self.servers[index], "failed over");
+                        self.current = index;
+                    }
+                    return Ok((index, delta));
+                }
+                Err(e) => {
+                    warn!(server = %self.servers[index], error = %e, kind = e.kind(), "eureka call failed");
+                    errors.push(e);
+                }
+            }
+        }
+        Err(errors)
+    }
+
+    async fn get_delta(&self, index: usize, last: Option<u64>) -> Result<Delta, RegistryError> {
+        let Some(last) = last else { return self.get(index, DELTA).await.map(Delta::New) };
+        let (what, mut resp) = self.send(index, DELTA).await?;
+        let read_error = |e: &reqwest::Error| request_error(&self.registry, "GET", &what, e);
+        if resp.content_length().unwrap_or(0) > MAX_STREAM_BYTES as u64 {
+            return Err(too_large(&self.registry, &what, MAX_STREAM_BYTES));
+        }
+        let mut digest = DefaultHasher::new();
+        let mut held = Some(Vec::new());
+        let mut read = 0usize;
+        while let Some(chunk) = resp.chunk().await.map_err(|e| read_error(&e))? {
+            read += chunk.len();
+            if read > MAX_STREAM_BYTES {
+                return Err(too_large(&self.registry, &what, MAX_STREAM_BYTES));
+            }
+            digest.write(&chunk);
+            if read > HELD_DELTA_BYTES {
+                held = None;
+            } else if let Some(held) = &mut held {
+                held.extend_from_slice(&chunk);
+            }
+        }
+        if digest.finish() == last {
+            return Ok(Delta::Same);
+        }
+        match held {
+            Some(body) => {
+                let digest = digest.finish();
+                let decoded = tokio::task::spawn_blocking(move || decode_reader(body.as_slice(), || digest))
+                    .await
+                    .map_err(|e| bad_response(&self.registry, &what, format!("decoder stopped: {e}")))?;
+                decoded.map(Delta::New).map_err(|e| bad_response(&self.registry, &what, e.to_string()))
+            }
+            // Too large to have held: read it again, decoding as it streams.
+            None => {
+                debug!(bytes = read, "a new large delta; reading it again to decode it");
+                self.get(index, DELTA).await.map(Delta::New)
+            }
+        }
+    }
+
+    async fn send(&self, index: usize, path: &str) -> Result<(String, reqwest::Response), RegistryError> {
         let what = format!("{}{path}", self.servers[index]);
         let resp = self.http.get(&what).send().await.map_err(|e| request_error(&self.registry, "GET", &what, &e))?;
         let status = resp.status();
-        let read_error = |e: &reqwest::Error| request_error(&self.registry, "GET", &what, e);
         if !status.is_success() {
+            let read_error = |e: &reqwest::Error| request_error(&self.registry, "GET", &what, e);
             let body = read_capped(resp, ERROR_BODY_BYTES, &self.registry, &what, read_error).await?;
             let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
             debug!(what, status = status.as_u16(), body = %text.trim(), "eureka error answer");
             return Err(RegistryError::Status { registry: self.registry.clone(), what, status: status.as_u16() });
         }
+        Ok((what, resp))
+    }
+
+    async fn get(&self, index: usize, path: &str) -> Result<Applications, RegistryError> {
+        let (what, resp) = self.send(index, path).await?;
+        let read_error = |e: &reqwest::Error| request_error(&self.registry, "GET", &what, e);
         decode_streamed(resp, MAX_STREAM_BYTES, &self.registry, &what, read_error).await
     }
+}
+
+fn bad_response(registry: &str, what: &str, reason: String) -> RegistryError {
+    RegistryError::BadResponse { registry: registry.to_string(), what: what.to_string(), reason }
 }
 
 /// Decode `resp`'s body as it arrives, on a blocking thread fed chunk by
@@ -313,6 +400,78 @@ mod tests {
         broken.truncate(body.len() / 2);
         let url = serve_once(broken, 777).await;
         assert!(matches!(fetch(&url, body.len()).await, Err(RegistryError::BadResponse { .. })));
+    }
+
+    /// A server on loopback that answers every request with `body` (a
+    /// declared length), counting the requests.
+    async fn serve_always(body: Vec<u8>) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let served = count.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let body = body.clone();
+                let served = served.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        let Ok(n) = sock.read(&mut buf).await else { return };
+                        if n == 0 {
+                            return;
+                        }
+                        head.extend_from_slice(&buf[..n]);
+                        while let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                            head.drain(..end + 4);
+                            served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            let mut out = format!(
+                                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                                body.len()
+                            )
+                            .into_bytes();
+                            out.extend_from_slice(&body);
+                            if sock.write_all(&out).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (port, count)
+    }
+
+    /// A delta byte for byte the last one applied is not decoded: a small
+    /// one is held and hashed, a large one (the whole catalog, after a mass
+    /// registration) hashed as it streams by and read again only when new.
+    #[tokio::test]
+    async fn a_repeated_delta_is_recognised_before_it_is_decoded() {
+        for (apps, requests_when_new) in [(5, 1), (8_000, 2)] {
+            let body = answer(apps);
+            assert_eq!(body.len() > HELD_DELTA_BYTES, requests_when_new == 2, "{} bytes", body.len());
+            let (port, served) = serve_always(body.clone()).await;
+            let spec = RegistrySpec::new(crate::RegistryKind::Eureka, "e", "127.0.0.1", port);
+            let mut client = Client::new(&spec).unwrap();
+            let whole = super::super::decode::decode_apps(&body).unwrap();
+
+            let Ok((0, Delta::New(first))) = client.fetch_delta(None).await else { panic!("no first delta") };
+            assert_eq!((first.instances.len(), first.digest), (apps, whole.digest));
+            assert_eq!(served.swap(0, std::sync::atomic::Ordering::SeqCst), 1);
+
+            let Ok((0, Delta::Same)) = client.fetch_delta(Some(whole.digest)).await else {
+                panic!("the same bytes were not recognised")
+            };
+            assert_eq!(served.swap(0, std::sync::atomic::Ordering::SeqCst), 1);
+
+            let Ok((0, Delta::New(again))) = client.fetch_delta(Some(whole.digest ^ 1)).await else {
+                panic!("a new delta was not decoded")
+            };
+            assert_eq!(again.instances, whole.instances);
+            assert_eq!(again.digest, whole.digest);
+            assert_eq!(served.swap(0, std::sync::atomic::Ordering::SeqCst), requests_when_new, "{apps} apps");
+        }
     }
 
     #[test]
