@@ -135,6 +135,12 @@ pub fn main(cmd: &CheckCommand) -> i32 {
 
 /// Check one argument.
 pub fn check_path(path: &Path, cmd: &CheckCommand) -> Result<Report, Unreadable> {
+    let state = load(path)?;
+    Ok(check_state(path.display().to_string(), state, cmd))
+}
+
+/// Read one argument (a directory, a file or `-`) as the server would.
+pub fn load(path: &Path) -> Result<ConfigState, Unreadable> {
     let shown = path.display().to_string();
     let state = if path == Path::new("-") {
         let text = read_capped(std::io::stdin().lock(), "<stdin>")?;
@@ -150,7 +156,7 @@ pub fn check_path(path: &Path, cmd: &CheckCommand) -> Result<Report, Unreadable>
         state.set_file(&shown, text);
         state
     };
-    Ok(check_state(shown, state, cmd))
+    Ok(state)
 }
 
 fn read_capped(r: impl Read, path: &str) -> Result<String, Unreadable> {

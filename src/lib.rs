@@ -24,6 +24,7 @@ pub mod staleness;
 pub mod startup;
 pub mod time;
 pub mod translate;
+pub mod translate_cli;
 pub mod watchers;
 pub mod xds;
 

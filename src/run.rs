@@ -44,10 +44,13 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Watch the registries described by a config source and serve xDS.
-    Run(RunCommand),
+    Run(Box<RunCommand>),
     /// Validate config offline (directories, YAML files, or `-` for stdin)
     /// and print its errors and warnings, as `/v1/config` would list them.
     Check(crate::check::CheckCommand),
+    /// Print the Istio objects meshbridge would send istiod for a config
+    /// and, optionally, a --state-dir snapshot of the registries.
+    Translate(crate::translate_cli::TranslateCommand),
 }
 
 /// `meshbridge run`: what [`App::start_with`] takes.
@@ -198,8 +201,9 @@ fn parse_secret(s: &str) -> Result<Secret, std::convert::Infallible> {
 pub async fn main(cli: Cli) -> anyhow::Result<()> {
     init_tracing(cli.log_format);
     let cmd = match cli.command {
-        Command::Run(cmd) => cmd,
+        Command::Run(cmd) => *cmd,
         Command::Check(check) => std::process::exit(crate::check::main(&check)),
+        Command::Translate(t) => std::process::exit(crate::translate_cli::main(&t)),
     };
     let args = &cmd.args;
     let source = match &args.config_dir {

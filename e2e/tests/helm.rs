@@ -43,7 +43,7 @@ fn parse_args(container: &Value) -> KubeArgs {
     let args = container["args"].as_array().expect("args").iter().map(|a| a.as_str().unwrap().to_owned());
     let cli = Cli::try_parse_from(std::iter::once("meshbridge".to_owned()).chain(args))
         .unwrap_or_else(|e| panic!("meshbridge refuses the chart's args {}: {e}", container["args"]));
-    let Command::Run(run) = cli.command;
+    let Command::Run(run) = cli.command else { panic!("not run") };
     run.kube
 }
 
