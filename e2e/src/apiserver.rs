@@ -280,6 +280,23 @@ impl ApiServer {
         Ok(seen)
     }
 
+    /// Every request `user` made on a Secret, allowed or not, from the
+    /// audit log: `verb namespace/name` (no name for a list or watch).
+    pub fn secrets_read_by(&self, user: &str) -> anyhow::Result<std::collections::BTreeSet<String>> {
+        let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();
+        let mut seen = std::collections::BTreeSet::new();
+        for line in text.lines() {
+            let event: serde_json::Value = serde_json::from_str(line)?;
+            let o = &event["objectRef"];
+            if event["user"]["username"] != user || o["resource"] != "secrets" {
+                continue;
+            }
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+            seen.insert(format!("{} {}/{}", text(&event["verb"]), text(&o["namespace"]), text(&o["name"])));
+        }
+        Ok(seen)
+    }
+
     /// The admin's bearer token (`system:masters`), for a harness that
     /// calls the API directly rather than through kubectl.
     pub fn admin_token(&self) -> &str {

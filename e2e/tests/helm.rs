@@ -162,6 +162,10 @@ async fn helm_values_land_where_they_should() {
                 "McpBridge mesh-config/default",
                 "Role mesh-config/mesh",
                 "RoleBinding mesh-config/mesh",
+                "Role apps/mesh-secrets",
+                "RoleBinding apps/mesh-secrets",
+                "Role shop/mesh-secrets",
+                "RoleBinding shop/mesh-secrets",
                 "Service meshbridge-system/mesh",
                 "ServiceAccount meshbridge-system/mesh-sa",
             ]
@@ -169,6 +173,12 @@ async fn helm_values_land_where_they_should() {
         ),
         "no Secret (existingSecret), no PodDisruptionBudget, no NetworkPolicy"
     );
+    // Secrets: `get` only, in the namespaces named, never cluster-wide.
+    for role in rendered.iter().filter(|o| o["kind"] == "Role" && o["metadata"]["name"] == "mesh-secrets") {
+        assert_eq!(role["rules"], json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]));
+    }
+    let cluster_role = rendered.iter().find(|o| o["kind"] == "ClusterRole").unwrap();
+    assert!(!cluster_role["rules"].to_string().contains("secrets"), "{cluster_role}");
     let deployment = find(&rendered, "Deployment");
     let pod = &deployment["spec"]["template"];
     let c = container(deployment);
@@ -221,11 +231,9 @@ async fn helm_values_land_where_they_should() {
     let ports: Vec<_> =
         service["spec"]["ports"].as_array().unwrap().iter().map(|p| (&p["port"], &p["targetPort"])).collect();
     assert_eq!(ports, [(&json!(15010), &json!("grpc-xds")), (&json!(9888), &json!("http-admin"))]);
-    for kind in ["ClusterRoleBinding", "RoleBinding"] {
-        assert_eq!(
-            find(&rendered, kind)["subjects"],
-            json!([{"kind": "ServiceAccount", "name": "mesh-sa", "namespace": NS}])
-        );
+    let bindings = rendered.iter().filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding");
+    for binding in bindings {
+        assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": "mesh-sa", "namespace": NS}]));
     }
     let bridge = find(&rendered, "McpBridge");
     assert_eq!(bridge["spec"]["registries"][1]["domain"], "10.0.0.1:80,10.0.0.2:80");

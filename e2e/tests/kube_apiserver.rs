@@ -44,6 +44,8 @@ fn kube_args(identity: &str) -> KubeArgs {
         leader_retry_period: Duration::from_millis(300),
         status_interval: Duration::from_millis(300),
         kube_sync_timeout: Duration::from_secs(30),
+        // A rotated Secret is seen within this.
+        secret_resync_interval: Duration::from_secs(1),
         ..KubeArgs::default()
     }
 }
@@ -163,9 +165,13 @@ async fn meshbridge_runs_as_the_shipped_service_account() {
     api.install_shipped().await.unwrap();
     for (allowed, args) in [
         (true, &["watch", "ingresses.networking.k8s.io", "--all-namespaces"][..]),
-        (false, &["get", "secrets", "-n", NS]),
+        (true, &["get", "secrets", "-n", NS]),
         (true, &["list", "ingressclasses.networking.k8s.io"]),
-        (true, &["list", "secrets", "--all-namespaces"]),
+        // Secrets are read by name, in the McpBridges' namespace only.
+        (false, &["list", "secrets", "--all-namespaces"]),
+        (false, &["list", "secrets", "-n", NS]),
+        (false, &["watch", "secrets", "-n", NS]),
+        (false, &["get", "secrets", "-n", "default"]),
         (true, &["patch", "mcpbridges.networking.higress.io", "-n", NS]),
         (true, &["patch", "mcpbridges.networking.higress.io", "--subresource=status", "-n", NS]),
         (true, &["update", "leases.coordination.k8s.io", "-n", NS]),
@@ -192,6 +198,10 @@ async fn meshbridge_runs_as_the_shipped_service_account() {
     api.apply(&bridge(json!([static_registry("kb-a", "10.0.0.1:80,10.0.0.2:80"), proxied]), json!([proxy])))
         .await
         .unwrap();
+    // A Secret nothing references, beside the ones that will be: never read.
+    let unrelated = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kb-unrelated", "namespace": NS},
+                           "stringData": {"consulToken": "not-yours"}});
+    api.apply(&unrelated.to_string()).await.unwrap();
     let kubeconfig = api.service_account_kubeconfig("meshbridge-system", "meshbridge").await.unwrap();
     let app = start(&kubeconfig, kube_args("replica-1")).await;
 
@@ -340,6 +350,12 @@ async fn meshbridge_runs_as_the_shipped_service_account() {
     // No more than enough: every verb the shipped Roles grant is one
     // meshbridge used, by the API server's audit log.
     assert_eq!(api.requests_by(SA).unwrap(), granted(), "what meshbridge did (left) and what RBAC grants (right)");
+    // The Secrets it read: the referenced one, by name, and no other.
+    assert_eq!(
+        api.secrets_read_by(SA).unwrap(),
+        std::collections::BTreeSet::from([format!("get {NS}/kb-auth")]),
+        "Secrets read, from the audit log"
+    );
 
     // Deleting the McpBridge stops its watchers.
     api.kubectl(&["delete", "mcpbridge", "default", "-n", NS]).await.unwrap();

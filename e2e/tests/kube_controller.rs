@@ -25,6 +25,9 @@ fn args(fake: &KubeFake) -> KubeArgs {
         leader_elect: Some(false),
         status_interval: Duration::from_millis(200),
         kube_sync_timeout: Duration::from_secs(10),
+        // Referenced Secrets are read by name: a changed one is seen
+        // within this.
+        secret_resync_interval: Duration::from_millis(200),
         ..KubeArgs::at(fake.url())
     }
 }

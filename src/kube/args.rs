@@ -71,6 +71,11 @@ pub struct KubeArgs {
     /// completed in this time.
     #[arg(long, env = "MESHBRIDGE_KUBE_SYNC_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub kube_sync_timeout: Duration,
+    /// How often each Secret that config references is read again, by
+    /// name: a rotated certificate or token is seen within this time.
+    /// Secrets are never listed or watched.
+    #[arg(long, env = "MESHBRIDGE_SECRET_RESYNC_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub secret_resync_interval: Duration,
     /// Read the Services that Ingress backends name, and their
     /// EndpointSlices, for the standalone gateway (`false`: such backends
     /// answer 503 there; istiod reads Services itself either way).
@@ -103,6 +108,7 @@ impl Default for KubeArgs {
             kube_api_url: None,
             kubeconfig: None,
             kube_sync_timeout: Duration::from_secs(60),
+            secret_resync_interval: crate::kube::secrets::SECRET_RESYNC,
             kube_service_endpoints: true,
         }
     }

@@ -4,8 +4,10 @@
 //! source uses.
 //!
 //! - [`watch`]: reflectors (kube-rs `watcher` with `default_backoff`) on
-//!   McpBridge, Ingress, IngressClass and Secret; every change rebuilds the
+//!   McpBridge, Ingress and IngressClass; every change rebuilds the
 //!   documents and runs them through `config::Builder`.
+//! - [`secrets`]: the Secrets those reference, each read by name (`get`),
+//!   never listed or watched.
 //! - [`status`]: the leader writes `McpBridge.status` with server-side apply.
 //! - [`leader`]: a `coordination.k8s.io/v1` Lease decides the leader.
 //! - [`ports`]: the leader pins assigned proxy listener ports into the spec.
@@ -18,6 +20,7 @@ mod args;
 mod crd;
 mod leader;
 mod ports;
+pub(crate) mod secrets;
 pub mod services;
 mod status;
 mod watch;

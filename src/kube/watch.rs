@@ -1,11 +1,12 @@
-//! Reflectors on McpBridge, Ingress, IngressClass and Secret, and the one
-//! task that turns their stores into [`Desired`].
+//! Reflectors on McpBridge, Ingress and IngressClass, the referenced
+//! Secrets read by name ([`super::secrets`]), and the one task that turns
+//! them into [`Desired`].
 //!
 //! Objects go through `config::parse_object` and `config::Builder`, the
 //! functions the directory source uses, so a McpBridge means the same thing
-//! whichever way it arrives. Only referenced Secrets reach the builder:
-//! those named by an `authSecretName` (any namespace, as `Builder` resolves
-//! them) and by an Ingress's `spec.tls[].secretName` (its namespace). A
+//! whichever way it arrives. Only referenced Secrets are read: those named
+//! by an `authSecretName` (in its McpBridge's namespace) and by an
+//! Ingress's `spec.tls[].secretName` (in the Ingress's namespace). A
 //! Secret's data ends up in the registry spec it resolves into, so the
 //! reconciler, which restarts a watcher only when its spec changed, restarts
 //! exactly the watchers that use a changed Secret.
@@ -30,15 +31,13 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::args::{DEFAULT_MCPBRIDGE, KubeError, SourceOptions};
+use super::secrets::{SecretRef, Secrets};
 use crate::config::{Builder, Desired, Document, FieldError, IngressDoc, parse_object};
 use crate::model::ingress;
 
 /// Wait this long after a change for the rest of a burst (a relist, a
 /// `kubectl apply` of several objects) before rebuilding.
 const DEBOUNCE: Duration = Duration::from_millis(50);
-/// Secrets that are never ours and can be large or many: Helm release
-/// records and service-account tokens, left out server-side.
-const SECRET_FIELD_SELECTOR: &str = "type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token";
 const CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
 const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
 /// Higress's class, which also takes Ingresses that name none (as the
@@ -78,7 +77,6 @@ struct Stores {
     bridges: Store<DynamicObject>,
     ingresses: Store<Ingress>,
     classes: Store<IngressClass>,
-    secrets: Vec<Store<Secret>>,
 }
 
 pub(super) fn mcpbridge_resource() -> ApiResource {
@@ -129,36 +127,37 @@ pub(super) async fn start(
         &notify,
         tasks,
     );
-    // Auth Secrets live beside the McpBridges, TLS Secrets beside the
-    // Ingresses: with --watch-namespace those two namespaces, else all.
-    let secret_apis: Vec<Api<Secret>> = match &args.watch_namespace {
-        Some(ns) => {
-            let namespaces: BTreeSet<&str> = [ns.as_str(), args.namespace.as_str()].into();
-            namespaces.into_iter().map(|ns| Api::namespaced(client.clone(), ns)).collect()
-        }
-        None => vec![Api::all(client.clone())],
-    };
-    let secrets = secret_apis
-        .into_iter()
-        .map(|api| {
-            reflect(api, watcher::Config::default().fields(SECRET_FIELD_SELECTOR), (), "secrets", &notify, tasks)
-        })
-        .collect();
-    let stores = Stores { bridges, ingresses, classes, secrets };
+    let stores = Stores { bridges, ingresses, classes };
     wait_ready(&stores, args.kube_sync_timeout).await?;
 
     let mut assembler = Assembler::new(opts.ingress_class.clone());
     assembler.builder = Builder::default().with_anti_entropy_interval(opts.anti_entropy_interval);
-    let first = assembler.observe(&stores);
+    // The Secrets the first config references are read before it is built,
+    // so no registry starts without its credentials.
+    let mut secrets = Secrets::new(client.clone());
+    let first_refs = assembler.references(&stores);
+    if tokio::time::timeout(args.kube_sync_timeout, secrets.sync(&first_refs, true)).await.is_err() {
+        return Err(KubeError::SyncTimeout { resource: "secrets", timeout: args.kube_sync_timeout });
+    }
+    let first = assembler.observe(&stores, &secrets);
+    let secret_resync = args.secret_resync_interval.max(Duration::from_millis(100));
     log_desired(&first.desired);
     let (desired_tx, desired_rx) = watch::channel(first.desired.clone());
     let (observed_tx, observed_rx) = watch::channel(Arc::new(first));
     tasks.push(tokio::spawn(
         async move {
+            let every = secret_resync;
+            let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                notify.notified().await;
+                let all = tokio::select! {
+                    () = notify.notified() => false,
+                    _ = resync.tick() => true,
+                };
                 tokio::time::sleep(DEBOUNCE).await;
-                let observed = assembler.observe(&stores);
+                let refs = assembler.references(&stores);
+                secrets.sync(&refs, all).await;
+                let observed = assembler.observe(&stores, &secrets);
                 if **desired_tx.borrow() != *observed.desired {
                     log_desired(&observed.desired);
                     desired_tx.send_replace(observed.desired.clone());
@@ -228,9 +227,6 @@ async fn wait_ready(stores: &Stores, timeout: Duration) -> Result<(), KubeError>
     wait("mcpbridges", stores.bridges.wait_until_ready().boxed_local()).await?;
     wait("ingresses", stores.ingresses.wait_until_ready().boxed_local()).await?;
     wait("ingressclasses", stores.classes.wait_until_ready().boxed_local()).await?;
-    for secrets in &stores.secrets {
-        wait("secrets", secrets.wait_until_ready().boxed_local()).await?;
-    }
     Ok(())
 }
 
@@ -270,9 +266,59 @@ impl Assembler {
         }
     }
 
-    fn observe(&mut self, stores: &Stores) -> Observed {
-        let secrets: Vec<Arc<Secret>> = stores.secrets.iter().flat_map(Store::state).collect();
-        self.build(stores.bridges.state(), stores.ingresses.state(), &stores.classes.state(), secrets)
+    fn observe(&mut self, stores: &Stores, secrets: &Secrets) -> Observed {
+        let mut observed =
+            self.build(stores.bridges.state(), stores.ingresses.state(), &stores.classes.state(), secrets.present());
+        let unreadable = secrets.errors();
+        if !unreadable.is_empty() {
+            Arc::make_mut(&mut observed.desired).errors.extend(unreadable);
+        }
+        observed
+    }
+
+    /// The Secrets the stores' objects reference: each McpBridge entry's
+    /// `authSecretName` in the McpBridge's namespace, and the
+    /// `spec.tls[].secretName` of each Ingress of our class in its own.
+    fn references(&self, stores: &Stores) -> BTreeSet<SecretRef> {
+        let classes = stores.classes.state();
+        self.referenced(&stores.bridges.state(), &stores.ingresses.state(), &classes)
+    }
+
+    pub(crate) fn referenced(
+        &self,
+        bridges: &[Arc<DynamicObject>],
+        ingresses: &[Arc<Ingress>],
+        classes: &[Arc<IngressClass>],
+    ) -> BTreeSet<SecretRef> {
+        let mut refs = BTreeSet::new();
+        for obj in bridges {
+            let bridge = observe_bridge(obj);
+            for entry in &bridge.registries {
+                if let Some(Value::String(name)) = entry.get("authSecretName")
+                    && !name.is_empty()
+                {
+                    refs.insert((bridge.namespace.clone(), name.clone()));
+                }
+            }
+        }
+        let default_class = self.default_class(classes);
+        for ing in ingresses {
+            if selected(ing, &self.ingress_class, default_class).is_none() {
+                continue;
+            }
+            let ns = ing.namespace().unwrap_or_default();
+            for tls in ing.spec.iter().flat_map(|s| s.tls.iter().flatten()) {
+                refs.extend(tls.secret_name.clone().filter(|n| !n.is_empty()).map(|n| (ns.clone(), n)));
+            }
+        }
+        refs
+    }
+
+    fn default_class(&self, classes: &[Arc<IngressClass>]) -> bool {
+        classes.iter().any(|c| {
+            c.name_any() == self.ingress_class
+                && c.annotations().get(DEFAULT_CLASS_ANNOTATION).is_some_and(|v| v == "true")
+        })
     }
 
     /// Build from objects as the stores hold them. Order does not matter:
@@ -318,10 +364,7 @@ impl Assembler {
             observed.push(bridge);
         }
 
-        let default_class = classes.iter().any(|c| {
-            c.name_any() == self.ingress_class
-                && c.annotations().get(DEFAULT_CLASS_ANNOTATION).is_some_and(|v| v == "true")
-        });
+        let default_class = self.default_class(classes);
         let mut tls_names = HashSet::new();
         let mut ours = Vec::new();
         for ing in &ingresses {
