@@ -4,6 +4,7 @@
 #
 #   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [nacos-server] [tinyproxy] [eureka-server] [eureka-client] [dubbo-provider] [spring-app] [docker-compose] [kubetools] [cargo-deny]
 #                [mdbook] [kube-apiserver] (also builds etcd; `etcd` is the same component) [helm] [istiod]
+#                [chromium] (Debian's headless browser: the status page test)
 #                (default: consul envoy)
 #
 # Prints `export` lines for the binaries it installed; e2e/env.sh sources them.
@@ -110,6 +111,14 @@ install_zookeeper() {
 install_tinyproxy() {
   local bin=/usr/bin/tinyproxy
   [ -x "$bin" ] || apt_install tinyproxy
+  echo "$bin"
+}
+
+# Debian's Chromium: the status page test renders the admin page in it.
+install_chromium() {
+  local bin=/usr/bin/chromium
+  [ -x "$bin" ] || apt_install chromium
+  "$bin" --version 2>/dev/null | head -n1 >&2 || true
   echo "$bin"
 }
 
@@ -389,6 +398,7 @@ component() {
     zookeeper) v=$(install_zookeeper); echo "export MESHBRIDGE_ZK_JAR=$v" ;;
     rnacos)    v=$(install_rnacos); echo "export MESHBRIDGE_RNACOS_BIN=$v" ;;
     tinyproxy) v=$(install_tinyproxy); echo "export MESHBRIDGE_TINYPROXY_BIN=$v" ;;
+    chromium)  v=$(install_chromium); echo "export MESHBRIDGE_CHROMIUM_BIN=$v" ;;
     eureka-server) v=$(install_spring_app eureka-server); echo "export MESHBRIDGE_EUREKA_SERVER_JAR=$v" ;;
     eureka-client) v=$(install_spring_app eureka-client); echo "export MESHBRIDGE_EUREKA_CLIENT_JAR=$v" ;;
     spring-app) v=$(install_spring_app spring-app deploy/examples/dubbo-spring/spring-app); echo "export MESHBRIDGE_SPRING_APP_JAR=$v" ;;

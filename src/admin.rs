@@ -1,9 +1,11 @@
-//! Admin HTTP on `--admin-addr`: probes, per-registry health, debug views
-//! and Prometheus metrics. Every answer is JSON (metrics aside), errors
-//! included (`{"error": "…"}`), and none ever contains a credential.
+//! Admin HTTP on `--admin-addr`: probes, per-registry health, debug views,
+//! Prometheus metrics and a status page. Every answer is JSON (metrics and
+//! the page aside), errors included (`{"error": "…"}`), and none ever
+//! contains a credential.
 //!
 //! | path | what |
 //! | --- | --- |
+//! | `/`, `/ui/…` | the status page, HTML for a browser ([`page`]) |
 //! | `/healthz`, `/ready` | liveness; readiness (open even when a token is required) |
 //! | `/v1/registries[/{name}[/services/{host}]]` | registry health and contents ([`registries`]) |
 //! | `/registry/watcherStatus` | Higress-compatible registry status |
@@ -13,6 +15,7 @@
 
 mod auth;
 mod error;
+mod page;
 pub mod registries;
 mod serve;
 mod state;
@@ -35,6 +38,9 @@ use crate::translate::model::IstioObject;
 pub fn router(state: AdminState) -> Router {
     let auth = state.auth.clone();
     Router::new()
+        .route("/", get(page::index))
+        .route("/ui/registries/{kind}/{name}", get(page::registry))
+        .route("/ui/registries/{kind}/{name}/services/{host}", get(page::service))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
         .route("/v1/registries", get(registries::list))

@@ -320,3 +320,70 @@ async fn xdsz_and_metrics_follow_events() {
     assert_eq!(exposition::value(&m, "meshbridge_xds_nacks_total", &cds), Some(1.0));
     drop(client);
 }
+
+/// GET `path` as a browser would: (status, headers, body).
+async fn html(f: &Fixture, path: &str) -> (u16, reqwest::header::HeaderMap, String) {
+    let resp = reqwest::get(format!("{}{path}", f.admin)).await.unwrap();
+    let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+    (status, headers, resp.text().await.unwrap())
+}
+
+/// The status page: what the JSON shows, rendered on the server, every
+/// value escaped, nothing loadable from anywhere, and a client's view of
+/// a service's clusters.
+#[tokio::test]
+async fn the_status_page_shows_registries_services_and_clients_escaped() {
+    let f = Fixture::start().await;
+    let key = RegistryKey::new(RegistryKind::Consul, "c");
+    let mut spec = RegistrySpec::new(RegistryKind::Consul, "c", "127.0.0.1", 8500);
+    spec.auth.insert("consulToken".into(), Secret::new("tok-status-page"));
+    f.cache.describe(&key, &spec);
+    let sink = f.cache.attach(&key);
+    let hostile = Endpoint {
+        address: "10.0.0.9".into(),
+        port: 8080,
+        weight: 1,
+        labels: [("note".to_string(), "<script>alert(1)</script>".to_string())].into(),
+    };
+    let mut svc = web();
+    svc.endpoints.push(hostile);
+    sink.update(Update::Snapshot(vec![svc]));
+    sink.synced(Duration::from_millis(1));
+    f.publish();
+    let mut client = SotwClient::connect(f.xds).await.unwrap();
+    client.send(SotwClient::request(CLUSTER_TYPE, &[], "", "")).await;
+    let first = client.recv().await;
+    client.ack(&first, &[]).await;
+
+    let (status, headers, body) = html(&f, "/").await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["content-type"], "text/html; charset=utf-8");
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.starts_with("default-src 'none'"), "{csp}");
+    assert!(body.starts_with("<!DOCTYPE html>"), "{body}");
+    assert!(body.contains("<a href=\"/ui/registries/consul/c\">c</a>"), "{body}");
+    assert!(!body.contains("<script") && !body.contains("src="), "nothing to run or load:\n{body}");
+    assert!(!body.contains("tok-status-page"), "a credential on the page");
+    // The client and its ACK of the clusters' version.
+    assert!(body.contains("Cluster"), "{body}");
+    assert!(body.contains(&format!("<span class=\"ok\">{}</span>", first.version_info)), "{body}");
+
+    let (status, _, body) = html(&f, "/ui/registries/consul/c").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("<a href=\"/ui/registries/consul/c/services/web.dc1.consul\">web.dc1.consul</a>"), "{body}");
+
+    let (status, _, body) = html(&f, "/ui/registries/consul/c/services/web.dc1.consul").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "the label is escaped:\n{body}");
+    assert!(!body.contains("<script"), "{body}");
+    assert!(body.contains("outbound|8080||web.dc1.consul"), "its cluster:\n{body}");
+    assert!(body.contains("consul: all checks passing"), "{body}");
+
+    let (status, _, body) = html(&f, "/ui/registries/consul/nope").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("no registry consul/nope"), "{body}");
+    // A name with markup in a path is escaped in the answer too.
+    let (status, _, body) = html(&f, "/ui/registries/consul/%3Cb%3E").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("no registry consul/&lt;b&gt;"), "{body}");
+}

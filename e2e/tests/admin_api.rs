@@ -268,6 +268,9 @@ async fn credentials_never_shown_or_logged() {
         "/v1/registries/acl?services=true",
         "/v1/registries/nacos-dead?services=true",
         "/v1/registries/acl/services/api.dc1.consul",
+        "/",
+        "/ui/registries/consul/acl",
+        "/ui/registries/consul/acl/services/api.dc1.consul",
         "/registry/watcherStatus",
         "/debug/configz",
         "/debug/xdsz",
@@ -308,7 +311,7 @@ async fn non_loopback_admin_requires_the_token() {
         ..RunArgs::loopback(dir.path())
     };
     let http = reqwest::Client::new();
-    let protected = ["/v1/registries", "/registry/watcherStatus", "/debug/configz", "/debug/xdsz", "/metrics"];
+    let protected = ["/", "/v1/registries", "/registry/watcherStatus", "/debug/configz", "/debug/xdsz", "/metrics"];
 
     // With a token: 401 without it or with a wrong one, 200 with it.
     let app = App::start_with(

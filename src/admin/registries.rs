@@ -164,7 +164,7 @@ fn when(t: Option<SystemTime>) -> Option<String> {
 
 /// `domain:port` with anything before an `@` dropped: the spec has no
 /// credentials there, and we make sure none are ever shown.
-fn public_endpoint(endpoint: &str) -> String {
+pub(super) fn public_endpoint(endpoint: &str) -> String {
     endpoint.rsplit_once('@').map_or(endpoint, |(_, rest)| rest).to_string()
 }
 
