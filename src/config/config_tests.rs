@@ -893,3 +893,29 @@ fn meshbridge_migration_is_optional_and_validated_with_field_paths() {
         built.warnings
     );
 }
+
+/// What `kubectl get -o yaml` prints for several objects, a `List`, is read
+/// item by item; a bad item is named by its index.
+#[test]
+fn a_kubectl_list_is_read_item_by_item() {
+    let list = "apiVersion: v1\nkind: List\nitems:\n\
+                - apiVersion: networking.k8s.io/v1\n  kind: Ingress\n  metadata: {name: a, namespace: shop}\n  spec: {}\n\
+                - apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: skipped}\n\
+                - apiVersion: networking.k8s.io/v1\n  kind: Ingress\n  metadata: {name: b, namespace: shop}\n  spec: {}\n";
+    let docs = parse_documents("list.yaml", list).unwrap();
+    let names: Vec<String> = docs
+        .iter()
+        .map(|d| match d {
+            Document::Ingress(i) => format!("{}/{}", i.namespace, i.name),
+            _ => "other".into(),
+        })
+        .collect();
+    assert_eq!(names, ["shop/a", "shop/b"]);
+
+    let typed = list.replace("kind: List", "kind: IngressList");
+    assert_eq!(parse_documents("list.yaml", &typed).unwrap().len(), 2);
+
+    let bad = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Secret}\n";
+    let err = parse_documents("list.yaml", bad).unwrap_err().to_string();
+    assert!(err.contains("items[0].metadata"), "{err}");
+}

@@ -48,11 +48,36 @@ pub fn parse_documents(file: &str, text: &str) -> Result<Vec<Document>, ConfigEr
             line: lines_known.then(|| starts[i]),
             reason: reason.to_string(),
         };
+        // A `List` (what `kubectl get -o yaml` prints for several objects):
+        // its items, each read as a document would be.
+        if let Some(items) = list_items(&value) {
+            for (j, item) in items.iter().enumerate() {
+                let at = |e: FieldError| {
+                    let field =
+                        if e.field.is_empty() { format!("items[{j}]") } else { format!("items[{j}].{}", e.field) };
+                    FieldError::new(field, e.reason)
+                };
+                if let Some(doc) = parse_document(file, i + 1, item.clone()).map_err(at).map_err(fail)? {
+                    docs.push(doc);
+                }
+            }
+            continue;
+        }
         if let Some(doc) = parse_document(file, i + 1, value).map_err(fail)? {
             docs.push(doc);
         }
     }
     Ok(docs)
+}
+
+/// The items of a `v1` `List` (`kind: List`, or `IngressList` and the like
+/// that `kubectl get -o yaml` prints for one kind), if `value` is one.
+fn list_items(value: &Value) -> Option<&Vec<Value>> {
+    let kind = value.get("kind")?.as_str()?;
+    if kind != "List" && !kind.ends_with("List") {
+        return None;
+    }
+    value.get("items")?.as_array()
 }
 
 /// One object already decoded, as the Kubernetes API hands it over: the
