@@ -20,7 +20,7 @@ mod args;
 mod crd;
 mod leader;
 mod ports;
-pub(crate) mod secrets;
+pub mod secrets;
 pub mod services;
 mod status;
 mod watch;

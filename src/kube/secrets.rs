@@ -26,7 +26,7 @@ pub const SECRET_RESYNC: Duration = Duration::from_secs(30);
 const CONCURRENT_GETS: usize = 8;
 
 /// (namespace, name) of a Secret.
-pub(crate) type SecretRef = (String, String);
+pub type SecretRef = (String, String);
 
 /// What one `get` found.
 #[derive(Debug, Clone)]
@@ -40,20 +40,20 @@ enum Read {
 }
 
 /// The referenced Secrets as last read.
-pub(crate) struct Secrets {
+pub struct Secrets {
     client: Client,
     read: BTreeMap<SecretRef, Read>,
 }
 
 impl Secrets {
-    pub(crate) fn new(client: Client) -> Secrets {
+    pub fn new(client: Client) -> Secrets {
         Secrets { client, read: BTreeMap::new() }
     }
 
     /// Read the Secrets of `wanted` not read yet (all of them when `all`),
     /// and forget those no longer wanted. Returns whether anything the
     /// builder sees changed.
-    pub(crate) async fn sync(&mut self, wanted: &BTreeSet<SecretRef>, all: bool) -> bool {
+    pub async fn sync(&mut self, wanted: &BTreeSet<SecretRef>, all: bool) -> bool {
         let before = self.read.len();
         self.read.retain(|r, _| wanted.contains(r));
         let mut changed = self.read.len() != before;
@@ -104,12 +104,12 @@ impl Secrets {
 
     /// The Secrets in force: those read, and the last good copy of those
     /// that could not be read again.
-    pub(crate) fn present(&self) -> Vec<Arc<Secret>> {
+    pub fn present(&self) -> Vec<Arc<Secret>> {
         self.read.values().filter_map(Read::secret).collect()
     }
 
     /// Why referenced Secrets could not be read, one line each.
-    pub(crate) fn errors(&self) -> Vec<String> {
+    pub fn errors(&self) -> Vec<String> {
         self.read
             .iter()
             .filter_map(|((ns, name), r)| match r {
