@@ -207,6 +207,14 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
                 .iter()
                 .map(|w| Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, w.clone())),
         );
+        if ing.ann.policy.source_ranges.is_some() {
+            t.warnings.push(Warning::new(
+                format!("Ingress {}", ing.id),
+                Reason::StandaloneOnly,
+                "whitelist-source-range / denylist-source-range are enforced by the standalone gateway only: \
+                 no Istio object carries them, so a gateway fed by istiod serves every client",
+            ));
+        }
         if ing.ingress.spec.rules.is_empty() && ing.ingress.spec.default_backend.is_none() {
             t.warnings.push(Warning::new(
                 format!("Ingress {}", ing.id),

@@ -34,11 +34,14 @@ pub enum Reason {
     /// `nginx.ingress.kubernetes.io/` that meshbridge does not implement:
     /// the Ingress is served without it.
     IgnoredAnnotation,
+    /// A setting the standalone gateway enforces that no Istio object
+    /// carries: through istiod it does nothing.
+    StandaloneOnly,
 }
 
 impl Reason {
     /// Every reason, so metrics can report zeros.
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 12] = [
         Reason::HostConflict,
         Reason::NoPort,
         Reason::EmptyHost,
@@ -50,6 +53,7 @@ impl Reason {
         Reason::Unservable,
         Reason::ProxyUnusable,
         Reason::IgnoredAnnotation,
+        Reason::StandaloneOnly,
     ];
 
     /// The metric label value.
@@ -66,6 +70,7 @@ impl Reason {
             Reason::Unservable => "unservable",
             Reason::ProxyUnusable => "proxy_unusable",
             Reason::IgnoredAnnotation => "ignored_annotation",
+            Reason::StandaloneOnly => "standalone_only",
         }
     }
 }

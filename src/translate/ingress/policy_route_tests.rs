@@ -379,4 +379,9 @@ fn source_ranges_reach_the_routes_but_not_the_virtual_service_istiod_gets() {
         spec.http.iter().map(|r| (r.name.as_str(), r.source_ranges.as_ref() == Some(&want))).collect();
     assert_eq!(ranged, [("shop-office-0-ssl-redirect", true), ("shop-office-0", true)]);
     assert!(!vs.spec.to_json().to_string().contains("10.0.0.0"), "an Istio field was made up");
+    // Said, once for the Ingress: through istiod the ranges do nothing.
+    let standalone: Vec<_> = t.warnings.iter().filter(|w| w.reason == Reason::StandaloneOnly).collect();
+    assert_eq!(standalone.len(), 1, "{:?}", t.warnings);
+    assert_eq!(standalone[0].object, "Ingress shop/office");
+    assert!(standalone[0].detail.contains("a gateway fed by istiod serves every client"), "{:?}", standalone[0]);
 }
