@@ -6,6 +6,11 @@
 //! prints are the server's own errors and warnings, as `/v1/config` lists
 //! them, plus one warning per field that Higress's McpBridge CRD would prune.
 //!
+//! A file given by name that is not YAML, or whose documents have no
+//! `kind` (an Envoy bootstrap beside the config, say), is skipped and
+//! said so: `meshbridge check deploy/examples/*` checks the config there.
+//! A directory is read whole, as `--config-dir` reads it.
+//!
 //! Offline, the registries' services are unknown, so a route to a registry
 //! service cannot be told from a route to nothing: those `no_cluster`
 //! warnings are left to the running server (`/v1/config`).
@@ -75,6 +80,10 @@ pub struct Report {
     /// Problems that do not (unknown fields, ignored annotations, pruned
     /// fields, routes that answer 503).
     pub warnings: Vec<Problem>,
+    /// Why a file given by name was not checked: it is not YAML, or holds
+    /// no Kubernetes object (an Envoy bootstrap, say), so it is not config.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
 }
 
 /// One warning, shaped as `/v1/config` shows it.
@@ -135,8 +144,31 @@ pub fn main(cmd: &CheckCommand) -> i32 {
 
 /// Check one argument.
 pub fn check_path(path: &Path, cmd: &CheckCommand) -> Result<Report, Unreadable> {
+    let shown = path.display().to_string();
+    // A file that exists: a missing path is an error, below.
+    if path.is_file() {
+        let skip = |why: &str| Report { path: shown.clone(), skipped: Some(why.to_owned()), ..Report::default() };
+        let yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
+        if !yaml {
+            return Ok(skip("not a .yaml or .yml file"));
+        }
+        let file = std::fs::File::open(path).map_err(|source| Unreadable::Io { path: shown.clone(), source })?;
+        let text = read_capped(file, &shown)?;
+        if holds_no_object(&text) {
+            return Ok(skip("no Kubernetes object in it (no document has a kind)"));
+        }
+    }
     let state = load(path)?;
-    Ok(check_state(path.display().to_string(), state, cmd))
+    Ok(check_state(shown, state, cmd))
+}
+
+/// Whether `text` parses as YAML and no document of it has a `kind` (a file
+/// that does not parse is left to the parser, which says where).
+fn holds_no_object(text: &str) -> bool {
+    match serde_saphyr::from_multiple::<serde_json::Value>(text) {
+        Ok(docs) => !docs.iter().any(|d| d.get("kind").is_some()),
+        Err(_) => false,
+    }
 }
 
 /// Read one argument (a directory, a file or `-`) as the server would.
@@ -258,6 +290,10 @@ fn write_text(out: &mut impl Write, reports: &[Report], unreadable: &[String]) -
         writeln!(out, "error: {e}")?;
     }
     for r in reports {
+        if let Some(why) = &r.skipped {
+            writeln!(out, "{}: skipped: {why}", r.path)?;
+            continue;
+        }
         let plural = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         writeln!(
             out,

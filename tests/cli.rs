@@ -107,6 +107,19 @@ fn check_passes_the_examples() {
         assert!(out.contains(&format!("{dir}: ")), "{dir} not reported:\n{out}");
     }
     assert!(out.lines().all(|l| !l.trim_start().starts_with("error")), "{out}");
+
+    // `deploy/examples/*`, as the README runs it: the directories are
+    // checked, the files beside them that are not config are skipped.
+    let mut all: Vec<String> = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path().strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap().display().to_string())
+        .collect();
+    all.sort();
+    let args: Vec<&str> = all.iter().map(String::as_str).collect();
+    let (code, out) = check(&args, "");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("deploy/examples/envoy-bootstrap.yaml: skipped: no Kubernetes object"), "{out}");
+    assert!(out.contains("deploy/examples/demo-backend.py: skipped: not a .yaml or .yml file"), "{out}");
 }
 
 #[test]
