@@ -46,6 +46,9 @@ const CHUNKS_IN_FLIGHT: usize = 8;
 /// was nearly all the watcher's CPU.
 const HELD_DELTA_BYTES: usize = 1 << 20;
 
+/// One call to one server, as [`Client::failover`] makes it.
+type Attempt<'c, T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, RegistryError>> + Send + 'c>>;
+
 /// A delta, or word that it is byte for byte the one last applied.
 pub(crate) enum Delta {
     Same,
@@ -96,40 +99,32 @@ impl Client {
     /// GET `path` from the current server, failing over to the others.
     /// Returns the index of the server that answered, or every server's
     /// error when none did.
-    pub async fn fetch(&mut self, path: &str) -> Result<(usize, Applications), Vec<RegistryError>> {
-        let mut errors = Vec::new();
-        for step in 0..self.servers.len() {
-            let index = (self.current + step) % self.servers.len();
-            match self.get(index, path).await {
-                Ok(apps) => {
-                    if index != self.current {
-                        warn!(from = %self.servers[self.current], to = %self.servers[index], "failed over");
-                        self.current = index;
-                    }
-                    return Ok((index, apps));
-                }
-                Err(e) => {
-                    warn!(server = %self.servers[index], error = %e, kind = e.kind(), "eureka call failed");
-                    errors.push(e);
-                }
-            }
-        }
-        Err(errors)
+    pub async fn fetch(&mut self, path: &'static str) -> Result<(usize, Applications), Vec<RegistryError>> {
+        self.failover(|client, index| Box::pin(client.get(index, path))).await
     }
 
     /// GET the delta, failing over as [`Client::fetch`] does. When its
     /// digest is `last`, it is not decoded ([`Delta::Same`]).
     pub async fn fetch_delta(&mut self, last: Option<u64>) -> Result<(usize, Delta), Vec<RegistryError>> {
+        self.failover(|client, index| Box::pin(client.get_delta(index, last))).await
+    }
+
+    /// Call `get` on the current server, then on each other one in turn
+    /// until one answers, like the Java client's `makeRemoteCall`.
+    async fn failover<T>(
+        &mut self,
+        get: impl for<'c> Fn(&'c Client, usize) -> Attempt<'c, T>,
+    ) -> Result<(usize, T), Vec<RegistryError>> {
         let mut errors = Vec::new();
         for step in 0..self.servers.len() {
             let index = (self.current + step) % self.servers.len();
-            match self.get_delta(index, last).await {
-                Ok(delta) => {
+            match get(self, index).await {
+                Ok(answer) => {
                     if index != self.current {
                         warn!(from = %self.servers[self.current], to = %self.servers[index], "failed over");
                         self.current = index;
                     }
-                    return Ok((index, delta));
+                    return Ok((index, answer));
                 }
                 Err(e) => {
                     warn!(server = %self.servers[index], error = %e, kind = e.kind(), "eureka call failed");
@@ -162,12 +157,12 @@ impl Client {
                 held.extend_from_slice(&chunk);
             }
         }
-        if digest.finish() == last {
+        let digest = digest.finish();
+        if digest == last {
             return Ok(Delta::Same);
         }
         match held {
             Some(body) => {
-                let digest = digest.finish();
                 let decoded = tokio::task::spawn_blocking(move || decode_reader(body.as_slice(), || digest))
                     .await
                     .map_err(|e| bad_response(&self.registry, &what, format!("decoder stopped: {e}")))?;
