@@ -15,14 +15,14 @@
 //! service cannot be told from a route to nothing: those `no_cluster`
 //! warnings are left to the running server (`/v1/config`).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 use serde::Serialize;
 
 use crate::cache::Changes;
-use crate::config::{ConfigState, Document, MAX_FILE_BYTES};
+use crate::config::{ConfigState, Document, MAX_FILE_BYTES, read_text};
 use crate::publish::GatewayArgs;
 use crate::translate::{Reason, Translator, Warning};
 
@@ -105,10 +105,6 @@ impl Report {
 pub enum Unreadable {
     #[error("{path}: {source}")]
     Io { path: String, source: std::io::Error },
-    #[error("{path}: larger than {max} bytes")]
-    TooLarge { path: String, max: u64 },
-    #[error("{path}: not valid UTF-8")]
-    NotUtf8 { path: String },
     #[error("{0}")]
     Config(crate::config::ConfigError),
 }
@@ -145,21 +141,19 @@ pub fn main(cmd: &CheckCommand) -> i32 {
 /// Check one argument.
 pub fn check_path(path: &Path, cmd: &CheckCommand) -> Result<Report, Unreadable> {
     let shown = path.display().to_string();
-    // A file that exists: a missing path is an error, below.
-    if path.is_file() {
-        let skip = |why: &str| Report { path: shown.clone(), skipped: Some(why.to_owned()), ..Report::default() };
-        let yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
-        if !yaml {
-            return Ok(skip("not a .yaml or .yml file"));
-        }
-        let file = std::fs::File::open(path).map_err(|source| Unreadable::Io { path: shown.clone(), source })?;
-        let text = read_capped(file, &shown)?;
-        if holds_no_object(&text) {
-            return Ok(skip("no Kubernetes object in it (no document has a kind)"));
-        }
+    // A file that exists: a missing path is an error, in `load`.
+    if !path.is_file() {
+        return Ok(check_state(shown, load(path)?, cmd));
     }
-    let state = load(path)?;
-    Ok(check_state(shown, state, cmd))
+    let skip = |why: &str| Report { path: shown.clone(), skipped: Some(why.to_owned()), ..Report::default() };
+    if !path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+        return Ok(skip("not a .yaml or .yml file"));
+    }
+    let text = read_file(path)?;
+    if holds_no_object(&text) {
+        return Ok(skip("no Kubernetes object in it (no document has a kind)"));
+    }
+    Ok(check_state(shown.clone(), state_of(&shown, text), cmd))
 }
 
 /// Whether `text` parses as YAML and no document of it has a `kind` (a file
@@ -173,33 +167,32 @@ fn holds_no_object(text: &str) -> bool {
 
 /// Read one argument (a directory, a file or `-`) as the server would.
 pub fn load(path: &Path) -> Result<ConfigState, Unreadable> {
-    let shown = path.display().to_string();
-    let state = if path == Path::new("-") {
-        let text = read_capped(std::io::stdin().lock(), "<stdin>")?;
-        let mut state = ConfigState::new();
-        state.set_file("<stdin>", text);
-        state
+    if path == Path::new("-") {
+        const STDIN: &str = "<stdin>";
+        let stdin = std::io::stdin().lock();
+        let text = read_text(Path::new(STDIN), stdin, 0, MAX_FILE_BYTES).map_err(Unreadable::Config)?;
+        Ok(state_of(STDIN, text))
     } else if path.is_dir() {
-        crate::config::load_once(path).map_err(Unreadable::Config)?
+        crate::config::load_once(path).map_err(Unreadable::Config)
     } else {
-        let file = std::fs::File::open(path).map_err(|source| Unreadable::Io { path: shown.clone(), source })?;
-        let text = read_capped(file, &shown)?;
-        let mut state = ConfigState::new();
-        state.set_file(&shown, text);
-        state
-    };
-    Ok(state)
+        let text = read_file(path)?;
+        Ok(state_of(&path.display().to_string(), text))
+    }
 }
 
-fn read_capped(r: impl Read, path: &str) -> Result<String, Unreadable> {
-    let mut bytes = Vec::new();
-    r.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|source| Unreadable::Io { path: path.to_owned(), source })?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(Unreadable::TooLarge { path: path.to_owned(), max: MAX_FILE_BYTES });
-    }
-    String::from_utf8(bytes).map_err(|_| Unreadable::NotUtf8 { path: path.to_owned() })
+/// One file's text, read as the directory source reads it.
+fn read_file(path: &Path) -> Result<String, Unreadable> {
+    let io = |source| Unreadable::Io { path: path.display().to_string(), source };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.len();
+    read_text(path, file, size, MAX_FILE_BYTES).map_err(Unreadable::Config)
+}
+
+/// A config of one file's text.
+fn state_of(name: &str, text: String) -> ConfigState {
+    let mut state = ConfigState::new();
+    state.set_file(name, text);
+    state
 }
 
 /// Build and translate what `state` holds, and report on it.

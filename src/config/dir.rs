@@ -275,28 +275,37 @@ impl Scanner {
         if self.seen.get(path) == Some(&stamp) {
             return FileRead::Unchanged;
         }
-        let io = |e| ConfigError::Io { path: path.to_owned(), source: Arc::new(e) };
-        let too_large = |size| ConfigError::TooLarge { path: path.to_owned(), size, max: self.max_bytes };
         if meta.len() > self.max_bytes {
-            return FileRead::Error(too_large(meta.len()));
+            return FileRead::Error(ConfigError::TooLarge {
+                path: path.to_owned(),
+                size: meta.len(),
+                max: self.max_bytes,
+            });
         }
-        // The file may grow between stat and read: never read past the cap.
-        let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-        let read = std::fs::File::open(path).and_then(|f| f.take(self.max_bytes + 1).read_to_end(&mut bytes));
-        if let Err(e) = read {
-            return FileRead::Error(io(e));
-        }
-        if bytes.len() as u64 > self.max_bytes {
-            return FileRead::Error(too_large(bytes.len() as u64));
-        }
-        match String::from_utf8(bytes) {
-            Ok(text) => {
+        let read = std::fs::File::open(path).and_then(|f| Ok(read_text(path, f, meta.len(), self.max_bytes)));
+        match read {
+            Ok(Ok(text)) => {
                 self.seen.insert(path.to_owned(), stamp);
                 FileRead::Text(text)
             }
-            Err(_) => FileRead::Error(io(std::io::Error::new(std::io::ErrorKind::InvalidData, "not valid UTF-8"))),
+            Ok(Err(e)) => FileRead::Error(e),
+            Err(e) => FileRead::Error(ConfigError::Io { path: path.to_owned(), source: Arc::new(e) }),
         }
     }
+}
+
+/// Read config text from `r` (`path` names it in errors): at most `max`
+/// bytes, however much more there is, and valid UTF-8. `size_hint` (a
+/// file's length at stat) sizes the buffer.
+pub(crate) fn read_text(path: &Path, r: impl Read, size_hint: u64, max: u64) -> Result<String, ConfigError> {
+    let io = |e| ConfigError::Io { path: path.to_owned(), source: Arc::new(e) };
+    // The file may grow between stat and read: never read past the cap.
+    let mut bytes = Vec::with_capacity(usize::try_from(size_hint.min(max)).unwrap_or(0));
+    r.take(max + 1).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 > max {
+        return Err(ConfigError::TooLarge { path: path.to_owned(), size: bytes.len() as u64, max });
+    }
+    String::from_utf8(bytes).map_err(|_| io(std::io::Error::new(std::io::ErrorKind::InvalidData, "not valid UTF-8")))
 }
 
 /// Read a directory once, as [`DirSource`] reads it at start, into a

@@ -30,6 +30,7 @@ mod config_tests;
 mod registry_tls_tests;
 
 pub use build::Builder;
+pub(crate) use dir::read_text;
 pub use dir::{DirSource, MAX_FILE_BYTES, load_once};
 #[cfg(test)]
 pub(crate) use model::REGISTRY_IGNORED_FIELDS;
