@@ -282,7 +282,7 @@ impl Scanner {
                 max: self.max_bytes,
             });
         }
-        let read = std::fs::File::open(path).and_then(|f| Ok(read_text(path, f, meta.len(), self.max_bytes)));
+        let read = std::fs::File::open(path).map(|f| read_text(path, f, meta.len(), self.max_bytes));
         match read {
             Ok(Ok(text)) => {
                 self.seen.insert(path.to_owned(), stamp);
