@@ -209,21 +209,16 @@ fn clients_table(b: &mut String, clients: &[ClientStatus], current: Option<&[(&s
     b.push_str("</table>");
 }
 
-/// The registry of type `kind` called `name`, or why there is none.
-fn registry_report(s: &AdminState, kind: &str, name: &str) -> Result<crate::cache::RegistryReport, String> {
-    s.cache
-        .registries()
-        .into_iter()
-        .find(|r| r.key.kind.as_str() == kind && r.key.name == name)
-        .ok_or_else(|| format!("no registry {kind}/{name}"))
+/// The registry of type `kind` called `name`, if there is one.
+fn registry_report(s: &AdminState, kind: &str, name: &str) -> Option<crate::cache::RegistryReport> {
+    s.cache.registries().into_iter().find(|r| r.key.kind.as_str() == kind && r.key.name == name)
 }
 
 /// `GET /ui/registries/{type}/{name}`: one registry's services.
 pub async fn registry(State(s): State<AdminState>, p: Result<Path<(String, String)>, PathRejection>) -> Response {
     let Ok(Path((kind, name))) = p else { return not_found("bad path") };
-    let report = match registry_report(&s, &kind, &name) {
-        Ok(r) => r,
-        Err(why) => return not_found(&why),
+    let Some(report) = registry_report(&s, &kind, &name) else {
+        return not_found(&format!("no registry {kind}/{name}"));
     };
     let services = s.cache.registry(&report.key).map(|(_, svcs)| svcs).unwrap_or_default();
     let mut b = String::new();
@@ -273,9 +268,8 @@ pub async fn service(
     p: Result<Path<(String, String, String)>, PathRejection>,
 ) -> Response {
     let Ok(Path((kind, name, host))) = p else { return not_found("bad path") };
-    let report = match registry_report(&s, &kind, &name) {
-        Ok(r) => r,
-        Err(why) => return not_found(&why),
+    let Some(report) = registry_report(&s, &kind, &name) else {
+        return not_found(&format!("no registry {kind}/{name}"));
     };
     let Some(svc) = s.cache.registry(&report.key).and_then(|(_, mut svcs)| svcs.remove(&host)) else {
         return not_found(&format!("registry {kind}/{name} has no service {host}"));
