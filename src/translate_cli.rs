@@ -9,6 +9,11 @@
 //! object, in the order `/debug/configz` lists them. Objects that fail
 //! Pilot's rules are not sent over MCP and are not printed; the warnings
 //! say why, on stderr.
+//!
+//! With `--envoy` it prints what the standalone gateway's Envoys get over
+//! ADS instead: clusters, listeners, routes and endpoints, as one JSON
+//! document in the shape of Envoy's `/config_dump?include_eds` (see
+//! [`envoy_dump`]). Secrets are left out: they hold private keys.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -32,6 +37,11 @@ pub struct TranslateCommand {
     /// registries' services; without it every registry is empty.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Print the standalone gateway's Envoy config (clusters, listeners,
+    /// routes, endpoints) as Envoy's config-dump JSON, instead of the Istio
+    /// objects.
+    #[arg(long)]
+    pub envoy: bool,
     #[command(flatten)]
     pub gateway: GatewayArgs,
 }
@@ -87,7 +97,13 @@ pub fn run(cmd: &TranslateCommand, out: &mut impl Write, err: &mut impl Write) -
     for w in set.warnings.values().flat_map(|ws| ws.iter()) {
         writeln!(err, "warning [{}]: {}: {}", w.reason.as_str(), w.object, w.detail)?;
     }
-    write_objects(set, out)?;
+    if cmd.envoy {
+        let dump = envoy_dump(set)?;
+        serde_json::to_writer_pretty(&mut *out, &dump)?;
+        writeln!(out)?;
+    } else {
+        write_objects(set, out)?;
+    }
     Ok(if desired.errors.is_empty() { EXIT_OK } else { EXIT_PROBLEMS })
 }
 
@@ -108,6 +124,47 @@ fn write_objects(set: &ConfigSet, out: &mut impl Write) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The Envoy resource types in a config dump, in the order Envoy's admin
+/// writes them: (type URL, the dump message's type, its list field, the
+/// field of each entry that holds the resource).
+const DUMP_TYPES: [(&str, &str, &str, &str); 4] = [
+    (crate::translate::envoy::CLUSTER_TYPE, "ClustersConfigDump", "dynamic_active_clusters", "cluster"),
+    (crate::translate::envoy::LISTENER_TYPE, "ListenersConfigDump", "dynamic_listeners", "listener"),
+    (crate::translate::envoy::ROUTE_TYPE, "RoutesConfigDump", "dynamic_route_configs", "route_config"),
+    (crate::translate::envoy::ENDPOINT_TYPE, "EndpointsConfigDump", "dynamic_endpoint_configs", "endpoint_config"),
+];
+
+/// The Envoy resources of `set` in the shape of Envoy's
+/// `/config_dump?include_eds`: `{"configs": [...]}`, one entry per type,
+/// each resource with the version meshbridge would send. The fields Envoy
+/// adds from its own state (`last_updated`, `error_state`) are not there.
+pub fn envoy_dump(set: &ConfigSet) -> anyhow::Result<serde_json::Value> {
+    use serde_json::{Value, json};
+    let mut configs = Vec::new();
+    for (type_url, dump_type, list, field) in DUMP_TYPES {
+        let mut entries = Vec::new();
+        for r in set.envoy.get(type_url).into_iter().flat_map(|t| t.iter()) {
+            let resource = meshbridge_proto::envoy::to_json(r.body.type_url(), &r.body.value())
+                .map_err(|e| anyhow::anyhow!("{} {}: {e}", dump_type, r.name))?;
+            let entry = if list == "dynamic_listeners" {
+                json!({"name": &*r.name, "active_state": {"version_info": &*r.version, field: resource}})
+            } else {
+                json!({"version_info": &*r.version, field: resource})
+            };
+            entries.push(entry);
+        }
+        let mut config = serde_json::Map::new();
+        config.insert("@type".into(), Value::String(format!("type.googleapis.com/envoy.admin.v3.{dump_type}")));
+        // Envoy keeps a type-wide version for CDS and LDS only.
+        if let Some(t) = set.envoy.get(type_url).filter(|_| field == "cluster" || field == "listener") {
+            config.insert("version_info".into(), Value::String(t.version()));
+        }
+        config.insert(list.into(), Value::Array(entries));
+        configs.push(Value::Object(config));
+    }
+    Ok(json!({ "configs": configs }))
 }
 
 #[cfg(test)]

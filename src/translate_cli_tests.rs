@@ -97,3 +97,60 @@ fn config_errors_go_to_stderr_and_set_the_status() {
     assert!(objects.is_empty(), "{objects:#?}");
     assert!(err.contains("error: McpBridge higress-system/default: spec.registries[0].port"), "{err}");
 }
+
+/// `--envoy`: the standalone example as the gateway's Envoy would hold it,
+/// in the config-dump shape, every `Any` written out.
+#[test]
+fn envoy_prints_the_gateway_config_as_a_config_dump() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/examples/standalone");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run(&cmd(&[dir, "--envoy"]), &mut out, &mut err).expect("translated");
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    let dump: Value = serde_json::from_slice(&out).expect("the output is JSON");
+    let configs = dump["configs"].as_array().expect("configs");
+    let types: Vec<&str> = configs.iter().map(|c| c["@type"].as_str().unwrap()).collect();
+    assert_eq!(
+        types,
+        [
+            "type.googleapis.com/envoy.admin.v3.ClustersConfigDump",
+            "type.googleapis.com/envoy.admin.v3.ListenersConfigDump",
+            "type.googleapis.com/envoy.admin.v3.RoutesConfigDump",
+            "type.googleapis.com/envoy.admin.v3.EndpointsConfigDump",
+        ]
+    );
+    let cluster = configs[0]["dynamic_active_clusters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| &c["cluster"])
+        .find(|c| c["name"].as_str().is_some_and(|n| n.ends_with("||local-echo.static")))
+        .unwrap_or_else(|| panic!("no cluster of local-echo.static: {dump:#}"));
+    assert_eq!(cluster["@type"], "type.googleapis.com/envoy.config.cluster.v3.Cluster");
+    assert_eq!(cluster["type"], "EDS", "{cluster:#}");
+
+    let listener = &configs[1]["dynamic_listeners"][0]["active_state"]["listener"];
+    let hcm = &listener["filter_chains"][0]["filters"][0]["typed_config"];
+    assert_eq!(
+        hcm["@type"],
+        "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "{listener:#}"
+    );
+
+    let routes = configs[2]["dynamic_route_configs"].as_array().unwrap();
+    let hosts: Vec<&Value> = routes
+        .iter()
+        .flat_map(|r| r["route_config"]["virtual_hosts"].as_array().into_iter().flatten())
+        .flat_map(|vh| vh["domains"].as_array().into_iter().flatten())
+        .collect();
+    assert!(hosts.iter().any(|h| *h == "echo.example.com"), "{hosts:?}");
+
+    let endpoints = configs[3]["dynamic_endpoint_configs"].as_array().unwrap();
+    let cla = endpoints
+        .iter()
+        .map(|e| &e["endpoint_config"])
+        .find(|e| e["cluster_name"] == cluster["name"])
+        .unwrap_or_else(|| panic!("no endpoints for {}: {endpoints:#?}", cluster["name"]));
+    let address = &cla["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"];
+    assert_eq!(address["address"], "127.0.0.1", "{cla:#}");
+    assert_eq!(address["port_value"], 10081, "{cla:#}");
+}

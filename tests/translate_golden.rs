@@ -1,6 +1,7 @@
 //! Golden files: what `meshbridge translate` prints for each example config
-//! directory, as a user would run it. A change to translation shows up
-//! here as a diff of Istio objects. After an intended change, rewrite the
+//! directory, as a user would run it: the Istio objects (`{name}.yaml`) and
+//! the standalone gateway's Envoy config (`{name}.envoy.json`). A change to
+//! translation shows up here as a diff. After an intended change, rewrite the
 //! files with `MESHBRIDGE_BLESS=1 cargo test --test translate_golden` and
 //! review the diff.
 
@@ -24,10 +25,11 @@ fn examples() -> Vec<PathBuf> {
     dirs
 }
 
-fn translate(dir: &Path) -> String {
+fn translate(dir: &Path, extra: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_meshbridge"))
         .arg("translate")
         .arg(dir.strip_prefix(root()).unwrap())
+        .args(extra)
         .current_dir(root())
         .env_remove("MESHBRIDGE_INGRESS_CLASS")
         .output()
@@ -36,17 +38,18 @@ fn translate(dir: &Path) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-#[test]
-fn each_example_translates_to_its_golden_file() {
+/// Each example against `tests/golden/{name}{suffix}`, translated with
+/// `extra` flags; `routed` must appear in each output.
+fn golden(suffix: &str, extra: &[&str], routed: &str) {
     let bless = std::env::var_os("MESHBRIDGE_BLESS").is_some();
     let examples = examples();
     assert!(examples.len() >= 4, "{examples:?}");
     let mut differ = Vec::new();
     for dir in examples {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let golden = root().join("tests/golden").join(format!("{name}.yaml"));
-        let got = translate(&dir);
-        assert!(got.contains("kind: VirtualService"), "{name}: no route translated:\n{got}");
+        let golden = root().join("tests/golden").join(format!("{name}{suffix}"));
+        let got = translate(&dir, extra);
+        assert!(got.contains(routed), "{name}: no route translated:\n{got}");
         if bless {
             std::fs::create_dir_all(golden.parent().unwrap()).unwrap();
             std::fs::write(&golden, &got).unwrap();
@@ -70,4 +73,15 @@ fn each_example_translates_to_its_golden_file() {
         }
     }
     assert!(differ.is_empty(), "{}\n(MESHBRIDGE_BLESS=1 rewrites the files)", differ.join("\n"));
+}
+
+#[test]
+fn each_example_translates_to_its_golden_file() {
+    golden(".yaml", &[], "kind: VirtualService");
+}
+
+/// `--envoy`: the standalone gateway's Envoy config, as a config dump.
+#[test]
+fn each_example_translates_to_its_golden_envoy_config() {
+    golden(".envoy.json", &["--envoy"], "\"virtual_hosts\"");
 }

@@ -18,6 +18,8 @@ use prost_reflect::{
     Value,
 };
 
+pub mod envoy;
+
 pub mod istio {
     pub mod mcp {
         pub mod v1alpha1 {
