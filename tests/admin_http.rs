@@ -321,6 +321,12 @@ async fn xdsz_and_metrics_follow_events() {
     drop(client);
 }
 
+/// The service page's table of what each client holds.
+fn holders(body: &str) -> &str {
+    let start = body.find("What each xDS client holds").unwrap_or_else(|| panic!("no holders table:\n{body}"));
+    &body[start..]
+}
+
 /// GET `path` as a browser would: (status, headers, body).
 async fn html(f: &Fixture, path: &str) -> (u16, reqwest::header::HeaderMap, String) {
     let resp = reqwest::get(format!("{}{path}", f.admin)).await.unwrap();
@@ -378,6 +384,33 @@ async fn the_status_page_shows_registries_services_and_clients_escaped() {
     assert!(!body.contains("<script"), "{body}");
     assert!(body.contains("outbound|8080||web.dc1.consul"), "its cluster:\n{body}");
     assert!(body.contains("consul: all checks passing"), "{body}");
+    // The client ACKed the clusters: it holds this service's, at the
+    // version served now.
+    let held = holders(&body);
+    assert!(held.contains("test-envoy") && held.contains("(current)"), "{held}");
+    assert!(!held.contains("class=\"bad\""), "{held}");
+
+    // The service's cluster changes (its port becomes gRPC) and the client
+    // refuses it: it still holds the old version, and the refused one is
+    // shown with the client's message.
+    let mut grpc = web();
+    grpc.ports[0].protocol = Protocol::Grpc;
+    sink.update(Update::Upsert(grpc));
+    f.publish();
+    let pushed = client.recv().await;
+    client.nack(&pushed, &[], &first.version_info, "h2 refused").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, _, body) = html(&f, "/ui/registries/consul/c/services/web.dc1.consul").await;
+        let holders = holders(&body);
+        if holders.contains("class=\"bad\"") {
+            assert!(holders.contains("(not current)"), "{holders}");
+            assert!(holders.contains("h2 refused"), "{holders}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the NACK never reached the page: {holders}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     let (status, _, body) = html(&f, "/ui/registries/consul/nope").await;
     assert_eq!(status, 404);

@@ -161,13 +161,12 @@ pub async fn index(State(s): State<AdminState>) -> Response {
 
     let clients = s.clients.snapshot();
     let _ = write!(b, "<h2>xDS clients ({})</h2>", clients.len());
-    clients_table(&mut b, &clients, None);
+    clients_table(&mut b, &clients);
     page("meshbridge status", &b)
 }
 
-/// Per client and type: what was sent, ACKed and NACKed. With `current`,
-/// only those types, each beside the version the server holds now.
-fn clients_table(b: &mut String, clients: &[ClientStatus], current: Option<&[(&str, Option<String>)]>) {
+/// Per client and type: what was sent, ACKed and NACKed.
+fn clients_table(b: &mut String, clients: &[ClientStatus]) {
     if clients.is_empty() {
         b.push_str("<p class=\"muted\">No client is connected.</p>");
         return;
@@ -178,11 +177,6 @@ fn clients_table(b: &mut String, clients: &[ClientStatus], current: Option<&[(&s
     );
     for c in clients {
         for (url, t) in &c.types {
-            if let Some(types) = current
-                && !types.iter().any(|(u, _)| u == url)
-            {
-                continue;
-            }
             let short = url.rsplit('.').next().unwrap_or(url);
             let acked = match (&t.last_ack, &t.last_sent_version) {
                 (Some(a), Some(s)) if a == s => format!("<span class=\"ok\">{}</span>", esc(a)),
@@ -314,10 +308,54 @@ pub async fn service(
                 esc(&cluster),
                 opt(version.as_deref())
             );
-            current.push((url, version));
+            current.push((url, cluster.clone(), version));
         }
     }
-    b.push_str("</table><h2>xDS clients of these types</h2>");
-    clients_table(&mut b, &s.clients.snapshot(), Some(&current));
+    b.push_str("</table><h2>What each xDS client holds</h2>");
+    holders_table(&mut b, &s.clients.snapshot(), &current);
     page(&format!("meshbridge: {host}"), &b)
+}
+
+/// Per client and resource of `current` (type URL, name, version now):
+/// the version the client holds (sent in the response it last ACKed) and
+/// the one it last refused, if that response carried another.
+fn holders_table(b: &mut String, clients: &[ClientStatus], current: &[(&str, String, Option<String>)]) {
+    let rows: Vec<_> = clients
+        .iter()
+        .flat_map(|c| current.iter().filter_map(move |(url, name, now)| Some((c, *url, name, now, c.types.get(*url)?))))
+        .collect();
+    if rows.is_empty() {
+        b.push_str("<p class=\"muted\">No connected client asked for these types.</p>");
+        return;
+    }
+    b.push_str(
+        "<table><tr><th>client</th><th>peer</th><th>mode</th><th>type</th><th>resource</th><th>holds (ACKed)</th>\
+         <th>NACKed</th></tr>",
+    );
+    for (c, url, name, now, t) in rows {
+        let held = t.acked.as_ref().and_then(|h| h.version(name));
+        let holds = match (&held, now) {
+            (Some(v), Some(now)) if **v == **now => format!("<span class=\"ok\">{}</span> (current)", esc(v)),
+            (Some(v), _) => format!("{} (not current)", esc(v)),
+            (None, _) if t.acked.is_some() => "<span class=\"muted\">not held</span>".to_string(),
+            (None, _) => opt(None),
+        };
+        let refused = t.nacked.as_ref().and_then(|h| h.version(name)).filter(|v| held.as_ref() != Some(v));
+        let nacked = match refused {
+            Some(v) => format!("<span class=\"bad\">{}</span> {}", esc(&v), opt(t.last_nack_detail.as_deref())),
+            None => opt(None),
+        };
+        let _ = write!(
+            b,
+            "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td title=\"{}\">{}</td><td><code>{}</code></td>\
+             <td>{holds}</td><td>{nacked}</td></tr>",
+            esc(&c.node_id),
+            esc(&c.peer),
+            esc(c.mode),
+            esc(url),
+            esc(url.rsplit('.').next().unwrap_or(url)),
+            esc(name),
+        );
+    }
+    b.push_str("</table>");
 }

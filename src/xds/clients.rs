@@ -23,6 +23,7 @@ use super::auth::PeerAuth;
 use super::limits::LogLimit;
 use super::metrics::{XdsLabels, XdsMetrics};
 use super::subscription::{Subscription, no_resources, type_resources};
+use super::tracker::Holding;
 use crate::resources::TypeResources;
 use crate::time;
 use crate::translate::ConfigSet;
@@ -98,6 +99,13 @@ pub struct TypeStatus {
     pub last_nack_time: Option<SystemTime>,
     pub pushes: u64,
     pub nacks: u64,
+    /// What the client holds: the holding sent in the response it last
+    /// ACKed (the status page asks it for one resource's version).
+    #[serde(skip)]
+    pub acked: Option<Holding>,
+    /// What the response it last NACKed would have given it.
+    #[serde(skip)]
+    pub nacked: Option<Holding>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -243,13 +251,16 @@ impl Pushed for super::response::DeltaResponse {
     }
 }
 
-/// Latency bookkeeping for one type on one stream.
+/// Bookkeeping of responses awaiting an answer, for one type on one stream.
 #[derive(Debug, Default)]
 struct Latency {
     /// The change last observed, so each is counted once.
     last_event: Option<Instant>,
     /// (nonce, change time) of responses awaiting ACK, oldest first.
     pending: VecDeque<(String, Instant)>,
+    /// (nonce, what the client holds once it applies it), oldest first: an
+    /// ACK or NACK moves its holding into [`TypeStatus`].
+    holdings: VecDeque<(String, Holding)>,
 }
 
 /// One stream's handle; dropping it marks the client disconnected.
@@ -324,12 +335,19 @@ impl ClientHandle {
     }
 
     /// Take the pending response `nonce` (and the older ones it supersedes)
-    /// and return the change time it carried.
-    fn settle(&self, type_url: &str, nonce: &str) -> Option<Instant> {
+    /// and return the change time it carried, and the holding it gave.
+    fn settle(&self, type_url: &str, nonce: &str) -> (Option<Instant>, Option<Holding>) {
         let mut latency = self.latency();
-        let t = latency.get_mut(type_url)?;
-        let i = t.pending.iter().position(|(n, _)| n == nonce)?;
-        t.pending.drain(..=i).next_back().map(|(_, at)| at)
+        let Some(t) = latency.get_mut(type_url) else { return (None, None) };
+        let holding = match t.holdings.iter().position(|(n, _)| n == nonce) {
+            Some(i) => t.holdings.drain(..=i).next_back().map(|(_, h)| h),
+            None => None,
+        };
+        let at = match t.pending.iter().position(|(n, _)| n == nonce) {
+            Some(i) => t.pending.drain(..=i).next_back().map(|(_, at)| at),
+            None => None,
+        };
+        (at, holding)
     }
 
     pub fn set_node(&self, node_id: &str) {
@@ -356,13 +374,22 @@ impl ClientHandle {
         })
     }
 
-    /// `resp` is about to be sent; `changed_at` is its config set's.
-    pub fn sent(&self, resp: &impl Pushed, changed_at: Option<Instant>) {
+    /// `resp` is about to be sent; `changed_at` is its config set's, and
+    /// `holding` what the client holds once it applies it.
+    pub fn sent(&self, resp: &impl Pushed, changed_at: Option<Instant>, holding: Holding) {
         let type_url = resp.type_url();
         let labels = self.labels(type_url);
         let m = &self.clients.metrics;
         m.pushes.get_or_create(&labels).inc();
         m.push_bytes.get_or_create(&labels).inc_by(resp.encoded_len() as u64);
+        {
+            let mut latency = self.latency();
+            let t = latency.entry(type_url.to_string()).or_default();
+            if t.holdings.len() == MAX_PENDING {
+                t.holdings.pop_front();
+            }
+            t.holdings.push_back((resp.nonce().to_string(), holding));
+        }
         if let Some(at) = changed_at.filter(|at| *at >= self.connected) {
             let mut latency = self.latency();
             let t = latency.entry(type_url.to_string()).or_default();
@@ -385,20 +412,27 @@ impl ClientHandle {
 
     /// The client applied the response `nonce`; `version` is what it says it has.
     pub fn ack(&self, type_url: &str, nonce: &str, version: &str) {
-        if let Some(at) = self.settle(type_url, nonce) {
+        let (at, holding) = self.settle(type_url, nonce);
+        if let Some(at) = at {
             self.clients.metrics.event_to_ack.get_or_create(&self.labels(type_url)).observe(at.elapsed().as_secs_f64());
         }
         self.with_type(type_url, |t| {
             t.last_ack = Some(version.to_string());
             t.last_ack_time = Some(SystemTime::now());
+            if holding.is_some() {
+                t.acked = holding;
+            }
         })
     }
 
     /// The client rejected the response `nonce` and keeps `version`.
     pub fn nack(&self, type_url: &str, nonce: &str, version: &str, detail: &str) {
-        self.settle(type_url, nonce);
+        let (_, holding) = self.settle(type_url, nonce);
         self.clients.metrics.nacks.get_or_create(&self.labels(type_url)).inc();
         self.with_type(type_url, |t| {
+            if holding.is_some() {
+                t.nacked = holding;
+            }
             t.last_nack = Some(version.to_string());
             t.last_nack_detail = Some(super::limits::truncate(detail, NACK_DETAIL_BYTES).into_owned());
             t.last_nack_time = Some(SystemTime::now());
@@ -432,10 +466,10 @@ mod tests {
         let before = Instant::now();
         std::thread::sleep(std::time::Duration::from_millis(2));
         let c = clients.connect("peer", "sotw");
-        c.sent(&resp("t", "1"), Some(before)); // older than the stream: initial fetch
+        c.sent(&resp("t", "1"), Some(before), Holding::default()); // older than the stream: initial fetch
         let at = Instant::now();
-        c.sent(&resp("t", "2"), Some(at));
-        c.sent(&resp("t", "3"), Some(at)); // same change again: not re-counted
+        c.sent(&resp("t", "2"), Some(at), Holding::default());
+        c.sent(&resp("t", "3"), Some(at), Holding::default()); // same change again: not re-counted
         let labels = XdsLabels { type_url: "other".into(), mode: "sotw" }; // "t" is no type we know
         let pending = |c: &ClientHandle| c.latency().get("t").map(|l| l.pending.len()).unwrap_or(0);
         assert_eq!(pending(&c), 1);
@@ -447,7 +481,7 @@ mod tests {
         assert_eq!(m.pushes.get_or_create(&labels).get(), 3);
         assert!(m.push_bytes.get_or_create(&labels).get() > 0);
 
-        c.sent(&resp("t", "4"), Some(Instant::now()));
+        c.sent(&resp("t", "4"), Some(Instant::now()), Holding::default());
         c.nack("t", "4", "v", "bad");
         assert_eq!(pending(&c), 0);
         assert_eq!(m.nacks.get_or_create(&labels).get(), 1);
@@ -463,10 +497,10 @@ mod tests {
         let clients = Clients::new();
         let c = clients.connect("peer", "sotw");
         for i in 0..1000 {
-            c.sent(&resp(&format!("example.com/v{i}/Widget{}", "x".repeat(100)), "1"), None);
+            c.sent(&resp(&format!("example.com/v{i}/Widget{}", "x".repeat(100)), "1"), None, Holding::default());
         }
-        c.sent(&resp(crate::translate::envoy::CLUSTER_TYPE, "1"), None);
-        c.sent(&resp("networking.istio.io/v1alpha3/ServiceEntry", "1"), None);
+        c.sent(&resp(crate::translate::envoy::CLUSTER_TYPE, "1"), None, Holding::default());
+        c.sent(&resp("networking.istio.io/v1alpha3/ServiceEntry", "1"), None, Holding::default());
         let mut text = String::new();
         let mut registry = prometheus_client::registry::Registry::default();
         registry.register("pushes", "", clients.metrics().pushes.clone());
@@ -487,7 +521,7 @@ mod tests {
         let c = clients.connect("peer", "delta");
         for i in 0..(MAX_PENDING as u64 + 10) {
             let at = Instant::now() + std::time::Duration::from_millis(i + 1);
-            c.sent(&resp("t", &i.to_string()), Some(at));
+            c.sent(&resp("t", &i.to_string()), Some(at), Holding::default());
         }
         assert_eq!(c.latency()["t"].pending.len(), MAX_PENDING);
     }

@@ -154,7 +154,7 @@ impl DeltaStream {
             removed_resources: removed,
             nonce,
         };
-        self.client.sent(&resp, set.changed_at);
+        self.client.sent(&resp, set.changed_at, st.tracker.holding());
         Some((resp, changes.replaced))
     }
 }

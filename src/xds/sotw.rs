@@ -215,7 +215,7 @@ impl SotwStream {
         let version = now.version();
         debug!(type_url, nonce, version, size = resources.len(), "sent response");
         let resp = SotwResponse { version_info: version, resources, type_url: type_url.to_string(), nonce };
-        self.client.sent(&resp, set.changed_at);
+        self.client.sent(&resp, set.changed_at, st.tracker.holding());
         Some((resp, changes.replaced))
     }
 }

@@ -35,6 +35,36 @@ pub struct Tracker {
     overrides: HashMap<Arc<str>, Option<Arc<str>>>,
 }
 
+/// One client's holding of one type at one response, for the status page
+/// ([`super::ClientHandle::sent`]): which version of a resource the client
+/// was sent, and so holds once it ACKs that response.
+#[derive(Debug, Clone, Default)]
+pub struct Holding {
+    base: TypeResources,
+    sub: Subscription,
+    overrides: HashMap<Arc<str>, Option<Arc<str>>>,
+}
+
+impl Holding {
+    /// The version of `name` held, if any.
+    pub fn version(&self, name: &str) -> Option<Arc<str>> {
+        held_in(&self.base, &self.sub, &self.overrides, name)
+    }
+}
+
+fn held_in(
+    base: &TypeResources,
+    sub: &Subscription,
+    overrides: &HashMap<Arc<str>, Option<Arc<str>>>,
+    name: &str,
+) -> Option<Arc<str>> {
+    match overrides.get(name) {
+        Some(v) => v.clone(),
+        None if sub.wants(name) => base.get(name).map(|r| r.version.clone()),
+        None => None,
+    }
+}
+
 /// What differs between the client's holding and the published type.
 #[derive(Debug, Default)]
 pub struct Changes {
@@ -62,11 +92,14 @@ impl Tracker {
 
     /// What the client holds of `name`, by version.
     fn held(&self, name: &str) -> Option<Arc<str>> {
-        match self.overrides.get(name) {
-            Some(v) => v.clone(),
-            None if self.sub.wants(name) => self.base.get(name).map(|r| r.version.clone()),
-            None => None,
-        }
+        held_in(&self.base, &self.sub, &self.overrides, name)
+    }
+
+    /// What the client holds now, kept apart from the stream: the map and
+    /// the subscription are shared (O(1)), the overrides (few after a
+    /// response: the removals it did not carry) copied.
+    pub fn holding(&self) -> Holding {
+        Holding { base: self.base.clone(), sub: self.sub.clone(), overrides: self.overrides.clone() }
     }
 
     /// A delta stream's first request: the client holds `initial` (name →
