@@ -206,6 +206,17 @@ impl Envoy {
         Envoy::start_with(xds, mode, Listeners::Ads, listen_port).await
     }
 
+    /// Like [`Envoy::start_gateway`], presenting `node`: an Istio gateway
+    /// fed by istiod, whose listeners are on the Gateway's ports.
+    pub async fn start_gateway_as(
+        node: &Node,
+        xds: SocketAddr,
+        mode: AdsMode,
+        listen_port: u16,
+    ) -> anyhow::Result<Envoy> {
+        Envoy::start_inner(node, &[xds], mode, Listeners::Ads, listen_port, Stats::All).await
+    }
+
     async fn start_with(
         xds: SocketAddr,
         mode: AdsMode,

@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::apiserver::ApiServer;
+use crate::envoy::{AdsMode, Envoy, Node};
 use crate::process::{ChildGuard, binary_from_env, free_port};
 
 /// istiod's own namespace (`POD_NAMESPACE`), and its root namespace.
@@ -59,6 +60,13 @@ pub struct Options {
     /// Serve a stock (upstream) Envoy: no metadata-exchange filters and no
     /// auto mTLS (see the module doc).
     pub upstream_envoy: bool,
+    /// Also leave Istio's ALPN filter (`istio.alpn`) out of the HTTP
+    /// connection managers it builds (`PILOT_ENABLE_ALPN_FILTER=false`), so
+    /// that a stock Envoy takes its gateway listeners too
+    /// ([`Istiod::gateway_envoy`]). The filter only rewrites the ALPN an
+    /// Istio proxy offers upstream for protocol sniffing, which a gateway
+    /// to plain backends does not use.
+    pub stock_gateway_listeners: bool,
 }
 
 /// A running istiod.
@@ -134,6 +142,9 @@ impl Istiod {
             if options.upstream_envoy {
                 cmd.env("PILOT_ENABLE_METADATA_EXCHANGE", "false");
             }
+            if options.stock_gateway_listeners {
+                cmd.env("PILOT_ENABLE_ALPN_FILTER", "false");
+            }
             let guard = ChildGuard::spawn("istiod", cmd, dir.path().join("istiod.log"))?;
             let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
             let mut istiod = Istiod { grpc_addr, http_addr, monitoring_addr, http, guard, dir };
@@ -161,6 +172,40 @@ impl Istiod {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         anyhow::bail!("istiod not ready in {READY_TIMEOUT:?} (last: {last})\n{}", self.guard.log_tail(6000))
+    }
+
+    /// A stock Envoy as the Ingress Gateway ([`GATEWAY_NODE`], with its
+    /// labels in the node metadata), taking everything from istiod:
+    /// listeners, routes, clusters and endpoints.
+    ///
+    /// It listens on a free port, not on the Gateway's 80: as in a cluster,
+    /// the gateway's Kubernetes Service (`higress-gateway` in
+    /// `higress-system`, selecting the gateway's labels, written to `api`
+    /// here) maps port 80 to the pods' target port, and istiod builds the
+    /// listener on the target port (it finds the Service from the proxy's
+    /// namespace and labels, with no pod). The listener binds `0.0.0.0`, as
+    /// istiod writes it; tests send to it on loopback
+    /// ([`Envoy::get_with`]). Needs [`Options::stock_gateway_listeners`].
+    pub async fn gateway_envoy(&self, api: &ApiServer) -> anyhow::Result<Envoy> {
+        let listen_port = free_port();
+        let (gw_ns, name) = ("higress-system", "higress-gateway");
+        match api.kubectl(&["create", "namespace", gw_ns]).await {
+            Err(e) if !e.to_string().contains("AlreadyExists") => return Err(e),
+            _ => {}
+        }
+        let selector: Vec<String> = GATEWAY_LABELS.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        let selector = selector.join(", ");
+        api.apply(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name}, namespace: {gw_ns} }}\nspec:\n  \
+             selector: {{ {selector} }}\n  ports:\n    - {{ name: http-80, port: 80, targetPort: {listen_port} }}\n"
+        ))
+        .await?;
+        let node = Node {
+            id: GATEWAY_NODE.into(),
+            cluster: "higress-gateway".into(),
+            metadata: Some(format!("{{ LABELS: {{ {selector} }} }}")),
+        };
+        Envoy::start_gateway_as(&node, self.grpc_addr, AdsMode::Sotw, listen_port).await
     }
 
     /// `GET /debug/{what}` on the HTTP port: the body as text.
@@ -212,12 +257,13 @@ impl Istiod {
         }
     }
 
-    /// The routes istiod builds for `host` in the `http.80` RouteConfiguration
-    /// of the Ingress Gateway ([`GATEWAY_NODE`]), once there are at least
-    /// `at_least` of them, waiting up to 30 s.
+    /// The routes istiod builds for `host` in the `http.{port}`
+    /// RouteConfiguration of the Ingress Gateway ([`GATEWAY_NODE`]), once
+    /// there are at least `at_least` of them, waiting up to 30 s.
     pub async fn gateway_routes(
         &self,
         host: &str,
+        port: u16,
         at_least: usize,
     ) -> Vec<envoy_types::pb::envoy::config::route::v3::Route> {
         use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
@@ -225,7 +271,7 @@ impl Istiod {
         const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let got = self.fetch(GATEWAY_NODE, &GATEWAY_LABELS, ROUTE_TYPE, &["http.80"]).await;
+            let got = self.fetch(GATEWAY_NODE, &GATEWAY_LABELS, ROUTE_TYPE, &[&format!("http.{port}")]).await;
             let rc = got.ok().and_then(|r| r.first().and_then(|a| RouteConfiguration::decode(a.value.as_slice()).ok()));
             let vhost = rc.and_then(|rc| rc.virtual_hosts.into_iter().find(|v| v.domains.iter().any(|d| d == host)));
             if let Some(v) = vhost.filter(|v| v.routes.len() >= at_least) {
@@ -294,5 +340,23 @@ impl Istiod {
     /// The temp dir it runs in.
     pub fn dir(&self) -> PathBuf {
         self.dir.path().to_owned()
+    }
+}
+
+/// Wait (up to 30 s) until `envoy`, fed by `istiod`, answers `path` on
+/// `host` with a 200: its listener, route, cluster and endpoints have all
+/// arrived and been accepted.
+pub async fn wait_for_route(envoy: &Envoy, host: &str, path: &str, istiod: &Istiod) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match envoy.get_host(path, host).await {
+            Ok((200, _)) => return,
+            last if Instant::now() > deadline => panic!(
+                "{host}{path} never answered 200 through istiod's gateway (last: {last:?})\n--- envoy ---\n{}\n--- istiod ---\n{}",
+                envoy.log(),
+                istiod.log_tail(4000)
+            ),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! meshbridge in-process in front of a real Envoy, and what Envoy then
 //! does: the traffic it serves and when it ACKs an EDS update.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -192,4 +192,60 @@ pub fn canary_ingresses(host: &str) -> Vec<String> {
             &["/split"],
         ),
     ]
+}
+
+/// `n` requests for `path` on `host`; the body (a [`crate::backend::Backend`]
+/// answers with its name) or the status of each, counted.
+pub async fn count_answers(
+    envoy: &Envoy,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    n: usize,
+) -> BTreeMap<String, u32> {
+    let mut counts = BTreeMap::new();
+    for _ in 0..n {
+        let (status, body) = envoy.get_with(path, host, headers).await.unwrap();
+        let key = if status == 200 { body } else { format!("status {status}") };
+        *counts.entry(key).or_default() += 1;
+    }
+    counts
+}
+
+/// Traffic through a gateway serving [`canary_ingresses`] on `host`, with
+/// the backends `main` and `canary`: by header, by cookie, the header
+/// before the cookie and before the weight, and the 30/70 split. The same
+/// checks run on the standalone gateway and through istiod. Returns how
+/// many of 200 unpinned `/split` requests reached the canary.
+pub async fn check_canary_routing(envoy: &Envoy, host: &str) -> u32 {
+    let count = |path: &'static str, headers: Vec<(&'static str, &'static str)>, n| async move {
+        count_answers(envoy, host, path, &headers, n).await
+    };
+    let only = |name: &str, n: u32| BTreeMap::from([(name.to_owned(), n)]);
+    // The header sends every request to the canary.
+    assert_eq!(count("/app/x", vec![("x-canary", "always")], 20).await, only("canary", 20));
+    assert_eq!(count("/app/x", vec![], 20).await, only("main", 20));
+    assert_eq!(count("/app", vec![("x-canary", "never")], 20).await, only("main", 20));
+    // Any other value leaves it to the cookie.
+    let beta = vec![("x-canary", "maybe"), ("cookie", "theme=dark; beta_user=always; lang=en")];
+    assert_eq!(count("/app", beta, 20).await, only("canary", 20));
+    assert_eq!(count("/app", vec![("cookie", "beta_user=always")], 20).await, only("canary", 20));
+    assert_eq!(count("/app", vec![("cookie", "beta_user=never")], 20).await, only("main", 20));
+    // Not the cookie, only one named like it.
+    assert_eq!(count("/app", vec![("cookie", "old_beta_user=always")], 20).await, only("main", 20));
+    // The header comes before the cookie.
+    let header_wins = vec![("x-canary", "never"), ("cookie", "beta_user=always")];
+    assert_eq!(count("/app", header_wins, 20).await, only("main", 20));
+
+    // The header comes before the weight.
+    assert_eq!(count("/split", vec![("x-canary", "always")], 20).await, only("canary", 20));
+    assert_eq!(count("/split", vec![("x-canary", "never")], 20).await, only("main", 20));
+    let counts = count("/split", vec![], 200).await;
+    let to_canary = counts.get("canary").copied().unwrap_or(0);
+    let to_main = counts.get("main").copied().unwrap_or(0);
+    assert_eq!(to_canary + to_main, 200, "{counts:?}");
+    // 30/70 over 200 draws: the standard deviation is about 6.5, so ±27 is
+    // over four sigma.
+    assert!((33..=87).contains(&to_canary), "split off 30/70: {counts:?}");
+    to_canary
 }

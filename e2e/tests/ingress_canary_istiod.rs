@@ -1,14 +1,14 @@
 //! The canary Ingresses of `ingress_canary_envoy.rs` (`traffic::canary_ingresses`) through a REAL istiod
 //! (`pilot-discovery`, see `e2e/tests/istiod.rs` for the setup): istiod
-//! takes the canary routes of the VirtualService over MCP, and the routes
-//! it builds for the gateway send by header, by cookie and by weight as
-//! the standalone gateway's do: the header before the cookie, the
-//! `never` values to the main service, the weighted split 30/70 (3 of a
-//! total of 10) and the main route last. The routes are fetched from
-//! istiod's xDS as the gateway proxy; no Envoy is needed (istiod's
-//! gateway listeners carry Istio-only filters).
+//! takes the canary routes of the VirtualService over MCP, and builds the
+//! gateway's routes from them in order (the header before the cookie, the
+//! `never` values to the main service, the weighted split 30/70, the main
+//! route last). A stock Envoy fed only by istiod, as the Ingress Gateway,
+//! then carries real requests to the two backends, and
+//! `traffic::check_canary_routing` checks them exactly as it does on the
+//! standalone gateway.
 //!
-//! Needs `source e2e/env.sh kubetools kube-apiserver istiod`.
+//! Needs `source e2e/env.sh envoy kubetools kube-apiserver istiod`.
 
 use envoy_types::pb::envoy::config::route::v3::{
     Route, header_matcher::HeaderMatchSpecifier, route, route_action::ClusterSpecifier,
@@ -16,9 +16,9 @@ use envoy_types::pb::envoy::config::route::v3::{
 use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
 use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::apiserver::ApiServer;
-use meshbridge_e2e::free_port;
-use meshbridge_e2e::istiod::{Istiod, Options};
-use meshbridge_e2e::traffic::{canary_ingresses, mcpbridge};
+use meshbridge_e2e::backend::Backend;
+use meshbridge_e2e::istiod::{Istiod, Options, wait_for_route};
+use meshbridge_e2e::traffic::{canary_ingresses, check_canary_routing, mcpbridge};
 
 const HOST: &str = "shop.example.com";
 
@@ -53,19 +53,20 @@ fn service(cluster: &str) -> &str {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn canary_routes_reach_istiod_and_its_gateway_routes() {
+async fn canary_routes_reach_istiod_and_carry_traffic_through_its_gateway() {
+    let main = Backend::start("127.0.0.1", "main").await.unwrap();
+    let canary = Backend::start("127.0.0.1", "canary").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let bridge = mcpbridge(&[
-        format!("{{type: static, name: main, domain: \"127.0.0.1:{}\", port: 80}}", free_port()),
-        format!("{{type: static, name: canary, domain: \"127.0.0.1:{}\", port: 80}}", free_port()),
+        format!("{{type: static, name: main, domain: \"{}\", port: 80}}", main.addr),
+        format!("{{type: static, name: canary, domain: \"{}\", port: 80}}", canary.addr),
     ]);
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
     std::fs::write(dir.path().join("shop.yaml"), canary_ingresses(HOST).join("---\n")).unwrap();
     let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
     let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
-    let istiod = Istiod::start(&api, app.xds_addr, Options { upstream_envoy: true })
-        .await
-        .expect("start istiod (source e2e/env.sh istiod)");
+    let options = Options { upstream_envoy: true, stock_gateway_listeners: true };
+    let istiod = Istiod::start(&api, app.xds_addr, options).await.expect("start istiod (source e2e/env.sh istiod)");
 
     // istiod decoded the canary routes of the VirtualService.
     let vs = istiod.virtual_service().await;
@@ -80,7 +81,7 @@ async fn canary_routes_reach_istiod_and_its_gateway_routes() {
     }
 
     // The routes istiod builds for the gateway from them.
-    let routes = istiod.gateway_routes(HOST, 6).await;
+    let routes = istiod.gateway_routes(HOST, 80, 6).await;
     let names: Vec<&str> = routes.iter().map(|r| r.name.as_str()).collect();
     // Every Envoy route of a VirtualService route (one per match: the
     // prefix is an exact and a `/…/` prefix match), in the same order.
@@ -131,5 +132,11 @@ async fn canary_routes_reach_istiod_and_its_gateway_routes() {
         split.sort();
         assert_eq!(split, [("canary.static".to_owned(), 30), ("main.static".to_owned(), 70)], "{r:?}");
     }
+
+    // Real requests through an Envoy that istiod alone configures.
+    let envoy = istiod.gateway_envoy(&api).await.expect("start envoy (source e2e/env.sh envoy)");
+    wait_for_route(&envoy, HOST, "/app", &istiod).await;
+    let to_canary = check_canary_routing(&envoy, HOST).await;
+    println!("FIGURE istiod_canary_weight canary={to_canary} main={} of 200 (want 60/140)", 200 - to_canary);
     app.stop().await;
 }

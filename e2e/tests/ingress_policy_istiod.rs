@@ -5,40 +5,58 @@
 //! the standalone gateway gets from meshbridge directly: the HTTPS
 //! redirect for `:scheme` http only, a URL redirect, the route timeout,
 //! the retry policy, the headers, the Host rewrite and the CORS policy.
-//! The routes are fetched from istiod's xDS as the gateway proxy; no
-//! Envoy is needed (istiod's gateway listeners carry Istio-only filters).
 //!
-//! Needs `source e2e/env.sh kubetools kube-apiserver istiod`.
+//! Then a stock Envoy fed only by istiod, as the Ingress Gateway, carries
+//! real requests to an echo backend, as `ingress_policy_envoy.rs` and
+//! `ingress_traffic_envoy.rs` do on the standalone gateway: the redirects,
+//! a timeout that gives a 504, a 503 retried, the headers added and
+//! removed, the Host rewrite, a path rewrite, a CORS preflight and the
+//! mirror.
+//!
+//! Needs `source e2e/env.sh envoy kubetools kube-apiserver istiod`.
 
 use envoy_types::pb::envoy::config::route::v3::{
     redirect_action::RedirectResponseCode, route, route_action::HostRewriteSpecifier,
 };
 use envoy_types::pb::envoy::r#type::v3::fractional_percent::DenominatorType;
+use std::time::{Duration, Instant};
+
 use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::apiserver::ApiServer;
-use meshbridge_e2e::free_port;
-use meshbridge_e2e::istiod::{Istiod, Options};
+use meshbridge_e2e::backend::EchoBackend;
+use meshbridge_e2e::istiod::{Istiod, Options, wait_for_route};
 use meshbridge_e2e::traffic::{mcp_ingress, mcpbridge};
+use reqwest::Method;
+use reqwest::header::HeaderMap;
 
 const HOST: &str = "shop.example.com";
 
+/// The policies of `/api` (behind the HTTPS redirect) and `/tuned` (plain
+/// HTTP, for traffic).
+const POLICIES: [(&str, &str); 7] = [
+    ("nginx.ingress.kubernetes.io/proxy-next-upstream-tries", "2"),
+    ("nginx.ingress.kubernetes.io/proxy-next-upstream", "error http_503"),
+    ("higress.io/request-header-control-add", "x-env staging"),
+    ("higress.io/response-header-control-remove", "x-powered-by"),
+    ("nginx.ingress.kubernetes.io/upstream-vhost", "web.internal"),
+    ("nginx.ingress.kubernetes.io/enable-cors", "true"),
+    ("nginx.ingress.kubernetes.io/cors-allow-origin", "https://app.example.com"),
+];
+
 fn ingresses() -> String {
     let ingress = |name, day, annotations, path| mcp_ingress(name, day, HOST, "web.static:80", annotations, &[path]);
+    let with = |extra: &[(&'static str, &'static str)]| -> Vec<(&str, &str)> {
+        extra.iter().chain(&POLICIES).copied().collect()
+    };
     [
+        // The policies without the HTTPS redirect, for plain HTTP traffic
+        // (a 1 s timeout, to see it); and a path rewrite.
+        ingress("tuned", 4, &with(&[("higress.io/timeout", "1")]), "/tuned"),
+        ingress("moved", 5, &[("higress.io/rewrite-target", "/v2")], "/v1"),
         ingress(
             "api",
             1,
-            &[
-                ("nginx.ingress.kubernetes.io/ssl-redirect", "true"),
-                ("higress.io/timeout", "5"),
-                ("nginx.ingress.kubernetes.io/proxy-next-upstream-tries", "2"),
-                ("nginx.ingress.kubernetes.io/proxy-next-upstream", "error http_503"),
-                ("higress.io/request-header-control-add", "x-env staging"),
-                ("higress.io/response-header-control-remove", "x-powered-by"),
-                ("nginx.ingress.kubernetes.io/upstream-vhost", "web.internal"),
-                ("nginx.ingress.kubernetes.io/enable-cors", "true"),
-                ("nginx.ingress.kubernetes.io/cors-allow-origin", "https://app.example.com"),
-            ],
+            &with(&[("nginx.ingress.kubernetes.io/ssl-redirect", "true"), ("higress.io/timeout", "5")]),
             "/api",
         ),
         ingress("old", 2, &[("higress.io/permanent-redirect", "https://new.example.com/catalog")], "/old"),
@@ -61,17 +79,38 @@ fn denominator(d: i32) -> u64 {
     }
 }
 
+/// One request through the gateway on loopback, redirects not followed:
+/// (status, headers, body).
+async fn send(port: u16, method: Method, path: &str, headers: &[(&str, &str)]) -> (u16, HeaderMap, String) {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut req = client.request(method, format!("http://127.0.0.1:{port}{path}")).header("host", HOST);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.unwrap_or_else(|e| panic!("{path}: {e}"));
+    let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+    (status, headers, resp.text().await.unwrap_or_default())
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
+async fn policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway() {
+    let backend = EchoBackend::start("127.0.0.1", "echo").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let bridge = mcpbridge(&[format!("{{type: static, name: web, domain: \"127.0.0.1:{}\", port: 80}}", free_port())]);
+    let bridge = mcpbridge(&[format!("{{type: static, name: web, domain: \"{}\", port: 80}}", backend.addr)]);
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
     std::fs::write(dir.path().join("shop.yaml"), ingresses()).unwrap();
     let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
     let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
-    let istiod = Istiod::start(&api, app.xds_addr, Options { upstream_envoy: true })
-        .await
-        .expect("start istiod (source e2e/env.sh istiod)");
+    let options = Options { upstream_envoy: true, stock_gateway_listeners: true };
+    let istiod = Istiod::start(&api, app.xds_addr, options).await.expect("start istiod (source e2e/env.sh istiod)");
 
     // istiod decoded every new field of the VirtualService.
     let vs = istiod.virtual_service().await;
@@ -91,7 +130,7 @@ async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
     );
 
     // The routes istiod builds for the gateway from them.
-    let routes = istiod.gateway_routes(HOST, 5).await;
+    let routes = istiod.gateway_routes(HOST, 80, 7).await;
     let named = |name: &str| {
         routes.iter().find(|r| r.name == name).unwrap_or_else(|| {
             let names: Vec<&String> = routes.iter().map(|r| &r.name).collect();
@@ -134,5 +173,71 @@ async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
         })
         .collect();
     assert_eq!(mirrors, [("outbound|80||web.static", Some(250_000))], "{ra:?}");
+
+    // Real requests through an Envoy that istiod alone configures.
+    let envoy = istiod.gateway_envoy(&api).await.expect("start envoy (source e2e/env.sh envoy)");
+    wait_for_route(&envoy, HOST, "/tuned", &istiod).await;
+    let gateway_port = envoy.listen_port;
+    let get = |path: &'static str| send(gateway_port, Method::GET, path, &[]);
+
+    // The HTTPS redirect, for plain HTTP: 308, path and query kept.
+    let (status, h, _) = get("/api/cart?id=7").await;
+    assert_eq!((status, header(&h, "location")), (308, Some("https://shop.example.com/api/cart?id=7")));
+    // permanent-redirect: 301 to the URL's scheme, host and path.
+    let (status, h, _) = get("/old/page").await;
+    assert_eq!((status, header(&h, "location")), (301, Some("https://new.example.com/catalog")));
+    assert_eq!(backend.hits("/api/cart?id=7") + backend.hits("/old/page"), 0, "a redirect reached the backend");
+
+    // Headers: one added for the backend, one removed from the answer; the
+    // Host rewritten.
+    let (status, h, body) = get("/tuned/x").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("echo\nGET /tuned/x HTTP/1.1\n"), "{body}");
+    assert!(body.contains("\nx-env: staging\n"), "{body}");
+    assert!(body.contains("\nhost: web.internal\n"), "{body}");
+    assert_eq!(header(&h, "x-powered-by"), None, "{h:?}");
+    assert_eq!(header(&h, "x-backend"), Some("echo"), "{h:?}");
+
+    // `timeout: 1`: Envoy gives up on the 3 s answer after 1 s, with a 504.
+    let t = Instant::now();
+    let (status, _, _) = get("/tuned/slow").await;
+    let took = t.elapsed();
+    assert_eq!(status, 504);
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_millis(2500), "{took:?}");
+    // A first 503 is retried, and the retry answers.
+    assert_eq!(get("/tuned/flaky/1").await.0, 200);
+    assert_eq!(backend.hits("/tuned/flaky/1"), 2);
+
+    // A CORS preflight from the allowed origin is answered by Envoy; one
+    // from another origin gets no CORS headers.
+    let preflight = |origin| [("origin", origin), ("access-control-request-method", "GET")];
+    let (status, h, _) = send(gateway_port, Method::OPTIONS, "/tuned/c", &preflight("https://app.example.com")).await;
+    assert_eq!((status, header(&h, "access-control-allow-origin")), (200, Some("https://app.example.com")), "{h:?}");
+    assert_eq!(backend.hits("/tuned/c"), 0, "the preflight reached the backend");
+    let (_, h, _) = send(gateway_port, Method::OPTIONS, "/tuned/c", &preflight("https://evil.example.com")).await;
+    assert_eq!(header(&h, "access-control-allow-origin"), None, "{h:?}");
+
+    // rewrite-target: the matched path replaced.
+    let (status, _, body) = get("/v1/items?q=1").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("echo\nGET /v2/items?q=1 HTTP/1.1\n"), "{body}");
+
+    // The mirror: each request answered once, and about a quarter copied
+    // to the mirror service (here the same backend, which counts both).
+    for _ in 0..200 {
+        assert_eq!(get("/shadowed/m").await.0, 200);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut copies = backend.hits("/shadowed/m") - 200;
+    while copies < 20 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        copies = backend.hits("/shadowed/m") - 200;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    copies = backend.hits("/shadowed/m") - 200;
+    println!("FIGURE istiod_mirror copies={copies} of 200 (want about 50)");
+    // 25 % of 200: the standard deviation is about 6.1, so 20..=80 is
+    // beyond four sigma on either side.
+    assert!((20..=80).contains(&copies), "{copies} of 200 mirrored, want about 50");
     app.stop().await;
 }

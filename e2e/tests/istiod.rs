@@ -143,7 +143,7 @@ impl Stack {
         std::fs::write(dir.path().join("mcpbridge.yaml"), config(&consul)).unwrap();
         let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
         let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
-        let options = Options { upstream_envoy: true };
+        let options = Options { upstream_envoy: true, ..Options::default() };
         let istiod = Istiod::start(&api, app.xds_addr, options).await.expect("start istiod (source e2e/env.sh istiod)");
         Stack { consul, app, istiod, _api: api, _dir: dir }
     }
@@ -393,7 +393,9 @@ async fn figure_change_latency_through_istiod_at_1k_services() {
     let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
     let api = ApiServer::start().await.expect("start kube-apiserver");
     let started = Instant::now();
-    let istiod = Istiod::start(&api, app.xds_addr, Options { upstream_envoy: true }).await.expect("start istiod");
+    let istiod = Istiod::start(&api, app.xds_addr, Options { upstream_envoy: true, ..Options::default() })
+        .await
+        .expect("start istiod");
     println!("istiod ready in {:?}", started.elapsed());
     let node = Node {
         id: format!("router~192.0.2.10~{GATEWAY_ID}~higress-system.svc.cluster.local"),

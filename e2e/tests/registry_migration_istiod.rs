@@ -81,7 +81,9 @@ async fn a_service_in_two_registries_reaches_istiod_merged_and_fails_over_by_pri
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge(&east, &west, "")).unwrap();
     let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
     let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
-    let istiod = Istiod::start(&api, app.xds_addr, Options { upstream_envoy: true }).await.expect("start istiod");
+    let istiod = Istiod::start(&api, app.xds_addr, Options { upstream_envoy: true, ..Options::default() })
+        .await
+        .expect("start istiod");
 
     // One ServiceEntry with both registries' endpoints, each labelled.
     let se =
