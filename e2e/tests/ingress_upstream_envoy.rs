@@ -1,6 +1,9 @@
 //! The upstream annotation group through a standalone Envoy (listeners,
-//! routes and clusters over ADS): each Ingress routes one path to a static
-//! registry service of two backends that answer with their own names.
+//! routes and clusters over ADS from meshbridge), and through a stock Envoy
+//! fed only by a REAL istiod (`e2e/tests/istiod.rs` has the setup) from the
+//! DestinationRules meshbridge sends it: each Ingress routes one path to a
+//! static registry service of two backends that answer with their own
+//! names. The same requests and checks run on both.
 //!
 //! - `affinity: cookie`: Envoy sets the cookie, and requests carrying it
 //!   stay on one backend; requests without it spread.
@@ -16,9 +19,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use meshbridge::run::{App, RunArgs};
+use meshbridge_e2e::apiserver::ApiServer;
 use meshbridge_e2e::backend::Backend;
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::free_port;
+use meshbridge_e2e::istiod::{Istiod, Options};
 use meshbridge_e2e::traffic::{config_warning, mcp_ingress, mcpbridge, start_gateway};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
@@ -80,8 +86,27 @@ async fn spread(envoy: &Envoy, path: &str, headers: &[(&str, &str)], n: usize) -
     counts
 }
 
+/// Where the gateway Envoy's config comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Via {
+    /// meshbridge's own ADS: the standalone gateway.
+    Standalone,
+    /// istiod, from what meshbridge sends it over MCP.
+    Istiod,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_annotations_steer_envoy() {
+    upstream_annotations(Via::Standalone).await;
+}
+
+/// Needs `source e2e/env.sh envoy kubetools kube-apiserver istiod`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_annotations_steer_envoy_through_istiod() {
+    upstream_annotations(Via::Istiod).await;
+}
+
+async fn upstream_annotations(via: Via) {
     let (a, b) = (Backend::start("127.0.0.1", "a").await.unwrap(), Backend::start("127.0.0.1", "b").await.unwrap());
     let (probe, h2_seen, probe_task) = h2_probe().await;
     let dir = tempfile::tempdir().unwrap();
@@ -115,7 +140,11 @@ async fn upstream_annotations_steer_envoy() {
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
     std::fs::write(dir.path().join("shop.yaml"), yaml).unwrap();
     let gateway_port = free_port();
-    let app = start_gateway(dir.path(), gateway_port).await.expect("start meshbridge");
+    let app = match via {
+        Via::Standalone => start_gateway(dir.path(), gateway_port).await,
+        Via::Istiod => App::start(RunArgs::loopback(dir.path())).await,
+    };
+    let app = app.expect("start meshbridge");
 
     // `ewma` is reported, naming the Ingress and the annotation.
     let bad = config_warning(app.admin_addr, "Ingress shop/plain").await;
@@ -123,14 +152,30 @@ async fn upstream_annotations_steer_envoy() {
     let detail = bad["detail"].as_str().unwrap();
     assert!(detail.starts_with("annotation nginx.ingress.kubernetes.io/load-balance: \"ewma\""), "{detail}");
 
-    let envoy = Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, gateway_port).await.expect("start envoy");
+    // Through istiod: the API server and istiod live until the end.
+    let mut istiod_stack = None;
+    let envoy = match via {
+        Via::Standalone => Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, gateway_port).await,
+        Via::Istiod => {
+            let api =
+                ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
+            let options = Options { upstream_envoy: true, stock_gateway_listeners: true };
+            let istiod =
+                Istiod::start(&api, app.xds_addr, options).await.expect("start istiod (source e2e/env.sh istiod)");
+            let envoy = istiod.gateway_envoy(&api).await;
+            istiod_stack = Some((api, istiod));
+            envoy
+        }
+    };
+    let envoy = envoy.expect("start envoy");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let ready = get(&envoy, "/plain", &[]).await.status == 200 && get(&envoy, "/sticky", &[]).await.status == 200;
         if ready {
             break;
         }
-        assert!(Instant::now() < deadline, "routes or endpoints never arrived:\n{}", envoy.log());
+        let istiod_log = istiod_stack.as_ref().map(|(_, i)| i.log_tail(4000)).unwrap_or_default();
+        assert!(Instant::now() < deadline, "routes or endpoints never arrived:\n{}\n{istiod_log}", envoy.log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
@@ -171,20 +216,22 @@ async fn upstream_annotations_steer_envoy() {
             (c["name"].as_str().unwrap().to_owned(), c["lb_policy"].as_str().unwrap_or("ROUND_ROBIN").to_owned())
         })
         .collect();
-    assert_eq!(
-        policies.get("outbound|80|_policy|least.static").map(String::as_str),
-        Some("LEAST_REQUEST"),
-        "{policies:#?}"
-    );
-    assert_eq!(
-        policies.get("outbound|80|_policy|sticky.static").map(String::as_str),
-        Some("RING_HASH"),
-        "{policies:#?}"
-    );
-    assert!(
-        !policies.contains_key("outbound|80|_policy|plain.static"),
-        "a bad balancer makes no policy: {policies:#?}"
-    );
+    // The standalone gateway routes to a policy subset cluster; istiod sets
+    // the DestinationRule's policy on the service's own cluster.
+    let cluster = |service: &str| match via {
+        Via::Standalone => format!("outbound|80|_policy|{service}"),
+        Via::Istiod => format!("outbound|80||{service}"),
+    };
+    let policy = |service: &str| policies.get(&cluster(service)).map(String::as_str);
+    assert_eq!(policy("least.static"), Some("LEAST_REQUEST"), "{policies:#?}");
+    assert_eq!(policy("sticky.static"), Some("RING_HASH"), "{policies:#?}");
+    // A bad balancer makes no policy: no policy cluster on the standalone
+    // gateway, Istio's default balancer (least request) through istiod.
+    let default = match via {
+        Via::Standalone => None,
+        Via::Istiod => Some("LEAST_REQUEST"),
+    };
+    assert_eq!(policy("plain.static"), default, "{policies:#?}");
     assert_eq!(spread(&envoy, "/least", &[], 20).await.values().sum::<u32>(), 20);
 
     // HTTP/2 to the backend: it sees the preface (and answers nothing, so
@@ -196,4 +243,5 @@ async fn upstream_annotations_steer_envoy() {
 
     probe_task.abort();
     app.stop().await;
+    drop(istiod_stack);
 }

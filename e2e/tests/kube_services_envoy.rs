@@ -299,7 +299,23 @@ async fn a_registry_canary_beside_a_service_main() {
         if got.as_ref().is_some_and(|(status, body)| *status == 200 && body == "outside") {
             break;
         }
-        assert!(Instant::now() < deadline, "ExternalName through Envoy: {got:?}\n{}", envoy.log());
+        if Instant::now() >= deadline {
+            // What each side held, to tell a route never sent from one
+            // sent but not applied, or a cluster still warming.
+            let routes = envoy.admin("/config_dump?resource=dynamic_route_configs").await.unwrap_or_default();
+            let clusters = envoy.admin("/clusters").await.unwrap_or_default();
+            let outside: Vec<&str> = clusters.lines().filter(|l| l.contains("outside")).collect();
+            let config = reqwest::get(format!("http://{}/v1/config", app.admin_addr)).await;
+            let config = match config {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(e) => e.to_string(),
+            };
+            panic!(
+                "ExternalName through Envoy: {got:?}\n--- Envoy's routes ---\n{routes:.6000}\n--- Envoy's clusters \
+                 (outside) ---\n{outside:?}\n--- meshbridge /v1/config ---\n{config:.4000}\n--- Envoy ---\n{}",
+                envoy.log()
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let dump = envoy.admin("/config_dump?resource=dynamic_active_clusters").await.unwrap();
