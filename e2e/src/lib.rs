@@ -22,6 +22,7 @@ pub mod envoy;
 pub mod eureka;
 pub mod eureka_fake;
 pub mod faults;
+pub mod gateway;
 pub mod helm;
 pub mod idle_cut_proxy;
 pub mod istiod;

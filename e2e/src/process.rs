@@ -5,8 +5,36 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A port that was free a moment ago: bind to port 0 and let it go.
+/// A port that is free now, for a server that binds it later (often much
+/// later: an Envoy binds its gateway listener only when LDS arrives).
+///
+/// It comes from below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`, 32768–60999 by default), where neither
+/// a `bind` to port 0 nor the local port of an outgoing connection can land,
+/// so nothing else in the tests takes it in between. Each process walks the
+/// range from its own starting point (its pid) and never hands a port out
+/// twice; a port something already holds (on any address) is skipped. On a
+/// machine whose ephemeral range leaves no room below it, the port is the
+/// kernel's pick, as before.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let high = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(0);
+    if high > LOW + 1_000 {
+        let span = high - LOW;
+        let start = std::process::id().wrapping_mul(7919);
+        for _ in 0..span {
+            let port = LOW + start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+            let port = u16::try_from(port).expect("below the ephemeral range");
+            if TcpListener::bind(("0.0.0.0", port)).is_ok() && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("bind 127.0.0.1:0")
 }
 

@@ -19,13 +19,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use meshbridge::run::{App, RunArgs};
-use meshbridge_e2e::apiserver::ApiServer;
 use meshbridge_e2e::backend::Backend;
-use meshbridge_e2e::envoy::{AdsMode, Envoy};
-use meshbridge_e2e::free_port;
-use meshbridge_e2e::istiod::{Istiod, Options};
-use meshbridge_e2e::traffic::{config_warning, mcp_ingress, mcpbridge, start_gateway};
+use meshbridge_e2e::envoy::Envoy;
+use meshbridge_e2e::gateway::{Gateway, Via};
+use meshbridge_e2e::traffic::{config_warning, mcp_ingress, mcpbridge};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 
@@ -86,15 +83,6 @@ async fn spread(envoy: &Envoy, path: &str, headers: &[(&str, &str)], n: usize) -
     counts
 }
 
-/// Where the gateway Envoy's config comes from.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Via {
-    /// meshbridge's own ADS: the standalone gateway.
-    Standalone,
-    /// istiod, from what meshbridge sends it over MCP.
-    Istiod,
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_annotations_steer_envoy() {
     upstream_annotations(Via::Standalone).await;
@@ -139,12 +127,8 @@ async fn upstream_annotations(via: Via) {
     .join("---\n");
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
     std::fs::write(dir.path().join("shop.yaml"), yaml).unwrap();
-    let gateway_port = free_port();
-    let app = match via {
-        Via::Standalone => start_gateway(dir.path(), gateway_port).await,
-        Via::Istiod => App::start(RunArgs::loopback(dir.path())).await,
-    };
-    let app = app.expect("start meshbridge");
+    let gw = Gateway::start(dir.path(), via).await.expect("start meshbridge and the gateway");
+    let (app, envoy) = (&gw.app, &gw.envoy);
 
     // `ewma` is reported, naming the Ingress and the annotation.
     let bad = config_warning(app.admin_addr, "Ingress shop/plain").await;
@@ -152,53 +136,36 @@ async fn upstream_annotations(via: Via) {
     let detail = bad["detail"].as_str().unwrap();
     assert!(detail.starts_with("annotation nginx.ingress.kubernetes.io/load-balance: \"ewma\""), "{detail}");
 
-    // Through istiod: the API server and istiod live until the end.
-    let mut istiod_stack = None;
-    let envoy = match via {
-        Via::Standalone => Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, gateway_port).await,
-        Via::Istiod => {
-            let api =
-                ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
-            let options = Options { upstream_envoy: true, stock_gateway_listeners: true };
-            let istiod =
-                Istiod::start(&api, app.xds_addr, options).await.expect("start istiod (source e2e/env.sh istiod)");
-            let envoy = istiod.gateway_envoy(&api).await;
-            istiod_stack = Some((api, istiod));
-            envoy
-        }
-    };
-    let envoy = envoy.expect("start envoy");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let ready = get(&envoy, "/plain", &[]).await.status == 200 && get(&envoy, "/sticky", &[]).await.status == 200;
+        let ready = get(envoy, "/plain", &[]).await.status == 200 && get(envoy, "/sticky", &[]).await.status == 200;
         if ready {
             break;
         }
-        let istiod_log = istiod_stack.as_ref().map(|(_, i)| i.log_tail(4000)).unwrap_or_default();
-        assert!(Instant::now() < deadline, "routes or endpoints never arrived:\n{}\n{istiod_log}", envoy.log());
+        assert!(Instant::now() < deadline, "routes or endpoints never arrived:\n{}\n{}", envoy.log(), gw.istiod_log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     // Cookie affinity: Envoy generates the cookie with its attributes, and
     // 20 requests carrying it land on one backend.
-    let first = get(&envoy, "/sticky", &[]).await;
+    let first = get(envoy, "/sticky", &[]).await;
     let set_cookie = first.set_cookie.expect("Envoy sets the affinity cookie");
     assert!(set_cookie.starts_with("route="), "{set_cookie}");
     assert!(set_cookie.contains("Max-Age=600") && set_cookie.contains("Path=/"), "{set_cookie}");
     let cookie = set_cookie.split(';').next().unwrap().to_owned();
-    let sticky = spread(&envoy, "/sticky/x", &[("cookie", &cookie)], 20).await;
+    let sticky = spread(envoy, "/sticky/x", &[("cookie", &cookie)], 20).await;
     assert_eq!(sticky.len(), 1, "one backend for one cookie: {sticky:?}");
     assert!(sticky.contains_key(&first.body), "the cookie's backend is the first answer's: {sticky:?} {}", first.body);
     // Without a cookie each request gets a new one, so requests spread: 40
     // all on one of two backends has a probability of 2^-39.
-    let fresh = spread(&envoy, "/sticky", &[], 40).await;
+    let fresh = spread(envoy, "/sticky", &[], 40).await;
     assert_eq!(fresh.keys().cloned().collect::<BTreeSet<_>>(), BTreeSet::from(["a".into(), "b".into()]), "{fresh:?}");
 
     // Hash by a header: each user stays on one backend, and users spread.
     let mut chosen = BTreeSet::new();
     for user in 0..16 {
         let user = format!("user-{user}");
-        let seen = spread(&envoy, "/hashed", &[("x-user", &user)], 8).await;
+        let seen = spread(envoy, "/hashed", &[("x-user", &user)], 8).await;
         assert_eq!(seen.len(), 1, "{user} moved between backends: {seen:?}");
         chosen.extend(seen.into_keys());
     }
@@ -232,16 +199,15 @@ async fn upstream_annotations(via: Via) {
         Via::Istiod => Some("LEAST_REQUEST"),
     };
     assert_eq!(policy("plain.static"), default, "{policies:#?}");
-    assert_eq!(spread(&envoy, "/least", &[], 20).await.values().sum::<u32>(), 20);
+    assert_eq!(spread(envoy, "/least", &[], 20).await.values().sum::<u32>(), 20);
 
     // HTTP/2 to the backend: it sees the preface (and answers nothing, so
     // the request fails).
     let before = h2_seen.load(Ordering::SeqCst);
-    let answer = get(&envoy, "/h2", &[]).await;
+    let answer = get(envoy, "/h2", &[]).await;
     assert_ne!(answer.status, 200, "the probe answers nothing");
     assert!(h2_seen.load(Ordering::SeqCst) > before, "Envoy did not speak HTTP/2 to the backend");
 
     probe_task.abort();
-    app.stop().await;
-    drop(istiod_stack);
+    gw.app.stop().await;
 }

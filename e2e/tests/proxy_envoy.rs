@@ -1,7 +1,11 @@
 //! McpBridge `proxies`, end to end: a `dns` registry with `protocol: https`
-//! and `proxyName` is reached from a standalone Envoy through a real HTTP
-//! CONNECT proxy (Debian's tinyproxy) to a local TLS backend, and goes
-//! direct again once `proxyName` is removed from the config file.
+//! and `proxyName` is reached from a gateway Envoy through a real HTTP
+//! CONNECT proxy (Debian's tinyproxy) to a local TLS backend, which sees
+//! the SNI, and goes direct again once `proxyName` is removed from the
+//! config file. The Envoy is the standalone gateway, and then a stock Envoy
+//! fed only by a REAL istiod, which applies meshbridge's EnvoyFilters (the
+//! tunnel listener, the service's endpoints moved to it) and its
+//! DestinationRule (TLS with the SNI) itself; the same checks run on both.
 //!
 //! The tunnel listener CONNECTs to `{SNI}:443`, as Higress's does, so the
 //! proxy must resolve the SNI and find the backend on port 443. Without
@@ -9,7 +13,8 @@
 //! domain is `localhost` (the dns watcher resolves it from the hosts file;
 //! meshbridge has no way to point it at the fake DNS server from config),
 //! which also makes it the SNI, and the backend listens on 127.0.0.1:443 and
-//! [::1]:443 (we run as root). Only one test here binds 443.
+//! [::1]:443 (we run as root). The two tests bind 443 one after the other
+//! ([`PORT_443`]).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -20,12 +25,12 @@ use std::time::{Duration, Instant};
 use meshbridge::cache::{CachedService, RegistryKey, View};
 use meshbridge::config::ProxySpec;
 use meshbridge::translate::{self, Inputs};
-use meshbridge_e2e::envoy::{AdsMode, Envoy};
+use meshbridge_e2e::envoy::Envoy;
 use meshbridge_e2e::free_port;
+use meshbridge_e2e::gateway::{Gateway, Via};
 use meshbridge_e2e::process::binary_from_env;
 use meshbridge_e2e::tinyproxy::Tinyproxy;
 use meshbridge_e2e::tls_backend::TlsBackend;
-use meshbridge_e2e::traffic::start_gateway;
 use meshbridge_registries::{Endpoint, Protocol, RegistryKind, Service, ServicePort, Tls};
 use serde_json::{Value, json};
 
@@ -112,8 +117,22 @@ async fn wait_for_endpoints(envoy: &Envoy, what: &str, pred: impl Fn(&[String]) 
     }
 }
 
+/// Held while a test binds port 443.
+static PORT_443: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_service_goes_through_the_connect_proxy_and_back_to_direct() {
+    through_the_connect_proxy(Via::Standalone).await;
+}
+
+/// Needs `source e2e/env.sh envoy tinyproxy kubetools kube-apiserver istiod`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_service_goes_through_the_connect_proxy_and_back_to_direct_through_istiod() {
+    through_the_connect_proxy(Via::Istiod).await;
+}
+
+async fn through_the_connect_proxy(via: Via) {
+    let _port_443 = PORT_443.lock().await;
     let mut addrs: Vec<SocketAddr> = vec!["127.0.0.1:443".parse().unwrap()];
     // localhost may also resolve to ::1; serve there too when the host has it.
     if std::net::TcpListener::bind("[::1]:0").is_ok() {
@@ -126,8 +145,8 @@ async fn https_service_goes_through_the_connect_proxy_and_back_to_direct() {
     let file = dir.path().join("bridge.yaml");
     let listener_port = free_port();
     std::fs::write(&file, config(proxy.port, listener_port, true)).unwrap();
-    let gateway_port = free_port();
-    let app = start_gateway(dir.path(), gateway_port).await.expect("start meshbridge");
+    let gw = Gateway::start(dir.path(), via).await.expect("start meshbridge and the gateway");
+    let (app, envoy) = (&gw.app, &gw.envoy);
 
     // Pilot's side of the same set: the two EnvoyFilters.
     let mut rx = app.config.clone();
@@ -145,10 +164,9 @@ async fn https_service_goes_through_the_connect_proxy_and_back_to_direct() {
     .clone();
     assert!(set.warnings().all(|w| !w.to_string().contains("proxy")), "{:?}", set.warnings().collect::<Vec<_>>());
 
-    let envoy = Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, gateway_port).await.expect("start envoy");
     let tunnel = format!("127.0.0.1:{listener_port}");
-    wait_for_endpoints(&envoy, "the tunnel listener as the only endpoint", |eps| eps == [tunnel.clone()]).await;
-    wait_for_answer(&envoy, "partner", "through the proxy", || proxy.log()).await;
+    wait_for_endpoints(envoy, "the tunnel listener as the only endpoint", |eps| eps == [tunnel.clone()]).await;
+    wait_for_answer(envoy, "partner", "through the proxy", || format!("{}\n{}", proxy.log(), gw.istiod_log())).await;
 
     let connects = proxy.connects();
     assert!(!connects.is_empty() && connects.iter().all(|c| c == "localhost:443"), "{connects:?}\n{}", proxy.log());
@@ -160,11 +178,26 @@ async fn https_service_goes_through_the_connect_proxy_and_back_to_direct() {
     // Remove proxyName: the watcher restarts on the changed spec, the
     // endpoints go back to the backend itself, and nothing restarts.
     std::fs::write(&file, config(proxy.port, listener_port, false)).unwrap();
-    let direct = wait_for_endpoints(&envoy, "the backend's own addresses", |eps| {
+    let direct = wait_for_endpoints(envoy, "the backend's own addresses", |eps| {
         !eps.is_empty() && eps.iter().all(|e| e.ends_with(":443"))
     })
     .await;
     assert!(direct.contains(&"127.0.0.1:443".to_string()), "{direct:?}");
+    if via == Via::Istiod {
+        // Direct, istiod makes the TLS of the DestinationRule (mode SIMPLE,
+        // the SNI, no CA) itself, and since Istio 1.20 that verifies the
+        // backend's certificate against the gateway's system roots, which
+        // its Envoy gets over SDS (`file-root:system`) from the Istio agent
+        // beside it. A stock Envoy has no agent, and this backend's CA is
+        // the test's own: the config is checked, not traffic.
+        let dump = envoy.admin("/config_dump?resource=dynamic_active_clusters").await.unwrap();
+        let at = dump.find(&format!("\"name\": \"{CLUSTER}\"")).unwrap_or_else(|| panic!("no {CLUSTER}: {dump:.3000}"));
+        let cluster = dump[at..].split("\"version_info\"").next().unwrap();
+        assert!(cluster.contains("\"sni\": \"localhost\""), "{cluster}");
+        assert!(cluster.contains("file-root:system"), "{cluster}");
+        gw.app.stop().await;
+        return;
+    }
     let (before_connects, before_tls) = (proxy.connects().len(), backend.server_names().len());
     for _ in 0..5 {
         let (status, body) = envoy.get_host("/", HOST).await.unwrap();
@@ -177,7 +210,7 @@ async fn https_service_goes_through_the_connect_proxy_and_back_to_direct() {
     // The proxy itself stays configured, as in Higress: it does not depend on use.
     let listeners = envoy.admin("/listeners").await.unwrap();
     assert!(listeners.contains("istio-autogenerated-proxy-listener-corp"), "{listeners}");
-    app.stop().await;
+    gw.app.stop().await;
 }
 
 /// A proxied `dns` service and its proxy, translated as the publisher would.
