@@ -8,7 +8,8 @@
 //! istiod's xDS as the gateway proxy; no Envoy is needed (istiod's
 //! gateway listeners carry Istio-only filters).
 //!
-//! Needs `source e2e/env.sh kubetools kube-apiserver istiod`.
+//! Runs once per istiod build (`istiod_tests!`). Needs `source e2e/env.sh
+//! kubetools kube-apiserver istiod istiod-1.27`.
 
 use envoy_types::pb::envoy::config::route::v3::{
     Route, header_matcher::HeaderMatchSpecifier, route, route_action::ClusterSpecifier,
@@ -17,7 +18,8 @@ use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
 use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::apiserver::ApiServer;
 use meshbridge_e2e::free_port;
-use meshbridge_e2e::istiod::{Istiod, Options};
+use meshbridge_e2e::istiod::{Istiod, Options, Version};
+use meshbridge_e2e::istiod_tests;
 use meshbridge_e2e::traffic::{canary_ingresses, mcpbridge};
 
 const HOST: &str = "shop.example.com";
@@ -52,8 +54,9 @@ fn service(cluster: &str) -> &str {
     cluster.rsplit('|').next().unwrap_or(cluster)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn canary_routes_reach_istiod_and_its_gateway_routes() {
+istiod_tests!(canary_routes_reach_istiod_and_its_gateway_routes);
+
+async fn canary_routes_reach_istiod_and_its_gateway_routes(version: Version) {
     let dir = tempfile::tempdir().unwrap();
     let bridge = mcpbridge(&[
         format!("{{type: static, name: main, domain: \"127.0.0.1:{}\", port: 80}}", free_port()),
@@ -63,9 +66,9 @@ async fn canary_routes_reach_istiod_and_its_gateway_routes() {
     std::fs::write(dir.path().join("shop.yaml"), canary_ingresses(HOST).join("---\n")).unwrap();
     let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
     let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
-    let istiod = Istiod::start(&api, app.xds_addr, Options { upstream_envoy: true })
+    let istiod = Istiod::start(&api, app.xds_addr, Options { version, upstream_envoy: true })
         .await
-        .expect("start istiod (source e2e/env.sh istiod)");
+        .unwrap_or_else(|e| panic!("start {version} (source e2e/env.sh istiod istiod-1.27): {e:#}"));
 
     // istiod decoded the canary routes of the VirtualService.
     let vs = istiod.virtual_service().await;
@@ -76,7 +79,7 @@ async fn canary_routes_reach_istiod_and_its_gateway_routes() {
         ["shop-shop-canary-split-0-canary-header", "shop-shop-canary-split-0-canary-header-never", "shop-shop-1"];
     for order in [app_order, split_order] {
         let at: Vec<Option<usize>> = order.iter().map(|n| names.iter().position(|m| m == n)).collect();
-        assert!(at.iter().all(Option::is_some) && at.is_sorted(), "want {order:?} in order, got {names:?}");
+        assert!(at.iter().all(Option::is_some) && at.is_sorted(), "{version}: want {order:?} in order, got {names:?}");
     }
 
     // The routes istiod builds for the gateway from them.
@@ -86,14 +89,14 @@ async fn canary_routes_reach_istiod_and_its_gateway_routes() {
     // prefix is an exact and a `/…/` prefix match), in the same order.
     let named = |name: &str| -> Vec<&Route> {
         let found: Vec<&Route> = routes.iter().filter(|r| r.name == name).collect();
-        assert!(!found.is_empty(), "no route {name} among {names:?}");
+        assert!(!found.is_empty(), "{version}: no route {name} among {names:?}");
         found
     };
     let first = |name: &str| names.iter().position(|n| *n == name).unwrap();
     let last = |name: &str| names.iter().rposition(|n| *n == name).unwrap();
     for order in [app_order, split_order] {
         for pair in order.windows(2) {
-            assert!(last(pair[0]) < first(pair[1]), "{} not before {}: {names:?}", pair[0], pair[1]);
+            assert!(last(pair[0]) < first(pair[1]), "{version}: {} not before {}: {names:?}", pair[0], pair[1]);
         }
     }
     let to = |r: &Route| -> Vec<(String, u32)> {

@@ -8,7 +8,8 @@
 //! The routes are fetched from istiod's xDS as the gateway proxy; no
 //! Envoy is needed (istiod's gateway listeners carry Istio-only filters).
 //!
-//! Needs `source e2e/env.sh kubetools kube-apiserver istiod`.
+//! Runs once per istiod build (`istiod_tests!`). Needs `source e2e/env.sh
+//! kubetools kube-apiserver istiod istiod-1.27`.
 
 use envoy_types::pb::envoy::config::route::v3::{
     redirect_action::RedirectResponseCode, route, route_action::HostRewriteSpecifier,
@@ -17,7 +18,8 @@ use envoy_types::pb::envoy::r#type::v3::fractional_percent::DenominatorType;
 use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::apiserver::ApiServer;
 use meshbridge_e2e::free_port;
-use meshbridge_e2e::istiod::{Istiod, Options};
+use meshbridge_e2e::istiod::{Istiod, Options, Version};
+use meshbridge_e2e::istiod_tests;
 use meshbridge_e2e::traffic::{mcp_ingress, mcpbridge};
 
 const HOST: &str = "shop.example.com";
@@ -61,22 +63,24 @@ fn denominator(d: i32) -> u64 {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
+istiod_tests!(policy_annotations_reach_istiod_and_its_gateway_routes);
+
+async fn policy_annotations_reach_istiod_and_its_gateway_routes(version: Version) {
     let dir = tempfile::tempdir().unwrap();
     let bridge = mcpbridge(&[format!("{{type: static, name: web, domain: \"127.0.0.1:{}\", port: 80}}", free_port())]);
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
     std::fs::write(dir.path().join("shop.yaml"), ingresses()).unwrap();
     let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
     let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
-    let istiod = Istiod::start(&api, app.xds_addr, Options { upstream_envoy: true })
+    let istiod = Istiod::start(&api, app.xds_addr, Options { version, upstream_envoy: true })
         .await
-        .expect("start istiod (source e2e/env.sh istiod)");
+        .unwrap_or_else(|e| panic!("start {version} (source e2e/env.sh istiod istiod-1.27): {e:#}"));
 
     // istiod decoded every new field of the VirtualService.
     let vs = istiod.virtual_service().await;
     let http = vs["spec"]["http"].as_array().unwrap();
-    let by_name = |name: &str| http.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{name}: {vs}"));
+    let by_name =
+        |name: &str| http.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{version}: {name}: {vs}"));
     let main = by_name("shop-api-0");
     assert_eq!((main["timeout"].as_str(), main["retries"]["attempts"].as_i64()), (Some("5s"), Some(2)), "{main}");
     assert_eq!(main["corsPolicy"]["allowOrigins"][0]["exact"], "https://app.example.com", "{main}");
@@ -95,7 +99,7 @@ async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
     let named = |name: &str| {
         routes.iter().find(|r| r.name == name).unwrap_or_else(|| {
             let names: Vec<&String> = routes.iter().map(|r| &r.name).collect();
-            panic!("no route {name} among {names:?}")
+            panic!("{version}: no route {name} among {names:?}")
         })
     };
 
@@ -103,7 +107,7 @@ async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
     let Some(route::Action::Redirect(redirect)) = &ssl.action else { panic!("{ssl:?}") };
     assert_eq!(redirect.response_code, RedirectResponseCode::PermanentRedirect as i32, "{redirect:?}");
     let scheme = ssl.r#match.as_ref().unwrap().headers.iter().find(|h| h.name == ":scheme");
-    assert!(scheme.is_some(), "the HTTPS redirect is not for plain HTTP only: {ssl:?}");
+    assert!(scheme.is_some(), "{version}: the HTTPS redirect is not for plain HTTP only: {ssl:?}");
 
     let old = named("shop-old-0");
     let Some(route::Action::Redirect(redirect)) = &old.action else { panic!("{old:?}") };
@@ -112,7 +116,7 @@ async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
     let main = named("shop-api-0");
     let Some(route::Action::Route(ra)) = &main.action else { panic!("{main:?}") };
     assert_eq!(ra.timeout.as_ref().map(|d| d.seconds), Some(5), "{ra:?}");
-    let retry = ra.retry_policy.as_ref().unwrap_or_else(|| panic!("no retry policy: {ra:?}"));
+    let retry = ra.retry_policy.as_ref().unwrap_or_else(|| panic!("{version}: no retry policy: {ra:?}"));
     assert_eq!(retry.num_retries.as_ref().map(|n| n.value), Some(2), "{retry:?}");
     assert!(retry.retry_on.contains("5xx") && retry.retriable_status_codes.contains(&503), "{retry:?}");
     assert_eq!(ra.host_rewrite_specifier, Some(HostRewriteSpecifier::HostRewriteLiteral("web.internal".into())));
@@ -120,7 +124,10 @@ async fn policy_annotations_reach_istiod_and_its_gateway_routes() {
         main.request_headers_to_add.iter().filter_map(|h| h.header.as_ref()).map(|h| h.key.as_str()).collect();
     assert!(added.contains(&"x-env"), "{added:?}");
     assert!(main.response_headers_to_remove.contains(&"x-powered-by".to_owned()), "{main:?}");
-    assert!(main.typed_per_filter_config.contains_key("envoy.filters.http.cors"), "no CORS policy: {main:?}");
+    assert!(
+        main.typed_per_filter_config.contains_key("envoy.filters.http.cors"),
+        "{version}: no CORS policy: {main:?}"
+    );
 
     // The mirror, as the standalone gateway sends it: a quarter, per million.
     let shadowed = named("shop-shadowed-0");
