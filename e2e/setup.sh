@@ -4,6 +4,7 @@
 #
 #   e2e/setup.sh [consul] [envoy] [zookeeper] [rnacos] [nacos-server] [tinyproxy] [eureka-server] [eureka-client] [dubbo-provider] [spring-app] [docker-compose] [kubetools] [cargo-deny]
 #                [mdbook] [kube-apiserver] (also builds etcd; `etcd` is the same component) [helm] [istiod]
+#                [istiod-1.27] (istiod at Istio 1.27.9; `istiod` is master)
 #                [chromium] (Debian's headless browser: the status page test)
 #                (default: consul envoy)
 #
@@ -349,40 +350,95 @@ install_helm() {
   echo "$dir/bin/helm"
 }
 
-# istiod (`pilot-discovery`), built from the Go module istio.io/istio. Istio
-# tags its releases without the `v` Go wants (1.28.0, not v1.28.0), so the
-# module proxy serves only pseudo-versions of master commits; the VERSION
-# file in the module says which release that master was heading for (1.31
-# for the default). istio.io/istio has no replace directives, but a
-# throwaway module still lets us fetch the graph and build as two timed
-# steps, as for kube-apiserver. Modules go to the shared $CACHE/go/mod; the
-# build cache is the build's own and is removed afterwards.
+# istiod (`pilot-discovery`), built from the Go module istio.io/istio.
+# Istio tags its releases without the `v` Go wants (1.28.0, not v1.28.0), so
+# the module proxy resolves a release only by its commit, as a
+# pseudo-version, and serves only a few such commits. Two are built:
+# - `istiod`: master (ISTIO_VERSION), whose VERSION file says which
+#   release it was heading for (1.31, so "1.31-dev");
+# - `istiod-1.27`: the commit of tag 1.27.9 (ISTIO_127_VERSION), the newest
+#   1.27 patch; Higress ships Istio 1.27, and the proxy serves no 1.27
+#   commit older than this one (1.27.0 and 1.27.3 are refused).
+# istio.io/istio has no replace directives, but a throwaway module still
+# lets us fetch the graph and build as two timed steps, as for
+# kube-apiserver. Modules go to the shared $CACHE/go/mod; the build cache is
+# the build's own (one per version) and is removed afterwards. Each version
+# has its own install dir, so installing one never removes the other.
+#
+# 1.27.9's go.mod requires istio.io/api and istio.io/client-go at
+# pseudo-versions the proxy refuses (403), so its build replaces them:
+# - istio.io/api v1.27.8-0.20260228163850-469b1b2d2cfa => v1.27.8, the tag
+#   on that same commit (469b1b2d2cfa): the same source under its tag name;
+# - istio.io/client-go v1.27.8-0.20260228164351-be89f6f65a7b => v1.28.0:
+#   the proxy serves no 1.27 client-go (that pseudo-version and the tags
+#   on its commit, v1.27.8 and v1.27.9, are refused). v1.28.0's Go code is
+#   that commit's but for the order of two CRD version lists in generator
+#   comments (`git diff v1.27.9 v1.28.0` in istio/client-go: go.mod, go.sum,
+#   build scripts and those comments); its go.mod asks for newer modules.
+#   Newer client-gos do not build: v1.30.8 wants a TrafficExtension that
+#   istio.io/api 1.27.8 lacks.
+# Every other module is pinned (a replace) at the version 1.27.9's go.mod
+# names, so client-go v1.28.0's own requirements lift nothing:
+# pilot-discovery is built from 1.27.9's module graph, the same Go source.
 ISTIO_VERSION="${MESHBRIDGE_ISTIO_VERSION:-v0.0.0-20260827124520-eed52ebb66ad}"
+ISTIO_127_VERSION="${MESHBRIDGE_ISTIO_127_VERSION:-v0.0.0-20260403063052-b9159ca3e5d5}"
+ISTIO_127_RELEASE=1.27.9
+ISTIO_127_SUBSTITUTES=("istio.io/api v1.27.8" "istio.io/client-go v1.28.0")
+# $1: the istio.io/istio version; $2: the release that commit is tagged as
+# (empty for a master commit: then the VERSION file's, with "-dev"); then
+# "MODULE VERSION" for each requirement of its go.mod the proxy refuses.
 install_istiod() {
-  local dir="$CACHE/istiod-$ISTIO_VERSION"
-  if [ -x "$dir/bin/pilot-discovery" ]; then log "istiod $ISTIO_VERSION cached: $dir/bin"; echo "$dir/bin"; return; fi
-  command -v go >/dev/null 2>&1 || { log "istiod needs Go (go.mod of istio.io/istio $ISTIO_VERSION says which)"; exit 1; }
-  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build-istiod" GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
-  local mod="$CACHE/go/wrap-istiod-$ISTIO_VERSION"
+  local version=$1 tagged=${2:-} substitutes=("${@:3}")
+  local dir="$CACHE/istiod-$version"
+  if [ -x "$dir/bin/pilot-discovery" ]; then
+    log "istiod $version ($("$dir/bin/pilot-discovery" version --short 2>/dev/null || echo '?')) cached: $dir/bin"
+    echo "$dir/bin"; return
+  fi
+  command -v go >/dev/null 2>&1 || { log "istiod needs Go (go.mod of istio.io/istio $version says which)"; exit 1; }
+  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build-istiod-$version" GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+  local mod="$CACHE/go/wrap-istiod-$version"
   rm -rf "$mod"; mkdir -p "$mod" "$dir/bin"
-  local imod release rev="${ISTIO_VERSION##*-}"
-  imod=$(cd "$mod" && go mod download -json "istio.io/istio@$ISTIO_VERSION" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
+  local imod release rev="${version##*-}"
+  imod=$(cd "$mod" && go mod download -json "istio.io/istio@$version" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
   release="$(cat "$imod/VERSION")-dev"
-  log "building pilot-discovery from istio.io/istio $ISTIO_VERSION (Istio $release, commit $rev) with $(go version | cut -d' ' -f3) in $mod"
+  if [ -n "$tagged" ]; then
+    # The tag must be of the line the module's VERSION file names.
+    [ "${tagged%.*}" = "$(cat "$imod/VERSION")" ] || { log "istio.io/istio $version is $release, not $tagged"; exit 1; }
+    release=$tagged
+  fi
+  log "building pilot-discovery from istio.io/istio $version (Istio $release, commit $rev) with $(go version | cut -d' ' -f3) in $mod"
   printf 'module meshbridge.test/istiod-build\n\ngo %s\n\nrequire istio.io/istio %s\n' \
-    "$(awk '$1 == "go" {print $2; exit}' "$imod/go.mod")" "$ISTIO_VERSION" > "$mod/go.mod"
+    "$(awk '$1 == "go" {print $2; exit}' "$imod/go.mod")" "$version" > "$mod/go.mod"
+  if [ ${#substitutes[@]} -gt 0 ]; then
+    local sub subbed=" "
+    for sub in "${substitutes[@]}"; do
+      log "istiod $release: ${sub% *} $(awk -v m="${sub% *}" '$1 == m {print $2; exit}' "$imod/go.mod") is replaced by ${sub#* }"
+      subbed+="${sub% *} "
+    done
+    {
+      echo; echo "replace ("
+      # Every requirement (both require blocks) at 1.27.9's own version...
+      awk -v skip="$subbed" '$1 == "require" && $2 == "(" {r = 1; next} r && $1 == ")" {r = 0; next}
+        r && NF >= 2 && index(skip, " " $1 " ") == 0 {print "\t" $1 " => " $1 " " $2}' "$imod/go.mod"
+      # ...but the substitutes.
+      for sub in "${substitutes[@]}"; do echo "	${sub% *} => $sub"; done
+      echo ")"
+    } >> "$mod/go.mod"
+  fi
   # Wall and CPU (user + sys, children included) of each step.
   local TIMEFORMAT='%R s wall, %U s user + %S s sys CPU' took
   exec 3>&2
-  took=$( { time (cd "$mod" && go list -deps istio.io/istio/pilot/cmd/pilot-discovery >/dev/null 2>&3); } 2>&1 )
-  log "istiod modules fetched in $took ($(du -sh "$GOMODCACHE" | cut -f1) module cache)"
+  took=$( { time (cd "$mod" && go list -deps istio.io/istio/pilot/cmd/pilot-discovery >/dev/null 2>&3); } 2>&1 ) ||
+    { log "istiod $release: fetching modules FAILED"; exit 1; }
+  log "istiod $release modules fetched in $took ($(du -sh "$GOMODCACHE" | cut -f1) module cache)"
   local ldv=istio.io/istio/pkg/version
   took=$( { time (cd "$mod" && go build -trimpath -o "$dir/bin/pilot-discovery.tmp" -ldflags "-s -w \
       -X $ldv.buildVersion=$release -X $ldv.buildGitRevision=$rev -X $ldv.buildStatus=Clean \
-      -X $ldv.buildTag=$ISTIO_VERSION -X $ldv.buildHub=meshbridge.test" \
-      istio.io/istio/pilot/cmd/pilot-discovery >&3 2>&3); } 2>&1 )
+      -X $ldv.buildTag=$version -X $ldv.buildHub=meshbridge.test" \
+      istio.io/istio/pilot/cmd/pilot-discovery >&3 2>&3); } 2>&1 ) ||
+    { log "istiod $release: go build FAILED"; exit 1; }
   exec 3>&-
-  log "pilot-discovery built in $took"
+  log "pilot-discovery $release built in $took"
   mv "$dir/bin/pilot-discovery.tmp" "$dir/bin/pilot-discovery"
   "$dir/bin/pilot-discovery" version --short >&2
   rm -rf "$GOCACHE" "$mod"
@@ -414,7 +470,9 @@ component() {
     mdbook)    v=$(install_mdbook); echo "export MESHBRIDGE_MDBOOK_BIN=$v" ;;
     kube-apiserver|etcd) d=$(install_kube_apiserver)
                echo "export MESHBRIDGE_KUBE_APISERVER_BIN=$d/kube-apiserver MESHBRIDGE_ETCD_BIN=$d/etcd" ;;
-    istiod)    d=$(install_istiod); echo "export MESHBRIDGE_ISTIOD_BIN=$d/pilot-discovery" ;;
+    istiod)    d=$(install_istiod "$ISTIO_VERSION"); echo "export MESHBRIDGE_ISTIOD_BIN=$d/pilot-discovery" ;;
+    istiod-1.27) d=$(install_istiod "$ISTIO_127_VERSION" "$ISTIO_127_RELEASE" "${ISTIO_127_SUBSTITUTES[@]}")
+               echo "export MESHBRIDGE_ISTIOD_127_BIN=$d/pilot-discovery" ;;
     helm)      v=$(install_helm); echo "export MESHBRIDGE_HELM_BIN=$v" ;;
     *) log "unknown component $w"; return 2 ;;
   esac
@@ -426,7 +484,7 @@ component() {
 group_of() {
   case "$1" in
     rnacos|cargo-deny|mdbook) echo cargo ;;
-    kube-apiserver|etcd|helm|istiod) echo go ;;
+    kube-apiserver|etcd|helm|istiod|istiod-1.27) echo go ;;
     eureka-server|eureka-client|dubbo-provider|spring-app|nacos-server) echo maven ;;
     *) echo fetch ;;
   esac

@@ -11,7 +11,7 @@ export MESHBRIDGE_CACHE="${MESHBRIDGE_CACHE:-$HOME/.cache/meshbridge}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MESHBRIDGE_CACHE/target}"
 
 # shellcheck source=e2e/env.sh
-source e2e/env.sh consul envoy rnacos nacos-server zookeeper tinyproxy eureka-server eureka-client dubbo-provider spring-app docker-compose kubetools cargo-deny mdbook kube-apiserver helm istiod chromium
+source e2e/env.sh consul envoy rnacos nacos-server zookeeper tinyproxy eureka-server eureka-client dubbo-provider spring-app docker-compose kubetools cargo-deny mdbook kube-apiserver helm istiod istiod-1.27 chromium
 
 echo "== kubernetes manifests"
 if [ -n "${MESHBRIDGE_KUBECTL_BIN:-}" ] && [ -n "${MESHBRIDGE_KUBE_VALIDATE_BIN:-}" ]; then

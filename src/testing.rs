@@ -167,6 +167,34 @@ impl DeltaClient {
     }
 }
 
+/// The MCP type URLs a real istiod asks for when it starts on a `configSources`
+/// entry `xds://…` (istio.io/istio `pkg/adsc` `ConfigInitialRequests`: the
+/// mesh config, then every collection of Pilot's schema at its stored
+/// version, `pkg/config/schema/collections`): Istio 1.27.9's. Master
+/// (1.31-dev, commit `eed52ebb66ad`) asks for these and
+/// [`ISTIOD_MASTER_ALSO_ASKS_FOR`].
+pub const ISTIOD_1_27_ASKS_FOR: [&str; 15] = [
+    "core/v1alpha1/MeshConfig",
+    "extensions.istio.io/v1alpha1/WasmPlugin",
+    "networking.istio.io/v1/DestinationRule",
+    "networking.istio.io/v1/Gateway",
+    "networking.istio.io/v1/ServiceEntry",
+    "networking.istio.io/v1/Sidecar",
+    "networking.istio.io/v1/VirtualService",
+    "networking.istio.io/v1/WorkloadEntry",
+    "networking.istio.io/v1/WorkloadGroup",
+    "networking.istio.io/v1alpha3/EnvoyFilter",
+    "networking.istio.io/v1beta1/ProxyConfig",
+    "security.istio.io/v1/AuthorizationPolicy",
+    "security.istio.io/v1/PeerAuthentication",
+    "security.istio.io/v1/RequestAuthentication",
+    "telemetry.istio.io/v1/Telemetry",
+];
+
+/// What istiod master asks for beside [`ISTIOD_1_27_ASKS_FOR`]: the
+/// TrafficExtension collection, added after 1.27.
+pub const ISTIOD_MASTER_ALSO_ASKS_FOR: [&str; 1] = ["extensions.istio.io/v1alpha1/TrafficExtension"];
+
 /// An ADS server on a free port fed from a cache, the way the binary wires
 /// them (cache → publisher → server), with one registry's sink to drive it.
 pub struct XdsFixture {

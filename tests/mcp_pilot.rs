@@ -2,11 +2,11 @@
 //! behaves like Istio Pilot's: SotW only, MeshConfig first, then one
 //! wildcard request per collection (v1 or v1alpha3), never a NACK.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
-use meshbridge::testing::{SotwClient, XdsFixture};
+use meshbridge::testing::{ISTIOD_1_27_ASKS_FOR, ISTIOD_MASTER_ALSO_ASKS_FOR, SotwClient, XdsFixture};
 use meshbridge::translate::mcp::MCP_RESOURCE_TYPE;
 use meshbridge_proto::istio::mcp::v1alpha1 as mcp;
 use meshbridge_registries::{Endpoint, Protocol, Service, ServicePort, Update};
@@ -108,19 +108,27 @@ async fn adsc_watch_config_gets_every_collection_answered() {
     // Istio's ADSC `WatchConfig()` (the MCP client of many Istio releases)
     // sends every collection's first request with `time.Now().String()` as
     // its nonce; each must be answered, or that Pilot never gets config.
+    // The requests are those of real istiods: 1.27.9's and master's (one
+    // more collection), and a type no istiod knows yet.
     let f = XdsFixture::start(vec![svc("web.dc1.consul", &["10.0.0.1"])]).await;
     let mut adsc = SotwClient::connect(f.addr).await.unwrap();
-    for type_url in [MESH_CONFIG, SE_V1, DR_V1, UNKNOWN] {
+    let asked: Vec<&str> =
+        ISTIOD_1_27_ASKS_FOR.iter().chain(&ISTIOD_MASTER_ALSO_ASKS_FOR).chain(&[UNKNOWN]).copied().collect();
+    for type_url in &asked {
         adsc.send(SotwClient::adsc_initial(type_url)).await;
     }
     let mut answered = BTreeMap::new();
-    for _ in 0..4 {
+    for _ in 0..asked.len() {
         let resp = adsc.recv().await;
         adsc.ack(&resp, &[]).await;
         answered.insert(resp.type_url.clone(), decode(&resp).into_keys().collect::<Vec<_>>());
     }
     assert_eq!(answered[SE_V1], ["mcp/web.dc1.consul"]);
-    assert_eq!(answered.len(), 4, "{answered:?}");
+    assert_eq!(
+        answered.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        asked.into_iter().collect(),
+        "{answered:?}"
+    );
     assert!(adsc.recv_within(QUIET).await.is_none(), "ACKs are not answered");
     f.sink.update(Update::Upsert(svc("api.dc1.consul", &["10.0.1.1"])));
     let push = adsc.recv().await;

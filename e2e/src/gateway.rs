@@ -15,7 +15,7 @@ use meshbridge::run::{App, RunArgs};
 
 use crate::apiserver::ApiServer;
 use crate::envoy::{AdsMode, Envoy};
-use crate::istiod::{Istiod, Options};
+use crate::istiod::{Istiod, Options, Version};
 use crate::process::free_port;
 use crate::traffic::start_gateway;
 
@@ -23,7 +23,8 @@ use crate::traffic::start_gateway;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Via {
     Standalone,
-    Istiod,
+    /// This istiod build.
+    Istiod(Version),
 }
 
 /// meshbridge on a config directory, and a gateway Envoy fed as `via` says.
@@ -38,7 +39,8 @@ pub struct Gateway {
 impl Gateway {
     /// Start meshbridge on `dir` (already written), then the rest of the
     /// path and the Envoy. Needs `source e2e/env.sh envoy`, and for
-    /// [`Via::Istiod`] `kubetools kube-apiserver istiod` too.
+    /// [`Via::Istiod`] `kubetools kube-apiserver` and the istiod build
+    /// (`istiod` or `istiod-1.27`) too.
     pub async fn start(dir: &Path, via: Via) -> anyhow::Result<Gateway> {
         match via {
             Via::Standalone => {
@@ -47,10 +49,10 @@ impl Gateway {
                 let envoy = Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, port).await?;
                 Ok(Gateway { via, app, envoy, istiod: None })
             }
-            Via::Istiod => {
+            Via::Istiod(version) => {
                 let app = App::start(RunArgs::loopback(dir)).await?;
                 let api = ApiServer::start().await?;
-                let options = Options { upstream_envoy: true, stock_gateway_listeners: true };
+                let options = Options { version, upstream_envoy: true, stock_gateway_listeners: true };
                 let istiod = Istiod::start(&api, app.xds_addr, options).await?;
                 let envoy = istiod.gateway_envoy(&api).await?;
                 Ok(Gateway { via, app, envoy, istiod: Some((api, istiod)) })

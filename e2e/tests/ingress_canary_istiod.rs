@@ -8,7 +8,8 @@
 //! `traffic::check_canary_routing` checks them exactly as it does on the
 //! standalone gateway.
 //!
-//! Needs `source e2e/env.sh envoy kubetools kube-apiserver istiod`.
+//! Runs once per istiod build (`istiod_tests!`). Needs `source e2e/env.sh
+//! envoy kubetools kube-apiserver istiod istiod-1.27`.
 
 use envoy_types::pb::envoy::config::route::v3::{
     Route, header_matcher::HeaderMatchSpecifier, route, route_action::ClusterSpecifier,
@@ -17,7 +18,8 @@ use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
 use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::apiserver::ApiServer;
 use meshbridge_e2e::backend::Backend;
-use meshbridge_e2e::istiod::{Istiod, Options, wait_for_route};
+use meshbridge_e2e::istiod::{Istiod, Options, Version, wait_for_route};
+use meshbridge_e2e::istiod_tests;
 use meshbridge_e2e::traffic::{canary_ingresses, check_canary_routing, mcpbridge};
 
 const HOST: &str = "shop.example.com";
@@ -52,8 +54,9 @@ fn service(cluster: &str) -> &str {
     cluster.rsplit('|').next().unwrap_or(cluster)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn canary_routes_reach_istiod_and_carry_traffic_through_its_gateway() {
+istiod_tests!(canary_routes_reach_istiod_and_carry_traffic_through_its_gateway);
+
+async fn canary_routes_reach_istiod_and_carry_traffic_through_its_gateway(version: Version) {
     let main = Backend::start("127.0.0.1", "main").await.unwrap();
     let canary = Backend::start("127.0.0.1", "canary").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -65,8 +68,10 @@ async fn canary_routes_reach_istiod_and_carry_traffic_through_its_gateway() {
     std::fs::write(dir.path().join("shop.yaml"), canary_ingresses(HOST).join("---\n")).unwrap();
     let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
     let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
-    let options = Options { upstream_envoy: true, stock_gateway_listeners: true };
-    let istiod = Istiod::start(&api, app.xds_addr, options).await.expect("start istiod (source e2e/env.sh istiod)");
+    let options = Options { version, upstream_envoy: true, stock_gateway_listeners: true };
+    let istiod = Istiod::start(&api, app.xds_addr, options)
+        .await
+        .unwrap_or_else(|e| panic!("start {version} (source e2e/env.sh istiod istiod-1.27): {e:#}"));
 
     // istiod decoded the canary routes of the VirtualService.
     let vs = istiod.virtual_service().await;
@@ -77,7 +82,7 @@ async fn canary_routes_reach_istiod_and_carry_traffic_through_its_gateway() {
         ["shop-shop-canary-split-0-canary-header", "shop-shop-canary-split-0-canary-header-never", "shop-shop-1"];
     for order in [app_order, split_order] {
         let at: Vec<Option<usize>> = order.iter().map(|n| names.iter().position(|m| m == n)).collect();
-        assert!(at.iter().all(Option::is_some) && at.is_sorted(), "want {order:?} in order, got {names:?}");
+        assert!(at.iter().all(Option::is_some) && at.is_sorted(), "{version}: want {order:?} in order, got {names:?}");
     }
 
     // The routes istiod builds for the gateway from them.
@@ -87,14 +92,14 @@ async fn canary_routes_reach_istiod_and_carry_traffic_through_its_gateway() {
     // prefix is an exact and a `/…/` prefix match), in the same order.
     let named = |name: &str| -> Vec<&Route> {
         let found: Vec<&Route> = routes.iter().filter(|r| r.name == name).collect();
-        assert!(!found.is_empty(), "no route {name} among {names:?}");
+        assert!(!found.is_empty(), "{version}: no route {name} among {names:?}");
         found
     };
     let first = |name: &str| names.iter().position(|n| *n == name).unwrap();
     let last = |name: &str| names.iter().rposition(|n| *n == name).unwrap();
     for order in [app_order, split_order] {
         for pair in order.windows(2) {
-            assert!(last(pair[0]) < first(pair[1]), "{} not before {}: {names:?}", pair[0], pair[1]);
+            assert!(last(pair[0]) < first(pair[1]), "{version}: {} not before {}: {names:?}", pair[0], pair[1]);
         }
     }
     let to = |r: &Route| -> Vec<(String, u32)> {

@@ -13,7 +13,8 @@
 //! removed, the Host rewrite, a path rewrite, a CORS preflight and the
 //! mirror.
 //!
-//! Needs `source e2e/env.sh envoy kubetools kube-apiserver istiod`.
+//! Runs once per istiod build (`istiod_tests!`). Needs `source e2e/env.sh
+//! envoy kubetools kube-apiserver istiod istiod-1.27`.
 
 use envoy_types::pb::envoy::config::route::v3::{
     redirect_action::RedirectResponseCode, route, route_action::HostRewriteSpecifier,
@@ -24,7 +25,8 @@ use std::time::{Duration, Instant};
 use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::apiserver::ApiServer;
 use meshbridge_e2e::backend::EchoBackend;
-use meshbridge_e2e::istiod::{Istiod, Options, wait_for_route};
+use meshbridge_e2e::istiod::{Istiod, Options, Version, wait_for_route};
+use meshbridge_e2e::istiod_tests;
 use meshbridge_e2e::traffic::{mcp_ingress, mcpbridge};
 use reqwest::Method;
 use reqwest::header::HeaderMap;
@@ -100,8 +102,9 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway() {
+istiod_tests!(policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway);
+
+async fn policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway(version: Version) {
     let backend = EchoBackend::start("127.0.0.1", "echo").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let bridge = mcpbridge(&[format!("{{type: static, name: web, domain: \"{}\", port: 80}}", backend.addr)]);
@@ -109,13 +112,16 @@ async fn policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway()
     std::fs::write(dir.path().join("shop.yaml"), ingresses()).unwrap();
     let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
     let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
-    let options = Options { upstream_envoy: true, stock_gateway_listeners: true };
-    let istiod = Istiod::start(&api, app.xds_addr, options).await.expect("start istiod (source e2e/env.sh istiod)");
+    let options = Options { version, upstream_envoy: true, stock_gateway_listeners: true };
+    let istiod = Istiod::start(&api, app.xds_addr, options)
+        .await
+        .unwrap_or_else(|e| panic!("start {version} (source e2e/env.sh istiod istiod-1.27): {e:#}"));
 
     // istiod decoded every new field of the VirtualService.
     let vs = istiod.virtual_service().await;
     let http = vs["spec"]["http"].as_array().unwrap();
-    let by_name = |name: &str| http.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{name}: {vs}"));
+    let by_name =
+        |name: &str| http.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{version}: {name}: {vs}"));
     let main = by_name("shop-api-0");
     assert_eq!((main["timeout"].as_str(), main["retries"]["attempts"].as_i64()), (Some("5s"), Some(2)), "{main}");
     assert_eq!(main["corsPolicy"]["allowOrigins"][0]["exact"], "https://app.example.com", "{main}");
@@ -134,7 +140,7 @@ async fn policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway()
     let named = |name: &str| {
         routes.iter().find(|r| r.name == name).unwrap_or_else(|| {
             let names: Vec<&String> = routes.iter().map(|r| &r.name).collect();
-            panic!("no route {name} among {names:?}")
+            panic!("{version}: no route {name} among {names:?}")
         })
     };
 
@@ -142,7 +148,7 @@ async fn policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway()
     let Some(route::Action::Redirect(redirect)) = &ssl.action else { panic!("{ssl:?}") };
     assert_eq!(redirect.response_code, RedirectResponseCode::PermanentRedirect as i32, "{redirect:?}");
     let scheme = ssl.r#match.as_ref().unwrap().headers.iter().find(|h| h.name == ":scheme");
-    assert!(scheme.is_some(), "the HTTPS redirect is not for plain HTTP only: {ssl:?}");
+    assert!(scheme.is_some(), "{version}: the HTTPS redirect is not for plain HTTP only: {ssl:?}");
 
     let old = named("shop-old-0");
     let Some(route::Action::Redirect(redirect)) = &old.action else { panic!("{old:?}") };
@@ -151,7 +157,7 @@ async fn policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway()
     let main = named("shop-api-0");
     let Some(route::Action::Route(ra)) = &main.action else { panic!("{main:?}") };
     assert_eq!(ra.timeout.as_ref().map(|d| d.seconds), Some(5), "{ra:?}");
-    let retry = ra.retry_policy.as_ref().unwrap_or_else(|| panic!("no retry policy: {ra:?}"));
+    let retry = ra.retry_policy.as_ref().unwrap_or_else(|| panic!("{version}: no retry policy: {ra:?}"));
     assert_eq!(retry.num_retries.as_ref().map(|n| n.value), Some(2), "{retry:?}");
     assert!(retry.retry_on.contains("5xx") && retry.retriable_status_codes.contains(&503), "{retry:?}");
     assert_eq!(ra.host_rewrite_specifier, Some(HostRewriteSpecifier::HostRewriteLiteral("web.internal".into())));
@@ -159,7 +165,10 @@ async fn policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway()
         main.request_headers_to_add.iter().filter_map(|h| h.header.as_ref()).map(|h| h.key.as_str()).collect();
     assert!(added.contains(&"x-env"), "{added:?}");
     assert!(main.response_headers_to_remove.contains(&"x-powered-by".to_owned()), "{main:?}");
-    assert!(main.typed_per_filter_config.contains_key("envoy.filters.http.cors"), "no CORS policy: {main:?}");
+    assert!(
+        main.typed_per_filter_config.contains_key("envoy.filters.http.cors"),
+        "{version}: no CORS policy: {main:?}"
+    );
 
     // The mirror, as the standalone gateway sends it: a quarter, per million.
     let shadowed = named("shop-shadowed-0");

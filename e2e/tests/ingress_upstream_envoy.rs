@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 use meshbridge_e2e::backend::Backend;
 use meshbridge_e2e::envoy::Envoy;
 use meshbridge_e2e::gateway::{Gateway, Via};
+use meshbridge_e2e::istiod::Version;
+use meshbridge_e2e::istiod_tests;
 use meshbridge_e2e::traffic::{config_warning, mcp_ingress, mcpbridge};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
@@ -88,10 +90,12 @@ async fn upstream_annotations_steer_envoy() {
     upstream_annotations(Via::Standalone).await;
 }
 
-/// Needs `source e2e/env.sh envoy kubetools kube-apiserver istiod`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upstream_annotations_steer_envoy_through_istiod() {
-    upstream_annotations(Via::Istiod).await;
+// Once per istiod build. Needs `source e2e/env.sh envoy kubetools
+// kube-apiserver istiod istiod-1.27`.
+istiod_tests!(upstream_annotations_steer_envoy_through_istiod);
+
+async fn upstream_annotations_steer_envoy_through_istiod(version: Version) {
+    upstream_annotations(Via::Istiod(version)).await;
 }
 
 async fn upstream_annotations(via: Via) {
@@ -187,7 +191,7 @@ async fn upstream_annotations(via: Via) {
     // the DestinationRule's policy on the service's own cluster.
     let cluster = |service: &str| match via {
         Via::Standalone => format!("outbound|80|_policy|{service}"),
-        Via::Istiod => format!("outbound|80||{service}"),
+        Via::Istiod(_) => format!("outbound|80||{service}"),
     };
     let policy = |service: &str| policies.get(&cluster(service)).map(String::as_str);
     assert_eq!(policy("least.static"), Some("LEAST_REQUEST"), "{policies:#?}");
@@ -196,7 +200,7 @@ async fn upstream_annotations(via: Via) {
     // gateway, Istio's default balancer (least request) through istiod.
     let default = match via {
         Via::Standalone => None,
-        Via::Istiod => Some("LEAST_REQUEST"),
+        Via::Istiod(_) => Some("LEAST_REQUEST"),
     };
     assert_eq!(policy("plain.static"), default, "{policies:#?}");
     assert_eq!(spread(envoy, "/least", &[], 20).await.values().sum::<u32>(), 20);

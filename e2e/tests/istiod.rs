@@ -20,9 +20,11 @@
 //! (`istiod::Options::upstream_envoy`), since both would put Istio-only
 //! pieces into every cluster.
 //!
-//! Needs `source e2e/env.sh consul envoy kubetools kube-apiserver istiod`
-//! (MESHBRIDGE_CONSUL_BIN, MESHBRIDGE_ENVOY_BIN, MESHBRIDGE_KUBECTL_BIN,
-//! MESHBRIDGE_KUBE_APISERVER_BIN, MESHBRIDGE_ETCD_BIN, MESHBRIDGE_ISTIOD_BIN).
+//! Each scenario runs once per istiod build, master and 1.27.9
+//! (`istiod_tests!`). Needs `source e2e/env.sh consul envoy kubetools
+//! kube-apiserver istiod istiod-1.27` (MESHBRIDGE_CONSUL_BIN,
+//! MESHBRIDGE_ENVOY_BIN, MESHBRIDGE_KUBECTL_BIN, MESHBRIDGE_KUBE_APISERVER_BIN,
+//! MESHBRIDGE_ETCD_BIN, MESHBRIDGE_ISTIOD_BIN, MESHBRIDGE_ISTIOD_127_BIN).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -37,7 +39,8 @@ use meshbridge_e2e::backend::Backend;
 use meshbridge_e2e::consul::Consul;
 use meshbridge_e2e::envoy::{AdsMode, Envoy, Node};
 use meshbridge_e2e::free_port;
-use meshbridge_e2e::istiod::{Istiod, Options};
+use meshbridge_e2e::istiod::{Istiod, Options, Version};
+use meshbridge_e2e::istiod_tests;
 use meshbridge_e2e::traffic::wait_for_traffic;
 use prost::Message;
 use serde_json::{Value, json};
@@ -118,7 +121,7 @@ fn instance(id: &str, backend: &Backend) -> Value {
     json!({
         "ID": id,
         "Name": "web",
-        "Address": "127.0.0.1",
+        "Address": backend.addr.ip().to_string(),
         "Port": backend.addr.port(),
         "Check": { "CheckID": format!("{id}-ttl"), "TTL": "300s", "Status": "passing" },
     })
@@ -134,7 +137,7 @@ struct Stack {
 }
 
 impl Stack {
-    async fn start(backends: &[(&str, &Backend)]) -> Stack {
+    async fn start(version: Version, backends: &[(&str, &Backend)]) -> Stack {
         let consul = Consul::start().await.expect("start consul (source e2e/env.sh consul)");
         for (id, backend) in backends {
             consul.register(instance(id, backend)).await.unwrap();
@@ -143,8 +146,10 @@ impl Stack {
         std::fs::write(dir.path().join("mcpbridge.yaml"), config(&consul)).unwrap();
         let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
         let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
-        let options = Options { upstream_envoy: true, ..Options::default() };
-        let istiod = Istiod::start(&api, app.xds_addr, options).await.expect("start istiod (source e2e/env.sh istiod)");
+        let options = Options { version, upstream_envoy: true, stock_gateway_listeners: false };
+        let istiod = Istiod::start(&api, app.xds_addr, options)
+            .await
+            .unwrap_or_else(|e| panic!("start {version} (source e2e/env.sh istiod istiod-1.27): {e:#}"));
         Stack { consul, app, istiod, _api: api, _dir: dir }
     }
 
@@ -171,6 +176,13 @@ async fn istiod_configs(istiod: &Istiod) -> BTreeMap<String, BTreeSet<String>> {
     out
 }
 
+/// The MCP type URLs `version` asks meshbridge for.
+fn asks_for(version: Version) -> BTreeSet<&'static str> {
+    use meshbridge::testing::{ISTIOD_1_27_ASKS_FOR, ISTIOD_MASTER_ALSO_ASKS_FOR};
+    let also: &[&str] = if version == Version::Master { &ISTIOD_MASTER_ALSO_ASKS_FOR } else { &[] };
+    ISTIOD_1_27_ASKS_FOR.iter().chain(also).copied().collect()
+}
+
 /// The HTTP filters of `listener`'s connection managers: (name, config type).
 fn http_filters(listener: &Listener) -> Vec<(String, String)> {
     let managers = listener.filter_chains.iter().flat_map(|c| &c.filters).filter_map(|f| match &f.config_type {
@@ -193,10 +205,16 @@ fn http_filters(listener: &Listener) -> Vec<(String, String)> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registry_service_and_ingress_reach_istiod_over_mcp() {
+istiod_tests!(
+    registry_service_and_ingress_reach_istiod_over_mcp,
+    envoy_on_istiod_gets_the_registry_service_and_follows_changes,
+    #[ignore = "a figure at 1k services (about a minute; 10k about 6 min); run with --ignored"]
+    figure_change_latency_through_istiod_at_1k_services,
+);
+
+async fn registry_service_and_ingress_reach_istiod_over_mcp(version: Version) {
     let backend = Backend::start("127.0.0.1", "backend-1").await.unwrap();
-    let stack = Stack::start(&[("web-1", &backend)]).await;
+    let stack = Stack::start(version, &[("web-1", &backend)]).await;
 
     // Everything meshbridge publishes over MCP, and nothing else, is what
     // istiod holds: ServiceEntries, the TLS DestinationRule, the Ingress's
@@ -210,11 +228,11 @@ async fn registry_service_and_ingress_reach_istiod_over_mcp() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut got = istiod_configs(&stack.istiod).await;
     while got != want {
-        assert!(Instant::now() < deadline, "istiod holds {got:?}, not {want:?}\n{}", stack.istiod.log_tail(4000));
+        assert!(Instant::now() < deadline, "{version} holds {got:?}, not {want:?}\n{}", stack.istiod.log_tail(4000));
         tokio::time::sleep(Duration::from_millis(200)).await;
         got = istiod_configs(&stack.istiod).await;
     }
-    println!("istiod holds: {got:?}");
+    println!("{version} holds: {got:?}");
 
     // The ServiceEntry as istiod decoded it, and the service and endpoint
     // its registry made of it.
@@ -229,7 +247,7 @@ async fn registry_service_and_ingress_reach_istiod_over_mcp() {
 
     let registry = stack.istiod.debug("registryz").await.unwrap();
     let service = registry.as_array().unwrap().iter().find(|s| s["hostname"] == HOST);
-    let service = service.unwrap_or_else(|| panic!("{HOST} not in /debug/registryz: {registry:.2000}"));
+    let service = service.unwrap_or_else(|| panic!("{HOST} not in {version}'s /debug/registryz: {registry:.2000}"));
     assert_eq!(service["ports"][0]["port"], 8080, "{service}");
     let shards = stack.istiod.debug_text("endpointShardz").await.unwrap();
     assert!(shards.contains(HOST) && shards.contains(&backend.addr.port().to_string()), "{shards:.3000}");
@@ -238,31 +256,26 @@ async fn registry_service_and_ingress_reach_istiod_over_mcp() {
     let clients = stack.app.clients.snapshot();
     let istiod = clients.iter().find(|c| c.subscribed_types.iter().any(|t| t.ends_with("/ServiceEntry")));
     let istiod = istiod.unwrap_or_else(|| panic!("no MCP client among {clients:#?}"));
-    println!("istiod (node {}) asks meshbridge for: {:?}", istiod.node_id, istiod.subscribed_types);
-    for t in ["ServiceEntry", "DestinationRule", "Gateway", "VirtualService", "EnvoyFilter"] {
-        assert!(
-            istiod.subscribed_types.contains(&format!("networking.istio.io/v1/{t}"))
-                || istiod.subscribed_types.contains(&format!("networking.istio.io/v1alpha3/{t}")),
-            "{:?}",
-            istiod.subscribed_types
-        );
-    }
+    println!("{version} (node {}) asks meshbridge for: {:?}", istiod.node_id, istiod.subscribed_types);
+    let asked: BTreeSet<&str> = istiod.subscribed_types.iter().map(String::as_str).collect();
+    assert_eq!(asked, asks_for(version), "{version}");
     for (type_url, status) in &istiod.types {
-        assert!(status.last_sent_version.is_some(), "{type_url} never answered");
-        assert_eq!(status.nacks, 0, "{type_url} refused: {:?}", status.last_nack_detail);
+        assert!(status.last_sent_version.is_some(), "{version}: {type_url} never answered");
+        assert_eq!(status.nacks, 0, "{version}: {type_url} refused: {:?}", status.last_nack_detail);
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn envoy_on_istiod_gets_the_registry_service_and_follows_changes() {
-    let b1 = Backend::start("127.0.0.1", "backend-1").await.unwrap();
-    let b2 = Backend::start("127.0.0.1", "backend-2").await.unwrap();
-    let stack = Stack::start(&[("web-1", &b1)]).await;
+async fn envoy_on_istiod_gets_the_registry_service_and_follows_changes(version: Version) {
+    // Two instances of one service: on one address but for 1.27, which
+    // misses a change there (`Version::instance_address`).
+    let b1 = Backend::start(&version.instance_address(0), "backend-1").await.unwrap();
+    let b2 = Backend::start(&version.instance_address(1), "backend-2").await.unwrap();
+    let stack = Stack::start(version, &[("web-1", &b1)]).await;
 
     // An Istio gateway node: `router~IP~name.namespace~domain`, with the
     // labels the Ingress Gateway selects (Higress's gateway pods'). The IP
     // only names the proxy (istiod never connects to it), but istiod looks
-    // its workload up by it: 127.0.0.1 is the backends' address in the
+    // its workload up by it: 127.0.0.x are the backends' addresses in the
     // ServiceEntry, whose (empty) endpoint labels would then replace
     // these, so it is a documentation address (RFC 5737) instead.
     let node = Node {
@@ -271,13 +284,13 @@ async fn envoy_on_istiod_gets_the_registry_service_and_follows_changes() {
         metadata: Some("{ LABELS: { higress: higress-system-higress-gateway } }".into()),
     };
     let envoy = Envoy::start_as(&node, stack.istiod.grpc_addr, AdsMode::Sotw, CLUSTER).await.expect("start envoy");
-    wait_for_traffic(&envoy, 200, &["backend-1"], "the Consul instance serves through istiod").await;
+    wait_for_traffic(&envoy, 200, &["backend-1"], &format!("the Consul instance serves through {version}")).await;
 
     // What istiod sent it: the service's cluster over EDS with the
     // instance's endpoint, and the cluster of meshbridge's proxy
     // EnvoyFilter (CLUSTER ADD, context GATEWAY), which only istiod applies.
     let clusters = envoy.admin("/clusters").await.unwrap();
-    assert!(clusters.contains(&format!("{CLUSTER}::127.0.0.1:{}", b1.addr.port())), "{clusters:.4000}");
+    assert!(clusters.contains(&format!("{CLUSTER}::{}", b1.addr)), "{clusters:.4000}");
     assert!(clusters.contains(&format!("{PROXY_CLUSTER}::127.0.0.1:3128")), "{clusters:.4000}");
 
     // The listener and routes istiod builds for this gateway from the
@@ -289,10 +302,10 @@ async fn envoy_on_istiod_gets_the_registry_service_and_follows_changes() {
     let http80 = listeners.iter().find(|l| l.name == "0.0.0.0_80");
     let http80 = http80.unwrap_or_else(|| {
         let names: Vec<&String> = listeners.iter().map(|l| &l.name).collect();
-        panic!("no gateway listener on 80: {names:?}\n--- istiod ---\n{}", stack.istiod.log_tail(8000))
+        panic!("{version}: no gateway listener on 80: {names:?}\n--- istiod ---\n{}", stack.istiod.log_tail(8000))
     });
     let filters = http_filters(http80);
-    println!("istiod's gateway listener 0.0.0.0_80 has HTTP filters {filters:?}");
+    println!("{version}'s gateway listener 0.0.0.0_80 has HTTP filters {filters:?}");
     assert!(filters.iter().any(|(name, _)| name == "envoy.filters.http.router"), "{filters:?}");
     // Why this Envoy takes no listeners from istiod: a filter whose config
     // type only Istio's Envoy build knows (`istio.alpn`), which a stock
@@ -306,28 +319,32 @@ async fn envoy_on_istiod_gets_the_registry_service_and_follows_changes() {
     let routes = stack.istiod.fetch(&node.id, &labels, ROUTE_TYPE, &["http.80"]).await.unwrap();
     let route = RouteConfiguration::decode(routes[0].value.as_slice()).unwrap();
     let vhost = route.virtual_hosts.iter().find(|v| v.domains.iter().any(|d| d == INGRESS_HOST));
-    let vhost = vhost.unwrap_or_else(|| panic!("no virtual host for {INGRESS_HOST} in {route:?}"));
+    let vhost = vhost.unwrap_or_else(|| panic!("{version}: no virtual host for {INGRESS_HOST} in {route:?}"));
     let action = vhost.routes.first().and_then(|r| r.action.clone());
     let Some(route::Action::Route(RouteAction { cluster_specifier: Some(ClusterSpecifier::Cluster(cluster)), .. })) =
         action
     else {
-        panic!("{INGRESS_HOST} does not route to one cluster: {vhost:?}");
+        panic!("{version}: {INGRESS_HOST} does not route to one cluster: {vhost:?}");
     };
-    assert_eq!(cluster, CLUSTER);
+    assert_eq!(cluster, CLUSTER, "{version}");
 
     // A second instance joins, then the first leaves: each change goes
     // Consul → meshbridge → MCP → istiod → EDS → Envoy within the bound.
     let started = Instant::now();
     stack.consul.register(instance("web-2", &b2)).await.unwrap();
-    wait_for_traffic(&envoy, 200, &["backend-1", "backend-2"], "the new instance serves").await;
+    wait_for_traffic(&envoy, 200, &["backend-1", "backend-2"], &format!("the new instance serves ({version})")).await;
     let joined = started.elapsed();
     let started = Instant::now();
     stack.consul.deregister("web-1").await.unwrap();
-    wait_for_traffic(&envoy, 200, &["backend-2"], "the removed instance is gone").await;
+    wait_for_traffic(&envoy, 200, &["backend-2"], &format!("the removed instance is gone ({version})")).await;
     let left = started.elapsed();
-    assert!(joined < CHANGE_DEADLINE && left < CHANGE_DEADLINE, "joined after {joined:?}, left after {left:?}");
+    assert!(
+        joined < CHANGE_DEADLINE && left < CHANGE_DEADLINE,
+        "{version}: joined after {joined:?}, left after {left:?}"
+    );
     println!(
-        "FIGURE istiod_consul_change_to_envoy_traffic join_ms={} leave_ms={}",
+        "FIGURE istiod_consul_change_to_envoy_traffic istiod={} join_ms={} leave_ms={}",
+        version.release(),
         joined.as_millis(),
         left.as_millis()
     );
@@ -370,11 +387,10 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 /// through istiod (Envoy on istiod's xDS) and directly (an Envoy on
 /// meshbridge's own ADS), both watching the same change; with istiod's CPU
 /// and the MCP bytes per change. Run with
-/// `cargo test -p meshbridge-e2e --test istiod -- --ignored --nocapture`;
+/// `cargo test -p meshbridge-e2e --test istiod -- --ignored --nocapture figure`;
+/// (`…::master` or `…::istio_1_27` for one istiod);
 /// `MESHBRIDGE_ISTIOD_FIGURE_SERVICES=10000` for another catalog size.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a figure at 1k services (about a minute; 10k about 6 min); run with --ignored"]
-async fn figure_change_latency_through_istiod_at_1k_services() {
+async fn figure_change_latency_through_istiod_at_1k_services(version: Version) {
     let services: usize =
         std::env::var("MESHBRIDGE_ISTIOD_FIGURE_SERVICES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     const CHANGES: usize = 20;
@@ -393,10 +409,11 @@ async fn figure_change_latency_through_istiod_at_1k_services() {
     let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
     let api = ApiServer::start().await.expect("start kube-apiserver");
     let started = Instant::now();
-    let istiod = Istiod::start(&api, app.xds_addr, Options { upstream_envoy: true, ..Options::default() })
-        .await
-        .expect("start istiod");
-    println!("istiod ready in {:?}", started.elapsed());
+    let istiod =
+        Istiod::start(&api, app.xds_addr, Options { version, upstream_envoy: true, stock_gateway_listeners: false })
+            .await
+            .unwrap_or_else(|e| panic!("start {version}: {e:#}"));
+    println!("{version} ready in {:?}", started.elapsed());
     let node = Node {
         id: format!("router~192.0.2.10~{GATEWAY_ID}~higress-system.svc.cluster.local"),
         cluster: "higress-gateway".into(),
@@ -404,11 +421,11 @@ async fn figure_change_latency_through_istiod_at_1k_services() {
     };
     let via_istiod = Envoy::start_as(&node, istiod.grpc_addr, AdsMode::Sotw, CLUSTER).await.expect("start envoy");
     let direct = Envoy::start(app.xds_addr, AdsMode::Delta, CLUSTER).await.expect("start envoy");
-    wait_for_traffic(&via_istiod, 200, &["backend-1"], "through istiod").await;
+    wait_for_traffic(&via_istiod, 200, &["backend-1"], &format!("through {version}")).await;
     wait_for_traffic(&direct, 200, &["backend-1"], "direct").await;
     let clusters = via_istiod.admin("/clusters").await.unwrap();
     let count = clusters.lines().filter(|l| l.contains("::observability_name::")).count();
-    assert!(count > services, "Envoy on istiod has {count} clusters");
+    assert!(count > services, "Envoy on {version} has {count} clusters");
 
     let proc = meshbridge_e2e::bench::procfs::Proc::pid(istiod.pid().unwrap());
     let (cpu0, bytes0) = (proc.cpu(), mcp_bytes_sent(&app).await);
@@ -427,7 +444,8 @@ async fn figure_change_latency_through_istiod_at_1k_services() {
     through.sort();
     straight.sort();
     println!(
-        "FIGURE istiod_change_to_traffic services={services} p50_ms={:.0} p99_ms={:.0} direct_p50_ms={:.0} direct_p99_ms={:.0} istiod_cpu_ms_per_change={:.0} mcp_kb_per_change={:.0}",
+        "FIGURE istiod_change_to_traffic istiod={} services={services} p50_ms={:.0} p99_ms={:.0} direct_p50_ms={:.0} direct_p99_ms={:.0} istiod_cpu_ms_per_change={:.0} mcp_kb_per_change={:.0}",
+        version.release(),
         percentile(&through, 0.5),
         percentile(&through, 0.99),
         percentile(&straight, 0.5),

@@ -28,6 +28,8 @@ use meshbridge::translate::{self, Inputs};
 use meshbridge_e2e::envoy::Envoy;
 use meshbridge_e2e::free_port;
 use meshbridge_e2e::gateway::{Gateway, Via};
+use meshbridge_e2e::istiod::Version;
+use meshbridge_e2e::istiod_tests;
 use meshbridge_e2e::process::binary_from_env;
 use meshbridge_e2e::tinyproxy::Tinyproxy;
 use meshbridge_e2e::tls_backend::TlsBackend;
@@ -125,10 +127,12 @@ async fn https_service_goes_through_the_connect_proxy_and_back_to_direct() {
     through_the_connect_proxy(Via::Standalone).await;
 }
 
-/// Needs `source e2e/env.sh envoy tinyproxy kubetools kube-apiserver istiod`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn https_service_goes_through_the_connect_proxy_and_back_to_direct_through_istiod() {
-    through_the_connect_proxy(Via::Istiod).await;
+// Once per istiod build. Needs `source e2e/env.sh envoy tinyproxy
+// kubetools kube-apiserver istiod istiod-1.27`.
+istiod_tests!(https_service_goes_through_the_connect_proxy_through_istiod);
+
+async fn https_service_goes_through_the_connect_proxy_through_istiod(version: Version) {
+    through_the_connect_proxy(Via::Istiod(version)).await;
 }
 
 async fn through_the_connect_proxy(via: Via) {
@@ -183,7 +187,7 @@ async fn through_the_connect_proxy(via: Via) {
     })
     .await;
     assert!(direct.contains(&"127.0.0.1:443".to_string()), "{direct:?}");
-    if via == Via::Istiod {
+    if matches!(via, Via::Istiod(_)) {
         // Direct, istiod makes the TLS of the DestinationRule (mode SIMPLE,
         // the SNI, no CA) itself, and since Istio 1.20 that verifies the
         // backend's certificate against the gateway's system roots, which
