@@ -62,7 +62,7 @@ use k8s_openapi::jiff::Timestamp;
 use meshbridge_registries::clip;
 use serde::Serialize;
 
-use self::annotations::{DESTINATION, IngressAnnotations, RewriteRule};
+use self::annotations::{Conditions, DESTINATION, IngressAnnotations, RewriteRule};
 use self::policy::RoutePolicy;
 use self::traffic::MirrorTarget;
 use super::model::{
@@ -289,10 +289,15 @@ enum Rank {
     Main,
 }
 
+/// Where a route of a host sits: the path type, the path, and the
+/// request conditions of the Ingress ([`Conditions`]): two Ingresses on one
+/// path with different conditions make two routes.
+type PathKey = (PathKind, String, Conditions);
+
 /// A route for one host, before ordering.
 struct Candidate {
     /// `None` for the default backend.
-    path: Option<(PathKind, String)>,
+    path: Option<PathKey>,
     rank: Rank,
     route: HttpRoute,
 }
@@ -301,17 +306,22 @@ impl Candidate {
     /// Higress's order: Exact, then Prefix, longer first; then the `/`
     /// catch-all; then the default backend. Ties keep insertion order
     /// (older Ingress first), as the sort is stable.
-    /// Within a path, canary header rules, then cookie rules, then the
-    /// path's own route.
-    fn order(&self) -> (u8, std::cmp::Reverse<usize>, Rank) {
+    /// Within a path, the routes with more request conditions first (a
+    /// method, then more headers, then more query parameters); within
+    /// those, canary header rules, then cookie rules, then the path's own
+    /// route.
+    #[allow(clippy::type_complexity)]
+    fn order(&self) -> (u8, std::cmp::Reverse<usize>, std::cmp::Reverse<(bool, usize, usize)>, Rank) {
+        use std::cmp::Reverse;
         if self.rank == Rank::AppRoot {
-            return (0, std::cmp::Reverse(usize::MAX), self.rank);
+            return (0, Reverse(usize::MAX), Reverse((true, usize::MAX, usize::MAX)), self.rank);
         }
+        let specific = Reverse(self.path.as_ref().map(|(_, _, c)| c.specificity()).unwrap_or_default());
         match &self.path {
-            Some((PathKind::Exact, p)) => (0, std::cmp::Reverse(p.len()), self.rank),
-            Some((PathKind::Prefix, p)) if p != "/" => (1, std::cmp::Reverse(p.len()), self.rank),
-            Some((PathKind::Prefix, _)) => (2, std::cmp::Reverse(0), self.rank),
-            None => (3, std::cmp::Reverse(0), self.rank),
+            Some((PathKind::Exact, p, _)) => (0, Reverse(p.len()), specific, self.rank),
+            Some((PathKind::Prefix, p, _)) if p != "/" => (1, Reverse(p.len()), specific, self.rank),
+            Some((PathKind::Prefix, _, _)) => (2, Reverse(0), specific, self.rank),
+            None => (3, Reverse(0), specific, self.rank),
         }
     }
 }
@@ -323,8 +333,8 @@ struct HostRoutes {
     /// it has none. Set once.
     created: Option<Option<i64>>,
     routes: Vec<Candidate>,
-    /// (type, path) → the Ingress that holds it.
-    owners: BTreeMap<(PathKind, String), String>,
+    /// (type, path, conditions) → the Ingress that holds it.
+    owners: BTreeMap<PathKey, String>,
     /// The Ingress whose defaultBackend this host uses.
     default_owner: Option<String>,
     /// `app-root`: (the Ingress that set it, its route name, the path).
@@ -465,8 +475,9 @@ impl Translator<'_> {
         }
     }
 
-    /// The (type, path) a path is known by, or `None` with a warning.
-    fn path_key(&mut self, ing: &Parsed, host: &str, p: &HttpPath) -> Option<(PathKind, String)> {
+    /// The (type, path, conditions) a path is known by, or `None` with a
+    /// warning.
+    fn path_key(&mut self, ing: &Parsed, host: &str, p: &HttpPath) -> Option<PathKey> {
         let raw = p.path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/");
         let left_out = |why: String| path_left_out(ing, raw, host, why);
         if !raw.starts_with('/') {
@@ -488,14 +499,15 @@ impl Translator<'_> {
             PathKind::Prefix if raw != "/" => raw.strip_suffix('/').unwrap_or(raw),
             _ => raw,
         };
-        Some((kind, origin.to_owned()))
+        Some((kind, origin.to_owned(), ing.ann.conditions.clone()))
     }
 
     fn path(&mut self, ing: &Parsed, host: &str, index: usize, p: &HttpPath) {
         let Some(key) = self.path_key(ing, host, p) else { return };
         let raw = p.path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/");
         let left_out = |why: String| path_left_out(ing, raw, host, why);
-        let (kind, origin) = (key.0, key.1.as_str());
+        let (kind, origin) = (key.0, key.1.clone());
+        let origin = origin.as_str();
         let route = match self.destinations(ing, &p.backend) {
             Ok(route) => route,
             Err(why) => return self.warnings.push(left_out(why.to_string())),
@@ -517,7 +529,11 @@ impl Translator<'_> {
         }
         routes.owners.insert(key.clone(), ing.id.clone());
         let ignore_uri_case = ing.ann.ignore_path_case;
-        let m = |uri| HttpMatch { uri: Some(uri), ignore_uri_case, ..Default::default() };
+        let m = |uri| {
+            let mut m = HttpMatch { uri: Some(uri), ignore_uri_case, ..Default::default() };
+            ing.ann.conditions.apply(&mut m);
+            m
+        };
         let matches = match kind {
             PathKind::Exact => vec![m(StringMatch::Exact(origin.into()))],
             PathKind::Prefix if origin == "/" => vec![m(StringMatch::Prefix("/".into()))],
@@ -564,7 +580,8 @@ impl Translator<'_> {
         for host in hosts {
             let routes = self.hosts.entry(host.clone()).or_default();
             routes.created.get_or_insert(ing.created.map(|t| t.as_second()));
-            if routes.owners.contains_key(&(PathKind::Prefix, "/".to_owned())) {
+            // Only a `/` route without conditions catches every request.
+            if routes.owners.contains_key(&(PathKind::Prefix, "/".to_owned(), Conditions::default())) {
                 continue;
             }
             if let Some(owner) = &routes.default_owner {

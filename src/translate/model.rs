@@ -624,10 +624,18 @@ pub struct HttpMatch {
     /// one route matches, so that HTTPS requests go on to the route itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheme: Option<StringMatch>,
+    /// The request's method (Higress's `match-method`: a regex of the
+    /// methods, `GET|POST`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<StringMatch>,
+    /// Query parameter name → how its value must match; every entry must
+    /// hold.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub query_params: BTreeMap<String, StringMatch>,
 }
 
 /// `StringMatch`: a oneof, so exactly one key in JSON.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum StringMatch {
     Exact(String),

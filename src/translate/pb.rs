@@ -287,6 +287,8 @@ impl From<&HttpMatch> for pb::HttpMatchRequest {
             ignore_uri_case: m.ignore_uri_case,
             headers: m.headers.iter().map(|(k, v)| (k.clone(), pb::StringMatch::from(v))).collect(),
             scheme: m.scheme.as_ref().map(pb::StringMatch::from),
+            method: m.method.as_ref().map(pb::StringMatch::from),
+            query_params: m.query_params.iter().map(|(k, v)| (k.clone(), pb::StringMatch::from(v))).collect(),
             ..Default::default()
         }
     }

@@ -10,8 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use envoy_types::pb::envoy::config::core::v3::RuntimeFractionalPercent;
 use envoy_types::pb::envoy::config::route::v3::{
-    DirectResponseAction, HeaderMatcher, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
-    WeightedCluster, header_matcher::HeaderMatchSpecifier, route, route_action, route_match::PathSpecifier,
+    DirectResponseAction, HeaderMatcher, QueryParameterMatcher, Route, RouteAction, RouteConfiguration, RouteMatch,
+    VirtualHost, WeightedCluster, header_matcher::HeaderMatchSpecifier,
+    query_parameter_matcher::QueryParameterMatchSpecifier, route, route_action, route_match::PathSpecifier,
     virtual_host::TlsRequirementType, weighted_cluster::ClusterWeight,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{
@@ -183,32 +184,44 @@ fn route_match(m: &HttpMatch) -> RouteMatch {
         // prefix URI matches"; Envoy likewise ignores it for safe_regex.
         case_sensitive: m.ignore_uri_case.then_some(BoolValue { value: false }),
         // Pilot matches `scheme` on the `:scheme` pseudo-header, which Envoy
-        // sets from the downstream connection.
+        // sets from the downstream connection, and the method on `:method`.
         headers: m
             .headers
             .iter()
             .map(|(name, value)| header_matcher(name, value))
             .chain(m.scheme.as_ref().map(|s| header_matcher(":scheme", s)))
+            .chain(m.method.as_ref().map(|s| header_matcher(":method", s)))
+            .collect(),
+        query_parameters: m
+            .query_params
+            .iter()
+            .map(|(name, value)| QueryParameterMatcher {
+                name: name.clone(),
+                query_parameter_match_specifier: Some(QueryParameterMatchSpecifier::StringMatch(string_matcher(value))),
+            })
             .collect(),
         ..Default::default()
     }
+}
+
+/// An Istio string match as an Envoy one. Envoy's `safe_regex` must match
+/// the whole value, as Istio's `regex` is documented to.
+fn string_matcher(value: &StringMatch) -> StringMatcher {
+    let pattern = match value {
+        StringMatch::Exact(v) => MatchPattern::Exact(v.clone()),
+        StringMatch::Prefix(v) => MatchPattern::Prefix(v.clone()),
+        StringMatch::Regex(r) => MatchPattern::SafeRegex(regex(r)),
+    };
+    StringMatcher { match_pattern: Some(pattern), ..Default::default() }
 }
 
 /// An Istio header match as Pilot writes it: a `string_match` on the
 /// header. Envoy's `safe_regex` must match the whole value, as Istio's
 /// `regex` is documented to.
 fn header_matcher(name: &str, value: &StringMatch) -> HeaderMatcher {
-    let pattern = match value {
-        StringMatch::Exact(v) => MatchPattern::Exact(v.clone()),
-        StringMatch::Prefix(v) => MatchPattern::Prefix(v.clone()),
-        StringMatch::Regex(r) => MatchPattern::SafeRegex(regex(r)),
-    };
     HeaderMatcher {
         name: name.to_string(),
-        header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
-            match_pattern: Some(pattern),
-            ..Default::default()
-        })),
+        header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(string_matcher(value))),
         ..Default::default()
     }
 }

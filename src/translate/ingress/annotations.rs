@@ -8,6 +8,8 @@
 //! [`policy`]). Any other key under those two prefixes is counted as
 //! ignored.
 
+use std::collections::BTreeMap;
+
 use meshbridge_registries::clip;
 
 use super::policy::{self, RoutePolicy};
@@ -17,7 +19,7 @@ use crate::model::ingress::has_sign;
 pub use crate::model::ingress::{
     DESTINATION, DestinationError, McpDestination, Metadata, parse_destination, valid_dns_label,
 };
-use crate::translate::model::TrafficPolicy;
+use crate::translate::model::{HttpMatch, StringMatch, TrafficPolicy};
 
 const HIGRESS: &str = "higress.io/";
 const NGINX: &str = "nginx.ingress.kubernetes.io/";
@@ -25,6 +27,9 @@ const NGINX: &str = "nginx.ingress.kubernetes.io/";
 const REWRITE_PATH: &str = "higress.io/rewrite-path";
 const REWRITE_TARGET: &str = "rewrite-target";
 const IGNORE_PATH_CASE: &str = "ignore-path-case";
+const MATCH_METHOD: &str = "match-method";
+/// The methods `match-method` takes, as Higress's `methodList`.
+const METHODS: [&str; 9] = ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"];
 const CANARY: &str = "canary";
 const CANARY_BY_HEADER: &str = "canary-by-header";
 const CANARY_BY_HEADER_VALUE: &str = "canary-by-header-value";
@@ -62,10 +67,110 @@ pub struct IngressAnnotations {
     pub upstream: Option<TrafficPolicy>,
     /// Redirects, timeout, retries, header control, upstream-vhost, CORS.
     pub policy: RoutePolicy,
+    /// `match-method`, `*-match-header-*`, `*-match-query-*`.
+    pub conditions: Conditions,
     /// `higress.io/*` and `nginx.ingress.kubernetes.io/*` keys not understood, in key order.
     pub ignored: Vec<String>,
     /// Annotations that were understood but whose value was not.
     pub warnings: Vec<String>,
+}
+
+/// Higress's request conditions (its `match.go`): `match-method` (under
+/// both prefixes), and `{exact,regex,prefix}-match-header-NAME` and
+/// `{exact,regex,prefix}-match-query-NAME` (under `higress.io/` only). Every
+/// match of the Ingress's routes gets them, so two Ingresses on one host
+/// and path with different conditions make two routes, the one with more
+/// conditions first. A header a canary rule matches keeps the canary's
+/// value, as in Higress.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Conditions {
+    /// Upper case, each once, in the order given.
+    pub methods: Vec<String>,
+    /// Lowercase header name → how its value must match.
+    pub headers: BTreeMap<String, StringMatch>,
+    /// Query parameter name → how its value must match.
+    pub query: BTreeMap<String, StringMatch>,
+}
+
+impl Conditions {
+    /// Add the conditions to `m`; a header or parameter `m` matches already
+    /// keeps its own.
+    pub fn apply(&self, m: &mut HttpMatch) {
+        if !self.methods.is_empty() {
+            m.method = Some(StringMatch::Regex(self.methods.join("|")));
+        }
+        for (name, value) in &self.headers {
+            m.headers.entry(name.clone()).or_insert_with(|| value.clone());
+        }
+        for (name, value) in &self.query {
+            m.query_params.entry(name.clone()).or_insert_with(|| value.clone());
+        }
+    }
+
+    /// How specific the conditions are, for ordering routes of one path:
+    /// a method first, then more headers, then more query parameters (the
+    /// order Istio gives Gateway API routes).
+    pub fn specificity(&self) -> (bool, usize, usize) {
+        (!self.methods.is_empty(), self.headers.len(), self.query.len())
+    }
+
+    /// Read the conditions of `meta`; returns the keys read.
+    fn read(
+        meta: &Metadata,
+        method: Option<(String, String)>,
+        warnings: &mut Vec<String>,
+    ) -> (Conditions, Vec<String>) {
+        let mut out = Conditions::default();
+        let mut used = Vec::new();
+        if let Some((key, value)) = method {
+            for m in value.split_whitespace() {
+                let m = m.to_ascii_uppercase();
+                if !METHODS.contains(&m.as_str()) {
+                    warnings.push(format!("annotation {key}: {:?} is not an HTTP method; left out", clip(&m)));
+                } else if !out.methods.contains(&m) {
+                    out.methods.push(m);
+                }
+            }
+        }
+        for key in meta.annotation_keys() {
+            let Some(rest) = key.strip_prefix(HIGRESS) else { continue };
+            let Some((kind, what, name)) = ["exact", "regex", "prefix"].iter().find_map(|kind| {
+                let rest = rest.strip_prefix(kind)?.strip_prefix("-match-")?;
+                ["header", "query"]
+                    .iter()
+                    .find_map(|what| Some((*kind, *what, rest.strip_prefix(what)?.strip_prefix('-')?)))
+            }) else {
+                continue;
+            };
+            used.push(key.to_owned());
+            let value = meta.annotation(key).unwrap_or_default().to_owned();
+            let name = if what == "header" { name.to_ascii_lowercase() } else { name.to_owned() };
+            if what == "header" && !is_token(&name) || name.is_empty() {
+                warnings.push(format!("annotation {}: {:?} is not a {what} name; left out", clip(key), clip(&name)));
+                continue;
+            }
+            let value = match kind {
+                "exact" => StringMatch::Exact(value),
+                "prefix" => StringMatch::Prefix(value),
+                _ => match regex_syntax::Parser::new().parse(&value) {
+                    Ok(_) => StringMatch::Regex(value),
+                    Err(e) => {
+                        let e = e.to_string();
+                        let why = e.lines().last().unwrap_or_default().trim_start_matches("error: ").to_owned();
+                        warnings.push(format!(
+                            "annotation {}: {:?} is not a valid RE2 regex ({why}); left out",
+                            clip(key),
+                            clip(&value)
+                        ));
+                        continue;
+                    }
+                },
+            };
+            let map = if what == "header" { &mut out.headers } else { &mut out.query };
+            map.insert(name, value);
+        }
+        (out, used)
+    }
 }
 
 /// How the matched path is rewritten before it is sent upstream.
@@ -132,6 +237,7 @@ impl IngressAnnotations {
             canary: None,
             upstream: None,
             policy: RoutePolicy::default(),
+            conditions: Conditions::default(),
             ignored: Vec::new(),
             warnings: Vec::new(),
         };
@@ -185,6 +291,10 @@ impl IngressAnnotations {
         let canary: Vec<Option<(String, String)>> = CANARY_KEYS.iter().map(|k| get(k, true)).collect();
         out.canary = read_canary(&canary, &mut out.warnings);
         out.policy = policy::read(&mut get, &mut out.warnings);
+        let method = get(MATCH_METHOD, true);
+        let (conditions, condition_keys) = Conditions::read(meta, method, &mut out.warnings);
+        out.conditions = conditions;
+        used.extend(condition_keys);
 
         let mut ignored: Vec<String> = meta
             .annotation_keys()

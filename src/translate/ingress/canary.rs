@@ -32,7 +32,7 @@
 use std::collections::BTreeMap;
 
 use super::annotations::{Canary, CanaryWeight, HeaderRule};
-use super::{Candidate, Parsed, PathKind, Rank, Translator, regex_escape};
+use super::{Candidate, Parsed, PathKey, Rank, Translator, regex_escape};
 use crate::translate::model::{Headers, HttpRoute, RouteDestination, StringMatch};
 use crate::translate::warning::{Reason, Warning};
 
@@ -42,7 +42,7 @@ use crate::translate::warning::{Reason, Warning};
 pub(super) struct PendingWeight {
     id: String,
     host: String,
-    key: (PathKind, String),
+    key: PathKey,
     canary: Vec<RouteDestination>,
     /// The canary's own header control.
     headers: Option<Headers>,
@@ -131,7 +131,7 @@ impl Translator<'_> {
     /// Split each main route with its canary's weight; a second canary
     /// weight on the same route is a conflict, and the older one stands.
     pub(super) fn apply_canary_weights(&mut self, weights: Vec<PendingWeight>) {
-        let mut split: BTreeMap<(String, (PathKind, String)), String> = BTreeMap::new();
+        let mut split: BTreeMap<(String, PathKey), String> = BTreeMap::new();
         for w in weights {
             let at = (w.host.clone(), w.key.clone());
             if let Some(owner) = split.get(&at) {

@@ -1019,3 +1019,57 @@ fn upstream_annotations_make_each_destination_host_a_traffic_policy() {
     // The routes are there whatever the policy.
     assert_eq!(route_names(&t).len(), 11);
 }
+
+/// Higress's request conditions: Ingresses on one host and path with
+/// different headers, query parameters or methods are each a route (no
+/// conflict), the more specific first, then the one without conditions.
+#[test]
+fn request_conditions_make_routes_of_their_own() {
+    let ingress = |name: &str, day: u32, annotations: &str| {
+        format!(
+            "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  \
+             creationTimestamp: \"2024-01-{day:02}T00:00:00Z\"\n  annotations: {{{annotations}}}\nspec:\n  rules:\n    \
+             - host: shop.example.com\n      http:\n        paths:\n          \
+             - {{path: /, pathType: Prefix, backend: {{service: {{name: {name}, port: {{number: 80}}}}}}}}\n"
+        )
+    };
+    let yaml = [
+        ingress("plain", 1, ""),
+        ingress("model-a", 2, "higress.io/exact-match-header-X-Model: a"),
+        ingress(
+            "model-b-post",
+            3,
+            "higress.io/exact-match-header-x-model: b, higress.io/match-method: \"post get Post BREW\", \
+             higress.io/regex-match-query-v: \"2|3\"",
+        ),
+        ingress("beta", 4, "higress.io/prefix-match-header-x-user: beta-"),
+        ingress("bad", 5, "higress.io/regex-match-header-x-bad: \"(a\""),
+    ]
+    .join("---\n");
+    let t = run(&yaml);
+    let warned: BTreeSet<String> = t.warnings.iter().map(ToString::to_string).collect();
+    let want = BTreeSet::from([
+        "Ingress shop/model-b-post: annotation higress.io/match-method: \"BREW\" is not an HTTP method; left out"
+            .to_owned(),
+        "Ingress shop/bad: annotation higress.io/regex-match-header-x-bad: \"(a\" is not a valid RE2 regex \
+         (unclosed group); left out"
+            .to_owned(),
+        // Without its one condition, `bad`'s path is `plain`'s, which is
+        // older and keeps it.
+        "Ingress shop/bad: path / on host shop.example.com conflicts with shop/plain; ignored".to_owned(),
+    ]);
+    assert_eq!(warned, want, "no conflict between different conditions; one warning per bad value");
+    // The method first, then more headers; the plain route last.
+    let vs = t.objects.iter().find(|o| o.kind() == "VirtualService").expect("a VirtualService").spec.to_json();
+    let http = vs["http"].as_array().unwrap();
+    let names: Vec<&str> = http.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["shop-model-b-post-0", "shop-model-a-0", "shop-beta-0", "shop-plain-0"], "{vs:#}");
+    let b = &http[0]["match"][0];
+    assert_eq!(b["method"], serde_json::json!({"regex": "POST|GET"}), "{b}");
+    assert_eq!(b["headers"]["x-model"], serde_json::json!({"exact": "b"}), "{b}");
+    assert_eq!(b["queryParams"]["v"], serde_json::json!({"regex": "2|3"}), "{b}");
+    assert_eq!(http[1]["match"][0]["headers"]["x-model"], serde_json::json!({"exact": "a"}), "the name is lowercased");
+    assert_eq!(http[2]["match"][0]["headers"]["x-user"], serde_json::json!({"prefix": "beta-"}));
+    assert!(http[3]["match"][0].get("headers").is_none(), "{:#}", http[3]);
+    assert_eq!(t.ignored_annotations, 0);
+}
