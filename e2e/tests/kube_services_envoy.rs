@@ -233,6 +233,8 @@ async fn an_ingress_to_a_service_follows_its_pods() {
 /// Service, which Envoy resolves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registry_canary_beside_a_service_main() {
+    // Every log line of this binary, for the failure message below.
+    meshbridge_e2e::captured_logs::logs();
     let cluster = Cluster::start().await;
     let pod = Pod::start("pod-main", 0);
     let canary = Backend::start("127.0.0.1", "vm-canary").await.unwrap();
@@ -310,9 +312,18 @@ async fn a_registry_canary_beside_a_service_main() {
                 Ok(r) => r.text().await.unwrap_or_default(),
                 Err(e) => e.to_string(),
             };
+            // meshbridge's own lines about the Kubernetes watches (a watch
+            // in backoff would hold the Ingress back).
+            let logs = meshbridge_e2e::captured_logs::text();
+            let kube: Vec<&str> = logs
+                .lines()
+                .filter(|l| l.contains("kube_") || l.contains("WARN") || l.contains("outside"))
+                .collect();
+            let kube = kube[kube.len().saturating_sub(40)..].join("\n");
             panic!(
                 "ExternalName through Envoy: {got:?}\n--- Envoy's routes ---\n{routes:.6000}\n--- Envoy's clusters \
-                 (outside) ---\n{outside:?}\n--- meshbridge /v1/config ---\n{config:.4000}\n--- Envoy ---\n{}",
+                 (outside) ---\n{outside:?}\n--- meshbridge /v1/config ---\n{config:.4000}\n--- meshbridge's \
+                 kube lines ---\n{kube}\n--- Envoy ---\n{}",
                 envoy.log()
             );
         }
