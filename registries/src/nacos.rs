@@ -62,6 +62,8 @@ mod health;
 mod http;
 mod pushed;
 mod servers;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod wire;
 
 use std::collections::{BTreeSet, HashMap};

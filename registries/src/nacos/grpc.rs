@@ -300,7 +300,7 @@ async fn resubscribe(shared: &Arc<Shared>) -> bool {
 }
 
 /// The instances in a `ServiceQueryResponse` or `SubscribeServiceResponse`.
-fn service_hosts(registry: &str, what: &str, bytes: &[u8]) -> Result<Vec<Instance>, RegistryError> {
+pub(super) fn service_hosts(registry: &str, what: &str, bytes: &[u8]) -> Result<Vec<Instance>, RegistryError> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Answer {
