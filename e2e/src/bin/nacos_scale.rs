@@ -67,6 +67,8 @@ const CHANGE_LIMIT: Duration = Duration::from_secs(10);
 /// Over HTTP a change waits for the next full read (30 s) and that read.
 const HTTP_CHANGE_LIMIT: Duration = Duration::from_secs(90);
 const NEW_SERVICE_LIMIT: Duration = Duration::from_secs(90);
+/// The plain subscriber's health checks, as the Java client's.
+const KEEPALIVE: Duration = Duration::from_secs(5);
 /// The reads in flight the answer-time probe compares: meshbridge's
 /// (`CONCURRENCY` in registries/src/nacos.rs) and many more, twice: the
 /// first pass runs on a server whose JIT has not compiled its read path
@@ -621,10 +623,23 @@ async fn changes_run(
     let pushes: Pushes = Arc::default();
     let seen = pushes.clone();
     let grpc_addr = format!("127.0.0.1:{}", server.grpc_port());
-    let plain = Subscriber::connect(&grpc_addr, NAMESPACE, CALL, move |p: Pushed| {
-        seen.lock().unwrap_or_else(PoisonError::into_inner).insert(p.name, Instant::now());
-    })
-    .await?;
+    let plain = Arc::new(
+        Subscriber::connect(&grpc_addr, NAMESPACE, CALL, move |p: Pushed| {
+            seen.lock().unwrap_or_else(PoisonError::into_inner).insert(p.name, Instant::now());
+        })
+        .await?,
+    );
+    // Kept alive as a client keeps an idle connection (HTTP changes wait
+    // 30 s each); aborted when the changes end.
+    let keeper = plain.clone();
+    let keepalive = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(KEEPALIVE).await;
+            if let Err(e) = keeper.health_check(CALL).await {
+                eprintln!("nacos_scale: plain subscriber health check failed: {e}");
+            }
+        }
+    });
     for k in (0..changes).step_by(2) {
         plain.subscribe(GROUP, &service(target(k)), CALL).await?;
     }
@@ -665,6 +680,10 @@ async fn changes_run(
             ));
         }
         row.changes += 1;
+    }
+    keepalive.abort();
+    if plain.is_closed() {
+        row.notes.push("the plain subscriber's connection was closed by the server during the changes".into());
     }
     let spent = mb.proc.cpu() - cpu;
     let secs = window.elapsed().as_secs_f64();

@@ -65,6 +65,17 @@ impl Subscriber {
         Ok(Subscriber { conn, namespace: namespace.to_string() })
     }
 
+    /// `HealthCheckRequest`, as a client sends on an idle connection (the
+    /// Java client every 5 s) so that the server keeps it.
+    pub async fn health_check(&self, timeout: Duration) -> Result<(), RegistryError> {
+        self.conn.request("HealthCheckRequest", json!({}), Vec::new(), timeout).await.map(drop)
+    }
+
+    /// Whether the connection is gone (the server closed it).
+    pub fn is_closed(&self) -> bool {
+        self.conn.is_closed()
+    }
+
     /// `SubscribeServiceRequest`: the instances its answer carries.
     pub async fn subscribe(&self, group: &str, name: &str, timeout: Duration) -> Result<Vec<Host>, RegistryError> {
         let body = json!({
