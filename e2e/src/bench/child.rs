@@ -88,7 +88,8 @@ where
         .thread_name(super::procfs::HARNESS_THREAD)
         .enable_all()
         .build()?;
-    let report = harness.block_on(tokio::spawn(run(bin)))??;
+    let run = run(bin);
+    let report = harness.block_on(async move { tokio::spawn(run).await? })?;
     print!("{report}");
     Ok(())
 }
