@@ -244,6 +244,7 @@ pub enum Flavor {
 }
 
 /// The HTTP calls tests make to change a Nacos-protocol server.
+#[derive(Clone)]
 pub struct Api {
     flavor: Flavor,
     /// `http://host:port`.

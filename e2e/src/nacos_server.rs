@@ -52,6 +52,8 @@ pub struct NacosServer {
     dir: TempDir,
     /// The `-D` options it was started with (auth).
     extra: Vec<String>,
+    /// Its JVM flags ([`JVM_FLAGS`] unless a bench sized them).
+    jvm: Vec<String>,
 }
 
 /// Auth settings of a [`NacosServer::start_with_auth`].
@@ -80,7 +82,14 @@ impl std::ops::Deref for NacosServer {
 
 impl NacosServer {
     pub async fn start() -> anyhow::Result<NacosServer> {
-        NacosServer::start_as(None).await
+        NacosServer::start_as(None, test_jvm()).await
+    }
+
+    /// With these JVM flags instead of the tests' [`JVM_FLAGS`] (C1 only,
+    /// a 320 MB heap): a bench runs the server as a user would, its heap
+    /// sized for the catalog.
+    pub async fn start_with_jvm(jvm: &[String]) -> anyhow::Result<NacosServer> {
+        NacosServer::start_as(None, jvm.to_vec()).await
     }
 
     /// With auth on (`nacos.core.auth.enabled`; the token key and server
@@ -96,21 +105,21 @@ impl NacosServer {
     /// once the admin's login works, 5–20 s after the admin is set.
     pub async fn start_with_auth(admin_password: &str, token_ttl: Duration) -> anyhow::Result<NacosServer> {
         let auth = Auth { admin_password: admin_password.to_string(), token_ttl };
-        NacosServer::start_as(Some(auth)).await
+        NacosServer::start_as(Some(auth), test_jvm()).await
     }
 
-    async fn start_as(auth: Option<Auth>) -> anyhow::Result<NacosServer> {
+    async fn start_as(auth: Option<Auth>, jvm: Vec<String>) -> anyhow::Result<NacosServer> {
         let jar = binary_from_env(JAR_VAR)?;
         let extra = auth.as_ref().map(Auth::options).unwrap_or_default();
         let mut last_err = None;
         for _ in 0..START_ATTEMPTS {
             let Some(http_port) = port_quad() else { continue };
             let dir = tempfile::Builder::new().prefix("meshbridge-nacos-").tempdir()?;
-            let cmd = java(&jar, http_port, dir.path(), false, &extra);
+            let cmd = java(&jar, &jvm, http_port, dir.path(), false, &extra);
             let guard = ChildGuard::spawn("nacos", cmd, log_path(dir.path()))?;
             let admin = auth.as_ref().map(|a| (ADMIN.to_string(), a.admin_password.clone()));
             let api = Api::new(Flavor::Nacos, base(http_port), admin);
-            let mut server = NacosServer { http_port, api, guard, dir, extra: extra.clone() };
+            let mut server = NacosServer { http_port, api, guard, dir, extra: extra.clone(), jvm: jvm.clone() };
             let started = Instant::now();
             let ready = match &auth {
                 Some(a) => server.init_admin(&a.admin_password).await,
@@ -215,6 +224,10 @@ impl NacosServer {
         self.guard.log_tail(8000)
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.guard.id()
+    }
+
     /// Kill the server (SIGKILL): clients see connection refused.
     pub fn stop(&mut self) {
         self.guard.kill();
@@ -226,7 +239,7 @@ impl NacosServer {
         let jar = binary_from_env(JAR_VAR)?;
         self.guard.kill();
         std::fs::write(log_path(self.dir.path()), "")?;
-        let cmd = java(&jar, self.http_port, self.dir.path(), false, &self.extra);
+        let cmd = java(&jar, &self.jvm, self.http_port, self.dir.path(), false, &self.extra);
         self.guard = ChildGuard::spawn("nacos", cmd, log_path(self.dir.path()))?;
         let started = Instant::now();
         wait_ready(&self.api, self.http_port, &mut self.guard)
@@ -257,7 +270,7 @@ async fn shared_port() -> anyhow::Result<u16> {
                 let dir = tempfile::Builder::new().prefix(&prefix).tempdir()?.keep();
                 let (spawned_tx, spawned_rx) = std::sync::mpsc::channel();
                 let (kill_tx, kill_rx) = std::sync::mpsc::channel::<()>();
-                let (cmd, log) = (java(&jar, http_port, &dir, true, &[]), log_path(&dir));
+                let (cmd, log) = (java(&jar, &test_jvm(), http_port, &dir, true, &[]), log_path(&dir));
                 // The server's parent thread, which holds its guard: it
                 // ends (and the server with it) on a message, or when the
                 // process does.
@@ -387,7 +400,11 @@ fn port_quad() -> Option<u16> {
     None
 }
 
-fn java(jar: &Path, http_port: u16, home: &Path, die_with_parent: bool, extra: &[String]) -> Command {
+fn test_jvm() -> Vec<String> {
+    JVM_FLAGS.map(String::from).to_vec()
+}
+
+fn java(jar: &Path, jvm: &[String], http_port: u16, home: &Path, die_with_parent: bool, extra: &[String]) -> Command {
     let java =
         std::env::var_os("JAVA_HOME").map_or_else(|| PathBuf::from("java"), |h| PathBuf::from(h).join("bin/java"));
     let mut cmd = if die_with_parent {
@@ -399,7 +416,7 @@ fn java(jar: &Path, http_port: u16, home: &Path, die_with_parent: bool, extra: &
     };
     let tmp = home.join("tmp");
     let _ = std::fs::create_dir_all(&tmp);
-    cmd.args(JVM_FLAGS)
+    cmd.args(jvm)
         .arg(format!("-Djava.io.tmpdir={}", tmp.display()))
         .arg("-Dnacos.standalone=true")
         .arg(format!("-Dnacos.home={}", home.display()))

@@ -62,6 +62,8 @@ mod health;
 mod http;
 mod pushed;
 mod servers;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod wire;
 
 use std::collections::{BTreeSet, HashMap};
@@ -95,7 +97,8 @@ use crate::worker::{last_port, on_worker_exit};
 const DEFAULT_REFRESH: Duration = Duration::from_secs(30);
 const MIN_REFRESH: Duration = Duration::from_secs(1);
 const MAX_PROBE: Duration = Duration::from_secs(5);
-/// Instance reads (and subscriptions) in flight at once.
+/// Subscriptions in flight at once, and readers of pushed services (a
+/// full read's reads in flight are its [`Api::READS_IN_FLIGHT`]).
 const CONCURRENCY: usize = 8;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Calls refused for credentials this many times in a row, although every
@@ -426,7 +429,7 @@ impl Ctx {
                 };
                 (key, seq, answer)
             })
-            .buffer_unordered(CONCURRENCY)
+            .buffer_unordered(A::READS_IN_FLIGHT)
             .collect()
             .await;
         for (key, seq, answer) in answers {

@@ -67,6 +67,42 @@ pub fn binary(build: bool) -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
+/// What a single-purpose scale bench (`eureka_scale`, `nacos_scale`)
+/// does around its measurement: build the meshbridge binary
+/// ([`binary`]), copy it to a temp dir of its own (the target directory
+/// may be shared, and another build could replace the binary under a long
+/// run), run `run(copy)` on a two-thread harness runtime whose threads
+/// [`super::procfs`] leaves out, and print the report it returns.
+pub fn run_scale<F, Fut>(name: &str, run: F) -> anyhow::Result<()>
+where
+    F: FnOnce(PathBuf) -> Fut,
+    Fut: Future<Output = anyhow::Result<String>> + Send + 'static,
+{
+    let built = binary(true)?;
+    let keep = tempfile::Builder::new().prefix(&format!("{name}-")).tempdir()?;
+    let bin = keep.path().join("meshbridge");
+    std::fs::copy(&built, &bin).with_context(|| format!("copy {}", built.display()))?;
+    eprintln!("{name}: meshbridge from {}", built.display());
+    let harness = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(super::procfs::HARNESS_THREAD)
+        .enable_all()
+        .build()?;
+    let run = run(bin);
+    let report = harness.block_on(async move { tokio::spawn(run).await? })?;
+    print!("{report}");
+    Ok(())
+}
+
+/// `--meshbridge-env`'s value: `KEY=VALUE,…`.
+pub fn parse_env(value: &str) -> anyhow::Result<Vec<(String, String)>> {
+    value
+        .split(',')
+        .map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect::<Option<_>>()
+        .with_context(|| format!("--meshbridge-env: KEY=VALUE,…, not {value}"))
+}
+
 fn cargo_build(profile_dir: &Path) -> anyhow::Result<()> {
     let profile = profile_dir.file_name().and_then(|p| p.to_str()).context("target profile directory")?;
     let profile = if profile == "debug" { "dev" } else { profile };

@@ -258,22 +258,23 @@ fn memory_note(p: &Proc) -> String {
 }
 
 /// Wait until Envoy has `clusters` active clusters and none warming.
-async fn envoy_warm(envoy: &Envoy, clusters: usize, limit: Duration) -> bool {
+pub async fn envoy_warm(envoy: &Envoy, clusters: usize, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
-        let stats =
-            envoy.admin("/stats?filter=cluster_manager%5C.(active|warming)_clusters$").await.unwrap_or_default();
-        let stat = |name: &str| {
-            stats.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(": ")?.trim().parse::<usize>().ok())
-        };
-        if stat("cluster_manager.active_clusters").is_some_and(|a| a >= clusters)
-            && stat("cluster_manager.warming_clusters") == Some(0)
-        {
+        if cluster_counts(envoy).await.is_some_and(|(active, warming)| active >= clusters && warming == 0) {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     false
+}
+
+/// Envoy's active and warming clusters (`cluster_manager` statistics).
+pub async fn cluster_counts(envoy: &Envoy) -> Option<(usize, usize)> {
+    let stats = envoy.admin("/stats?filter=cluster_manager%5C.(active|warming)_clusters$").await.ok()?;
+    let stat =
+        |name: &str| stats.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(": ")?.trim().parse::<usize>().ok());
+    Some((stat("cluster_manager.active_clusters")?, stat("cluster_manager.warming_clusters")?))
 }
 
 /// Wait until every follower has had an update and nothing more has

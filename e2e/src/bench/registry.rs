@@ -91,6 +91,12 @@ fn address(j: usize) -> String {
     format!("10.1.{}.{}", j / 250, j % 250 + 1)
 }
 
+/// Address `k` in 198.18.0.0/15 (RFC 2544's benchmarking block: nothing
+/// answers there), for the scale benches' instances.
+pub fn benchmark_address(k: usize) -> String {
+    format!("198.{}.{}.{}", 18 + (k >> 16) % 2, (k >> 8) & 255, k & 255)
+}
+
 fn service(i: usize) -> String {
     format!("svc-{i}")
 }

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use meshbridge_e2e::bench::child::{self, Meshbridge};
-use meshbridge_e2e::bench::procfs::{self, Proc};
-use meshbridge_e2e::bench::registry::bounded;
+use meshbridge_e2e::bench::procfs::Proc;
+use meshbridge_e2e::bench::registry::{benchmark_address, bounded};
 use meshbridge_e2e::eureka::{EurekaApi, EurekaServer, instance};
 use tokio::time::MissedTickBehavior;
 
@@ -116,13 +116,7 @@ fn parse(args: &[String]) -> anyhow::Result<Opts> {
             "--renew-secs" => o.renew_secs = num()? as u64,
             "--concurrency" => o.concurrency = num()?.max(1),
             "--server-heap-mb" => o.heap_mb = num()?,
-            "--meshbridge-env" => {
-                o.env = value
-                    .split(',')
-                    .map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
-                    .collect::<Option<_>>()
-                    .with_context(|| format!("--meshbridge-env: KEY=VALUE,…, not {value}"))?
-            }
+            "--meshbridge-env" => o.env = child::parse_env(value)?,
             _ => bail!("unknown flag {flag}\n{USAGE}"),
         }
     }
@@ -133,35 +127,17 @@ fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let opts = parse(&args)?;
-    // A private copy: the target directory may be shared, and another
-    // build could replace the binary under a long run.
-    let built = child::binary(true)?;
-    let keep = tempfile::Builder::new().prefix("eureka-scale-").tempdir()?;
-    let bin = keep.path().join("meshbridge");
-    std::fs::copy(&built, &bin).with_context(|| format!("copy {}", built.display()))?;
-    eprintln!("eureka_scale: {opts:?}, meshbridge from {}", built.display());
-    let harness = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name(procfs::HARNESS_THREAD)
-        .enable_all()
-        .build()?;
-    let report = harness.block_on(async move { tokio::spawn(run(opts, bin)).await? })?;
-    print!("{report}");
-    Ok(())
+    eprintln!("eureka_scale: {opts:?}");
+    child::run_scale("eureka-scale", |bin| run(opts, bin))
 }
 
-/// App `i`'s name and its instance `j`: id and address in 198.18.0.0/15
-/// (RFC 2544's benchmarking block, nothing answers there).
+/// App `i`'s name and its instance `j`'s id.
 fn app(i: usize) -> String {
     format!("BENCH-{i:05}")
 }
 
 fn instance_id(i: usize, j: usize) -> String {
     format!("bench-{i}-{j}")
-}
-
-fn address(k: usize) -> String {
-    format!("198.{}.{}.{}", 18 + (k >> 16) % 2, (k >> 8) & 255, k & 255)
 }
 
 /// What the server holds: `apps` × `per` instances, instance `k` being
@@ -186,7 +162,7 @@ impl Catalog {
         let me = self.clone();
         bounded(self.total(), concurrency, move |k| {
             let (api, (name, id)) = (me.api.clone(), me.at(k));
-            let mut body = instance(&name, &id, &address(k), 8080, "UP");
+            let mut body = instance(&name, &id, &benchmark_address(k), 8080, "UP");
             body["leaseInfo"]["durationInSecs"] = lease_secs.into();
             async move { api.register(body).await }
         })

@@ -19,6 +19,10 @@ pub(crate) trait Api: Send + Sync + 'static {
     /// count, as the server lists them ([`Probe::new`]).
     fn probe(&self, group: &str) -> impl Future<Output = Result<Probe, RegistryError>> + Send;
 
+    /// A full read's instance reads in flight at once. Over HTTP each one
+    /// holds a pooled connection to the server of its own, so few; the
+    /// gRPC client multiplexes them on its one connection.
+    const READS_IN_FLIGHT: usize = 8;
     /// Whether the server pushes changes to subscribers.
     const PUSH: bool = false;
     /// Queue `key` in `pushed` whenever the server pushes a change of it.

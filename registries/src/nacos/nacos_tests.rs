@@ -2,7 +2,7 @@
 //! rules, answer ordering, partial refusals, outage and recovery.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 use tokio::sync::mpsc;
 
@@ -55,6 +55,9 @@ struct FakeApi {
     slow: Mutex<BTreeMap<String, Duration>>,
     /// The queue a push client's subscriptions feed ([`PushFake`]).
     pushed: Mutex<Option<Arc<Pushed>>>,
+    /// Instance reads in flight now, and the most there were.
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
 }
 
 impl FakeApi {
@@ -88,7 +91,10 @@ impl Api for FakeApi {
         self.check()?;
         let slow = self.slow.lock().unwrap().get(&key.name).copied();
         if let Some(slow) = slow {
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max_in_flight.fetch_max(now, Ordering::SeqCst);
             tokio::time::sleep(slow).await;
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
         }
         if self.fail_once.lock().unwrap().remove(&key.name) {
             return Err(RegistryError::Status { registry: "n".into(), what: "instances".into(), status: 500 });
@@ -277,6 +283,7 @@ impl Api for PushFake {
     async fn probe(&self, group: &str) -> Result<Probe, RegistryError> {
         self.0.probe(group).await
     }
+    const READS_IN_FLIGHT: usize = GrpcApi::READS_IN_FLIGHT;
     const PUSH: bool = true;
     async fn subscribe(&self, _key: &ServiceKey, pushed: Arc<Pushed>) -> Result<(), RegistryError> {
         *self.0.pushed.lock().unwrap() = Some(pushed);
@@ -659,4 +666,27 @@ async fn a_service_unreadable_then_read_with_a_difference_is_counted() {
     api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.4", 80)]);
     ctx.sync(&api, None).await.unwrap();
     assert!(!drain(&mut rx).iter().any(|e| matches!(e, Event::Drift(..))));
+}
+
+/// A full read keeps its client's reads in flight: 8 over HTTP, 64 on
+/// gRPC's one connection ([`PushFake`] stands in for it).
+async fn reads_in_flight<A: Api>(api: &A, fake: &FakeApi) -> usize {
+    let (ctx, _rx) = ctx(&["DEFAULT_GROUP"]);
+    for i in 0..200 {
+        let name = format!("svc-{i}");
+        fake.set("DEFAULT_GROUP", &name, vec![instance("10.0.0.1", 80)]);
+        fake.slow.lock().unwrap().insert(name, Duration::from_millis(10));
+    }
+    ctx.sync(api, None).await.unwrap();
+    fake.max_in_flight.load(Ordering::SeqCst)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_read_keeps_its_clients_reads_in_flight() {
+    let http = FakeApi::default();
+    assert_eq!(reads_in_flight(&http, &http).await, FakeApi::READS_IN_FLIGHT);
+    assert_eq!(FakeApi::READS_IN_FLIGHT, 8);
+    let grpc = PushFake(Arc::new(FakeApi::default()));
+    assert_eq!(reads_in_flight(&grpc, &grpc.0).await, PushFake::READS_IN_FLIGHT);
+    assert_eq!(PushFake::READS_IN_FLIGHT, GrpcApi::READS_IN_FLIGHT);
 }
