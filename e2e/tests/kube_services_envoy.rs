@@ -315,10 +315,8 @@ async fn a_registry_canary_beside_a_service_main() {
             // meshbridge's own lines about the Kubernetes watches (a watch
             // in backoff would hold the Ingress back).
             let logs = meshbridge_e2e::captured_logs::text();
-            let kube: Vec<&str> = logs
-                .lines()
-                .filter(|l| l.contains("kube_") || l.contains("WARN") || l.contains("outside"))
-                .collect();
+            let kube: Vec<&str> =
+                logs.lines().filter(|l| l.contains("kube_") || l.contains("WARN") || l.contains("outside")).collect();
             let kube = kube[kube.len().saturating_sub(40)..].join("\n");
             panic!(
                 "ExternalName through Envoy: {got:?}\n--- Envoy's routes ---\n{routes:.6000}\n--- Envoy's clusters \
