@@ -292,6 +292,19 @@ impl Istiod {
              selector: {{ {selector} }}\n  ports:\n    - {{ name: http-80, port: 80, targetPort: {listen_port} }}\n"
         ))
         .await?;
+        // istiod reads the Service from the API server on its own time; a
+        // proxy that connects before it has the Service gets its listener on
+        // the Gateway's port (80), and only later on the target port.
+        let host = format!("{name}.{gw_ns}.svc.cluster.local");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let registry = self.debug_text("registryz").await.unwrap_or_default();
+            if registry.contains(&host) {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "{} never listed the gateway Service {host}", self.version);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let node = Node {
             id: GATEWAY_NODE.into(),
             cluster: "higress-gateway".into(),

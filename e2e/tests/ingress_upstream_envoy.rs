@@ -142,7 +142,9 @@ async fn upstream_annotations(via: Via) {
 
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let ready = get(envoy, "/plain", &[]).await.status == 200 && get(envoy, "/sticky", &[]).await.status == 200;
+        // Until the listener is up a request may be refused: not yet an answer.
+        let answers = |path| async move { envoy.get_host(path, HOST).await.is_ok_and(|(status, _)| status == 200) };
+        let ready = answers("/plain").await && answers("/sticky").await;
         if ready {
             break;
         }
