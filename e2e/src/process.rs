@@ -20,10 +20,13 @@ pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     const LOW: u32 = 10_000;
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let high = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(0);
+    static HIGH: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let high = *HIGH.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
     if high > LOW + 1_000 {
         let span = high - LOW;
         let start = std::process::id().wrapping_mul(7919);

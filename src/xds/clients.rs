@@ -389,11 +389,7 @@ impl ClientHandle {
                 t.holdings.pop_front();
             }
             t.holdings.push_back((resp.nonce().to_string(), holding));
-        }
-        if let Some(at) = changed_at.filter(|at| *at >= self.connected) {
-            let mut latency = self.latency();
-            let t = latency.entry(type_url.to_string()).or_default();
-            if t.last_event != Some(at) {
+            if let Some(at) = changed_at.filter(|at| *at >= self.connected && t.last_event != Some(*at)) {
                 t.last_event = Some(at);
                 m.event_to_send.get_or_create(&labels).observe(at.elapsed().as_secs_f64());
                 if t.pending.len() == MAX_PENDING {
