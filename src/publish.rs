@@ -89,20 +89,25 @@ pub fn spawn(
         // A config source that went away leaves its last Desired in force.
         let mut desired_open = true;
         let mut translator = Some(translator);
+        let mut translated_from = d;
         loop {
-            let mut inputs_changed = false;
             tokio::select! {
                 r = changes.changed() => { if r.is_err() { break } changes.borrow_and_update(); }
                 r = desired.changed(), if desired_open => {
                     if r.is_err() { desired_open = false; continue }
-                    inputs_changed = true;
                 }
                 // Only while a registry is missing: see crate::startup.
                 _ = tokio::time::sleep(gate.recheck(readiness).unwrap_or_default()), if gate.recheck(readiness).is_some() => {
                     if gate.check(&cache) == readiness && !changes.has_changed().unwrap_or(false) { continue }
                 }
             }
+            // Whichever branch woke us, the Desired read here is the one
+            // translated: a new config that arrives with a cache change
+            // (a kube Service upsert and the Ingress naming it, say) is
+            // seen as new, never taken as read by the cache branch.
             let d = desired.borrow_and_update().clone();
+            let inputs_changed = !Arc::ptr_eq(&d, &translated_from);
+            translated_from = d.clone();
             let config = ConfigStatus::of(&d);
             let now_ready = gate.check(&cache);
             let batch = cache.take_changes();
@@ -137,6 +142,10 @@ pub fn spawn(
     }));
     rx
 }
+
+#[cfg(test)]
+#[path = "publish_tests.rs"]
+mod tests;
 
 fn translate(
     t: &mut Translator,
