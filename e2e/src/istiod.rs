@@ -52,6 +52,15 @@ pub const NAMESPACE: &str = "istio-system";
 /// selects (a documentation address: istiod never connects to it).
 pub const GATEWAY_NODE: &str = "router~192.0.2.10~higress-gateway-e2e.higress-system~higress-system.svc.cluster.local";
 pub const GATEWAY_LABELS: [(&str, &str); 1] = [("higress", "higress-system-higress-gateway")];
+/// The gateway's Kubernetes Service, as Higress's chart names it.
+const GATEWAY_SERVICE: &str = "higress-gateway";
+const GATEWAY_NAMESPACE: &str = "higress-system";
+
+/// [`GATEWAY_LABELS`] as a YAML flow mapping's inside.
+fn gateway_selector() -> String {
+    let pairs: Vec<String> = GATEWAY_LABELS.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    pairs.join(", ")
+}
 
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -171,6 +180,9 @@ pub struct Istiod {
     pub http_addr: SocketAddr,
     /// Prometheus metrics (15014 in a cluster).
     pub monitoring_addr: SocketAddr,
+    /// With [`Options::stock_gateway_listeners`]: the gateway Service's
+    /// target port, which [`Istiod::gateway_envoy`] listens on.
+    pub gateway_port: Option<u16>,
     http: reqwest::Client,
     guard: ChildGuard,
     dir: tempfile::TempDir,
@@ -239,8 +251,13 @@ impl Istiod {
             }
             let guard = ChildGuard::spawn("istiod", cmd, dir.path().join("istiod.log"))?;
             let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
-            let mut istiod = Istiod { version, grpc_addr, http_addr, monitoring_addr, http, guard, dir };
+            let gateway_port = None;
+            let mut istiod = Istiod { version, grpc_addr, http_addr, monitoring_addr, gateway_port, http, guard, dir };
             match istiod.wait_ready().await {
+                Ok(()) if options.stock_gateway_listeners => {
+                    istiod.gateway_port = Some(istiod.add_gateway_service(api).await?);
+                    return Ok(istiod);
+                }
                 Ok(()) => return Ok(istiod),
                 Err(e) if attempt < START_ATTEMPTS && istiod.guard.log().contains("address already in use") => {
                     eprintln!("{version}: a port was taken ({e:#}); starting again on fresh ports");
@@ -248,6 +265,36 @@ impl Istiod {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Write the gateway's Service (port 80 to a free target port), wait
+    /// until istiod lists it, and return the target port.
+    ///
+    /// Done before anything connects as the gateway: istiod 1.27 gives a
+    /// gateway proxy seen before its Service the listener on the Gateway's
+    /// port 80, and keeps that for tens of seconds after the Service
+    /// appears, even to new streams. Curiously, a Service written before
+    /// istiod starts gives 1.27 the same port 80 every time; written after
+    /// `/ready`, and listed, it gives the target port.
+    async fn add_gateway_service(&self, api: &ApiServer) -> anyhow::Result<u16> {
+        match api.kubectl(&["create", "namespace", GATEWAY_NAMESPACE]).await {
+            Err(e) if !e.to_string().contains("AlreadyExists") => return Err(e),
+            _ => {}
+        }
+        let target = free_port();
+        api.apply(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{ name: {GATEWAY_SERVICE}, namespace: {GATEWAY_NAMESPACE} }}\n\
+             spec:\n  selector: {{ {} }}\n  ports:\n    - {{ name: http-80, port: 80, targetPort: {target} }}\n",
+            gateway_selector()
+        ))
+        .await?;
+        let host = format!("{GATEWAY_SERVICE}.{GATEWAY_NAMESPACE}.svc.cluster.local");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.debug_text("registryz").await.unwrap_or_default().contains(&host) {
+            anyhow::ensure!(Instant::now() < deadline, "{} never listed the gateway Service {host}", self.version);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(target)
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
@@ -270,48 +317,26 @@ impl Istiod {
     /// labels in the node metadata), taking everything from istiod:
     /// listeners, routes, clusters and endpoints.
     ///
-    /// It listens on a free port, not on the Gateway's 80: as in a cluster,
-    /// the gateway's Kubernetes Service (`higress-gateway` in
-    /// `higress-system`, selecting the gateway's labels, written to `api`
-    /// here) maps port 80 to the pods' target port, and istiod builds the
-    /// listener on the target port (it finds the Service from the proxy's
-    /// namespace and labels, with no pod). The listener binds `0.0.0.0`, as
-    /// istiod writes it; tests send to it on loopback
-    /// ([`Envoy::get_with`]). Needs [`Options::stock_gateway_listeners`].
-    pub async fn gateway_envoy(&self, api: &ApiServer) -> anyhow::Result<Envoy> {
-        let listen_port = free_port();
-        let (gw_ns, name) = ("higress-system", "higress-gateway");
-        match api.kubectl(&["create", "namespace", gw_ns]).await {
-            Err(e) if !e.to_string().contains("AlreadyExists") => return Err(e),
-            _ => {}
-        }
-        let selector: Vec<String> = GATEWAY_LABELS.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-        let selector = selector.join(", ");
-        api.apply(&format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name}, namespace: {gw_ns} }}\nspec:\n  \
-             selector: {{ {selector} }}\n  ports:\n    - {{ name: http-80, port: 80, targetPort: {listen_port} }}\n"
-        ))
-        .await?;
-        // istiod reads the Service from the API server on its own time; a
-        // proxy that connects before it has the Service gets its listener on
-        // the Gateway's port (80), and only later on the target port.
-        let host = format!("{name}.{gw_ns}.svc.cluster.local");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let registry = self.debug_text("registryz").await.unwrap_or_default();
-            if registry.contains(&host) {
-                break;
-            }
-            anyhow::ensure!(Instant::now() < deadline, "{} never listed the gateway Service {host}", self.version);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    /// It listens on [`Istiod::gateway_port`], not on the Gateway's 80: as
+    /// in a cluster, the gateway's Kubernetes Service (`higress-gateway` in
+    /// `higress-system`, selecting the gateway's labels, written to the API
+    /// server once istiod is ready) maps port 80 to the pods' target port,
+    /// and istiod builds the listener on the target port (it finds the
+    /// Service from the proxy's namespace and labels, with no pod). The
+    /// listener binds `0.0.0.0`, as istiod writes it; tests send to it on
+    /// loopback ([`Envoy::get_with`]). Needs
+    /// [`Options::stock_gateway_listeners`].
+    pub async fn gateway_envoy(&self) -> anyhow::Result<Envoy> {
+        let listen_port = self
+            .gateway_port
+            .with_context(|| format!("{}: started without Options::stock_gateway_listeners", self.version))?;
         let node = Node {
             id: GATEWAY_NODE.into(),
-            cluster: "higress-gateway".into(),
+            cluster: GATEWAY_SERVICE.into(),
             // NAMESPACE as an Istio agent sends it (from POD_NAMESPACE):
             // istiod 1.27 takes the proxy's namespace only from there, and
             // looks the gateway's Service up in it.
-            metadata: Some(format!("{{ LABELS: {{ {selector} }}, NAMESPACE: {gw_ns} }}")),
+            metadata: Some(format!("{{ LABELS: {{ {} }}, NAMESPACE: {GATEWAY_NAMESPACE} }}", gateway_selector())),
         };
         Envoy::start_gateway_as(&node, self.grpc_addr, AdsMode::Sotw, listen_port).await
     }
@@ -365,23 +390,29 @@ impl Istiod {
         }
     }
 
-    /// The routes istiod builds for `host` in the `http.{port}`
-    /// RouteConfiguration of the Ingress Gateway ([`GATEWAY_NODE`]), once
-    /// there are at least `at_least` of them, waiting up to 30 s.
+    /// The routes istiod builds for `host` in the Ingress Gateway's
+    /// ([`GATEWAY_NODE`]) RouteConfiguration for the Gateway's port 80,
+    /// once there are at least `at_least` of them, waiting up to 30 s.
+    /// istiod names it after the listener's port: `http.` and the gateway
+    /// Service's target port. Needs [`Options::stock_gateway_listeners`].
     pub async fn gateway_routes(
         &self,
         host: &str,
-        port: u16,
         at_least: usize,
     ) -> Vec<envoy_types::pb::envoy::config::route::v3::Route> {
         use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
         use prost::Message;
         const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+        let port = self.gateway_port.expect("istiod started with Options::stock_gateway_listeners");
+        let name = format!("http.{port}");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let got = self.fetch(GATEWAY_NODE, &GATEWAY_LABELS, ROUTE_TYPE, &[&format!("http.{port}")]).await;
-            let rc = got.ok().and_then(|r| r.first().and_then(|a| RouteConfiguration::decode(a.value.as_slice()).ok()));
-            let vhost = rc.and_then(|rc| rc.virtual_hosts.into_iter().find(|v| v.domains.iter().any(|d| d == host)));
+            let got = self.fetch(GATEWAY_NODE, &GATEWAY_LABELS, ROUTE_TYPE, &[&name]).await.unwrap_or_default();
+            let vhost = got
+                .iter()
+                .filter_map(|a| RouteConfiguration::decode(a.value.as_slice()).ok())
+                .flat_map(|rc| rc.virtual_hosts)
+                .find(|v| v.domains.iter().any(|d| d == host));
             if let Some(v) = vhost.filter(|v| v.routes.len() >= at_least) {
                 return v.routes;
             }
@@ -405,9 +436,14 @@ impl Istiod {
         use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
         let text = |s: &str| Value { kind: Some(Kind::StringValue(s.to_owned())) };
         let labels = labels.iter().map(|(k, v)| (k.to_string(), text(v))).collect();
-        let metadata = Struct {
+        let mut metadata = Struct {
             fields: [("LABELS".to_owned(), Value { kind: Some(Kind::StructValue(Struct { fields: labels })) })].into(),
         };
+        // The namespace as an agent sends it: the first label of the id's
+        // domain (`ns.svc.cluster.local`). istiod 1.27 reads it only here.
+        if let Some(ns) = id.rsplit('~').next().and_then(|d| d.split('.').next()).filter(|ns| !ns.is_empty()) {
+            metadata.fields.insert("NAMESPACE".to_owned(), text(ns));
+        }
         use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
         let mut request = meshbridge::testing::SotwClient::request(type_url, names, "", "");
         request.node = Some(Node { id: id.to_owned(), metadata: Some(metadata), ..Default::default() });

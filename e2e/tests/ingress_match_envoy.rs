@@ -18,14 +18,20 @@ use reqwest::Method;
 
 const HOST: &str = "ai.example.com";
 
-/// Which backend answers `method path` with `headers`, or the status.
+/// Which backend answers `method path` with `headers`, or the status, or
+/// why there was no answer.
 async fn who(envoy: &Envoy, method: Method, path: &str, headers: &[(&str, &str)]) -> String {
     let url = format!("http://127.0.0.1:{}{path}", envoy.listen_port);
     let mut req = reqwest::Client::new().request(method, url).header("host", HOST).timeout(Duration::from_secs(5));
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let resp = req.send().await.expect("an answer from Envoy");
+    // Refused until the listener arrives (through istiod, LDS comes after
+    // the Envoy starts): the first wait below polls through it.
+    let resp = match req.send().await {
+        Ok(resp) => resp,
+        Err(e) => return format!("no answer: {e}"),
+    };
     let status = resp.status().as_u16();
     let body = resp.text().await.unwrap_or_default();
     if status == 200 { body } else { format!("status {status}") }
@@ -81,7 +87,10 @@ async fn conditions(via: Via) {
     let model = |m| [("x-higress-llm-model", m)];
     let deadline = Instant::now() + Duration::from_secs(30);
     while who(envoy, Method::GET, "/", &model("qwen")).await != "model-a" {
-        assert!(Instant::now() < deadline, "routes never arrived ({via:?})\n{}\n{}", envoy.log(), gw.istiod_log());
+        if Instant::now() > deadline {
+            let listeners = envoy.admin("/listeners").await.unwrap_or_default();
+            panic!("routes never arrived ({via:?}); listeners: {listeners}\n{}\n{}", envoy.log(), gw.istiod_log());
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let cases: [(Method, &str, Option<&str>, &str); 9] = [
