@@ -138,6 +138,13 @@ pub(super) fn judge(f: Found) -> Option<RepairKind> {
     if let Some(hint) = f.hint {
         return Some(hint);
     }
+    if f.named && f.index == f.prev_index {
+        // No write moved the index, so no detector is delivering this: the
+        // name resolves elsewhere now, whichever read saw it first (a
+        // detector's read can land just after the name moved, beside the
+        // check that asked, which then finds nothing new).
+        return Some(RepairKind::NameResolution);
+    }
     let settled = f.asked?;
     if f.index < f.prev_index {
         // Consul's index for this service went back: a restored snapshot.
@@ -178,6 +185,10 @@ mod tests {
         assert_eq!(judge(Found { index: 90, ..found() }), Some(RepairKind::MissedChange), "settled and missed");
         assert_eq!(judge(found()), Some(RepairKind::MissedChange), "same index, other content (ACL)");
         assert_eq!(judge(Found { named: true, ..found() }), Some(RepairKind::NameResolution));
+        let moved = Found { named: true, asked: None, ..found() };
+        assert_eq!(judge(moved), Some(RepairKind::NameResolution), "a name that moved, seen by a detector's read");
+        let written = Found { named: true, asked: None, index: 60, ..found() };
+        assert_eq!(judge(written), None, "a named service's change a detector asked for");
         assert_eq!(judge(Found { index: 20, ..found() }), Some(RepairKind::IndexReset), "the index went back");
         assert_eq!(judge(Found { was_failing: true, asked: None, ..found() }), Some(RepairKind::Unreadable));
         let stale = Found { hint: Some(RepairKind::StaleRead), asked: None, index: 60, ..found() };
