@@ -153,8 +153,10 @@ pub fn mcp_ingress(
     ));
     for path in paths {
         yaml.push_str(&format!(
-            "          - {{ path: {path}, pathType: Prefix, backend: {{ resource: \
-             {{ apiGroup: networking.higress.io, kind: McpBridge, name: default }} }} }}\n"
+            "          - {{ path: {}, pathType: Prefix, backend: {{ resource: \
+             {{ apiGroup: networking.higress.io, kind: McpBridge, name: default }} }} }}\n",
+            // Quoted: a regex path may hold YAML's flow characters.
+            serde_json::to_string(path).unwrap()
         ));
     }
     yaml

@@ -20,8 +20,11 @@
 //! - **Routes.** One VirtualService per host, in the gateway namespace. A
 //!   `Prefix` path (and `ImplementationSpecific`, as in Higress) matches by
 //!   path element: `/foo` becomes `exact: /foo` plus `prefix: /foo/`; `/`
-//!   stays `prefix: /`. Order (Higress `SortHTTPRoutes`): Exact, then Prefix,
-//!   longer paths first, then the `/` catch-all, then the default backend.
+//!   stays `prefix: /`. With `use-regex`, `full-path-regex` or a
+//!   `rewrite-target` (Higress's rule), a path is a `regex` instead
+//!   (`PATH.*` or `PATH$`). Order (Higress `SortHTTPRoutes`): Exact, then
+//!   Prefix, then regex, longer paths first, then the `/` catch-all, then
+//!   the default backend.
 //!   The same (host, type, path) from two Ingresses: the older one wins
 //!   (`creationTimestamp`, missing counts as oldest as in Higress, then
 //!   namespace/name) and the other is reported.
@@ -62,7 +65,7 @@ use k8s_openapi::jiff::Timestamp;
 use meshbridge_registries::clip;
 use serde::Serialize;
 
-use self::annotations::{Conditions, DESTINATION, IngressAnnotations, RewriteRule};
+use self::annotations::{Conditions, DESTINATION, IngressAnnotations, RegexPath, RewriteRule};
 use self::policy::RoutePolicy;
 use self::traffic::MirrorTarget;
 use super::model::{
@@ -273,6 +276,9 @@ fn class_matches(ingress: &Ingress, wanted: Option<&str>) -> bool {
 enum PathKind {
     Exact,
     Prefix,
+    /// `use-regex`, `full-path-regex` or a `rewrite-target` made the path
+    /// a regex.
+    Regex(RegexPath),
 }
 
 /// Where a route stands among the routes of one path: its HTTPS redirect,
@@ -303,8 +309,8 @@ struct Candidate {
 }
 
 impl Candidate {
-    /// Higress's order: Exact, then Prefix, longer first; then the `/`
-    /// catch-all; then the default backend. Ties keep insertion order
+    /// Higress's order: Exact, then Prefix, then regex paths, each longer
+    /// first; then the `/` catch-all; then the default backend. Ties keep insertion order
     /// (older Ingress first), as the sort is stable.
     /// Within a path, the routes with more request conditions first (a
     /// method, then more headers, then more query parameters); within
@@ -320,8 +326,9 @@ impl Candidate {
         match &self.path {
             Some((PathKind::Exact, p, _)) => (0, Reverse(p.len()), specific, self.rank),
             Some((PathKind::Prefix, p, _)) if p != "/" => (1, Reverse(p.len()), specific, self.rank),
-            Some((PathKind::Prefix, _, _)) => (2, Reverse(0), specific, self.rank),
-            None => (3, Reverse(0), specific, self.rank),
+            Some((PathKind::Regex(_), p, _)) => (2, Reverse(p.len()), specific, self.rank),
+            Some((PathKind::Prefix, _, _)) => (3, Reverse(0), specific, self.rank),
+            None => (4, Reverse(0), specific, self.rank),
         }
     }
 }
@@ -484,11 +491,19 @@ impl Translator<'_> {
             self.warnings.push(left_out("a path must start with '/'".into()));
             return None;
         }
-        let kind = match p.path_type.as_deref() {
+        let kind = match (ing.ann.regex_path(raw), p.path_type.as_deref()) {
+            // A regex whatever the pathType, as in Higress.
+            (Some(regex), _) => match path_regex(regex, raw, ing.ann.ignore_path_case) {
+                Ok(_) => PathKind::Regex(regex),
+                Err(why) => {
+                    self.warnings.push(left_out(why));
+                    return None;
+                }
+            },
             // Higress defaults a missing pathType to Prefix, as ingress-nginx does.
-            None | Some("Prefix" | "ImplementationSpecific") => PathKind::Prefix,
-            Some("Exact") => PathKind::Exact,
-            Some(other) => {
+            (None, None | Some("Prefix" | "ImplementationSpecific")) => PathKind::Prefix,
+            (None, Some("Exact")) => PathKind::Exact,
+            (None, Some(other)) => {
                 self.warnings.push(left_out(format!("unknown pathType {:?}", clip(other))));
                 return None;
             }
@@ -512,10 +527,13 @@ impl Translator<'_> {
             Ok(route) => route,
             Err(why) => return self.warnings.push(left_out(why.to_string())),
         };
-        let rewrite = match &ing.ann.rewrite {
-            Ok(r) => r.as_ref(),
-            Err(why) => return self.warnings.push(left_out(why.to_string())),
-        };
+        let rewrite = ing.ann.rewrite.as_ref();
+        if let (PathKind::Regex(regex), Some(RewriteRule::Target(target))) = (kind, rewrite) {
+            let groups = path_regex(regex, origin, false).unwrap_or_default();
+            if let Err(why) = check_substitution(target, groups) {
+                return self.warnings.push(left_out(why));
+            }
+        }
         let mirror = self.mirror_of(ing);
         let routes = self.hosts.entry(host.to_owned()).or_default();
         routes.created.get_or_insert(ing.created.map(|t| t.as_second()));
@@ -540,6 +558,7 @@ impl Translator<'_> {
             PathKind::Prefix => {
                 vec![m(StringMatch::Exact(origin.into())), m(StringMatch::Prefix(format!("{origin}/")))]
             }
+            PathKind::Regex(regex) => vec![m(StringMatch::Regex(regex_pattern(regex, origin, ignore_uri_case)))],
         };
         let rewrite = rewrite.map(|r| rewrite_for(r, &matches, ignore_uri_case));
         let name = format!("{}-{}-{index}", ing.namespace, ing.name);
@@ -865,6 +884,22 @@ fn rewrite_for(rule: &RewriteRule, matches: &[HttpMatch], ignore_case: bool) -> 
             }
             Rewrite { uri: Some(uri), authority: None, uri_regex_rewrite: None }
         }
+        RewriteRule::Target(target)
+            if matches!(matches.first().and_then(|m| m.uri.as_ref()), Some(StringMatch::Regex(_))) =>
+        {
+            // A regex path: the target (captures and all) replaces what the
+            // path's regex matches, which is the whole request path from its
+            // start, as in Higress.
+            let pattern = match matches.first().and_then(|m| m.uri.as_ref()) {
+                Some(StringMatch::Regex(p)) => p.clone(),
+                _ => String::new(),
+            };
+            Rewrite {
+                uri: None,
+                authority: None,
+                uri_regex_rewrite: Some(RegexRewrite { pattern, rewrite: target.clone() }),
+            }
+        }
         RewriteRule::Target(target) => {
             // Higress takes the first match's value: the exact path for
             // Exact and for Prefix (its exact twin comes first), `/` for `/`.
@@ -883,6 +918,57 @@ fn rewrite_for(rule: &RewriteRule, matches: &[HttpMatch], ignore_case: bool) -> 
             }
         }
     }
+}
+
+/// The regex a regex path matches request paths with (Higress:
+/// `PATH.*` for `use-regex`, `PATH$` for `full-path-regex`); `(?i)` first
+/// with `ignore-path-case`, which Envoy does not apply to regex matches.
+fn regex_pattern(regex: RegexPath, path: &str, ignore_case: bool) -> String {
+    let flags = if ignore_case { "(?i)" } else { "" };
+    match regex {
+        RegexPath::Prefix => format!("{flags}{path}.*"),
+        RegexPath::Full => format!("{flags}{path}$"),
+    }
+}
+
+/// Check a regex path as RE2 would parse it (Envoy rejects the whole
+/// route table for one bad regex): its capture groups, or why not.
+fn path_regex(regex: RegexPath, path: &str, ignore_case: bool) -> Result<usize, String> {
+    let pattern = regex_pattern(regex, path, ignore_case);
+    match regex_syntax::Parser::new().parse(&pattern) {
+        Ok(hir) => Ok(hir.properties().explicit_captures_len()),
+        Err(e) => {
+            let e = e.to_string();
+            let why = e.lines().last().unwrap_or_default().trim_start_matches("error: ").to_owned();
+            Err(format!("not a valid RE2 regex ({why})"))
+        }
+    }
+}
+
+/// Check an RE2 substitution against a regex with `groups` capture groups:
+/// `\N` names one of them, `\\` is a backslash, and nothing else follows a
+/// backslash.
+fn check_substitution(target: &str, groups: usize) -> Result<(), String> {
+    let mut chars = target.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            continue;
+        }
+        match chars.next() {
+            Some('\\') => {}
+            Some(d) if d.is_ascii_digit() => {
+                let n = d.to_digit(10).unwrap_or_default() as usize;
+                if n > groups {
+                    return Err(format!(
+                        "rewrite-target {:?} refers to capture {n}, and the path has {groups} capture groups",
+                        clip(target)
+                    ));
+                }
+            }
+            _ => return Err(format!("rewrite-target {:?}: a backslash must come before a digit", clip(target))),
+        }
+    }
+    Ok(())
 }
 
 /// Escape RE2 metacharacters.

@@ -1,7 +1,7 @@
 //! The Ingress annotations the translation understands, read once per
-//! Ingress. Like Higress, `rewrite-target` and `ignore-path-case` are read
+//! Ingress. Like Higress, `rewrite-target`, `use-regex` and `ignore-path-case` are read
 //! under both `higress.io/` and `nginx.ingress.kubernetes.io/` (Higress's
-//! "ASAP" keys, `higress.io/` first); `destination` and `rewrite-path` only
+//! "ASAP" keys, `higress.io/` first); `destination`, `rewrite-path` and `full-path-regex` only
 //! under `higress.io/`. The canary group (`canary`, `canary-by-*`,
 //! `canary-weight*`) is read under both prefixes too, and so are the route
 //! policy annotations, each under the prefixes Higress reads it with (see
@@ -26,6 +26,10 @@ const NGINX: &str = "nginx.ingress.kubernetes.io/";
 
 const REWRITE_PATH: &str = "higress.io/rewrite-path";
 const REWRITE_TARGET: &str = "rewrite-target";
+const USE_REGEX: &str = "use-regex";
+const FULL_PATH_REGEX: &str = "higress.io/full-path-regex";
+/// What makes a path a regex for Higress, with a `rewrite-target` set.
+const REGEX_META: &str = r"\.+*?()|[]{}^$";
 const IGNORE_PATH_CASE: &str = "ignore-path-case";
 const MATCH_METHOD: &str = "match-method";
 /// The methods `match-method` takes, as Higress's `methodList`.
@@ -55,9 +59,10 @@ const DEFAULT_WEIGHT_TOTAL: u32 = 100;
 pub struct IngressAnnotations {
     /// `higress.io/destination`, parsed; `None` when absent.
     pub destination: Option<Result<Vec<McpDestination>, DestinationError>>,
-    /// The rewrite for this Ingress's paths; `Err` names an annotation we
-    /// cannot honour, so its paths are left out rather than routed unrewritten.
-    pub rewrite: Result<Option<RewriteRule>, RewriteError>,
+    /// The rewrite for this Ingress's paths.
+    pub rewrite: Option<RewriteRule>,
+    /// What makes this Ingress's paths regexes ([`Self::regex_path`]).
+    pub regex: RegexSettings,
     pub ignore_path_case: bool,
     /// `Some` when `canary` is true: this Ingress's paths attach to the
     /// non-canary routes they repeat instead of making routes of their own.
@@ -220,19 +225,48 @@ pub struct CanaryWeight {
     pub total: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RewriteError {
-    /// `rewrite-target` with `$n` or `\n` references: they need regex path
-    /// matching (`use-regex`), which is not supported. `target` is clipped.
-    #[error("annotation {key}: capture groups ({target:?}) need regex path matching, which is not supported")]
-    CaptureGroups { key: String, target: String },
+/// A path matched as a regex: Higress's `PrefixRegex` and `FullPathRegex`
+/// path types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RegexPath {
+    /// The regex matches the start of the request path (`PATH.*`).
+    Prefix,
+    /// It matches the whole request path (`PATH$`).
+    Full,
+}
+
+/// The annotations that make an Ingress's paths regexes, as Higress reads
+/// them (its `NeedRegexMatch`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegexSettings {
+    /// `use-regex: "true"`.
+    pub use_regex: bool,
+    /// `higress.io/full-path-regex: "true"`.
+    pub full_path: bool,
+    /// A `rewrite-target` is applied (no `rewrite-path` beside it).
+    pub target: bool,
+    /// That target refers to captures (`$1`, `\1`): every path is a regex.
+    pub captures: bool,
+}
+
+impl IngressAnnotations {
+    /// Whether `path` is matched as a regex, and how: with `use-regex` or
+    /// `full-path-regex`, with a `rewrite-target` that names captures, or
+    /// with any `rewrite-target` when the path has a regex metacharacter.
+    pub fn regex_path(&self, path: &str) -> Option<RegexPath> {
+        let r = &self.regex;
+        let meta = r.target && path.contains(|c| REGEX_META.contains(c));
+        let regex = meta || r.captures || r.use_regex || r.full_path;
+        regex.then_some(if r.full_path { RegexPath::Full } else { RegexPath::Prefix })
+    }
 }
 
 impl IngressAnnotations {
     pub fn read(meta: &Metadata) -> IngressAnnotations {
         let mut out = IngressAnnotations {
             destination: None,
-            rewrite: Ok(None),
+            rewrite: None,
+            regex: RegexSettings::default(),
             ignore_path_case: false,
             canary: None,
             upstream: None,
@@ -259,13 +293,26 @@ impl IngressAnnotations {
         let rewrite_target = get(REWRITE_TARGET, true).filter(|(_, v)| !v.is_empty());
         // Higress prefers rewrite-path when both are set.
         out.rewrite = match (rewrite_path, rewrite_target) {
-            (Some((_, path)), _) => Ok(Some(RewriteRule::Path(path))),
-            (None, Some((key, target))) if target.contains(['$', '\\']) => {
-                Err(RewriteError::CaptureGroups { key, target: clip(&target).to_string() })
+            (Some((_, path)), _) => Some(RewriteRule::Path(path)),
+            (None, Some((_, target))) => {
+                out.regex.target = true;
+                out.regex.captures = target.contains(['$', '\\']);
+                Some(RewriteRule::Target(re2_rewrite(&target)))
             }
-            (None, Some((_, target))) => Ok(Some(RewriteRule::Target(target))),
-            (None, None) => Ok(None),
+            (None, None) => None,
         };
+        for (name, both_prefixes) in [(USE_REGEX, true), (FULL_PATH_REGEX, false)] {
+            let Some((key, value)) = get(name, both_prefixes) else { continue };
+            let Some(on) = parse_bool(&value) else {
+                out.warnings.push(format!("annotation {key}: {:?} is not a boolean; taken as false", clip(&value)));
+                continue;
+            };
+            if name == USE_REGEX {
+                out.regex.use_regex = on;
+            } else {
+                out.regex.full_path = on;
+            }
+        }
 
         if let Some((key, value)) = get(IGNORE_PATH_CASE, true) {
             match parse_bool(&value) {
@@ -397,6 +444,14 @@ fn read_canary(found: &[Option<(String, String)>], warnings: &mut Vec<String>) -
         }
     }
     Some(canary)
+}
+
+/// A `rewrite-target` as RE2 writes substitutions: nginx's `$1` becomes
+/// `\1`, as Higress converts it (every `$`, once one is followed by a
+/// digit).
+fn re2_rewrite(target: &str) -> String {
+    let nginx_refs = target.as_bytes().windows(2).any(|w| w[0] == b'$' && w[1].is_ascii_digit());
+    if nginx_refs { target.replace('$', "\\") } else { target.to_owned() }
 }
 
 #[cfg(test)]

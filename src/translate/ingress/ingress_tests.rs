@@ -559,7 +559,7 @@ metadata:
   namespace: shop
   annotations:
     nginx.ingress.kubernetes.io/proxy-body-size: 8m
-    higress.io/use-regex: "true"
+    nginx.ingress.kubernetes.io/configuration-snippet: "more_set_headers x: y"
     nginx.ingress.kubernetes.io/auth-type: basic
     nginx.ingress.kubernetes.io/ignore-path-case: "false"
     higress.io/rewrite-path: ""
@@ -588,10 +588,10 @@ spec:
     assert_eq!(
         warned,
         [
-            "Ingress shop/annotated: annotation higress.io/use-regex is not implemented; \
-             the Ingress is served without it",
             "Ingress shop/annotated: annotation nginx.ingress.kubernetes.io/auth-type is not \
              implemented; the Ingress is served without it",
+            "Ingress shop/annotated: annotation nginx.ingress.kubernetes.io/configuration-snippet is \
+             not implemented; the Ingress is served without it",
             "Ingress shop/annotated: annotation nginx.ingress.kubernetes.io/proxy-body-size is \
              not implemented; the Ingress is served without it",
         ],
@@ -1072,4 +1072,108 @@ fn request_conditions_make_routes_of_their_own() {
     assert_eq!(http[2]["match"][0]["headers"]["x-user"], serde_json::json!({"prefix": "beta-"}));
     assert!(http[3]["match"][0].get("headers").is_none(), "{:#}", http[3]);
     assert_eq!(t.ignored_annotations, 0);
+}
+
+/// `use-regex`, `full-path-regex` and a `rewrite-target` with captures make
+/// regex paths, as in Higress: `PATH.*` or `PATH$`, whatever the pathType,
+/// ordered after Exact and Prefix paths and before `/`, the captures
+/// rewritten as RE2 writes them. A path that is no RE2 regex, or a target
+/// naming a capture the path does not have, is left out with a warning
+/// (Envoy would reject the whole route table for it).
+#[test]
+fn regex_paths_and_rewrites_with_captures() {
+    let t = run(r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: plain, namespace: shop}
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+          - {path: /docs, pathType: Prefix, backend: {service: {name: docs, port: {number: 80}}}}
+          - {path: /about, pathType: Exact, backend: {service: {name: web, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: captures
+  namespace: shop
+  annotations:
+    nginx.ingress.kubernetes.io/rewrite-target: /$2
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: "/something(/|$)(.*)", pathType: ImplementationSpecific, backend: {service: {name: api, port: {number: 80}}}}
+          - {path: "/one(.*)", pathType: Prefix, backend: {service: {name: api, port: {number: 80}}}}
+          - {path: "/broken(", pathType: Prefix, backend: {service: {name: api, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: regex
+  namespace: shop
+  annotations:
+    higress.io/use-regex: "true"
+    higress.io/ignore-path-case: "true"
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: "/v[0-9]+/items", pathType: Exact, backend: {service: {name: items, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: full
+  namespace: shop
+  annotations:
+    higress.io/full-path-regex: "true"
+spec:
+  ingressClassName: higress
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: "/img/[a-z]+\\.png", pathType: Prefix, backend: {service: {name: cdn, port: {number: 80}}}}
+"#);
+    let vs = t.objects.iter().find(|o| o.kind() == "VirtualService").expect("a VirtualService").spec.to_json();
+    let routes = vs["http"].as_array().unwrap();
+    let summary: Vec<(String, serde_json::Value, serde_json::Value)> = routes
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap().to_owned(), r["match"][0]["uri"].clone(), r["rewrite"].clone()))
+        .collect();
+    let rewrite = |pattern: &str, to: &str| serde_json::json!({"uriRegexRewrite": {"match": pattern, "rewrite": to}});
+    let uri = |kind: &str, value: &str| serde_json::json!({ kind: value });
+    let null = serde_json::Value::Null;
+    let want = [
+        ("shop-plain-2", uri("exact", "/about"), null.clone()),
+        ("shop-plain-1", uri("exact", "/docs"), null.clone()),
+        // Regex paths, longer first.
+        ("shop-captures-0", uri("regex", "/something(/|$)(.*).*"), rewrite("/something(/|$)(.*).*", "/\\2")),
+        ("shop-full-0", uri("regex", "/img/[a-z]+\\.png$"), null.clone()),
+        ("shop-regex-0", uri("regex", "(?i)/v[0-9]+/items.*"), null.clone()),
+        ("shop-plain-0", uri("prefix", "/"), null),
+    ];
+    let want: Vec<(String, serde_json::Value, serde_json::Value)> =
+        want.into_iter().map(|(n, u, r)| (n.to_owned(), u, r)).collect();
+    assert_eq!(summary, want, "{vs:#}");
+    let warned: Vec<String> = t.warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        warned,
+        [
+            "Ingress shop/captures: path /one(.*) on host shop.example.com left out: rewrite-target \"/\\\\2\" refers \
+             to capture 2, and the path has 1 capture groups",
+            "Ingress shop/captures: path /broken( on host shop.example.com left out: not a valid RE2 regex \
+             (unclosed group)",
+        ],
+        "{warned:#?}"
+    );
 }
