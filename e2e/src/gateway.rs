@@ -54,7 +54,7 @@ impl Gateway {
                 let api = ApiServer::start().await?;
                 let options = Options { version, upstream_envoy: true, stock_gateway_listeners: true };
                 let istiod = Istiod::start(&api, app.xds_addr, options).await?;
-                let envoy = istiod.gateway_envoy().await?;
+                let envoy = istiod.gateway_envoy(&api).await?;
                 Ok(Gateway { via, app, envoy, istiod: Some((api, istiod)) })
             }
         }

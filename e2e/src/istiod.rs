@@ -268,14 +268,8 @@ impl Istiod {
     }
 
     /// Write the gateway's Service (port 80 to a free target port), wait
-    /// until istiod lists it, and return the target port.
-    ///
-    /// Done before anything connects as the gateway: istiod 1.27 gives a
-    /// gateway proxy seen before its Service the listener on the Gateway's
-    /// port 80, and keeps that for tens of seconds after the Service
-    /// appears, even to new streams. Curiously, a Service written before
-    /// istiod starts gives 1.27 the same port 80 every time; written after
-    /// `/ready`, and listed, it gives the target port.
+    /// until istiod lists it, and return the target port. Gateway proxies
+    /// that connect later still need [`Istiod::refresh_gateway`] on 1.27.
     async fn add_gateway_service(&self, api: &ApiServer) -> anyhow::Result<u16> {
         match api.kubectl(&["create", "namespace", GATEWAY_NAMESPACE]).await {
             Err(e) if !e.to_string().contains("AlreadyExists") => return Err(e),
@@ -326,7 +320,7 @@ impl Istiod {
     /// listener binds `0.0.0.0`, as istiod writes it; tests send to it on
     /// loopback ([`Envoy::get_with`]). Needs
     /// [`Options::stock_gateway_listeners`].
-    pub async fn gateway_envoy(&self) -> anyhow::Result<Envoy> {
+    pub async fn gateway_envoy(&self, api: &ApiServer) -> anyhow::Result<Envoy> {
         let listen_port = self
             .gateway_port
             .with_context(|| format!("{}: started without Options::stock_gateway_listeners", self.version))?;
@@ -338,7 +332,28 @@ impl Istiod {
             // looks the gateway's Service up in it.
             metadata: Some(format!("{{ LABELS: {{ {} }}, NAMESPACE: {GATEWAY_NAMESPACE} }}", gateway_selector())),
         };
-        Envoy::start_gateway_as(&node, self.grpc_addr, AdsMode::Sotw, listen_port).await
+        let envoy = Envoy::start_gateway_as(&node, self.grpc_addr, AdsMode::Sotw, listen_port).await?;
+        // Until its listener is on the target port: see
+        // [`Istiod::refresh_gateway`] (1.27 needs one relabelling once the
+        // Envoy is connected; master has it at once).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut touches = 0;
+        loop {
+            let listeners = envoy.admin("/listeners").await.unwrap_or_default();
+            if listeners.lines().any(|l| l.ends_with(&format!(":{listen_port}"))) {
+                return Ok(envoy);
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{}: the gateway Envoy has no listener on {listen_port} (it has: {listeners})",
+                self.version
+            );
+            if !listeners.trim().is_empty() {
+                touches += 1;
+                self.refresh_gateway(api, touches).await?;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
 
     /// `GET /debug/{what}` on the HTTP port: the body as text.
@@ -395,30 +410,85 @@ impl Istiod {
     /// once there are at least `at_least` of them, waiting up to 30 s.
     /// istiod names it after the listener's port: `http.` and the gateway
     /// Service's target port. Needs [`Options::stock_gateway_listeners`].
+    ///
+    /// Asked over a stream of its own that stays open while the gateway
+    /// Service is relabelled ([`Istiod::refresh_gateway`]), since istiod
+    /// 1.27 resolves a new gateway proxy's Service only on such an event.
     pub async fn gateway_routes(
         &self,
+        api: &ApiServer,
         host: &str,
         at_least: usize,
     ) -> Vec<envoy_types::pb::envoy::config::route::v3::Route> {
         use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+        use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
         use prost::Message;
         const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
         let port = self.gateway_port.expect("istiod started with Options::stock_gateway_listeners");
         let name = format!("http.{port}");
         let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last = String::new();
+        let request = |version: &str, nonce: &str| {
+            let mut r = meshbridge::testing::SotwClient::request(ROUTE_TYPE, &[&name], version, nonce);
+            r.node = Some(gateway_node_proto());
+            r
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.send(request("", "")).await.expect("queue the request");
+        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{}", self.grpc_addr))
+            .await
+            .unwrap_or_else(|e| panic!("{}: connect: {e}", self.version));
+        let mut stream = client
+            .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap_or_else(|e| panic!("{}: ADS: {e}", self.version))
+            .into_inner();
+        let mut touches = 0;
         loop {
-            let got = self.fetch(GATEWAY_NODE, &GATEWAY_LABELS, ROUTE_TYPE, &[&name]).await.unwrap_or_default();
-            let vhost = got
-                .iter()
-                .filter_map(|a| RouteConfiguration::decode(a.value.as_slice()).ok())
-                .flat_map(|rc| rc.virtual_hosts)
-                .find(|v| v.domains.iter().any(|d| d == host));
-            if let Some(v) = vhost.filter(|v| v.routes.len() >= at_least) {
-                return v.routes;
+            assert!(
+                Instant::now() < deadline,
+                "{} built no routes for {host} in {name} (last: {last})\n{}",
+                self.version,
+                self.log_tail(4000)
+            );
+            match tokio::time::timeout(Duration::from_secs(2), stream.message()).await {
+                Ok(Ok(Some(resp))) => {
+                    let _ = tx.send(request(&resp.version_info, &resp.nonce)).await;
+                    let vhost = resp
+                        .resources
+                        .iter()
+                        .filter_map(|a| RouteConfiguration::decode(a.value.as_slice()).ok())
+                        .flat_map(|rc| rc.virtual_hosts)
+                        .find(|v| v.domains.iter().any(|d| d == host));
+                    match vhost {
+                        Some(v) if v.routes.len() >= at_least => return v.routes,
+                        Some(v) => last = format!("{} routes", v.routes.len()),
+                        None => last = format!("{} route configs, none for the host", resp.resources.len()),
+                    }
+                }
+                Ok(Ok(None)) => panic!("{} closed the stream", self.version),
+                Ok(Err(e)) => panic!("{}: {e}", self.version),
+                Err(_) => last = "no answer in 2 s".into(),
             }
-            assert!(Instant::now() < deadline, "{} built no routes for {host}\n{}", self.version, self.log_tail(4000));
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            touches += 1;
+            self.refresh_gateway(api, touches).await.unwrap_or_else(|e| panic!("{}: {e:#}", self.version));
         }
+    }
+
+    /// Relabel the gateway's Service, an event that makes istiod resolve
+    /// the Service of every connected gateway proxy again.
+    ///
+    /// istiod 1.27 resolves a new proxy's Services before it reads the
+    /// proxy's labels; a gateway with no pod (as here) is matched to its
+    /// Service by those labels, so at first it gets none, and with no
+    /// Service its listener goes on the Gateway's port 80. It resolves
+    /// them again, labels known, on the next event for a Service in the
+    /// proxy's namespace. In a cluster the gateway's pod, found by its IP,
+    /// gives the Service without labels; master reads the labels first.
+    pub async fn refresh_gateway(&self, api: &ApiServer, n: u32) -> anyhow::Result<()> {
+        let label = format!("e2e-refresh={n}");
+        api.kubectl(&["label", "--overwrite", "-n", GATEWAY_NAMESPACE, "service", GATEWAY_SERVICE, &label]).await?;
+        Ok(())
     }
 
     /// Ask istiod's xDS for `type_url` (`names`, or all) as the proxy `id`
@@ -432,21 +502,9 @@ impl Istiod {
         type_url: &str,
         names: &[&str],
     ) -> anyhow::Result<Vec<envoy_types::pb::google::protobuf::Any>> {
-        use envoy_types::pb::envoy::config::core::v3::Node;
-        use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
-        let text = |s: &str| Value { kind: Some(Kind::StringValue(s.to_owned())) };
-        let labels = labels.iter().map(|(k, v)| (k.to_string(), text(v))).collect();
-        let mut metadata = Struct {
-            fields: [("LABELS".to_owned(), Value { kind: Some(Kind::StructValue(Struct { fields: labels })) })].into(),
-        };
-        // The namespace as an agent sends it: the first label of the id's
-        // domain (`ns.svc.cluster.local`). istiod 1.27 reads it only here.
-        if let Some(ns) = id.rsplit('~').next().and_then(|d| d.split('.').next()).filter(|ns| !ns.is_empty()) {
-            metadata.fields.insert("NAMESPACE".to_owned(), text(ns));
-        }
         use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
         let mut request = meshbridge::testing::SotwClient::request(type_url, names, "", "");
-        request.node = Some(Node { id: id.to_owned(), metadata: Some(metadata), ..Default::default() });
+        request.node = Some(node_proto(id, labels));
         // Queued before the call: istiod (grpc-go) sends the response
         // headers with its first message, which waits for this request.
         let (tx, rx) = tokio::sync::mpsc::channel(1);
@@ -485,6 +543,28 @@ impl Istiod {
     pub fn dir(&self) -> PathBuf {
         self.dir.path().to_owned()
     }
+}
+
+/// A proxy's node as an Istio agent would send it: the id, and metadata
+/// with `LABELS` and the `NAMESPACE` (the first label of the id's domain,
+/// `ns.svc.cluster.local`; istiod 1.27 reads the namespace only there).
+fn node_proto(id: &str, labels: &[(&str, &str)]) -> envoy_types::pb::envoy::config::core::v3::Node {
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+    let text = |s: &str| Value { kind: Some(Kind::StringValue(s.to_owned())) };
+    let labels = labels.iter().map(|(k, v)| (k.to_string(), text(v))).collect();
+    let mut metadata = Struct {
+        fields: [("LABELS".to_owned(), Value { kind: Some(Kind::StructValue(Struct { fields: labels })) })].into(),
+    };
+    if let Some(ns) = id.rsplit('~').next().and_then(|d| d.split('.').next()).filter(|ns| !ns.is_empty()) {
+        metadata.fields.insert("NAMESPACE".to_owned(), text(ns));
+    }
+    Node { id: id.to_owned(), metadata: Some(metadata), ..Default::default() }
+}
+
+/// [`GATEWAY_NODE`] with [`GATEWAY_LABELS`].
+fn gateway_node_proto() -> envoy_types::pb::envoy::config::core::v3::Node {
+    node_proto(GATEWAY_NODE, &GATEWAY_LABELS)
 }
 
 /// Wait (up to 30 s) until `envoy`, fed by `istiod`, answers `path` on

@@ -86,7 +86,7 @@ async fn canary_routes_reach_istiod_and_carry_traffic_through_its_gateway(versio
     }
 
     // The routes istiod builds for the gateway from them.
-    let routes = istiod.gateway_routes(HOST, 6).await;
+    let routes = istiod.gateway_routes(&api, HOST, 6).await;
     let names: Vec<&str> = routes.iter().map(|r| r.name.as_str()).collect();
     // Every Envoy route of a VirtualService route (one per match: the
     // prefix is an exact and a `/…/` prefix match), in the same order.
@@ -139,7 +139,7 @@ async fn canary_routes_reach_istiod_and_carry_traffic_through_its_gateway(versio
     }
 
     // Real requests through an Envoy that istiod alone configures.
-    let envoy = istiod.gateway_envoy().await.expect("start envoy (source e2e/env.sh envoy)");
+    let envoy = istiod.gateway_envoy(&api).await.expect("start envoy (source e2e/env.sh envoy)");
     wait_for_route(&envoy, HOST, "/app", &istiod).await;
     let to_canary = check_canary_routing(&envoy, HOST).await;
     println!("FIGURE istiod_canary_weight canary={to_canary} main={} of 200 (want 60/140)", 200 - to_canary);

@@ -136,7 +136,7 @@ async fn policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway(v
     );
 
     // The routes istiod builds for the gateway from them.
-    let routes = istiod.gateway_routes(HOST, 7).await;
+    let routes = istiod.gateway_routes(&api, HOST, 7).await;
     let named = |name: &str| {
         routes.iter().find(|r| r.name == name).unwrap_or_else(|| {
             let names: Vec<&String> = routes.iter().map(|r| &r.name).collect();
@@ -184,7 +184,7 @@ async fn policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway(v
     assert_eq!(mirrors, [("outbound|80||web.static", Some(250_000))], "{ra:?}");
 
     // Real requests through an Envoy that istiod alone configures.
-    let envoy = istiod.gateway_envoy().await.expect("start envoy (source e2e/env.sh envoy)");
+    let envoy = istiod.gateway_envoy(&api).await.expect("start envoy (source e2e/env.sh envoy)");
     wait_for_route(&envoy, HOST, "/tuned", &istiod).await;
     let gateway_port = envoy.listen_port;
     let get = |path: &'static str| send(gateway_port, Method::GET, path, &[]);

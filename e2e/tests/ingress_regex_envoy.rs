@@ -1,6 +1,7 @@
 //! Regex paths through a gateway Envoy: `rewrite-target` with `$n`
 //! captures, `use-regex` (with `ignore-path-case`) and
-//! `higress.io/full-path-regex`, beside a plain `/` route. Each backend is
+//! `higress.io/full-path-regex`, beside a plain `/` route and the plain
+//! rewrites (`rewrite-target` on a path with no regex, `rewrite-path`). Each backend is
 //! an echo server of a static registry that answers with its name and the
 //! request line it got, so the test sees both where a request went and the
 //! path it arrived with. The same requests run on the standalone gateway
@@ -72,6 +73,9 @@ async fn regex_paths(via: Via) {
         ),
         ingress("full", 3, "cdn", &[("higress.io/full-path-regex", "true")], r"/img/[a-z]+\.png"),
         ingress("fallback", 4, "web", &[], "/"),
+        // Beside them, the plain rewrites: no regex path.
+        ingress("moved", 5, "api", &[("higress.io/rewrite-target", "/v2")], "/v1"),
+        ingress("renamed", 6, "api", &[("higress.io/rewrite-path", "/new")], "/old"),
     ]
     .join("---\n");
     std::fs::write(dir.path().join("re.yaml"), yaml).unwrap();
@@ -106,6 +110,13 @@ async fn regex_paths(via: Via) {
         ("/img/logo.png", "cdn /img/logo.png"),
         ("/img/logo.png/x", "web /img/logo.png/x"),
         ("/img/Logo.png", "web /img/Logo.png"),
+        // rewrite-target on a plain path: the path's prefix replaced.
+        ("/v1/x?y=1", "api /v2/x?y=1"),
+        ("/v1", "api /v2"),
+        ("/v10", "web /v10"),
+        // rewrite-path: the matched prefix, `/old/` or all of `/old`.
+        ("/old/x", "api /new/x"),
+        ("/old", "api /new/"),
     ];
     for (path, want) in cases {
         assert_eq!(sent(envoy, path).await, want, "GET {path} ({via:?})");
