@@ -489,3 +489,26 @@ fn mcpbridge_reference_types_match_the_crd() {
     assert!(checked >= 30, "only {checked} fields checked: has the reference's layout changed?");
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// Every test file the annotation table of `compatibility.md` names exists
+/// in `e2e/tests/`, and each path of every
+/// row names a test or says "gap".
+#[test]
+fn the_annotation_table_names_tests_that_exist() {
+    let text = std::fs::read_to_string(root().join("docs/src/compatibility.md")).unwrap();
+    let table = text.split("## Ingress annotations").nth(1).expect("an Ingress annotations section");
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| `")).collect();
+    assert!(rows.len() >= 10, "the table has {} rows", rows.len());
+    for row in rows {
+        let cells: Vec<&str> = row.split(" | ").skip(1).collect();
+        assert_eq!(cells.len(), 2, "two paths per row: {row}");
+        for cell in cells {
+            let files: Vec<&str> = code_spans(cell).into_iter().filter(|s| s.ends_with(".rs")).collect();
+            assert!(!files.is_empty() || cell.contains("gap") || cell.contains("configuration only"), "{row}");
+            for file in files {
+                let path = root().join("e2e/tests").join(file);
+                assert!(path.is_file(), "{file} (in {row}) is not in e2e/tests");
+            }
+        }
+    }
+}
