@@ -33,6 +33,7 @@ const ENVOY_FILES: &[&str] = &[
     "envoy/config/route/v3/route.proto",
     "envoy/extensions/filters/http/cors/v3/cors.proto",
     "envoy/extensions/filters/http/rbac/v3/rbac.proto",
+    "envoy/extensions/filters/http/local_ratelimit/v3/local_rate_limit.proto",
     "envoy/extensions/filters/http/router/v3/router.proto",
     "envoy/extensions/filters/listener/tls_inspector/v3/tls_inspector.proto",
     "envoy/extensions/filters/network/http_connection_manager/v3/http_connection_manager.proto",

@@ -10,6 +10,8 @@
 //! `whitelist-source-range` and `denylist-source-range`, from clients bound
 //! to loopback addresses of their own (127.0.0.1, .2, .3): Envoy answers
 //! 403 to a client the ranges leave out and routes the others.
+//!
+//! `route-limit-rpm`: the route's token bucket, 429 once it is empty.
 
 use std::time::{Duration, Instant};
 
@@ -198,5 +200,43 @@ async fn source_ranges_allow_and_deny_clients_by_address_through_envoy() {
     // Only the requests let through reached the backend.
     let hits: Vec<u32> = ["/office", "/blocked", "/both", "/typo"].iter().map(|p| main.hits(p)).collect();
     assert_eq!(hits, [1, 2 + 1, 2, 1], "backend hits (the readiness probe counts for /blocked)");
+    app.stop().await;
+}
+
+/// Higress's local rate limit on the standalone gateway:
+/// `route-limit-rpm: 2` with a burst multiplier of 1 is a bucket of two
+/// tokens, refilled once a minute, so of four quick requests the first two
+/// reach the backend and the others get a 429; a route without a limit is
+/// not touched, and `/v1/config` says istiod would not enforce it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_limit_answers_429_once_its_tokens_are_spent_through_envoy() {
+    let main = EchoBackend::start("127.0.0.1", "main").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bridge = mcpbridge(&[format!("{{type: static, name: main, domain: \"{}\", port: 80}}", main.addr)]);
+    std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
+    let ingress = |name, day, annotations, path| mcp_ingress(name, day, HOST, "main.static:80", annotations, &[path]);
+    let limits = [("higress.io/route-limit-rpm", "2"), ("higress.io/route-limit-burst-multiplier", "1")];
+    let yaml = [ingress("limited", 1, &limits, "/limited"), ingress("open", 2, &[], "/open")].join("---\n");
+    std::fs::write(dir.path().join("shop.yaml"), yaml).unwrap();
+    let port = free_port();
+    let app = start_gateway(dir.path(), port).await.expect("start meshbridge");
+    let said = config_warning(app.admin_addr, "Ingress shop/limited").await;
+    assert_eq!(said["reason"], "standalone_only", "{said}");
+
+    let envoy = Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, port).await.expect("start envoy");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !matches!(envoy.get_host("/open", HOST).await, Ok((200, _))) {
+        assert!(Instant::now() < deadline, "routes never arrived:\n{}", envoy.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.push(envoy.get_host("/limited", HOST).await.map(|(status, _)| status).unwrap_or_default());
+    }
+    assert_eq!(got, [200, 200, 429, 429], "two tokens, then none for a minute");
+    assert_eq!(main.hits("/limited"), 2, "the limited requests never reached the backend");
+    for _ in 0..5 {
+        assert_eq!(envoy.get_host("/open", HOST).await.map(|(s, _)| s).unwrap_or_default(), 200, "an open route");
+    }
     app.stop().await;
 }

@@ -580,9 +580,14 @@ fn listener_rds_names_match_route_configurations() {
             assert!(route_names.contains(&rds.route_config_name.as_str()));
             let rc = route_config(&out, &rds.route_config_name);
             assert_eq!(rc.name, rds.route_config_name);
-            // RBAC and CORS, which act only on routes with a policy for
-            // them, then the router.
-            let [rbac, cors, router] = hcm.http_filters.as_slice() else { panic!("three http filters expected") };
+            // RBAC, CORS and the local rate limit, which act only on routes
+            // with a policy for them, then the router.
+            let [rbac, cors, limit, router] = hcm.http_filters.as_slice() else { panic!("four http filters expected") };
+            let Some(http_filter::ConfigType::TypedConfig(any)) = &limit.config_type else { panic!() };
+            assert_eq!(
+                any.type_url,
+                "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit"
+            );
             let Some(http_filter::ConfigType::TypedConfig(any)) = &rbac.config_type else { panic!() };
             assert_eq!(any.type_url, "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC");
             assert!(
@@ -899,10 +904,58 @@ fn source_ranges_are_the_rbac_filter_config_of_their_routes() {
     let text = |p: &envoy_types::pb::envoy::config::rbac::v3::Principal| format!("{:?}", p.identifier);
     assert!(text(&and.ids[0]).starts_with("Some(OrIds") && text(&and.ids[0]).contains("\"127.0.0.0\""), "{and:?}");
     assert!(text(&and.ids[1]).starts_with("Some(NotId") && text(&and.ids[1]).contains("\"127.0.0.2\""), "{and:?}");
-    // Every listener runs the RBAC filter before CORS and the router.
+    // Every listener runs the RBAC filter before CORS, the rate limit and
+    // the router.
     for l in &out.listeners {
         let view = view_listener(l);
         let names: Vec<&str> = view.hcm.iter().flat_map(|h| &h.http_filters).map(|f| f.name.as_str()).collect();
-        assert_eq!(names[..3], ["envoy.filters.http.rbac", "envoy.filters.http.cors", "envoy.filters.http.router"]);
+        let want = [
+            "envoy.filters.http.rbac",
+            "envoy.filters.http.cors",
+            "envoy.filters.http.local_ratelimit",
+            "envoy.filters.http.router",
+        ];
+        assert_eq!(names[..4], want);
+    }
+}
+
+/// Higress's local rate limit: the route's own token bucket, as per-route
+/// config of the local rate limit filter, enabled and enforced for every
+/// request, 429 when empty; a route without one carries none.
+#[test]
+fn a_local_rate_limit_is_the_filter_config_of_its_route() {
+    use crate::translate::model::{LocalRateLimit, Spec};
+    use envoy_types::pb::envoy::extensions::filters::http::local_ratelimit::v3::LocalRateLimit as Envoy;
+    let mut object = vs(
+        "limited",
+        &["l.example.com"],
+        json!([
+            {"name": "slow", "match": [{"uri": {"prefix": "/slow"}}], "route": [dest("web.dc1.consul", 8080)]},
+            {"name": "open", "route": [dest("web.dc1.consul", 8080)]}
+        ]),
+    );
+    let Spec::VirtualService(spec) = &mut object.spec else { panic!() };
+    spec.http[0].local_rate_limit =
+        Some(LocalRateLimit { max_tokens: 50, tokens_per_fill: 10, fill_interval_secs: 60 });
+    let out = run(&[http_gateway(), object]);
+    assert_eq!(texts(&out.warnings), Vec::<String>::new());
+    let routes = vhost(&out, "http.10080", "l.example.com").routes;
+    let limit = |name: &str| {
+        let r = routes.iter().find(|r| r.name == name).unwrap();
+        r.typed_per_filter_config
+            .get("envoy.filters.http.local_ratelimit")
+            .map(|a| Envoy::decode(a.value.as_slice()).unwrap())
+    };
+    assert!(limit("open").is_none());
+    let l = limit("slow").expect("the limited route's config");
+    let bucket = l.token_bucket.unwrap();
+    assert_eq!(
+        (bucket.max_tokens, bucket.tokens_per_fill.map(|n| n.value), bucket.fill_interval.map(|d| d.seconds)),
+        (50, Some(10), Some(60))
+    );
+    assert_eq!(l.status.map(|s| s.code), Some(429));
+    for fraction in [l.filter_enabled, l.filter_enforced] {
+        let f = fraction.and_then(|f| f.default_value).unwrap();
+        assert_eq!((f.numerator, f.denominator), (100, 0), "100 per hundred");
     }
 }

@@ -218,6 +218,15 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
                  no Istio object carries them, so a gateway fed by istiod serves every client",
             ));
         }
+        if ing.ann.policy.rate_limit.is_some() {
+            t.warnings.push(Warning::new(
+                format!("Ingress {}", ing.id),
+                Reason::StandaloneOnly,
+                "route-limit-rps / route-limit-rpm are enforced by the standalone gateway only: stock Istio's \
+                 VirtualService has no field for them (Higress's fork has), so a gateway fed by istiod does not \
+                 limit",
+            ));
+        }
         if ing.ingress.spec.rules.is_empty() && ing.ingress.spec.default_backend.is_none() {
             t.warnings.push(Warning::new(
                 format!("Ingress {}", ing.id),

@@ -584,6 +584,20 @@ pub struct HttpRoute {
     /// it; it is neither serialized nor encoded for istiod.
     #[serde(skip)]
     pub source_ranges: Option<SourceRanges>,
+    /// Higress's `route-limit-rps` / `-rpm`. Not an Istio field either: the
+    /// standalone gateway's only, neither serialized nor encoded.
+    #[serde(skip)]
+    pub local_rate_limit: Option<LocalRateLimit>,
+}
+
+/// A token bucket per gateway instance, as Higress's local rate limit:
+/// `tokens_per_fill` every `fill_interval_secs`, at most `max_tokens` kept;
+/// a request with no token gets a 429.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalRateLimit {
+    pub max_tokens: u32,
+    pub tokens_per_fill: u32,
+    pub fill_interval_secs: u32,
 }
 
 /// Which client addresses a route serves: none in `deny`, and when `allow`

@@ -18,6 +18,7 @@ use envoy_types::pb::envoy::config::listener::v3::{
     Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
 };
 use envoy_types::pb::envoy::extensions::filters::http::cors::v3::Cors;
+use envoy_types::pb::envoy::extensions::filters::http::local_ratelimit::v3::LocalRateLimit;
 use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
@@ -31,7 +32,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
-use super::policy::{CORS_FILTER, RBAC_FILTER};
+use super::policy::{CORS_FILTER, LOCAL_RATE_LIMIT_FILTER, RBAC_FILTER};
 use super::servers::{BoundServer, Side};
 use crate::model::TlsSecret as GatewayTls;
 use crate::resources::Resource;
@@ -69,7 +70,8 @@ fn hcm(route_config: &str) -> Filter {
             config_source: Some(ads()),
             route_config_name: route_config.to_string(),
         })),
-        // RBAC and CORS act only on routes that carry a policy for them;
+        // RBAC, CORS and the rate limit act only on routes that carry a
+        // policy for them;
         // RBAC first, so that a client it denies gets no CORS answer.
         http_filters: vec![
             HttpFilter {
@@ -80,6 +82,17 @@ fn hcm(route_config: &str) -> Filter {
             HttpFilter {
                 name: CORS_FILTER.into(),
                 config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(Cors::default()))),
+                ..Default::default()
+            },
+            // After CORS, so that a preflight it answers takes no token.
+            // With no token bucket of its own it passes every request; a
+            // route's config turns it on for that route.
+            HttpFilter {
+                name: LOCAL_RATE_LIMIT_FILTER.into(),
+                config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(LocalRateLimit {
+                    stat_prefix: "local_rate_limit".into(),
+                    ..Default::default()
+                }))),
                 ..Default::default()
             },
             HttpFilter {

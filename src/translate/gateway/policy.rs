@@ -4,8 +4,10 @@
 //! `corsPolicy` (per-route config of the CORS filter, which every listener
 //! of the standalone gateway runs before the router); and the source ranges,
 //! which are no Istio field, as per-route config of the RBAC filter (run
-//! first).
+//! first); and Higress's local rate limit, no Istio field either, as
+//! per-route config of the local rate limit filter.
 
+use envoy_types::pb::envoy::config::core::v3::RuntimeFractionalPercent;
 use envoy_types::pb::envoy::config::core::v3::{
     CidrRange, HeaderValue, HeaderValueOption, header_value_option::HeaderAppendAction,
 };
@@ -17,19 +19,25 @@ use envoy_types::pb::envoy::config::route::v3::{
     redirect_action::SchemeRewriteSpecifier,
 };
 use envoy_types::pb::envoy::extensions::filters::http::cors::v3::CorsPolicy as EnvoyCors;
+use envoy_types::pb::envoy::extensions::filters::http::local_ratelimit::v3::LocalRateLimit as EnvoyLocalRateLimit;
 use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::{Rbac, RbacPerRoute};
 use envoy_types::pb::envoy::r#type::matcher::v3::{RegexMatcher, StringMatcher, string_matcher::MatchPattern};
+use envoy_types::pb::envoy::r#type::v3::{
+    FractionalPercent, HttpStatus, StatusCode, TokenBucket, fractional_percent::DenominatorType,
+};
 use envoy_types::pb::google::protobuf::{BoolValue, Duration, UInt32Value};
 use envoy_types::util::pack_any;
 
 use crate::translate::model::{
-    Cidr, CorsPolicy, HeaderOperations, Headers, HttpRoute, ProtoDuration, Redirect, Retry, SourceRanges, StringMatch,
+    Cidr, CorsPolicy, HeaderOperations, Headers, HttpRoute, LocalRateLimit, ProtoDuration, Redirect, Retry,
+    SourceRanges, StringMatch,
 };
 use crate::translate::warning::{Reason, Warning};
 
 /// The CORS filter's name, the key of its per-route config.
 pub const CORS_FILTER: &str = "envoy.filters.http.cors";
 pub const RBAC_FILTER: &str = "envoy.filters.http.rbac";
+pub const LOCAL_RATE_LIMIT_FILTER: &str = "envoy.filters.http.local_ratelimit";
 
 /// A route with the headers and CORS policy of `http` (and the header
 /// operations of its one destination, after the route's) and nothing else:
@@ -49,7 +57,32 @@ pub fn route_base(http: &HttpRoute, destination: Option<&Headers>) -> Route {
     if let Some(ranges) = &http.source_ranges {
         route.typed_per_filter_config.insert(RBAC_FILTER.into(), pack_any(source_rbac(ranges)));
     }
+    if let Some(limit) = &http.local_rate_limit {
+        route.typed_per_filter_config.insert(LOCAL_RATE_LIMIT_FILTER.into(), pack_any(local_rate_limit(limit)));
+    }
     route
+}
+
+/// The local rate limit filter's config for one route: its own token
+/// bucket (per route, per Envoy), enabled and enforced for every request,
+/// 429 when empty, as Higress answers.
+fn local_rate_limit(limit: &LocalRateLimit) -> EnvoyLocalRateLimit {
+    let all = || RuntimeFractionalPercent {
+        default_value: Some(FractionalPercent { numerator: 100, denominator: DenominatorType::Hundred as i32 }),
+        runtime_key: String::new(),
+    };
+    EnvoyLocalRateLimit {
+        stat_prefix: "route_local_rate_limit".into(),
+        status: Some(HttpStatus { code: StatusCode::TooManyRequests as i32 }),
+        token_bucket: Some(TokenBucket {
+            max_tokens: limit.max_tokens,
+            tokens_per_fill: Some(UInt32Value { value: limit.tokens_per_fill }),
+            fill_interval: Some(Duration { seconds: limit.fill_interval_secs.into(), nanos: 0 }),
+        }),
+        filter_enabled: Some(all()),
+        filter_enforced: Some(all()),
+        ..Default::default()
+    }
 }
 
 /// The RBAC filter's policy for a route with source ranges: allow the

@@ -24,8 +24,8 @@ use meshbridge_registries::clip;
 use super::syntax::{is_token, parse_bool};
 use super::traffic::{Mirror, read_mirror, read_source_ranges};
 use crate::translate::model::{
-    CorsPolicy, HeaderOperations, Headers, HttpMatch, HttpRoute, ProtoDuration, Redirect, Retry, Rewrite, SourceRanges,
-    StringMatch,
+    CorsPolicy, HeaderOperations, Headers, HttpMatch, HttpRoute, LocalRateLimit, ProtoDuration, Redirect, Retry,
+    Rewrite, SourceRanges, StringMatch,
 };
 
 const SSL_REDIRECT: &str = "ssl-redirect";
@@ -52,6 +52,11 @@ const CORS_ALLOW_HEADERS: &str = "cors-allow-headers";
 const CORS_EXPOSE_HEADERS: &str = "cors-expose-headers";
 const CORS_ALLOW_CREDENTIALS: &str = "cors-allow-credentials";
 const CORS_MAX_AGE: &str = "cors-max-age";
+const LIMIT_RPM: &str = "higress.io/route-limit-rpm";
+const LIMIT_RPS: &str = "higress.io/route-limit-rps";
+const LIMIT_BURST: &str = "higress.io/route-limit-burst-multiplier";
+/// Higress's default `route-limit-burst-multiplier`.
+const DEFAULT_BURST_MULTIPLIER: u32 = 5;
 
 /// Higress's defaults (and ingress-nginx's).
 const DEFAULT_PERMANENT_CODE: u32 = 301;
@@ -93,6 +98,9 @@ pub struct RoutePolicy {
     /// `whitelist-source-range`, `denylist-source-range`: the standalone
     /// gateway's only (see `traffic.rs`).
     pub source_ranges: Option<SourceRanges>,
+    /// `route-limit-rpm` / `-rps` with `-burst-multiplier`: the standalone
+    /// gateway's only.
+    pub rate_limit: Option<LocalRateLimit>,
 }
 
 impl RoutePolicy {
@@ -110,6 +118,7 @@ impl RoutePolicy {
         route.headers = self.headers.clone();
         route.cors_policy = self.cors.clone();
         route.source_ranges = self.source_ranges.clone();
+        route.local_rate_limit = self.rate_limit;
         if let Some(authority) = &self.authority {
             let rewrite = route.rewrite.get_or_insert(Rewrite { uri: None, authority: None, uri_regex_rewrite: None });
             rewrite.authority = Some(authority.clone());
@@ -144,6 +153,7 @@ impl RoutePolicy {
             headers: main.headers.clone(),
             cors_policy: main.cors_policy.clone(),
             source_ranges: main.source_ranges.clone(),
+            local_rate_limit: main.local_rate_limit,
             ..Default::default()
         }
     }
@@ -158,6 +168,9 @@ pub enum PolicyError {
     /// Not a whole number of seconds from 0 to 315576000000.
     #[error("{0:?} is not a whole number of seconds (0 or more)")]
     Seconds(String),
+    /// Not a whole number above 0 (a rate or a multiplier).
+    #[error("{0:?} is not a whole number above 0")]
+    Count(String),
     /// Not a whole number of tries from 0 to 2147483647.
     #[error("{0:?} is not a whole number of tries (0 or more)")]
     Tries(String),
@@ -269,9 +282,52 @@ pub fn read(get: &mut Lookup<'_>, warnings: &mut Vec<String>) -> RoutePolicy {
     }
 
     out.cors = read_cors(get, &mut warn);
+    out.rate_limit = read_rate_limit(get, &mut warn);
     out.mirror = read_mirror(get, warnings);
     out.source_ranges = read_source_ranges(get, warnings);
     out
+}
+
+/// Higress's local rate limit (`higress.io/` only): `route-limit-rpm`, or
+/// else `route-limit-rps`, tokens a minute or a second, and at most that
+/// times `route-limit-burst-multiplier` (default 5) kept.
+fn read_rate_limit(get: &mut Lookup<'_>, warn: &mut Warn<'_>) -> Option<LocalRateLimit> {
+    let (rpm, rps, burst) = (get(LIMIT_RPM, false), get(LIMIT_RPS, false), get(LIMIT_BURST, false));
+    let multiplier = match burst {
+        None => DEFAULT_BURST_MULTIPLIER,
+        Some((key, v)) => match count(&v) {
+            Ok(n) if n > 0 => n,
+            Ok(_) | Err(_) => {
+                warn(&key, PolicyError::Count(clip(&v).into_owned()), "5 used");
+                DEFAULT_BURST_MULTIPLIER
+            }
+        },
+    };
+    for (found, interval) in [(rpm, 60), (rps, 1)] {
+        let Some((key, v)) = found else { continue };
+        match count(&v) {
+            Ok(n) if n > 0 => {
+                let Some(max_tokens) = n.checked_mul(multiplier) else {
+                    warn(
+                        &key,
+                        PolicyError::Count(clip(&v).into_owned()),
+                        "too large with its burst multiplier; ignored",
+                    );
+                    continue;
+                };
+                return Some(LocalRateLimit { max_tokens, tokens_per_fill: n, fill_interval_secs: interval });
+            }
+            Ok(_) | Err(_) => warn(&key, PolicyError::Count(clip(&v).into_owned()), "ignored"),
+        }
+    }
+    None
+}
+
+/// A whole number from 0 to 4294967295.
+fn count(v: &str) -> Result<u32, PolicyError> {
+    let t = v.trim();
+    let ok = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    ok.then(|| t.parse::<u32>().ok()).flatten().ok_or_else(|| PolicyError::Count(clip(v).into_owned()))
 }
 
 type Warn<'w> = dyn FnMut(&str, PolicyError, &str) + 'w;

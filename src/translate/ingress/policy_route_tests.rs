@@ -385,3 +385,43 @@ fn source_ranges_reach_the_routes_but_not_the_virtual_service_istiod_gets() {
     assert_eq!(standalone[0].object, "Ingress shop/office");
     assert!(standalone[0].detail.contains("a gateway fed by istiod serves every client"), "{:?}", standalone[0]);
 }
+
+/// Higress's local rate limit: `route-limit-rpm` wins over `-rps`, the
+/// bucket holds the rate times the burst multiplier (5 by default), the
+/// standalone gateway alone enforces it (said once), and bad numbers are
+/// reported and left out.
+#[test]
+fn route_limits_become_token_buckets_for_the_standalone_gateway_only() {
+    use crate::translate::model::LocalRateLimit;
+    let limits = |annotations: &[(&str, &str)]| {
+        let t = run(&shop_ingress("api", 1, annotations, &[("/api", "Prefix", "web")]));
+        assert_valid_for_pilot(&t);
+        let vs = t.objects.iter().find(|o| o.kind() == "VirtualService").unwrap();
+        assert!(!vs.spec.to_json().to_string().contains("limit"), "an Istio field was made up");
+        let Spec::VirtualService(spec) = &vs.spec else { panic!() };
+        let warnings: Vec<String> = t.warnings.iter().map(|w| format!("{}: {}", w.reason, w.detail)).collect();
+        (spec.http[0].local_rate_limit, warnings)
+    };
+    let bucket = |max_tokens, tokens_per_fill, fill_interval_secs| {
+        Some(LocalRateLimit { max_tokens, tokens_per_fill, fill_interval_secs })
+    };
+    let (limit, warnings) = limits(&[("higress.io/route-limit-rps", "10")]);
+    assert_eq!(limit, bucket(50, 10, 1));
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].starts_with("standalone_only: route-limit-rps / route-limit-rpm"), "{warnings:?}");
+    let both = [
+        ("higress.io/route-limit-rpm", "120"),
+        ("higress.io/route-limit-rps", "10"),
+        ("higress.io/route-limit-burst-multiplier", "2"),
+    ];
+    assert_eq!(limits(&both).0, bucket(240, 120, 60));
+    // Under the nginx prefix Higress reads none of them.
+    let (limit, warnings) = limits(&[("nginx.ingress.kubernetes.io/route-limit-rps", "10")]);
+    assert_eq!(limit, None);
+    assert!(warnings.iter().all(|w| w.starts_with("ignored_annotation")), "{warnings:?}");
+    let (limit, warnings) =
+        limits(&[("higress.io/route-limit-rps", "ten"), ("higress.io/route-limit-burst-multiplier", "0")]);
+    assert_eq!(limit, None);
+    assert!(warnings.iter().any(|w| w.contains("route-limit-rps: \"ten\" is not a whole number above 0; ignored")));
+    assert!(warnings.iter().any(|w| w.contains("burst-multiplier: \"0\" is not a whole number above 0; 5 used")));
+}
