@@ -505,7 +505,7 @@ impl Translator<'_> {
             (Some(regex), _) => match path_regex(regex, raw, ing.ann.ignore_path_case) {
                 Ok(_) => PathKind::Regex(regex),
                 Err(why) => {
-                    self.warnings.push(left_out(why));
+                    self.warnings.push(left_out(why.to_string()));
                     return None;
                 }
             },
@@ -540,7 +540,7 @@ impl Translator<'_> {
         if let (PathKind::Regex(regex), Some(RewriteRule::Target(target))) = (kind, rewrite) {
             let groups = path_regex(regex, origin, false).unwrap_or_default();
             if let Err(why) = check_substitution(target, groups) {
-                return self.warnings.push(left_out(why));
+                return self.warnings.push(left_out(why.to_string()));
             }
         }
         let mirror = self.mirror_of(ing);
@@ -940,16 +940,31 @@ fn regex_pattern(regex: RegexPath, path: &str, ignore_case: bool) -> String {
     }
 }
 
+/// Why a regex path, or the rewrite of one, cannot be routed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum RegexPathError {
+    /// The path (with its suffix) does not parse as RE2; the parser's
+    /// reason.
+    #[error("not a valid RE2 regex ({0})")]
+    NotRe2(String),
+    /// `\N` with N above the path's capture groups; `target` is clipped.
+    #[error("rewrite-target {target:?} refers to capture {n}, and the path has {groups} capture groups")]
+    NoSuchCapture { target: String, n: usize, groups: usize },
+    /// A backslash before something other than a digit or a backslash.
+    #[error("rewrite-target {target:?}: a backslash must come before a digit")]
+    Backslash { target: String },
+}
+
 /// Check a regex path as RE2 would parse it (Envoy rejects the whole
 /// route table for one bad regex): its capture groups, or why not.
-fn path_regex(regex: RegexPath, path: &str, ignore_case: bool) -> Result<usize, String> {
+fn path_regex(regex: RegexPath, path: &str, ignore_case: bool) -> Result<usize, RegexPathError> {
     let pattern = regex_pattern(regex, path, ignore_case);
     match regex_syntax::Parser::new().parse(&pattern) {
         Ok(hir) => Ok(hir.properties().explicit_captures_len()),
         Err(e) => {
             let e = e.to_string();
             let why = e.lines().last().unwrap_or_default().trim_start_matches("error: ").to_owned();
-            Err(format!("not a valid RE2 regex ({why})"))
+            Err(RegexPathError::NotRe2(why))
         }
     }
 }
@@ -957,7 +972,7 @@ fn path_regex(regex: RegexPath, path: &str, ignore_case: bool) -> Result<usize, 
 /// Check an RE2 substitution against a regex with `groups` capture groups:
 /// `\N` names one of them, `\\` is a backslash, and nothing else follows a
 /// backslash.
-fn check_substitution(target: &str, groups: usize) -> Result<(), String> {
+fn check_substitution(target: &str, groups: usize) -> Result<(), RegexPathError> {
     let mut chars = target.chars();
     while let Some(c) = chars.next() {
         if c != '\\' {
@@ -968,13 +983,10 @@ fn check_substitution(target: &str, groups: usize) -> Result<(), String> {
             Some(d) if d.is_ascii_digit() => {
                 let n = d.to_digit(10).unwrap_or_default() as usize;
                 if n > groups {
-                    return Err(format!(
-                        "rewrite-target {:?} refers to capture {n}, and the path has {groups} capture groups",
-                        clip(target)
-                    ));
+                    return Err(RegexPathError::NoSuchCapture { target: clip(target).into_owned(), n, groups });
                 }
             }
-            _ => return Err(format!("rewrite-target {:?}: a backslash must come before a digit", clip(target))),
+            _ => return Err(RegexPathError::Backslash { target: clip(target).into_owned() }),
         }
     }
     Ok(())
