@@ -22,6 +22,8 @@ const FILES: &[&str] = &[
     "istio/networking/v1alpha3/sidecar.proto",
     "istio/networking/v1alpha3/virtual_service.proto",
     "istio/networking/v1alpha3/workload_entry.proto",
+    "istio/security/v1beta1/authorization_policy.proto",
+    "istio/type/v1beta1/selector.proto",
 ];
 
 /// The Envoy messages meshbridge sends as resources or inside `typed_config`;

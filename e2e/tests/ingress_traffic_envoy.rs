@@ -9,7 +9,9 @@
 //!
 //! `whitelist-source-range` and `denylist-source-range`, from clients bound
 //! to loopback addresses of their own (127.0.0.1, .2, .3): Envoy answers
-//! 403 to a client the ranges leave out and routes the others.
+//! 403 to a client the ranges leave out and routes the others, on the
+//! standalone gateway and through a REAL istiod (both builds), where the
+//! ranges are AuthorizationPolicies.
 //!
 //! `route-limit-rpm`: the route's token bucket, 429 once it is empty.
 
@@ -18,6 +20,9 @@ use std::time::{Duration, Instant};
 use meshbridge_e2e::backend::EchoBackend;
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::free_port;
+use meshbridge_e2e::gateway::{Gateway, Via};
+use meshbridge_e2e::istiod::Version;
+use meshbridge_e2e::istiod_tests;
 use meshbridge_e2e::traffic::{config_warning, mcp_ingress, mcpbridge, start_gateway};
 
 const HOST: &str = "shop.example.com";
@@ -155,37 +160,55 @@ fn ranged_ingresses() -> String {
 async fn status_from(source: &str, port: u16, path: &str) -> u16 {
     let client = reqwest::Client::builder().local_address(source.parse::<std::net::IpAddr>().ok()).build().unwrap();
     let url = format!("http://127.0.0.1:{port}{path}");
-    let response = client.get(url).header("host", HOST).timeout(Duration::from_secs(5)).send().await.unwrap();
-    response.status().as_u16()
+    match client.get(url).header("host", HOST).timeout(Duration::from_secs(5)).send().await {
+        Ok(response) => response.status().as_u16(),
+        Err(_) => 0,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn source_ranges_allow_and_deny_clients_by_address_through_envoy() {
+    source_ranges(Via::Standalone).await;
+}
+
+// Through istiod, each ranged Ingress is an AuthorizationPolicy (DENY, on
+// `remoteIpBlocks`) that istiod turns into the gateway's RBAC filter.
+// Needs `source e2e/env.sh envoy kubetools kube-apiserver istiod istiod-1.27`.
+istiod_tests!(source_ranges_allow_and_deny_clients_by_address_through_istiod);
+
+async fn source_ranges_allow_and_deny_clients_by_address_through_istiod(version: Version) {
+    source_ranges(Via::Istiod(version)).await;
+}
+
+async fn source_ranges(via: Via) {
     let main = EchoBackend::start("127.0.0.1", "main").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let bridge = mcpbridge(&[format!("{{type: static, name: main, domain: \"{}\", port: 80}}", main.addr)]);
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
     std::fs::write(dir.path().join("shop.yaml"), ranged_ingresses()).unwrap();
-    let port = free_port();
-    let app = start_gateway(dir.path(), port).await.expect("start meshbridge");
-    let typo = config_warning(app.admin_addr, "Ingress shop/typo").await;
+    let gw = Gateway::start(dir.path(), via).await.expect("start meshbridge and the gateway");
+    let typo = config_warning(gw.app.admin_addr, "Ingress shop/typo").await;
     assert_eq!(typo["reason"], "invalid_ingress", "{typo}");
     assert_eq!(
         typo["detail"],
         "annotation higress.io/whitelist-source-range: \"127.0.0.1/33\" is not an address or CIDR; left out"
     );
 
-    let envoy = Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, port).await.expect("start envoy");
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let (envoy, port) = (&gw.envoy, gw.envoy.listen_port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // Ready once the routes and the policies are in: /office answers
+    // 127.0.0.1 and refuses 127.0.0.2.
     loop {
-        if matches!(envoy.get_host("/blocked", HOST).await, Ok((200, _))) {
+        let office = matches!(envoy.get_host("/office", HOST).await, Ok((200, _)));
+        if office && status_from("127.0.0.2", port, "/office").await == 403 {
             break;
         }
-        assert!(Instant::now() < deadline, "routes never arrived:\n{}", envoy.log());
+        assert!(Instant::now() < deadline, "routes never arrived ({via:?}):\n{}\n{}", envoy.log(), gw.istiod_log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let cases = [
         ("/office", [200, 403, 403]),
+        ("/office/desk", [200, 403, 403]),
         ("/blocked", [200, 403, 200]),
         ("/both", [200, 200, 403]),
         ("/typo", [403, 403, 200]),
@@ -195,12 +218,12 @@ async fn source_ranges_allow_and_deny_clients_by_address_through_envoy() {
         for (i, source) in ["127.0.0.1", "127.0.0.2", "127.0.0.3"].iter().enumerate() {
             got[i] = status_from(source, port, path).await;
         }
-        assert_eq!(got, want, "{path} from 127.0.0.1, .2, .3");
+        assert_eq!(got, want, "{path} from 127.0.0.1, .2, .3 ({via:?})");
     }
     // Only the requests let through reached the backend.
-    let hits: Vec<u32> = ["/office", "/blocked", "/both", "/typo"].iter().map(|p| main.hits(p)).collect();
-    assert_eq!(hits, [1, 2 + 1, 2, 1], "backend hits (the readiness probe counts for /blocked)");
-    app.stop().await;
+    let hits: Vec<u32> = ["/blocked", "/both", "/typo", "/office/desk"].iter().map(|p| main.hits(p)).collect();
+    assert_eq!(hits, [2, 2, 1, 1], "backend hits ({via:?})");
+    gw.app.stop().await;
 }
 
 /// Higress's local rate limit on the standalone gateway:

@@ -31,10 +31,22 @@ pub mod istio {
             include!(concat!(env!("OUT_DIR"), "/istio.networking.v1alpha3.rs"));
         }
     }
+    pub mod security {
+        pub mod v1beta1 {
+            include!(concat!(env!("OUT_DIR"), "/istio.security.v1beta1.rs"));
+        }
+    }
+    pub mod r#type {
+        pub mod v1beta1 {
+            include!(concat!(env!("OUT_DIR"), "/istio.r#type.v1beta1.rs"));
+        }
+    }
 }
 
 /// The protobuf package of every Istio networking kind meshbridge emits.
 pub const NETWORKING_PACKAGE: &str = "istio.networking.v1alpha3";
+/// The protobuf package of the security kinds (AuthorizationPolicy).
+pub const SECURITY_PACKAGE: &str = "istio.security.v1beta1";
 
 static FDS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/istio_fds.bin"));
 

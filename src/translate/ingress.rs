@@ -69,9 +69,10 @@ use self::annotations::{Conditions, DESTINATION, IngressAnnotations, RegexPath, 
 use self::policy::RoutePolicy;
 use self::traffic::MirrorTarget;
 use super::model::{
-    Destination, DestinationRuleSpec, GatewaySpec, HttpMatch, HttpRoute, IstioObject, Percent, PortSelector,
-    RegexRewrite, Rewrite, RouteDestination, Server, ServerPort, ServerTls, ServerTlsMode, Spec, StringMatch, Subset,
-    TrafficPolicy, VirtualServiceSpec,
+    AuthorizationAction, AuthorizationPolicySpec, AuthorizationRule, Destination, DestinationRuleSpec, GatewaySpec,
+    HttpMatch, HttpRoute, IstioObject, Percent, PortSelector, RegexRewrite, Rewrite, RouteDestination, RuleFrom,
+    RuleOperation, RuleSource, RuleTo, Server, ServerPort, ServerTls, ServerTlsMode, SourceRanges, Spec, StringMatch,
+    Subset, TrafficPolicy, VirtualServiceSpec, WorkloadSelector,
 };
 use super::names::short_hash;
 use super::warning::{Reason, Warning};
@@ -163,6 +164,7 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
         warnings: Vec::new(),
         ignored_annotations: 0,
         looked_up: BTreeSet::new(),
+        authorization: Vec::new(),
     };
     let mut ours = Vec::new();
     for doc in ingresses {
@@ -210,13 +212,10 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
                 .iter()
                 .map(|w| Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, w.clone())),
         );
-        if ing.ann.policy.source_ranges.is_some() {
-            t.warnings.push(Warning::new(
-                format!("Ingress {}", ing.id),
-                Reason::StandaloneOnly,
-                "whitelist-source-range / denylist-source-range are enforced by the standalone gateway only: \
-                 no Istio object carries them, so a gateway fed by istiod serves every client",
-            ));
+        if let Some(ranges) = &ing.ann.policy.source_ranges
+            && ing.ann.canary.is_none()
+        {
+            t.source_range_policy(ing, ranges);
         }
         if ing.ann.policy.rate_limit.is_some() {
             t.warnings.push(Warning::new(
@@ -376,9 +375,99 @@ struct Translator<'a> {
     warnings: Vec<Warning>,
     ignored_annotations: u64,
     looked_up: BTreeSet<String>,
+    /// One AuthorizationPolicy per Ingress with source ranges.
+    authorization: Vec<IstioObject>,
 }
 
 impl Translator<'_> {
+    /// The source ranges of an Ingress for istiod: an AuthorizationPolicy
+    /// on the gateway's pods that DENYs, on the Ingress's hosts and paths,
+    /// a client outside the allowed blocks (when there are any) and one in
+    /// the denied blocks. The client is the peer address (`remoteIpBlocks`:
+    /// the gateway trusts no X-Forwarded-For), as on the standalone
+    /// gateway. A regex path has no AuthorizationPolicy form: said, and left
+    /// open through istiod.
+    fn source_range_policy(&mut self, ing: &Parsed, ranges: &SourceRanges) {
+        let mut to = Vec::new();
+        for rule in &ing.ingress.spec.rules {
+            let Some(http) = &rule.http else { continue };
+            let raw_host = rule.host.as_deref().unwrap_or("");
+            let hosts = match raw_host {
+                "" => Vec::new(),
+                h => match normalize_host(h) {
+                    Some(h) if h == "*" => Vec::new(),
+                    Some(h) => vec![h],
+                    None => continue,
+                },
+            };
+            let mut paths = Vec::new();
+            let mut everything = false;
+            for p in &http.paths {
+                let raw = p.path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/");
+                if ing.ann.regex_path(raw).is_some() {
+                    self.warnings.push(Warning::new(
+                        format!("Ingress {}", ing.id),
+                        Reason::StandaloneOnly,
+                        format!(
+                            "path {raw}: a regex path has no AuthorizationPolicy form, so its source ranges are \
+                             enforced by the standalone gateway only"
+                        ),
+                    ));
+                    continue;
+                }
+                match p.path_type.as_deref() {
+                    Some("Exact") => paths.push(raw.to_owned()),
+                    _ if raw == "/" => everything = true,
+                    _ => {
+                        let prefix = raw.strip_suffix('/').unwrap_or(raw);
+                        paths.push(prefix.to_owned());
+                        paths.push(format!("{prefix}/*"));
+                    }
+                }
+            }
+            if everything {
+                paths.clear();
+            } else if paths.is_empty() {
+                continue;
+            }
+            to.push(RuleTo { operation: RuleOperation { hosts, paths } });
+        }
+        if to.is_empty() {
+            return;
+        }
+        let blocks = |list: &[super::model::Cidr]| -> Vec<String> {
+            list.iter().map(|c| format!("{}/{}", c.address, c.prefix_len)).collect()
+        };
+        let mut rules = Vec::new();
+        if let Some(allow) = &ranges.allow {
+            // An empty allow list lets no one in: a rule with no source.
+            let from = if allow.is_empty() {
+                Vec::new()
+            } else {
+                vec![RuleFrom { source: RuleSource { not_remote_ip_blocks: blocks(allow), ..Default::default() } }]
+            };
+            rules.push(AuthorizationRule { from, to: to.clone() });
+        }
+        if !ranges.deny.is_empty() {
+            let source = RuleSource { remote_ip_blocks: blocks(&ranges.deny), ..Default::default() };
+            rules.push(AuthorizationRule { from: vec![RuleFrom { source }], to });
+        }
+        if rules.is_empty() {
+            return;
+        }
+        let ns = &self.opts.gateway_namespace;
+        let labels = BTreeMap::from([("higress".to_owned(), format!("{ns}-{}", self.opts.gateway_name))]);
+        let spec = AuthorizationPolicySpec {
+            selector: WorkloadSelector { match_labels: labels },
+            action: AuthorizationAction::Deny,
+            rules,
+        };
+        let name = format!("{}-{}-source-range", ing.namespace, ing.name);
+        let mut policy = IstioObject::new(name, ns, Spec::AuthorizationPolicy(spec));
+        policy.metadata.created = ing.created.map(|t| t.as_second());
+        self.authorization.push(policy);
+    }
+
     fn tls(&mut self, ing: &Parsed) {
         for (i, tls) in ing.ingress.spec.tls.iter().enumerate() {
             let Some(secret) = tls.secret_name.as_deref().filter(|s| !s.is_empty()) else {
@@ -814,6 +903,8 @@ impl Translator<'_> {
             dr.metadata.created = oldest;
             objects.push(dr);
         }
+
+        objects.append(&mut self.authorization);
 
         let mut servers = Vec::new();
         if !routed.is_empty() {

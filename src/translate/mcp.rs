@@ -16,7 +16,7 @@ use envoy_types::pb::google::protobuf::Any;
 use meshbridge_proto::istio::mcp::v1alpha1 as mcp;
 use prost::Message;
 
-use super::model::IstioObject;
+use super::model::{IstioObject, Spec};
 use super::names::{is_dns1123_label, is_dns1123_subdomain, is_label_key, is_label_value};
 use super::warning::{Reason, Warning};
 use crate::resources::{Resource, content_hash};
@@ -77,7 +77,11 @@ pub fn resource(obj: &IstioObject, created: i64) -> Result<Resource, Warning> {
         )
     };
     validate_meta(obj).map_err(|e| reject(e.to_string()))?;
-    let message = format!("{}.{}", meshbridge_proto::NETWORKING_PACKAGE, obj.kind());
+    let package = match obj.spec {
+        Spec::AuthorizationPolicy(_) => meshbridge_proto::SECURITY_PACKAGE,
+        _ => meshbridge_proto::NETWORKING_PACKAGE,
+    };
+    let message = format!("{package}.{}", obj.kind());
     let spec = super::pb::encode(&obj.spec).map_err(|e| reject(e.to_string()))?;
     // The golden check: in unit tests, every object any test translates is
     // also encoded the old way (JSON checked against the schema by

@@ -32,6 +32,7 @@ pub const LABEL_PRIORITY: &str = "meshbridge.io/priority";
 pub const LABEL_SERVICE_PORT: &str = "meshbridge.io/service-port";
 const V1: &str = "networking.istio.io/v1";
 const V1ALPHA3: &str = "networking.istio.io/v1alpha3";
+const SECURITY_V1: &str = "security.istio.io/v1";
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ObjectMeta {
@@ -65,6 +66,7 @@ pub enum Spec {
     Gateway(GatewaySpec),
     VirtualService(VirtualServiceSpec),
     EnvoyFilter(EnvoyFilterSpec),
+    AuthorizationPolicy(AuthorizationPolicySpec),
 }
 
 impl Spec {
@@ -75,6 +77,7 @@ impl Spec {
             Spec::Gateway(_) => "Gateway",
             Spec::VirtualService(_) => "VirtualService",
             Spec::EnvoyFilter(_) => "EnvoyFilter",
+            Spec::AuthorizationPolicy(_) => "AuthorizationPolicy",
         }
     }
 
@@ -83,6 +86,7 @@ impl Spec {
     pub fn api_version(&self) -> &'static str {
         match self {
             Spec::EnvoyFilter(_) => V1ALPHA3,
+            Spec::AuthorizationPolicy(_) => SECURITY_V1,
             _ => V1,
         }
     }
@@ -96,6 +100,7 @@ impl Spec {
             Spec::Gateway(s) => serde_json::to_value(s),
             Spec::VirtualService(s) => serde_json::to_value(s),
             Spec::EnvoyFilter(s) => serde_json::to_value(s),
+            Spec::AuthorizationPolicy(s) => serde_json::to_value(s),
         };
         v.unwrap_or_default()
     }
@@ -109,6 +114,7 @@ impl Spec {
             "Gateway" => Spec::Gateway(serde_json::from_value(spec).map_err(e)?),
             "VirtualService" => Spec::VirtualService(serde_json::from_value(spec).map_err(e)?),
             "EnvoyFilter" => Spec::EnvoyFilter(serde_json::from_value(spec).map_err(e)?),
+            "AuthorizationPolicy" => Spec::AuthorizationPolicy(serde_json::from_value(spec).map_err(e)?),
             other => return Err(SpecError::UnknownKind(other.to_string())),
         })
     }
@@ -117,7 +123,7 @@ impl Spec {
 /// Why [`Spec::from_json`] could not read a spec.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
-    /// Not one of the five kinds the model has.
+    /// Not one of the kinds the model has.
     #[error("unknown kind {0:?}")]
     UnknownKind(String),
     /// The JSON does not have the shape of that kind's spec.
@@ -823,6 +829,69 @@ impl<'de> Deserialize<'de> for ProtoDuration {
         let nanos: u32 = if frac.is_empty() { 0 } else { format!("{frac:0<9}").parse().map_err(|_| bad())? };
         Ok(ProtoDuration(std::time::Duration::new(secs, nanos)))
     }
+}
+
+// ---- AuthorizationPolicy --------------------------------------------------
+
+/// `AuthorizationPolicy`, reduced to what meshbridge writes: a label
+/// selector, an action, and rules of client address blocks and hosts and
+/// paths.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuthorizationPolicySpec {
+    pub selector: WorkloadSelector,
+    pub action: AuthorizationAction,
+    pub rules: Vec<AuthorizationRule>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadSelector {
+    pub match_labels: BTreeMap<String, String>,
+}
+
+/// `AuthorizationPolicy.Action` (the two meshbridge writes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AuthorizationAction {
+    Allow = 0,
+    Deny = 1,
+}
+
+/// A `Rule`: one of `from` and one of `to` must match (an empty list
+/// matches anything).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuthorizationRule {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from: Vec<RuleFrom>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub to: Vec<RuleTo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuleFrom {
+    pub source: RuleSource,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleSource {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remote_ip_blocks: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_remote_ip_blocks: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuleTo {
+    pub operation: RuleOperation,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RuleOperation {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
 }
 
 // ---- EnvoyFilter ----------------------------------------------------------

@@ -13,16 +13,18 @@
 use std::collections::BTreeMap;
 
 use meshbridge_proto::istio::networking::v1alpha3 as pb;
+use meshbridge_proto::istio::security::v1beta1 as sec;
 use pb::envoy_filter as ef;
 use prost::Message;
 use prost_types::value::Kind;
 
 use super::model::{
-    ClientTlsSettings, ConnectionPoolSettings, ConsistentHash, CorsPolicy, Destination, DestinationRuleSpec,
-    EnvoyConfigObjectPatch, EnvoyFilterSpec, GatewaySpec, HeaderOperations, Headers, HttpCookie, HttpMatch,
-    HttpPoolSettings, HttpRoute, LoadBalancerSettings, OutlierDetection, Patch, Port, PortSelector, PortTrafficPolicy,
-    ProtoDuration, Redirect, RegexRewrite, Retry, Rewrite, RouteDestination, Server, ServerPort, ServerTls,
-    ServiceEntrySpec, Spec, StringMatch, Subset, TrafficPolicy, VirtualServiceSpec, WorkloadEntry,
+    AuthorizationPolicySpec, AuthorizationRule, ClientTlsSettings, ConnectionPoolSettings, ConsistentHash, CorsPolicy,
+    Destination, DestinationRuleSpec, EnvoyConfigObjectPatch, EnvoyFilterSpec, GatewaySpec, HeaderOperations, Headers,
+    HttpCookie, HttpMatch, HttpPoolSettings, HttpRoute, LoadBalancerSettings, OutlierDetection, Patch, Port,
+    PortSelector, PortTrafficPolicy, ProtoDuration, Redirect, RegexRewrite, Retry, Rewrite, RouteDestination, Server,
+    ServerPort, ServerTls, ServiceEntrySpec, Spec, StringMatch, Subset, TrafficPolicy, VirtualServiceSpec,
+    WorkloadEntry,
 };
 
 /// Why a spec has no protobuf form.
@@ -41,6 +43,7 @@ pub fn encode(spec: &Spec) -> Result<Vec<u8>, PbError> {
         Spec::Gateway(s) => pb::Gateway::from(s).encode_to_vec(),
         Spec::VirtualService(s) => pb::VirtualService::from(s).encode_to_vec(),
         Spec::EnvoyFilter(s) => pb::EnvoyFilter::try_from(s)?.encode_to_vec(),
+        Spec::AuthorizationPolicy(s) => authorization_policy(s).encode_to_vec(),
     })
 }
 
@@ -403,6 +406,37 @@ impl From<ProtoDuration> for prost_types::Duration {
             seconds: i64::try_from(d.0.as_secs()).unwrap_or(i64::MAX),
             nanos: i32::try_from(d.0.subsec_nanos()).unwrap_or_default(),
         }
+    }
+}
+
+// ---- AuthorizationPolicy --------------------------------------------------
+
+fn authorization_policy(p: &AuthorizationPolicySpec) -> sec::AuthorizationPolicy {
+    let rule = |r: &AuthorizationRule| sec::Rule {
+        from: r
+            .from
+            .iter()
+            .map(|f| sec::rule::From {
+                source: Some(sec::Source {
+                    remote_ip_blocks: f.source.remote_ip_blocks.clone(),
+                    not_remote_ip_blocks: f.source.not_remote_ip_blocks.clone(),
+                }),
+            })
+            .collect(),
+        to: r
+            .to
+            .iter()
+            .map(|t| sec::rule::To {
+                operation: Some(sec::Operation { hosts: t.operation.hosts.clone(), paths: t.operation.paths.clone() }),
+            })
+            .collect(),
+    };
+    sec::AuthorizationPolicy {
+        selector: Some(meshbridge_proto::istio::r#type::v1beta1::WorkloadSelector {
+            match_labels: p.selector.match_labels.clone(),
+        }),
+        rules: p.rules.iter().map(rule).collect(),
+        action: p.action as i32,
     }
 }
 

@@ -42,7 +42,9 @@ pub fn collect<'a>(objects: impl IntoIterator<Item = &'a IstioObject>, warnings:
             Spec::Gateway(spec) => specs.gateways.push(Named { namespace, name, spec }),
             Spec::VirtualService(spec) => specs.virtual_services.push(Named { namespace, name, spec }),
             Spec::DestinationRule(spec) => specs.destination_rules.push(Named { namespace, name, spec }),
-            Spec::ServiceEntry(_) | Spec::EnvoyFilter(_) => {}
+            // The source ranges an AuthorizationPolicy carries for istiod
+            // reach the standalone gateway as route fields.
+            Spec::ServiceEntry(_) | Spec::EnvoyFilter(_) | Spec::AuthorizationPolicy(_) => {}
         }
     }
     dedup(&mut specs.gateways, "Gateway", warnings);

@@ -680,7 +680,8 @@ pub(super) fn shop_ingress(name: &str, day: u32, annotations: &[(&str, &str)], p
     }
     for (path, kind, service) in paths {
         yaml.push_str(&format!(
-            "          - {{path: {path}, pathType: {kind}, backend: {{service: {{name: {service}, port: {{number: 80}}}}}}}}\n"
+            "          - {{path: {}, pathType: {kind}, backend: {{service: {{name: {service}, port: {{number: 80}}}}}}}}\n",
+            quote(path)
         ));
     }
     yaml

@@ -379,11 +379,65 @@ fn source_ranges_reach_the_routes_but_not_the_virtual_service_istiod_gets() {
         spec.http.iter().map(|r| (r.name.as_str(), r.source_ranges.as_ref() == Some(&want))).collect();
     assert_eq!(ranged, [("shop-office-0-ssl-redirect", true), ("shop-office-0", true)]);
     assert!(!vs.spec.to_json().to_string().contains("10.0.0.0"), "an Istio field was made up");
-    // Said, once for the Ingress: through istiod the ranges do nothing.
-    let standalone: Vec<_> = t.warnings.iter().filter(|w| w.reason == Reason::StandaloneOnly).collect();
-    assert_eq!(standalone.len(), 1, "{:?}", t.warnings);
-    assert_eq!(standalone[0].object, "Ingress shop/office");
-    assert!(standalone[0].detail.contains("a gateway fed by istiod serves every client"), "{:?}", standalone[0]);
+    // For istiod: an AuthorizationPolicy on the gateway, denying clients
+    // outside the range on the Ingress's host and path.
+    assert_eq!(t.warnings, Vec::new());
+    let policy = t.objects.iter().find(|o| o.kind() == "AuthorizationPolicy").expect("an AuthorizationPolicy");
+    assert_eq!(policy.key(), "higress-system/shop-office-source-range");
+    assert_eq!(policy.api_version(), "security.istio.io/v1");
+    assert_eq!(
+        policy.spec.to_json(),
+        serde_json::json!({
+            "selector": {"matchLabels": {"higress": "higress-system-higress-gateway"}},
+            "action": "DENY",
+            "rules": [{
+                "from": [{"source": {"notRemoteIpBlocks": ["10.0.0.0/8"]}}],
+                "to": [{"operation": {"hosts": ["shop.example.com"], "paths": ["/office"]}}]
+            }]
+        })
+    );
+}
+
+/// An allow and a deny list make two DENY rules (outside the first, or in
+/// the second); a Prefix path covers itself and what is under it; a regex
+/// path has no AuthorizationPolicy form, which is said.
+#[test]
+fn source_ranges_become_deny_rules_on_the_ingress_hosts_and_paths() {
+    let mut yaml = shop_ingress(
+        "mixed",
+        1,
+        &[
+            ("higress.io/whitelist-source-range", "10.0.0.0/8"),
+            ("higress.io/denylist-source-range", "10.9.0.0/16, 10.1.2.3"),
+        ],
+        &[("/api/", "Prefix", "web"), ("/login", "Exact", "web")],
+    );
+    yaml.push_str("---\n");
+    yaml.push_str(&shop_ingress(
+        "regex",
+        2,
+        &[("higress.io/whitelist-source-range", "10.0.0.0/8"), ("higress.io/use-regex", "true")],
+        &[("/v[0-9]+", "Prefix", "web")],
+    ));
+    let t = run(&yaml);
+    assert_valid_for_pilot(&t);
+    let policies: Vec<_> = t.objects.iter().filter(|o| o.kind() == "AuthorizationPolicy").collect();
+    assert_eq!(policies.len(), 1, "none for an Ingress with only regex paths: {policies:#?}");
+    let to = serde_json::json!([{"operation": {"hosts": ["shop.example.com"], "paths": ["/api", "/api/*", "/login"]}}]);
+    assert_eq!(
+        policies[0].spec.to_json()["rules"],
+        serde_json::json!([
+            {"from": [{"source": {"notRemoteIpBlocks": ["10.0.0.0/8"]}}], "to": to},
+            {"from": [{"source": {"remoteIpBlocks": ["10.9.0.0/16", "10.1.2.3/32"]}}], "to": to},
+        ])
+    );
+    let standalone: Vec<String> =
+        t.warnings.iter().filter(|w| w.reason == Reason::StandaloneOnly).map(ToString::to_string).collect();
+    assert_eq!(
+        standalone,
+        ["Ingress shop/regex: path /v[0-9]+: a regex path has no AuthorizationPolicy form, so its source ranges are \
+          enforced by the standalone gateway only"]
+    );
 }
 
 /// Higress's local rate limit: `route-limit-rpm` wins over `-rps`, the
