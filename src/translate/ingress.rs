@@ -165,6 +165,7 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
         ignored_annotations: 0,
         looked_up: BTreeSet::new(),
         authorization: Vec::new(),
+        ranged: Vec::new(),
     };
     let mut ours = Vec::new();
     for doc in ingresses {
@@ -212,11 +213,6 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
                 .iter()
                 .map(|w| Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, w.clone())),
         );
-        if let Some(ranges) = &ing.ann.policy.source_ranges
-            && ing.ann.canary.is_none()
-        {
-            t.source_range_policy(ing, ranges);
-        }
         if ing.ann.policy.rate_limit.is_some() {
             t.warnings.push(Warning::new(
                 format!("Ingress {}", ing.id),
@@ -236,6 +232,9 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
         if ing.ann.canary.is_none() {
             t.tls(ing);
             t.rules(ing);
+            if let Some(ranges) = &ing.ann.policy.source_ranges {
+                t.source_range_policy(ing, ranges);
+            }
         }
     }
     // After every path is known, as Higress does: a host's own `/` path
@@ -377,6 +376,9 @@ struct Translator<'a> {
     looked_up: BTreeSet<String>,
     /// One AuthorizationPolicy per Ingress with source ranges.
     authorization: Vec<IstioObject>,
+    /// The (host, type, path) routes the Ingress being translated made,
+    /// when it has source ranges: what its AuthorizationPolicy covers.
+    ranged: Vec<(String, PathKind, String)>,
 }
 
 impl Translator<'_> {
@@ -388,50 +390,32 @@ impl Translator<'_> {
     /// gateway. A regex path has no AuthorizationPolicy form: said, and left
     /// open through istiod.
     fn source_range_policy(&mut self, ing: &Parsed, ranges: &SourceRanges) {
-        let mut to = Vec::new();
-        for rule in &ing.ingress.spec.rules {
-            let Some(http) = &rule.http else { continue };
-            let raw_host = rule.host.as_deref().unwrap_or("");
-            let hosts = match raw_host {
-                "" => Vec::new(),
-                h => match normalize_host(h) {
-                    Some(h) if h == "*" => Vec::new(),
-                    Some(h) => vec![h],
-                    None => continue,
-                },
-            };
-            let mut paths = Vec::new();
-            let mut everything = false;
-            for p in &http.paths {
-                let raw = p.path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/");
-                if ing.ann.regex_path(raw).is_some() {
-                    self.warnings.push(Warning::new(
-                        format!("Ingress {}", ing.id),
-                        Reason::StandaloneOnly,
-                        format!(
-                            "path {raw}: a regex path has no AuthorizationPolicy form, so its source ranges are \
-                             enforced by the standalone gateway only"
-                        ),
-                    ));
-                    continue;
+        // The paths the Ingress routes (a path another Ingress holds is
+        // that one's), by host: Exact as it is, Prefix `/p` as `/p` and
+        // `/p/*`, `/` as any path.
+        let mut by_host: BTreeMap<String, (Vec<String>, bool)> = BTreeMap::new();
+        for (host, kind, origin) in std::mem::take(&mut self.ranged) {
+            let (paths, everything) = by_host.entry(host).or_default();
+            match kind {
+                PathKind::Exact => paths.push(origin),
+                PathKind::Prefix if origin == "/" => *everything = true,
+                PathKind::Prefix => {
+                    let below = format!("{origin}/*");
+                    paths.push(origin);
+                    paths.push(below);
                 }
-                match p.path_type.as_deref() {
-                    Some("Exact") => paths.push(raw.to_owned()),
-                    _ if raw == "/" => everything = true,
-                    _ => {
-                        let prefix = raw.strip_suffix('/').unwrap_or(raw);
-                        paths.push(prefix.to_owned());
-                        paths.push(format!("{prefix}/*"));
-                    }
-                }
+                // Not recorded: `path` says they stay standalone-only.
+                PathKind::Regex(_) => {}
             }
-            if everything {
-                paths.clear();
-            } else if paths.is_empty() {
-                continue;
-            }
-            to.push(RuleTo { operation: RuleOperation { hosts, paths } });
         }
+        let to: Vec<RuleTo> = by_host
+            .into_iter()
+            .map(|(host, (paths, everything))| {
+                let hosts = if host == "*" { Vec::new() } else { vec![host] };
+                let paths = if everything { Vec::new() } else { paths };
+                RuleTo { operation: RuleOperation { hosts, paths } }
+            })
+            .collect();
         if to.is_empty() {
             return;
         }
@@ -456,9 +440,8 @@ impl Translator<'_> {
             return;
         }
         let ns = &self.opts.gateway_namespace;
-        let labels = BTreeMap::from([("higress".to_owned(), format!("{ns}-{}", self.opts.gateway_name))]);
         let spec = AuthorizationPolicySpec {
-            selector: WorkloadSelector { match_labels: labels },
+            selector: WorkloadSelector { match_labels: self.gateway_selector() },
             action: AuthorizationAction::Deny,
             rules,
         };
@@ -466,6 +449,13 @@ impl Translator<'_> {
         let mut policy = IstioObject::new(name, ns, Spec::AuthorizationPolicy(spec));
         policy.metadata.created = ing.created.map(|t| t.as_second());
         self.authorization.push(policy);
+    }
+
+    /// The labels of Higress's gateway pods, which the Gateway and the
+    /// AuthorizationPolicies select.
+    fn gateway_selector(&self) -> BTreeMap<String, String> {
+        let value = format!("{}-{}", self.opts.gateway_namespace, self.opts.gateway_name);
+        BTreeMap::from([("higress".to_owned(), value)])
     }
 
     fn tls(&mut self, ing: &Parsed) {
@@ -673,6 +663,20 @@ impl Translator<'_> {
             routes.routes.push(Candidate { path: Some(key.clone()), rank: Rank::SslRedirect, route });
         }
         routes.routes.push(Candidate { path: Some(key), rank: Rank::Main, route });
+        if policy.source_ranges.is_some() {
+            if let PathKind::Regex(_) = kind {
+                self.warnings.push(Warning::new(
+                    format!("Ingress {}", ing.id),
+                    Reason::StandaloneOnly,
+                    format!(
+                        "path {raw}: a regex path has no AuthorizationPolicy form, so its source ranges are \
+                         enforced by the standalone gateway only"
+                    ),
+                ));
+            } else {
+                self.ranged.push((host.to_owned(), kind, origin.to_owned()));
+            }
+        }
     }
 
     fn default_backend(&mut self, ing: &Parsed) {
@@ -931,7 +935,7 @@ impl Translator<'_> {
             });
         }
         if !servers.is_empty() {
-            let selector = BTreeMap::from([("higress".to_owned(), format!("{ns}-{}", self.opts.gateway_name))]);
+            let selector = self.gateway_selector();
             let mut gateway =
                 IstioObject::new(&self.opts.gateway_name, &ns, Spec::Gateway(GatewaySpec { selector, servers }));
             gateway.metadata.created = oldest;
@@ -984,33 +988,25 @@ fn rewrite_for(rule: &RewriteRule, matches: &[HttpMatch], ignore_case: bool) -> 
             }
             Rewrite { uri: Some(uri), authority: None, uri_regex_rewrite: None }
         }
-        RewriteRule::Target(target)
-            if matches!(matches.first().and_then(|m| m.uri.as_ref()), Some(StringMatch::Regex(_))) =>
-        {
-            // A regex path: the target (captures and all) replaces what the
-            // path's regex matches, which is the whole request path from its
-            // start, as in Higress.
-            let pattern = match matches.first().and_then(|m| m.uri.as_ref()) {
-                Some(StringMatch::Regex(p)) => p.clone(),
-                _ => String::new(),
-            };
-            Rewrite {
-                uri: None,
-                authority: None,
-                uri_regex_rewrite: Some(RegexRewrite { pattern, rewrite: target.clone() }),
-            }
-        }
         RewriteRule::Target(target) => {
             // Higress takes the first match's value: the exact path for
             // Exact and for Prefix (its exact twin comes first), `/` for `/`.
-            let first = match matches.first().and_then(|m| m.uri.as_ref()) {
-                Some(StringMatch::Exact(p) | StringMatch::Prefix(p) | StringMatch::Regex(p)) => p.as_str(),
-                None => "/",
+            // A regex path's own regex is the pattern (it matches the whole
+            // request path from its start), captures and all, as in Higress.
+            let pattern = match matches.first().and_then(|m| m.uri.as_ref()) {
+                Some(StringMatch::Regex(regex)) => regex.clone(),
+                first => {
+                    let first = match first {
+                        Some(StringMatch::Exact(p) | StringMatch::Prefix(p)) => p.as_str(),
+                        _ => "/",
+                    };
+                    let flags = if ignore_case { "(?i)" } else { "" };
+                    let is_dir_prefix =
+                        matches.iter().any(|m| matches!(&m.uri, Some(StringMatch::Prefix(p)) if p.len() > 1));
+                    let slash = if is_dir_prefix && target.ends_with('/') { "/?" } else { "" };
+                    format!("{flags}^{}{slash}", regex_escape(first))
+                }
             };
-            let flags = if ignore_case { "(?i)" } else { "" };
-            let is_dir_prefix = matches.iter().any(|m| matches!(&m.uri, Some(StringMatch::Prefix(p)) if p.len() > 1));
-            let slash = if is_dir_prefix && target.ends_with('/') { "/?" } else { "" };
-            let pattern = format!("{flags}^{}{slash}", regex_escape(first));
             Rewrite {
                 uri: None,
                 authority: None,

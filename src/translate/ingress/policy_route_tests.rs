@@ -479,3 +479,24 @@ fn route_limits_become_token_buckets_for_the_standalone_gateway_only() {
     assert!(warnings.iter().any(|w| w.contains("route-limit-rps: \"ten\" is not a whole number above 0; ignored")));
     assert!(warnings.iter().any(|w| w.contains("burst-multiplier: \"0\" is not a whole number above 0; 5 used")));
 }
+
+/// The policy covers the paths the Ingress routes: a path an older Ingress
+/// holds keeps that Ingress's (open) route, and gets no DENY from the
+/// newer one's ranges.
+#[test]
+fn source_ranges_cover_only_the_paths_their_ingress_routes() {
+    let mut yaml = shop_ingress("open", 1, &[], &[("/shared", "Prefix", "web")]);
+    yaml.push_str("---\n");
+    yaml.push_str(&shop_ingress(
+        "ranged",
+        2,
+        &[("higress.io/whitelist-source-range", "10.0.0.0/8")],
+        &[("/shared", "Prefix", "web"), ("/own", "Exact", "web")],
+    ));
+    let t = run(&yaml);
+    let policy = t.objects.iter().find(|o| o.kind() == "AuthorizationPolicy").expect("a policy");
+    assert_eq!(
+        policy.spec.to_json()["rules"][0]["to"],
+        serde_json::json!([{"operation": {"hosts": ["shop.example.com"], "paths": ["/own"]}}])
+    );
+}
