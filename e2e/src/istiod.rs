@@ -430,7 +430,7 @@ impl Istiod {
         let mut last = String::new();
         let request = |version: &str, nonce: &str| {
             let mut r = meshbridge::testing::SotwClient::request(ROUTE_TYPE, &[&name], version, nonce);
-            r.node = Some(gateway_node_proto());
+            r.node = Some(node_proto(GATEWAY_NODE, &GATEWAY_LABELS));
             r
         };
         let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -560,11 +560,6 @@ fn node_proto(id: &str, labels: &[(&str, &str)]) -> envoy_types::pb::envoy::conf
         metadata.fields.insert("NAMESPACE".to_owned(), text(ns));
     }
     Node { id: id.to_owned(), metadata: Some(metadata), ..Default::default() }
-}
-
-/// [`GATEWAY_NODE`] with [`GATEWAY_LABELS`].
-fn gateway_node_proto() -> envoy_types::pb::envoy::config::core::v3::Node {
-    node_proto(GATEWAY_NODE, &GATEWAY_LABELS)
 }
 
 /// Wait (up to 30 s) until `envoy`, fed by `istiod`, answers `path` on

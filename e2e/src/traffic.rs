@@ -129,6 +129,13 @@ pub async fn config_warning(admin_addr: std::net::SocketAddr, object: &str) -> s
     }
 }
 
+/// A `static` registry entry named `name` whose one endpoint is `addr`,
+/// served on port 80 (`name.static:80` to a `destination`), for
+/// [`mcpbridge`].
+pub fn static_registry(name: &str, addr: std::net::SocketAddr) -> String {
+    format!("{{type: static, name: {name}, domain: \"{addr}\", port: 80}}")
+}
+
 /// An Ingress in namespace `shop`, created on 2026-01-`day`, routing
 /// `paths` (Prefix) on `host` to the McpBridge service `destination`, with
 /// more `annotations`.

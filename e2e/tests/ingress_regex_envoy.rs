@@ -14,7 +14,7 @@ use meshbridge_e2e::envoy::Envoy;
 use meshbridge_e2e::gateway::{Gateway, Via};
 use meshbridge_e2e::istiod::Version;
 use meshbridge_e2e::istiod_tests;
-use meshbridge_e2e::traffic::{mcp_ingress, mcpbridge};
+use meshbridge_e2e::traffic::{mcp_ingress, mcpbridge, static_registry};
 
 const HOST: &str = "re.example.com";
 
@@ -53,11 +53,7 @@ async fn regex_paths(via: Via) {
         backends.push(EchoBackend::start("127.0.0.1", name).await.unwrap());
     }
     let dir = tempfile::tempdir().unwrap();
-    let registries: Vec<String> = names
-        .iter()
-        .zip(&backends)
-        .map(|(name, b)| format!("{{type: static, name: {name}, domain: \"{}\", port: 80}}", b.addr))
-        .collect();
+    let registries: Vec<String> = names.iter().zip(&backends).map(|(name, b)| static_registry(name, b.addr)).collect();
     std::fs::write(dir.path().join("mcpbridge.yaml"), mcpbridge(&registries)).unwrap();
     let ingress = |name: &str, day, to: &str, annotations: &[(&str, &str)], path: &str| {
         mcp_ingress(name, day, HOST, &format!("{to}.static:80"), annotations, &[path])

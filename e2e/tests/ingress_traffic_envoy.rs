@@ -23,7 +23,7 @@ use meshbridge_e2e::free_port;
 use meshbridge_e2e::gateway::{Gateway, Via};
 use meshbridge_e2e::istiod::Version;
 use meshbridge_e2e::istiod_tests;
-use meshbridge_e2e::traffic::{config_warning, mcp_ingress, mcpbridge, start_gateway};
+use meshbridge_e2e::traffic::{config_warning, mcp_ingress, mcpbridge, start_gateway, static_registry};
 
 const HOST: &str = "shop.example.com";
 
@@ -76,10 +76,7 @@ async fn mirror_copies_requests_to_a_second_backend_through_envoy() {
     let main = EchoBackend::start("127.0.0.1", "main").await.unwrap();
     let shadow = EchoBackend::start("127.0.0.1", "shadow").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let bridge = mcpbridge(&[
-        format!("{{type: static, name: main, domain: \"{}\", port: 80}}", main.addr),
-        format!("{{type: static, name: shadow, domain: \"{}\", port: 80}}", shadow.addr),
-    ]);
+    let bridge = mcpbridge(&[static_registry("main", main.addr), static_registry("shadow", shadow.addr)]);
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
     std::fs::write(dir.path().join("shop.yaml"), ingresses()).unwrap();
     let gateway_port = free_port();
@@ -183,7 +180,7 @@ async fn source_ranges_allow_and_deny_clients_by_address_through_istiod(version:
 async fn source_ranges(via: Via) {
     let main = EchoBackend::start("127.0.0.1", "main").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let bridge = mcpbridge(&[format!("{{type: static, name: main, domain: \"{}\", port: 80}}", main.addr)]);
+    let bridge = mcpbridge(&[static_registry("main", main.addr)]);
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
     std::fs::write(dir.path().join("shop.yaml"), ranged_ingresses()).unwrap();
     let gw = Gateway::start(dir.path(), via).await.expect("start meshbridge and the gateway");
@@ -235,7 +232,7 @@ async fn source_ranges(via: Via) {
 async fn a_route_limit_answers_429_once_its_tokens_are_spent_through_envoy() {
     let main = EchoBackend::start("127.0.0.1", "main").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let bridge = mcpbridge(&[format!("{{type: static, name: main, domain: \"{}\", port: 80}}", main.addr)]);
+    let bridge = mcpbridge(&[static_registry("main", main.addr)]);
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
     let ingress = |name, day, annotations, path| mcp_ingress(name, day, HOST, "main.static:80", annotations, &[path]);
     let limits = [("higress.io/route-limit-rpm", "2"), ("higress.io/route-limit-burst-multiplier", "1")];

@@ -295,39 +295,37 @@ fn read_rate_limit(get: &mut Lookup<'_>, warn: &mut Warn<'_>) -> Option<LocalRat
     let (rpm, rps, burst) = (get(LIMIT_RPM, false), get(LIMIT_RPS, false), get(LIMIT_BURST, false));
     let multiplier = match burst {
         None => DEFAULT_BURST_MULTIPLIER,
-        Some((key, v)) => match count(&v) {
-            Ok(n) if n > 0 => n,
-            Ok(_) | Err(_) => {
-                warn(&key, PolicyError::Count(clip(&v).into_owned()), "5 used");
-                DEFAULT_BURST_MULTIPLIER
-            }
-        },
+        Some((key, v)) => rate(&v).unwrap_or_else(|| {
+            warn(&key, PolicyError::Count(clip(&v).into_owned()), "5 used");
+            DEFAULT_BURST_MULTIPLIER
+        }),
     };
     for (found, interval) in [(rpm, 60), (rps, 1)] {
         let Some((key, v)) = found else { continue };
-        match count(&v) {
-            Ok(n) if n > 0 => {
-                let Some(max_tokens) = n.checked_mul(multiplier) else {
-                    warn(
-                        &key,
-                        PolicyError::Count(clip(&v).into_owned()),
-                        "too large with its burst multiplier; ignored",
-                    );
-                    continue;
-                };
-                return Some(LocalRateLimit { max_tokens, tokens_per_fill: n, fill_interval_secs: interval });
-            }
-            Ok(_) | Err(_) => warn(&key, PolicyError::Count(clip(&v).into_owned()), "ignored"),
-        }
+        let Some(n) = rate(&v) else {
+            warn(&key, PolicyError::Count(clip(&v).into_owned()), "ignored");
+            continue;
+        };
+        let Some(max_tokens) = n.checked_mul(multiplier) else {
+            warn(&key, PolicyError::Count(clip(&v).into_owned()), "too large with its burst multiplier; ignored");
+            continue;
+        };
+        return Some(LocalRateLimit { max_tokens, tokens_per_fill: n, fill_interval_secs: interval });
     }
     None
 }
 
-/// A whole number from 0 to 4294967295.
-fn count(v: &str) -> Result<u32, PolicyError> {
+/// A rate or a multiplier: a whole number from 1 to 4294967295.
+fn rate(v: &str) -> Option<u32> {
+    whole_number(v).and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0)
+}
+
+/// Digits only (around spaces), as a number; `None` for anything else or
+/// more than a u64 holds.
+fn whole_number(v: &str) -> Option<u64> {
     let t = v.trim();
     let ok = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
-    ok.then(|| t.parse::<u32>().ok()).flatten().ok_or_else(|| PolicyError::Count(clip(v).into_owned()))
+    ok.then(|| t.parse::<u64>().ok()).flatten()
 }
 
 type Warn<'w> = dyn FnMut(&str, PolicyError, &str) + 'w;
@@ -459,21 +457,14 @@ fn bool_value(v: &str) -> Result<bool, PolicyError> {
 /// A whole number of seconds, as Higress's `strconv.Atoi`, but never
 /// negative (Istio rejects a negative duration).
 pub fn seconds(v: &str) -> Result<u64, PolicyError> {
-    let t = v.trim();
-    let ok = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
-    ok.then(|| t.parse::<u64>().ok())
-        .flatten()
-        .filter(|s| *s <= MAX_SECONDS)
-        .ok_or_else(|| PolicyError::Seconds(clip(v).into_owned()))
+    whole_number(v).filter(|s| *s <= MAX_SECONDS).ok_or_else(|| PolicyError::Seconds(clip(v).into_owned()))
 }
 
 /// `proxy-next-upstream-tries`: Istio's `attempts` (an int32).
 pub fn tries(v: &str) -> Result<u32, PolicyError> {
-    let t = v.trim();
-    let ok = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
-    ok.then(|| t.parse::<u32>().ok())
-        .flatten()
-        .filter(|n| *n <= i32::MAX as u32)
+    whole_number(v)
+        .filter(|n| *n <= i32::MAX as u64)
+        .map(|n| n as u32)
         .ok_or_else(|| PolicyError::Tries(clip(v).into_owned()))
 }
 
