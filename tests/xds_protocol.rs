@@ -221,3 +221,37 @@ async fn delta_first_request_with_an_old_streams_nonce_is_answered() {
     let me = status.iter().find(|s| s.types.contains_key(CLUSTER_TYPE)).unwrap();
     assert_eq!(me.types[CLUSTER_TYPE].last_ack, None, "the old stream's nonce acknowledges nothing here");
 }
+
+/// The push window over real gRPC: the stream's timer sends what the window
+/// held back, once, with the newest state, and not before the window ends.
+#[tokio::test]
+async fn sotw_push_window_holds_a_burst_of_cluster_changes_to_one_response() {
+    const WINDOW: Duration = Duration::from_millis(400);
+    let limits = meshbridge::xds::XdsLimits { sotw_push_window: WINDOW, ..Default::default() };
+    let f = XdsFixture::start_with(vec![svc("a.dc1.consul", &["10.0.0.1"])], limits).await;
+    let mut c = SotwClient::connect(f.addr).await.unwrap();
+    c.send(SotwClient::request(CLUSTER_TYPE, &[], "", "")).await;
+    let cds = c.recv().await;
+    c.ack(&cds, &[]).await;
+    // A quiet window: the next change goes out at once.
+    tokio::time::sleep(WINDOW).await;
+    let started = std::time::Instant::now();
+    f.sink.update(Update::Upsert(svc("b.dc1.consul", &["10.0.0.2"])));
+    let first = c.recv().await;
+    let pushed = std::time::Instant::now();
+    assert!(pushed - started < WINDOW, "a lone change waited {:?}", pushed - started);
+    assert_eq!(first.resources.len(), 2);
+    c.ack(&first, &[]).await;
+    // A burst right after it: one response, when the window ends.
+    for host in ["c.dc1.consul", "d.dc1.consul", "e.dc1.consul"] {
+        f.sink.update(Update::Upsert(svc(host, &["10.0.0.3"])));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held = c.recv().await;
+    let waited = pushed.elapsed();
+    assert!(waited >= WINDOW - Duration::from_millis(5), "pushed again after {waited:?}");
+    let names: Vec<String> = held.resources.iter().map(|r| Cluster::decode(r.value.as_slice()).unwrap().name).collect();
+    assert_eq!(names.len(), 5, "the newest state: {names:?}");
+    c.ack(&held, &[]).await;
+    assert!(c.recv_within(WINDOW * 2).await.is_none(), "nothing more");
+}

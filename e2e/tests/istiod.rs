@@ -33,6 +33,7 @@ use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::route::v3::route_action::ClusterSpecifier;
 use envoy_types::pb::envoy::config::route::v3::{RouteAction, RouteConfiguration, route};
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+use futures::StreamExt;
 use meshbridge::run::{App, RunArgs};
 use meshbridge_e2e::apiserver::ApiServer;
 use meshbridge_e2e::backend::Backend;
@@ -210,6 +211,8 @@ istiod_tests!(
     envoy_on_istiod_gets_the_registry_service_and_follows_changes,
     #[ignore = "a figure at 1k services (about a minute; 10k about 6 min); run with --ignored"]
     figure_change_latency_through_istiod_at_1k_services,
+    #[ignore = "a figure: churn at 10 and 50 changes a second for 60 s each (1k services: about 4 min); run with --ignored"]
+    figure_churn_through_istiod,
 );
 
 async fn registry_service_and_ingress_reach_istiod_over_mcp(version: Version) {
@@ -353,10 +356,15 @@ async fn envoy_on_istiod_gets_the_registry_service_and_follows_changes(version: 
 /// MCP bytes meshbridge has sent so far (`meshbridge_xds_push_bytes_total`
 /// of every Istio collection).
 async fn mcp_bytes_sent(app: &App) -> f64 {
+    mcp_sum(app, "meshbridge_xds_push_bytes_total").await
+}
+
+/// A counter of meshbridge's summed over the Istio collections.
+async fn mcp_sum(app: &App, metric: &str) -> f64 {
     let url = format!("http://{}/metrics", app.admin_addr);
     let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
     let samples = meshbridge::testing::exposition::parse(&text).unwrap();
-    let mcp = samples.iter().filter(|s| s.name == "meshbridge_xds_push_bytes_total");
+    let mcp = samples.iter().filter(|s| s.name == metric);
     mcp.filter(|s| s.labels.get("type_url").is_some_and(|t| !t.starts_with("type.googleapis.com/")))
         .map(|s| s.value)
         .sum()
@@ -372,6 +380,37 @@ async fn first_answer_from(envoy: &Envoy, backend: &str, since: Instant) -> Dura
         }
         assert!(since.elapsed() < CHANGE_DEADLINE, "{backend} never answered\n{}", envoy.log());
         tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// What the figures measure through: istiod on meshbridge, an Envoy on
+/// istiod's xDS as the gateway and one on meshbridge's own ADS, both
+/// carrying traffic to `web` on `backend-1`.
+struct Figure {
+    istiod: Istiod,
+    via_istiod: Envoy,
+    direct: Envoy,
+    _api: ApiServer,
+}
+
+impl Figure {
+    async fn start(app: &App, version: Version) -> Figure {
+        let api = ApiServer::start().await.expect("start kube-apiserver");
+        let started = Instant::now();
+        let options = Options { version, upstream_envoy: true, stock_gateway_listeners: false };
+        let istiod =
+            Istiod::start(&api, app.xds_addr, options).await.unwrap_or_else(|e| panic!("start {version}: {e:#}"));
+        println!("{version} ready in {:?}", started.elapsed());
+        let node = Node {
+            id: format!("router~192.0.2.10~{GATEWAY_ID}~higress-system.svc.cluster.local"),
+            cluster: "higress-gateway".into(),
+            metadata: Some("{ LABELS: { higress: higress-system-higress-gateway } }".into()),
+        };
+        let via_istiod = Envoy::start_as(&node, istiod.grpc_addr, AdsMode::Sotw, CLUSTER).await.expect("start envoy");
+        let direct = Envoy::start(app.xds_addr, AdsMode::Delta, CLUSTER).await.expect("start envoy");
+        wait_for_traffic(&via_istiod, 200, &["backend-1"], &format!("through {version}")).await;
+        wait_for_traffic(&direct, 200, &["backend-1"], "direct").await;
+        Figure { istiod, via_istiod, direct, _api: api }
     }
 }
 
@@ -407,22 +446,7 @@ async fn figure_change_latency_through_istiod_at_1k_services(version: Version) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("mcpbridge.yaml"), config(&consul)).unwrap();
     let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
-    let api = ApiServer::start().await.expect("start kube-apiserver");
-    let started = Instant::now();
-    let istiod =
-        Istiod::start(&api, app.xds_addr, Options { version, upstream_envoy: true, stock_gateway_listeners: false })
-            .await
-            .unwrap_or_else(|e| panic!("start {version}: {e:#}"));
-    println!("{version} ready in {:?}", started.elapsed());
-    let node = Node {
-        id: format!("router~192.0.2.10~{GATEWAY_ID}~higress-system.svc.cluster.local"),
-        cluster: "higress-gateway".into(),
-        metadata: Some("{ LABELS: { higress: higress-system-higress-gateway } }".into()),
-    };
-    let via_istiod = Envoy::start_as(&node, istiod.grpc_addr, AdsMode::Sotw, CLUSTER).await.expect("start envoy");
-    let direct = Envoy::start(app.xds_addr, AdsMode::Delta, CLUSTER).await.expect("start envoy");
-    wait_for_traffic(&via_istiod, 200, &["backend-1"], &format!("through {version}")).await;
-    wait_for_traffic(&direct, 200, &["backend-1"], "direct").await;
+    let Figure { istiod, via_istiod, direct, .. } = &Figure::start(&app, version).await;
     let clusters = via_istiod.admin("/clusters").await.unwrap();
     let count = clusters.lines().filter(|l| l.contains("::observability_name::")).count();
     assert!(count > services, "Envoy on {version} has {count} clusters");
@@ -434,7 +458,7 @@ async fn figure_change_latency_through_istiod_at_1k_services(version: Version) {
         let (to, name) = if i % 2 == 0 { (&b2, "backend-2") } else { (&b1, "backend-1") };
         let t0 = Instant::now();
         consul.register(instance("web-1", to)).await.unwrap();
-        let (a, b) = tokio::join!(first_answer_from(&via_istiod, name, t0), first_answer_from(&direct, name, t0));
+        let (a, b) = tokio::join!(first_answer_from(via_istiod, name, t0), first_answer_from(direct, name, t0));
         through.push(a);
         straight.push(b);
         // Let istiod's debounce window close before the next change.
@@ -453,4 +477,204 @@ async fn figure_change_latency_through_istiod_at_1k_services(version: Version) {
         cpu * 1e3 / CHANGES as f64,
         bytes / 1024.0 / CHANGES as f64,
     );
+}
+
+/// The node the churn figure's instances are on: a catalog node of its
+/// own, so that registering and flipping them is one catalog write each
+/// (the agent's own registrations resync every service of the agent, which
+/// makes 10,000 of them take many minutes).
+const FIGURE_NODE: &str = "figure";
+
+/// A catalog entry: instance `id` of service `name` on `addr` on
+/// [`FIGURE_NODE`], with a check `passing` or `critical`.
+fn checked(id: &str, name: &str, addr: std::net::SocketAddr, passing: bool) -> Value {
+    let mut entry = check_entry(id, passing);
+    entry["Service"] = json!({ "ID": id, "Service": name, "Address": addr.ip().to_string(), "Port": addr.port() });
+    entry
+}
+
+/// A catalog write that sets the check of instance `id` alone.
+fn check_entry(id: &str, passing: bool) -> Value {
+    json!({
+        "Node": FIGURE_NODE,
+        "Address": "127.0.0.1",
+        "SkipNodeUpdate": true,
+        "Check": {
+            "Node": FIGURE_NODE,
+            "CheckID": format!("{id}-check"),
+            "Name": "figure",
+            "ServiceID": id,
+            "Status": if passing { "passing" } else { "critical" },
+        },
+    })
+}
+
+/// Poll `GET /` through `envoy` every 2 ms until `backend` answers, for at
+/// most `deadline`.
+async fn answer_within(envoy: &Envoy, backend: &str, since: Instant, deadline: Duration) -> Option<Duration> {
+    while since.elapsed() < deadline {
+        if let Ok((200, body)) = envoy.get("/").await
+            && body == backend
+        {
+            return Some(since.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    None
+}
+
+/// A figure, not a check (issue 36 item 4): churn through istiod. With N
+/// Consul services of one instance each, with a check of its own (default 1,000;
+/// `MESHBRIDGE_ISTIOD_FIGURE_SERVICES=10000`), a seeded writer fails the
+/// checks of random services and passes them again about a second later, R
+/// writes a second for S seconds (each removes or adds an endpoint, so a
+/// ServiceEntry changes), for each R
+/// in `MESHBRIDGE_ISTIOD_CHURN_RATES` (default `10,50`) and S in
+/// `MESHBRIDGE_ISTIOD_CHURN_SECS` (default 60). Meanwhile a marker service,
+/// `web`, moves between two backends (its two instances' checks swap), and
+/// each move is timed to the first answer from the new backend through an
+/// Envoy on istiod's xDS and through one on meshbridge's own ADS: the lag
+/// of Envoy behind the registry under that churn. Also istiod's CPU, and
+/// the MCP responses and bytes meshbridge sent, over each churn window.
+/// meshbridge's SotW push window is `MESHBRIDGE_ISTIOD_CHURN_WINDOW`
+/// (default 500ms, the flag's default; `0s` turns it off).
+async fn figure_churn_through_istiod(version: Version) {
+    let var = |key: &str, default: &str| std::env::var(key).unwrap_or_else(|_| default.to_owned());
+    let services: usize = var("MESHBRIDGE_ISTIOD_FIGURE_SERVICES", "1000").parse().expect("services");
+    let rates: Vec<u64> =
+        var("MESHBRIDGE_ISTIOD_CHURN_RATES", "10,50").split(',').map(|r| r.trim().parse().expect("rate")).collect();
+    let secs: u64 = var("MESHBRIDGE_ISTIOD_CHURN_SECS", "60").parse().expect("seconds");
+    let window = var("MESHBRIDGE_ISTIOD_CHURN_WINDOW", "500ms");
+    let window = meshbridge::time::parse_duration(&window).expect("window");
+    const LAG_DEADLINE: Duration = Duration::from_secs(60);
+
+    let b1 = Backend::start("127.0.0.1", "backend-1").await.unwrap();
+    let b2 = Backend::start("127.0.0.1", "backend-2").await.unwrap();
+    let consul = Consul::start().await.expect("start consul");
+    let started = Instant::now();
+    let filler = |i: usize| {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 20000 + (i % 40000) as u16));
+        checked(&format!("svc-{i:05}"), &format!("svc-{i:05}"), addr, true)
+    };
+    let registered: Vec<anyhow::Result<()>> = futures::stream::iter(0..services)
+        .map(|i| consul.catalog_register(filler(i)))
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    registered.into_iter().collect::<anyhow::Result<()>>().expect("register the services");
+    consul.catalog_register(checked("web-1", "web", b1.addr, true)).await.unwrap();
+    consul.catalog_register(checked("web-2", "web", b2.addr, false)).await.unwrap();
+    println!("registered {services} services in {:?}", started.elapsed());
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mcpbridge.yaml"), config(&consul)).unwrap();
+    let xds = meshbridge::xds::XdsLimits { sotw_push_window: window, ..Default::default() };
+    let app = App::launch(meshbridge::run::RunCommand {
+        args: RunArgs::loopback(dir.path()),
+        admin: Default::default(),
+        gateway: Default::default(),
+        lifecycle: Default::default(),
+        xds,
+        kube: Default::default(),
+    })
+    .await
+    .expect("start meshbridge");
+    let Figure { istiod, via_istiod, direct, .. } = &Figure::start(&app, version).await;
+    let proc = meshbridge_e2e::bench::procfs::Proc::pid(istiod.pid().unwrap());
+
+    let mut rng = meshbridge_e2e::convergence::Rng::new(1);
+    let mut web_on_1 = true;
+    for rate in rates {
+        // Let the sync and the last round's pushes settle.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (cpu0, bytes0) = (proc.cpu(), mcp_bytes_sent(&app).await);
+        let pushes0 = mcp_sum(&app, "meshbridge_xds_pushes_total").await;
+        let churn_started = Instant::now();
+        // Instances fail and pass again a second later, as in a rolling
+        // restart: about `rate / 2` failing at a time (what Consul lists as
+        // critical, and the watcher reads per check change, stays small).
+        let mut failing = std::collections::VecDeque::new();
+        let flips: Vec<(usize, bool)> = (0..rate * secs)
+            .map(|_| {
+                if failing.len() as u64 >= (rate / 2).max(1) {
+                    return (failing.pop_front().expect("failing"), true);
+                }
+                let i = loop {
+                    let i = rng.index(services);
+                    if !failing.contains(&i) {
+                        break i;
+                    }
+                };
+                failing.push_back(i);
+                (i, false)
+            })
+            .collect();
+        // Each write starts on its tick, up to 16 in flight, so a slow
+        // answer from Consul does not lower the rate.
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let tick = &tokio::sync::Mutex::new(tick);
+        let consul = &consul;
+        let writer = async {
+            let writes = futures::stream::iter(&flips).map(|(i, pass)| async move {
+                tick.lock().await.tick().await;
+                consul.catalog_register(check_entry(&format!("svc-{i:05}"), *pass)).await.expect("flip a check");
+            });
+            writes.buffer_unordered(16).collect::<Vec<()>>().await;
+            churn_started.elapsed()
+        };
+        let marker = async {
+            let (mut through, mut straight, mut missed) = (Vec::new(), Vec::new(), 0usize);
+            while churn_started.elapsed() < Duration::from_secs(secs) {
+                let (to, from, name) =
+                    if web_on_1 { ("web-2", "web-1", "backend-2") } else { ("web-1", "web-2", "backend-1") };
+                let t0 = Instant::now();
+                consul.catalog_register(check_entry(to, true)).await.unwrap();
+                consul.catalog_register(check_entry(from, false)).await.unwrap();
+                web_on_1 = !web_on_1;
+                let (a, b) = tokio::join!(
+                    answer_within(via_istiod, name, t0, LAG_DEADLINE),
+                    answer_within(direct, name, t0, LAG_DEADLINE)
+                );
+                match a {
+                    Some(a) => through.push(a),
+                    None => missed += 1,
+                }
+                straight.extend(b);
+                // The old backend gone before the next move, so that the
+                // next move's first answer cannot come from a stale endpoint.
+                let mut run = 0;
+                while run < 5 && t0.elapsed() < LAG_DEADLINE {
+                    run = match via_istiod.get("/").await {
+                        Ok((200, body)) if body == name => run + 1,
+                        _ => 0,
+                    };
+                }
+            }
+            (through, straight, missed)
+        };
+        let (wrote, (mut through, mut straight, missed)) = tokio::join!(writer, marker);
+        let elapsed = churn_started.elapsed().as_secs_f64();
+        let cpu = proc.cpu() - cpu0;
+        let bytes = mcp_bytes_sent(&app).await - bytes0;
+        let pushes = mcp_sum(&app, "meshbridge_xds_pushes_total").await - pushes0;
+        through.sort();
+        straight.sort();
+        assert!(!through.is_empty(), "no move of web reached Envoy through {version}");
+        println!(
+            "FIGURE istiod_churn istiod={} services={services} window_ms={} rate={rate} wrote_s={:.1} moves={} missed={missed} lag_p50_ms={:.0} lag_p99_ms={:.0} lag_max_ms={:.0} direct_p50_ms={:.0} direct_p99_ms={:.0} istiod_cpu_share={:.2} mcp_responses_per_s={:.1} mcp_mb_per_s={:.2}",
+            version.release(),
+            window.as_millis(),
+            wrote.as_secs_f64(),
+            through.len(),
+            percentile(&through, 0.5),
+            percentile(&through, 0.99),
+            percentile(&through, 1.0),
+            percentile(&straight, 0.5),
+            percentile(&straight, 0.99),
+            cpu / elapsed,
+            pushes / elapsed,
+            bytes / elapsed / 1e6,
+        );
+    }
 }

@@ -75,6 +75,11 @@ pub struct XdsLimits {
     /// A connection without an open stream for this long is closed.
     #[arg(long = "xds-idle-timeout", env = "MESHBRIDGE_XDS_IDLE_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     pub idle_timeout: Duration,
+    /// A state-of-the-world stream pushes each full-state type (every MCP
+    /// collection to istiod, CDS and LDS) at most once per this window; the
+    /// first change after a quiet window goes out at once. 0s: no window.
+    #[arg(long = "xds-sotw-push-window", env = "MESHBRIDGE_XDS_SOTW_PUSH_WINDOW", default_value = "500ms", value_parser = parse_duration)]
+    pub sotw_push_window: Duration,
     /// TLS and mTLS (not a limit, but the same server's flags).
     #[command(flatten)]
     pub tls: XdsTlsArgs,
@@ -92,6 +97,7 @@ impl Default for XdsLimits {
             max_connection_age_grace: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(5 * 60),
+            sotw_push_window: Duration::from_millis(500),
             tls: Default::default(),
         }
     }

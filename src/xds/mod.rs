@@ -119,6 +119,11 @@ pub trait StreamState: Send + 'static {
     fn check(&self, req: &Self::Req) -> Result<(), limits::RequestRefused>;
     fn on_request(&mut self, req: &Self::Req, set: &ConfigSet) -> Vec<Self::Resp>;
     fn on_change(&mut self, set: &ConfigSet) -> Vec<Self::Resp>;
+    /// When a change waiting for its push window may go out: the stream
+    /// then calls [`StreamState::on_change`] with the newest config.
+    fn due(&self) -> Option<tokio::time::Instant> {
+        None
+    }
 }
 
 impl StreamState for sotw::SotwStream {
@@ -133,6 +138,9 @@ impl StreamState for sotw::SotwStream {
     }
     fn on_change(&mut self, set: &ConfigSet) -> Vec<SotwResponse> {
         sotw::SotwStream::on_change(self, set)
+    }
+    fn due(&self) -> Option<tokio::time::Instant> {
+        sotw::SotwStream::due(self)
     }
 }
 
@@ -166,7 +174,8 @@ fn check_type_count(known: bool, count: usize) -> Result<(), limits::RequestRefu
 /// (one per type) plus the one in the channel: while any is unsent, no
 /// request is read and no config change is looked at. Changes coalesce in
 /// the watch channel, so once the client reads again it gets the newest
-/// state, never a backlog.
+/// state, never a backlog. A change a push window holds back goes out when
+/// the window ends ([`StreamState::due`]).
 async fn drive<S: StreamState>(
     mut state: S,
     mut inbound: Requests<S::Req>,
@@ -183,6 +192,7 @@ async fn drive<S: StreamState>(
             }
             continue;
         }
+        let due = state.due();
         let out = tokio::select! {
             msg = inbound.next() => match msg {
                 Some(Ok(req)) => {
@@ -206,6 +216,10 @@ async fn drive<S: StreamState>(
             },
             changed = config.changed() => {
                 if changed.is_err() { break }
+                let set = config.borrow_and_update().clone();
+                state.on_change(&set)
+            }
+            _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
                 let set = config.borrow_and_update().clone();
                 state.on_change(&set)
             }
@@ -314,7 +328,9 @@ impl AdsServer {
     fn sotw(&self, request: Request<Requests<SotwRequest>>) -> Result<Response<BoxStream<SotwResponse>>, Status> {
         self.refuse_if_draining()?;
         let info = conn_info(&request);
-        Ok(Response::new(self.open("sotw", info, request.into_inner(), sotw::SotwStream::new)?))
+        let window = self.limits.sotw_push_window;
+        let state = move |client| sotw::SotwStream::with_window(client, window);
+        Ok(Response::new(self.open("sotw", info, request.into_inner(), state)?))
     }
 
     fn delta(

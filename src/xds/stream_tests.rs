@@ -411,3 +411,96 @@ fn sotw_eds_answers_a_cluster_it_does_not_have_with_no_endpoints() {
     let mut s3 = SotwStream::new(clients.connect("test", "sotw3"));
     assert_eq!(sent_names(&s3.on_request(&eds_req(&["*"], ""), &set)), ["a1"]);
 }
+
+/// A whole-type (full-state) response's cluster bodies.
+fn cds_bodies(out: &[SotwResponse]) -> Vec<String> {
+    let cds = out.iter().filter(|r| r.type_url == CLUSTER_TYPE);
+    let mut v: Vec<String> =
+        cds.flat_map(|r| r.decoded().resources).map(|a| String::from_utf8_lossy(&a.value).into_owned()).collect();
+    v.sort();
+    v
+}
+
+/// `set` with cluster `name`'s body replaced, as the publisher's next set.
+fn with_cluster(prev: &ConfigSet, name: &str, body: &str) -> ConfigSet {
+    let mut set = ConfigSet { revision: prev.revision + 1, envoy: prev.envoy.clone(), ..Default::default() };
+    set.envoy.get_mut(CLUSTER_TYPE).expect("cds").insert(set.revision, res(name, body));
+    set
+}
+
+#[tokio::test(start_paused = true)]
+async fn sotw_push_window_sends_a_full_state_type_at_most_once_per_window() {
+    use std::time::Duration;
+    use tokio::time::{Instant, advance};
+    const WINDOW: Duration = Duration::from_millis(500);
+    let clients = Clients::new();
+    let mut s = SotwStream::with_window(clients.connect("test", "sotw"), WINDOW);
+    let set = with_cluster(&small(&[("a", "a1")]), "x", "x1");
+    let cds = s.on_request(&DiscoveryRequest { type_url: CLUSTER_TYPE.into(), ..Default::default() }, &set);
+    let eds = s.on_request(&eds_req(&["a"], ""), &set);
+    assert!(s.on_request(&cds[0].ack(&[]), &set).is_empty());
+    assert!(s.on_request(&eds_req(&["a"], &eds[0].nonce), &set).is_empty());
+    assert_eq!(s.due(), None, "nothing waits");
+
+    // A lone change after a quiet window goes out at once.
+    advance(WINDOW * 2).await;
+    let set = with_cluster(&set, "x", "x2");
+    let out = s.on_change(&set);
+    assert_eq!(cds_bodies(&out), ["x2"]);
+    let pushed = Instant::now();
+    assert!(s.on_request(&out[0].ack(&[]), &set).is_empty());
+
+    // Two more within the window: nothing goes out, and the stream says when.
+    advance(Duration::from_millis(100)).await;
+    let set = with_cluster(&set, "x", "x3");
+    assert!(s.on_change(&set).is_empty());
+    assert_eq!(s.due(), Some(pushed + WINDOW));
+    advance(Duration::from_millis(100)).await;
+    let set = with_cluster(&set, "y", "y1");
+    assert!(s.on_change(&set).is_empty());
+    // Endpoints (not a full-state type) are not held by the window.
+    let set = edit(&set, |t, rev| {
+        t.insert(rev, res("a", "a2"));
+    });
+    let out = s.on_change(&set);
+    assert_eq!(out.iter().map(|r| r.type_url.as_str()).collect::<Vec<_>>(), [ENDPOINT_TYPE]);
+    assert_eq!(sent_names(&out), ["a2"]);
+    assert!(s.on_request(&eds_req(&["a"], &out[0].nonce), &set).is_empty());
+    assert_eq!(s.due(), Some(pushed + WINDOW), "the held clusters still wait");
+
+    // Still inside the window: a call early changes nothing.
+    advance(Duration::from_millis(299)).await;
+    assert!(s.on_change(&set).is_empty());
+    // When the window ends: one response with the newest state.
+    advance(Duration::from_millis(1)).await;
+    let out = s.on_change(&set);
+    assert_eq!(cds_bodies(&out), ["x3", "y1"]);
+    assert_eq!(s.due(), None);
+    let pushed = Instant::now();
+
+    // A change held for the client's answer, which comes inside the
+    // window: it waits for the window, not only for the answer.
+    let set = with_cluster(&set, "x", "x4");
+    assert!(s.on_change(&set).is_empty(), "unanswered");
+    assert_eq!(s.due(), None, "waits for the answer first");
+    advance(Duration::from_millis(50)).await;
+    assert!(s.on_request(&out[0].ack(&[]), &set).is_empty(), "inside the window");
+    assert_eq!(s.due(), Some(pushed + WINDOW));
+    advance(WINDOW).await;
+    assert_eq!(cds_bodies(&s.on_change(&set)), ["x4", "y1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sotw_without_a_push_window_sends_each_answered_change_at_once() {
+    let clients = Clients::new();
+    let mut s = SotwStream::new(clients.connect("test", "sotw"));
+    let mut set = with_cluster(&small(&[]), "x", "x1");
+    let mut out = s.on_request(&DiscoveryRequest { type_url: CLUSTER_TYPE.into(), ..Default::default() }, &set);
+    for i in 2..5 {
+        assert!(s.on_request(&out[0].ack(&[]), &set).is_empty());
+        set = with_cluster(&set, "x", &format!("x{i}"));
+        out = s.on_change(&set);
+        assert_eq!(cds_bodies(&out), [format!("x{i}")]);
+        assert_eq!(s.due(), None);
+    }
+}
