@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 
 use meshbridge_registries::clip;
 
+use super::fallback::{Fallback, read_fallback};
 use super::syntax::{is_token, parse_bool};
 use super::traffic::{Mirror, read_mirror, read_source_ranges};
 use crate::translate::model::{
@@ -101,6 +102,9 @@ pub struct RoutePolicy {
     /// `route-limit-rpm` / `-rps` with `-burst-multiplier`: the standalone
     /// gateway's only.
     pub rate_limit: Option<LocalRateLimit>,
+    /// `default-backend` with `custom-http-errors`: the standalone
+    /// gateway's only (see `fallback.rs`).
+    pub default_backend: Option<Fallback>,
 }
 
 impl RoutePolicy {
@@ -285,6 +289,7 @@ pub fn read(get: &mut Lookup<'_>, warnings: &mut Vec<String>) -> RoutePolicy {
     out.rate_limit = read_rate_limit(get, &mut warn);
     out.mirror = read_mirror(get, warnings);
     out.source_ranges = read_source_ranges(get, warnings);
+    out.default_backend = read_fallback(get, warnings);
     out
 }
 
