@@ -98,6 +98,12 @@ fn a_default_backend_is_an_aggregate_cluster_and_a_custom_response_policy() {
     let out =
         run(&[http_gateway(), with_default_backend("api.dc1.consul", None, &[404, 503], ("web.dc1.consul", 8080))]);
     assert_eq!(texts(&out.warnings), Vec::<String>::new());
+    // `meshbridge translate --envoy` reads every message, nested ones too.
+    for r in out.clusters.iter().chain(&out.routes).chain(&out.listeners) {
+        let json = meshbridge_proto::envoy::to_json(r.body.type_url(), &r.body.value())
+            .unwrap_or_else(|e| panic!("{}: {e}", r.name));
+        assert!(json.to_string().contains("envoy"), "{json}");
+    }
     let aggregate = format!("default-backend|{WEB}|{API}");
     let cluster: Cluster = decode(out.clusters.iter().find(|c| *c.name == aggregate).expect("the aggregate cluster"));
     let Some(envoy_types::pb::envoy::config::cluster::v3::cluster::ClusterDiscoveryType::ClusterType(t)) =
