@@ -20,6 +20,7 @@
 
 use meshbridge_registries::clip;
 
+use super::syntax::whole_number;
 use super::traffic::Lookup;
 use crate::model::ingress::{MirrorTarget, TargetError, service_target};
 
@@ -93,10 +94,7 @@ pub fn read_fallback(get: &mut Lookup<'_>, warnings: &mut Vec<String>) -> Option
 
 /// An error status code, 400 to 599.
 fn status(entry: &str) -> Result<u16, FallbackError> {
-    if !entry.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(FallbackError::NotCode(clip(entry).into_owned()));
-    }
-    let code: u64 = entry.parse().map_err(|_| FallbackError::NotCode(clip(entry).into_owned()))?;
+    let code = whole_number(entry).ok_or_else(|| FallbackError::NotCode(clip(entry).into_owned()))?;
     match u16::try_from(code) {
         Ok(c @ 400..=599) => Ok(c),
         _ => Err(FallbackError::Range(code)),

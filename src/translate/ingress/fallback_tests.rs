@@ -152,3 +152,26 @@ fn bad_default_backends_and_codes_are_reported_and_left_out() {
     );
     assert!(warnings.iter().all(|w| !w.starts_with("ignored_annotation")), "{warnings:#?}");
 }
+
+/// No value of either annotation makes the reader panic, and what it
+/// keeps is always within the rules.
+#[test]
+fn arbitrary_input_never_panics() {
+    use super::fallback::read_fallback;
+    const ALPHABET: &[&str] =
+        &["errors", "ns", "/", ":", "80", "0", ".", ",", " ", "4", "5", "9", "99999999999", "-", "é", "\0", "static"];
+    let inputs: Vec<String> = super::syntax::random_inputs(ALPHABET, 0x9e37_79b9_7f4a_7c15, 5_000, 8).collect();
+    for pair in inputs.chunks(2) {
+        let [backend, codes] = pair else { continue };
+        let mut get = |key: &str, _: bool| match key {
+            "default-backend" => Some((format!("higress.io/{key}"), backend.clone())),
+            "custom-http-errors" => Some((format!("higress.io/{key}"), codes.clone())),
+            _ => None,
+        };
+        let mut warnings = Vec::new();
+        if let Some(f) = read_fallback(&mut get, &mut warnings) {
+            assert!(f.codes.iter().all(|c| (400..=599).contains(c)), "{codes:?}: {:?}", f.codes);
+            assert!(f.codes.windows(2).all(|w| w[0] < w[1]), "{codes:?}: {:?}", f.codes);
+        }
+    }
+}
