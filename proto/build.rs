@@ -33,16 +33,20 @@ const ENVOY_FILES: &[&str] = &[
     "envoy/config/endpoint/v3/endpoint.proto",
     "envoy/config/listener/v3/listener.proto",
     "envoy/config/route/v3/route.proto",
+    "envoy/extensions/clusters/aggregate/v3/cluster.proto",
     "envoy/extensions/filters/http/cors/v3/cors.proto",
+    "envoy/extensions/filters/http/custom_response/v3/custom_response.proto",
     "envoy/extensions/filters/http/rbac/v3/rbac.proto",
     "envoy/extensions/filters/http/local_ratelimit/v3/local_rate_limit.proto",
     "envoy/extensions/filters/http/router/v3/router.proto",
     "envoy/extensions/filters/listener/tls_inspector/v3/tls_inspector.proto",
     "envoy/extensions/filters/network/http_connection_manager/v3/http_connection_manager.proto",
     "envoy/extensions/filters/network/tcp_proxy/v3/tcp_proxy.proto",
+    "envoy/extensions/http/custom_response/redirect_policy/v3/redirect_policy.proto",
     "envoy/extensions/transport_sockets/tls/v3/secret.proto",
     "envoy/extensions/transport_sockets/tls/v3/tls.proto",
     "envoy/extensions/upstreams/http/v3/http_protocol_options.proto",
+    "envoy/type/matcher/v3/status_code_input.proto",
 ];
 
 /// Where envoy-types keeps each proto tree, under its `proto/`.

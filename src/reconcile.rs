@@ -57,7 +57,8 @@ struct Running {
 
 /// Hosts the routes reference, ASCII-lowercased: every host named by a
 /// `higress.io/destination` annotation, and every registry service a
-/// mirror annotation names, of any Ingress given, whatever its class (over-selecting costs only a read; an Ingress of another class
+/// mirror or `default-backend` annotation names, of any Ingress given,
+/// whatever its class (over-selecting costs only a read; an Ingress of another class
 /// routes nothing). An annotation that does not parse references nothing
 /// (its routes are rejected too).
 pub fn referenced_hosts(ingresses: &[IngressDoc]) -> Referenced {
@@ -67,7 +68,7 @@ pub fn referenced_hosts(ingresses: &[IngressDoc]) -> Referenced {
         if let Some(Ok(list)) = ingress.metadata.destination() {
             hosts.extend(list.iter().map(|d| d.host.to_ascii_lowercase()));
         }
-        hosts.extend(ingress.metadata.mirror_registry_service().map(|h| h.to_ascii_lowercase()));
+        hosts.extend(ingress.metadata.annotated_registry_services().iter().map(|h| h.to_ascii_lowercase()));
     }
     Arc::new(hosts)
 }
@@ -273,7 +274,7 @@ mod tests {
     }
 
     #[test]
-    fn referenced_hosts_come_from_destination_and_mirror_annotations() {
+    fn referenced_hosts_come_from_destination_mirror_and_default_backend_annotations() {
         let ing = |name: &str, dest: Option<&str>| {
             let mut annotations = serde_json::Map::new();
             if let Some(d) = dest {
@@ -284,7 +285,10 @@ mod tests {
                 // A registry service; a Kubernetes Service (no dot); one the
                 // FQDN annotation overrides.
                 "a" => annotations.insert(mirror("mirror-target-service"), "Shadow.static:80".into()),
-                "b" => annotations.insert(mirror("mirror-target-service"), "shop/shadow".into()),
+                "b" => {
+                    annotations.insert("higress.io/default-backend".into(), "Errors.static".into());
+                    annotations.insert(mirror("mirror-target-service"), "shop/shadow".into())
+                }
                 "c" => {
                     annotations.insert(mirror("mirror-target-fqdn"), "x.example.com".into());
                     annotations.insert(mirror("mirror-target-service"), "ignored.static".into())
@@ -300,8 +304,13 @@ mod tests {
             ing("c", None),
             ing("d", Some("150% broken.dc1.consul")),
         ]);
-        let want: Vec<&str> =
-            vec!["api.dc1.consul", "pay.dc1.consul", "shadow.static", "web.default-group.public.nacos"];
+        let want: Vec<&str> = vec![
+            "api.dc1.consul",
+            "errors.static",
+            "pay.dc1.consul",
+            "shadow.static",
+            "web.default-group.public.nacos",
+        ];
         assert_eq!(got.iter().map(String::as_str).collect::<Vec<_>>(), want);
     }
 

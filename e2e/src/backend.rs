@@ -85,7 +85,8 @@ type Hits = Arc<Mutex<BTreeMap<String, u32>>>;
 /// head's lines (header names lowercased); each answer carries
 /// `x-powered-by: echo` and `x-backend: {name}`. By path:
 /// - `…/slow…`: answers after 3 s;
-/// - `…/flaky…`: the first request for each path gets a 503, later ones 200.
+/// - `…/flaky…`: the first request for each path gets a 503, later ones 200;
+/// - `…/status/NNN…`: answers with status NNN.
 ///
 /// It counts the requests each path got.
 pub struct EchoBackend {
@@ -128,7 +129,12 @@ async fn echo_answer(name: &str, head: &str, counts: &Mutex<BTreeMap<String, u32
     if path.contains("/slow") {
         tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     }
-    let status = if path.contains("/flaky") && n == 1 { "503 Service Unavailable" } else { "200 OK" };
+    let asked = path.split_once("/status/").and_then(|(_, rest)| rest.get(..3)).filter(|c| c.parse::<u16>().is_ok());
+    let status = match asked {
+        Some(code) => format!("{code} Asked For"),
+        None if path.contains("/flaky") && n == 1 => "503 Service Unavailable".into(),
+        None => "200 OK".into(),
+    };
     let mut body = format!("{name}\n{request_line}\n");
     for line in lines {
         let (k, v) = line.split_once(':').unwrap_or((line, ""));

@@ -4,7 +4,8 @@
 //! from the Service's EndpointSlices, as kube-proxy reads them.
 //!
 //! - **What is read.** Only the Services Ingresses reference (a path's or
-//!   the default backend's `service`, a `mirror-target-service` naming one),
+//!   the default backend's `service`, a `mirror-target-service` or a
+//!   `default-backend` annotation naming one),
 //!   in their namespaces: one watch on Services and one on EndpointSlices
 //!   per such namespace, started and stopped as the Ingresses change.
 //! - **Ports** as kube-proxy maps them: a Service port is matched to the
@@ -78,7 +79,7 @@ pub fn referenced(ingresses: &[IngressDoc]) -> BTreeMap<String, BTreeSet<String>
                 add(&doc.namespace, &svc.name);
             }
         }
-        if let Some((ns, name)) = ing.metadata.mirror_kubernetes_service(&doc.namespace) {
+        for (ns, name) in ing.metadata.annotated_kubernetes_services(&doc.namespace) {
             add(&ns, &name);
         }
     }

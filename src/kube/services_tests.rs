@@ -115,7 +115,7 @@ fn fqdn_slices_give_no_endpoints_and_duplicates_count_once() {
 }
 
 #[test]
-fn referenced_services_are_the_backends_and_mirrors_of_the_ingresses() {
+fn referenced_services_are_the_backends_mirrors_and_default_backends_of_the_ingresses() {
     let yaml = r#"
 apiVersion: networking.k8s.io/v1
 kind: Ingress
@@ -124,6 +124,7 @@ metadata:
   namespace: shop
   annotations:
     higress.io/mirror-target-service: audit/recorder:8080
+    nginx.ingress.kubernetes.io/default-backend: errors
 spec:
   defaultBackend: {service: {name: fallback, port: {number: 80}}}
   rules:
@@ -139,6 +140,7 @@ spec:
         flat,
         [
             ("audit".to_string(), "recorder".to_string()),
+            ("shop".to_string(), "errors".to_string()),
             ("shop".to_string(), "fallback".to_string()),
             ("shop".to_string(), "web".to_string())
         ]

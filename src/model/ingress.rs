@@ -343,36 +343,43 @@ const MIRROR_TARGET_SERVICE_KEYS: [&str; 2] =
     ["higress.io/mirror-target-service", "nginx.ingress.kubernetes.io/mirror-target-service"];
 const MIRROR_TARGET_FQDN_KEYS: [&str; 2] =
     ["higress.io/mirror-target-fqdn", "nginx.ingress.kubernetes.io/mirror-target-fqdn"];
+/// `default-backend`, read the same way and in the same form.
+pub const DEFAULT_BACKEND_KEYS: [&str; 2] =
+    ["higress.io/default-backend", "nginx.ingress.kubernetes.io/default-backend"];
 
 impl Metadata {
-    /// The Kubernetes Service a mirror annotation names, as
-    /// `(namespace, name)` (`namespace`: the Ingress's when none is given);
-    /// `None` when `mirror-target-fqdn` wins or it names something else.
-    pub fn mirror_kubernetes_service(&self, ingress_namespace: &str) -> Option<(String, String)> {
+    /// The services the annotations name besides the backends, as the
+    /// translation reads them: the mirror target (unless
+    /// `mirror-target-fqdn` wins) and the `default-backend`.
+    fn annotated_services(&self) -> impl Iterator<Item = MirrorTarget> + '_ {
         let set = |keys: [&str; 2]| keys.iter().find_map(|k| self.annotation(k).filter(|v| !v.trim().is_empty()));
-        if set(MIRROR_TARGET_FQDN_KEYS).is_some() {
-            return None;
-        }
-        match service_target(set(MIRROR_TARGET_SERVICE_KEYS)?.trim()) {
-            Ok(MirrorTarget::Service { namespace, name, .. }) => {
-                Some((namespace.unwrap_or_else(|| ingress_namespace.to_owned()), name))
-            }
-            _ => None,
-        }
+        let mirror = set(MIRROR_TARGET_FQDN_KEYS).is_none().then(|| set(MIRROR_TARGET_SERVICE_KEYS)).flatten();
+        [mirror, set(DEFAULT_BACKEND_KEYS)].into_iter().flatten().filter_map(|v| service_target(v.trim()).ok())
     }
 
-    /// The registry service a mirror annotation names, as the translation
-    /// reads it (`mirror-target-fqdn` wins): a host the watchers must read
-    /// under `meshbridgeWatch: {mode: referenced}`, as a destination's is.
-    pub fn mirror_registry_service(&self) -> Option<String> {
-        let set = |keys: [&str; 2]| keys.iter().find_map(|k| self.annotation(k).filter(|v| !v.trim().is_empty()));
-        if set(MIRROR_TARGET_FQDN_KEYS).is_some() {
-            return None;
-        }
-        match service_target(set(MIRROR_TARGET_SERVICE_KEYS)?.trim()) {
-            Ok(MirrorTarget::Registry { name, .. }) => Some(name),
-            _ => None,
-        }
+    /// The Kubernetes Services those annotations name, as
+    /// `(namespace, name)` (`namespace`: the Ingress's when none is given).
+    pub fn annotated_kubernetes_services(&self, ingress_namespace: &str) -> Vec<(String, String)> {
+        self.annotated_services()
+            .filter_map(|t| match t {
+                MirrorTarget::Service { namespace, name, .. } => {
+                    Some((namespace.unwrap_or_else(|| ingress_namespace.to_owned()), name))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The registry services those annotations name: hosts the watchers
+    /// must read under `meshbridgeWatch: {mode: referenced}`, as a
+    /// destination's are.
+    pub fn annotated_registry_services(&self) -> Vec<String> {
+        self.annotated_services()
+            .filter_map(|t| match t {
+                MirrorTarget::Registry { name, .. } => Some(name),
+                _ => None,
+            })
+            .collect()
     }
 }
 

@@ -10,8 +10,10 @@
 //! - Routes: a virtual host per VirtualService host bound to a Gateway
 //!   server; `http[]` entries in order.
 //! - Clusters: only the subset clusters (`outbound|{port}|{subset}|{host}`)
-//!   DestinationRules call for. A service's own clusters come from
-//!   [`envoy::clusters`](super::envoy::clusters) for every registry service.
+//!   DestinationRules call for, and the aggregate clusters of a route's
+//!   cluster and its default backend's (see `fallback.rs`). A service's own
+//!   clusters come from [`envoy::clusters`](super::envoy::clusters) for
+//!   every registry service.
 //!
 //! No route names a cluster the Envoy will not have: a destination that is
 //! not a registry service (a Kubernetes `*.svc.cluster.local` Service, a
@@ -20,6 +22,7 @@
 //! the clusters are there before any route names them.
 
 mod clusters;
+mod fallback;
 mod listeners;
 mod policy;
 mod routes;
@@ -62,9 +65,9 @@ pub use crate::model::TlsSecret as GatewayTls;
 pub struct GatewayOutput {
     pub listeners: Vec<Resource>,
     pub routes: Vec<Resource>,
-    /// Subset clusters only; see the module docs.
+    /// Subset and aggregate clusters only; see the module docs.
     pub clusters: Vec<Resource>,
-    /// The subset clusters' endpoints.
+    /// The subset clusters' endpoints (an aggregate cluster has none).
     pub load_assignments: Vec<Resource>,
     /// SDS Secrets (certificate and key) the HTTPS chains name.
     pub secrets: Vec<Resource>,

@@ -580,9 +580,17 @@ fn listener_rds_names_match_route_configurations() {
             assert!(route_names.contains(&rds.route_config_name.as_str()));
             let rc = route_config(&out, &rds.route_config_name);
             assert_eq!(rc.name, rds.route_config_name);
-            // RBAC, CORS and the local rate limit, which act only on routes
-            // with a policy for them, then the router.
-            let [rbac, cors, limit, router] = hcm.http_filters.as_slice() else { panic!("four http filters expected") };
+            // RBAC, CORS, the local rate limit and custom responses, which
+            // act only on routes with a policy for them, then the router.
+            let [rbac, cors, limit, custom, router] = hcm.http_filters.as_slice() else {
+                panic!("five http filters expected")
+            };
+            let Some(http_filter::ConfigType::TypedConfig(any)) = &custom.config_type else { panic!() };
+            assert_eq!(
+                any.type_url,
+                "type.googleapis.com/envoy.extensions.filters.http.custom_response.v3.CustomResponse"
+            );
+            assert!(any.value.is_empty(), "the listener's custom response policy replaces nothing");
             let Some(http_filter::ConfigType::TypedConfig(any)) = &limit.config_type else { panic!() };
             assert_eq!(
                 any.type_url,
@@ -904,8 +912,8 @@ fn source_ranges_are_the_rbac_filter_config_of_their_routes() {
     let text = |p: &envoy_types::pb::envoy::config::rbac::v3::Principal| format!("{:?}", p.identifier);
     assert!(text(&and.ids[0]).starts_with("Some(OrIds") && text(&and.ids[0]).contains("\"127.0.0.0\""), "{and:?}");
     assert!(text(&and.ids[1]).starts_with("Some(NotId") && text(&and.ids[1]).contains("\"127.0.0.2\""), "{and:?}");
-    // Every listener runs the RBAC filter before CORS, the rate limit and
-    // the router.
+    // Every listener runs the RBAC filter before CORS, the rate limit,
+    // custom responses and the router.
     for l in &out.listeners {
         let view = view_listener(l);
         let names: Vec<&str> = view.hcm.iter().flat_map(|h| &h.http_filters).map(|f| f.name.as_str()).collect();
@@ -913,9 +921,10 @@ fn source_ranges_are_the_rbac_filter_config_of_their_routes() {
             "envoy.filters.http.rbac",
             "envoy.filters.http.cors",
             "envoy.filters.http.local_ratelimit",
+            "envoy.filters.http.custom_response",
             "envoy.filters.http.router",
         ];
-        assert_eq!(names[..4], want);
+        assert_eq!(names[..5], want);
     }
 }
 
@@ -959,3 +968,6 @@ fn a_local_rate_limit_is_the_filter_config_of_its_route() {
         assert_eq!((f.numerator, f.denominator), (100, 0), "100 per hundred");
     }
 }
+
+#[path = "gateway/fallback_tests.rs"]
+mod fallback_tests;

@@ -44,14 +44,19 @@
 //! - **Policy.** Redirects, timeout, retries, header control,
 //!   `upstream-vhost` and CORS set fields of each route of the Ingress (an
 //!   HTTPS redirect and `app-root` add routes of their own; see [`policy`]).
+//!   `default-backend` and `custom-http-errors` set a route field only the
+//!   standalone gateway reads (see [`fallback`]).
 
 mod annotations;
 mod canary;
+mod fallback;
 mod policy;
 mod syntax;
 mod traffic;
 mod upstream;
 
+#[cfg(test)]
+mod fallback_tests;
 #[cfg(test)]
 mod ingress_tests;
 #[cfg(test)]
@@ -69,10 +74,10 @@ use self::annotations::{Conditions, DESTINATION, IngressAnnotations, RegexPath, 
 use self::policy::RoutePolicy;
 use self::traffic::MirrorTarget;
 use super::model::{
-    AuthorizationAction, AuthorizationPolicySpec, AuthorizationRule, Destination, DestinationRuleSpec, GatewaySpec,
-    HttpMatch, HttpRoute, IstioObject, Percent, PortSelector, RegexRewrite, Rewrite, RouteDestination, RuleFrom,
-    RuleOperation, RuleSource, RuleTo, Server, ServerPort, ServerTls, ServerTlsMode, SourceRanges, Spec, StringMatch,
-    Subset, TrafficPolicy, VirtualServiceSpec, WorkloadSelector,
+    AuthorizationAction, AuthorizationPolicySpec, AuthorizationRule, DefaultBackend, Destination, DestinationRuleSpec,
+    GatewaySpec, HttpMatch, HttpRoute, IstioObject, Percent, PortSelector, RegexRewrite, Rewrite, RouteDestination,
+    RuleFrom, RuleOperation, RuleSource, RuleTo, Server, ServerPort, ServerTls, ServerTlsMode, SourceRanges, Spec,
+    StringMatch, Subset, TrafficPolicy, VirtualServiceSpec, WorkloadSelector,
 };
 use super::names::short_hash;
 use super::warning::{Reason, Warning};
@@ -220,6 +225,18 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
                 "route-limit-rps / route-limit-rpm are enforced by the standalone gateway only: stock Istio's \
                  VirtualService has no field for them (Higress's fork has), so a gateway fed by istiod does not \
                  limit",
+            ));
+        }
+        if let Some(fallback) = &ing.ann.policy.default_backend {
+            t.warnings.push(Warning::new(
+                format!("Ingress {}", ing.id),
+                Reason::StandaloneOnly,
+                format!(
+                    "{} / custom-http-errors are served by the standalone gateway only: stock Istio's \
+                     VirtualService has no field for them (Higress's fork has fallbackClusters and \
+                     internalActiveRedirect), so a gateway fed by istiod neither falls back nor replaces answers",
+                    fallback.key
+                ),
             ));
         }
         if ing.ingress.spec.rules.is_empty() && ing.ingress.spec.default_backend.is_none() {
@@ -623,6 +640,7 @@ impl Translator<'_> {
             }
         }
         let mirror = self.mirror_of(ing);
+        let fallback = self.default_backend_of(ing);
         let routes = self.hosts.entry(host.to_owned()).or_default();
         routes.created.get_or_insert(ing.created.map(|t| t.as_second()));
         if let Some(owner) = routes.owners.get(&key) {
@@ -657,6 +675,13 @@ impl Translator<'_> {
         if let Some((to, share)) = mirror.filter(|_| route.redirect.is_none()) {
             route.mirror = Some(to);
             route.mirror_percentage = share;
+        }
+        if route.redirect.is_none() {
+            route.default_backend = fallback.map(|(destination, codes)| DefaultBackend {
+                destination,
+                codes,
+                headers: error_headers(ing, &p.backend, &route.route),
+            });
         }
         if policy.ssl_redirect && policy.redirect.is_none() {
             let route = RoutePolicy::https_redirect_of(&route);
@@ -735,7 +760,31 @@ impl Translator<'_> {
     /// and leaves the mirror out.
     fn mirror_of(&mut self, ing: &Parsed) -> Option<(Destination, Option<Percent>)> {
         let m = ing.ann.policy.mirror.as_ref()?;
-        let (host, port) = match &m.target {
+        let destination = self.target_destination(ing, &m.key, &m.target, "mirror left out")?;
+        let share = m.percentage.map(|p| Percent { value: p.into() });
+        Some((destination, share))
+    }
+
+    /// The Ingress's `default-backend`, with the host looked up, and the
+    /// codes whose answers it replaces.
+    fn default_backend_of(&mut self, ing: &Parsed) -> Option<(Destination, Vec<u16>)> {
+        let f = ing.ann.policy.default_backend.as_ref()?;
+        let destination = self.target_destination(ing, &f.key, &f.target, "no default backend")?;
+        Some((destination, f.codes.clone()))
+    }
+
+    /// The destination an annotation (`key`) names: a Kubernetes Service in
+    /// the Ingress's namespace by default, a host as written, or a registry
+    /// service, which must exist (one that does not is reported once, with
+    /// `then`).
+    fn target_destination(
+        &mut self,
+        ing: &Parsed,
+        key: &str,
+        target: &MirrorTarget,
+        then: &str,
+    ) -> Option<Destination> {
+        let (host, port) = match target {
             MirrorTarget::Fqdn { host, port } => (host.clone(), Some(*port)),
             MirrorTarget::Service { namespace, name, port } => {
                 let namespace = namespace.as_deref().unwrap_or(&ing.namespace);
@@ -750,7 +799,7 @@ impl Translator<'_> {
                         let w = Warning::new(
                             format!("Ingress {}", ing.id),
                             Reason::InvalidIngress,
-                            format!("annotation {}: no registry service {:?}; mirror left out", m.key, clip(name)),
+                            format!("annotation {key}: no registry service {:?}; {then}", clip(name)),
                         );
                         if !self.warnings.contains(&w) {
                             self.warnings.push(w);
@@ -761,8 +810,7 @@ impl Translator<'_> {
             }
         };
         let port = port.map(|n| PortSelector { number: n.into() });
-        let share = m.percentage.map(|p| Percent { value: p.into() });
-        Some((Destination { host, subset: None, port, port_name: None }, share))
+        Some(Destination { host, subset: None, port, port_name: None })
     }
 
     /// Where a backend sends traffic, or why it cannot be routed; the
@@ -956,6 +1004,29 @@ impl Translator<'_> {
             looked_up: self.looked_up,
         }
     }
+}
+
+/// The request headers ingress-nginx gives its default backend with an
+/// error answer, besides `X-Code` and `X-Format` (which depend on the
+/// answer and the request): the Ingress, and the service and port the
+/// path routes to (a Kubernetes Service by its name, a registry service by
+/// its host); an empty one is left out.
+fn error_headers(ing: &Parsed, backend: &Backend, route: &[RouteDestination]) -> Vec<(String, String)> {
+    let (service, port) = match (&backend.service, route.first()) {
+        (Some(svc), _) => (svc.name.clone(), svc.port.number.map(|n| n.to_string()).or(svc.port.name.clone())),
+        (None, Some(d)) => (d.destination.host.clone(), d.destination.port.map(|p| p.number.to_string())),
+        (None, None) => (String::new(), None),
+    };
+    [
+        ("X-Namespace", ing.namespace.clone()),
+        ("X-Ingress-Name", ing.name.clone()),
+        ("X-Service-Name", service),
+        ("X-Service-Port", port.unwrap_or_default()),
+    ]
+    .into_iter()
+    .filter(|(_, v)| !v.is_empty())
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
 }
 
 /// A path that cannot be routed, and why.

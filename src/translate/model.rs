@@ -594,6 +594,27 @@ pub struct HttpRoute {
     /// standalone gateway's only, neither serialized nor encoded.
     #[serde(skip)]
     pub local_rate_limit: Option<LocalRateLimit>,
+    /// `default-backend` with `custom-http-errors`. Higress writes them
+    /// into fields of its own fork of Istio (`fallbackClusters`,
+    /// `internalActiveRedirect`): the standalone gateway's only, neither
+    /// serialized nor encoded.
+    #[serde(skip)]
+    pub default_backend: Option<DefaultBackend>,
+}
+
+/// Where a route's requests go when its service has no endpoint, and
+/// whose answer replaces an upstream answer with one of `codes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefaultBackend {
+    /// With no port: the service's first (lowest) port, as Higress takes
+    /// a Service's first port.
+    pub destination: Destination,
+    /// From 400 to 599, ascending, each once; empty: no answer is replaced.
+    pub codes: Vec<u16>,
+    /// Request headers the default backend gets with a replaced answer
+    /// (besides `X-Code` and `X-Format`), as ingress-nginx sends them:
+    /// `X-Namespace`, `X-Ingress-Name`, `X-Service-Name`, `X-Service-Port`.
+    pub headers: Vec<(String, String)>,
 }
 
 /// A token bucket per gateway instance, as Higress's local rate limit:

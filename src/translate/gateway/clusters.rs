@@ -13,12 +13,13 @@ use envoy_types::util::pack_any;
 use meshbridge_registries::{Service, Tls};
 use prost::Message;
 
+use super::fallback;
 use super::spec::Named;
 use crate::model::CachedService;
 use crate::resources::Resource;
 use crate::translate::model::{
     ClientTlsSettings, ConsistentHash, Destination, DestinationRuleSpec, H2UpgradePolicy, HttpCookie,
-    LoadBalancerSettings, SimpleLb,
+    LoadBalancerSettings, PortSelector, SimpleLb,
 };
 use crate::translate::{envoy, merge};
 
@@ -152,6 +153,30 @@ impl<'a> Clusters<'a> {
             self.made.insert(name.clone(), made);
         }
         Ok(name)
+    }
+
+    /// The cluster of a default backend: as [`Self::resolve`], except that
+    /// with no port given a service with several takes its first (lowest),
+    /// as Higress takes a Service's first port.
+    pub fn resolve_default_backend(&mut self, dest: &Destination) -> Result<String, NoCluster> {
+        let first = || (self.services)(&dest.host)?.service.ports.first().map(|p| p.number);
+        match (&dest.port, &dest.port_name) {
+            (None, None) => match first() {
+                Some(n) => self.resolve(&Destination { port: Some(PortSelector { number: n.into() }), ..dest.clone() }),
+                None => self.resolve(dest),
+            },
+            _ => self.resolve(dest),
+        }
+    }
+
+    /// The aggregate cluster of `primary` then the default backend
+    /// `backend` (see `fallback.rs`), made once.
+    pub fn with_default_backend(&mut self, primary: &str, backend: &str) -> String {
+        let name = fallback::aggregate_name(primary, backend);
+        if !self.made.contains_key(&name) {
+            self.made.insert(name.clone(), (fallback::aggregate_cluster(primary, backend), None));
+        }
+        name
     }
 
     /// The hash a route to `cluster` must compute, when its rule hashes.

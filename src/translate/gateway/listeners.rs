@@ -18,6 +18,7 @@ use envoy_types::pb::envoy::config::listener::v3::{
     Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
 };
 use envoy_types::pb::envoy::extensions::filters::http::cors::v3::Cors;
+use envoy_types::pb::envoy::extensions::filters::http::custom_response::v3::CustomResponse;
 use envoy_types::pb::envoy::extensions::filters::http::local_ratelimit::v3::LocalRateLimit;
 use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
@@ -32,6 +33,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
+use super::fallback::CUSTOM_RESPONSE_FILTER;
 use super::policy::{CORS_FILTER, LOCAL_RATE_LIMIT_FILTER, RBAC_FILTER};
 use super::servers::{BoundServer, Side};
 use crate::model::TlsSecret as GatewayTls;
@@ -93,6 +95,14 @@ fn hcm(route_config: &str) -> Filter {
                     stat_prefix: "local_rate_limit".into(),
                     ..Default::default()
                 }))),
+                ..Default::default()
+            },
+            // Last before the router, so that the answers it replaces are
+            // the upstream's (or the router's own); with no policy of its
+            // own it passes every answer, a route's config turns it on.
+            HttpFilter {
+                name: CUSTOM_RESPONSE_FILTER.into(),
+                config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(CustomResponse::default()))),
                 ..Default::default()
             },
             HttpFilter {

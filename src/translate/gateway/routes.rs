@@ -20,8 +20,10 @@ use envoy_types::pb::envoy::r#type::matcher::v3::{
 };
 use envoy_types::pb::envoy::r#type::v3::{FractionalPercent, fractional_percent};
 use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
+use envoy_types::util::pack_any;
 
 use super::clusters::Clusters;
+use super::fallback;
 use super::policy::{HeaderFields, duration, redirect_action, retry_policy, route_base};
 use super::servers::{BoundServer, Side, intersect};
 use super::spec::{Named, Specs};
@@ -35,6 +37,9 @@ pub struct BoundVs<'a> {
     /// Keys (`namespace/name`) of the Gateways it names that exist.
     pub gateways: BTreeSet<String>,
     pub routes: Vec<Route>,
+    /// The default backends' clusters whose answers replace others: each
+    /// needs its route first in every virtual host of this VirtualService.
+    pub fallbacks: BTreeSet<String>,
 }
 
 /// Translate every VirtualService that names an existing Gateway. Those
@@ -62,8 +67,8 @@ pub fn bind<'a>(specs: &'a Specs<'a>, clusters: &mut Clusters<'_>, warnings: &mu
         if gateways.is_empty() {
             continue;
         }
-        let routes = translate(vs, clusters, warnings);
-        out.push(BoundVs { vs, gateways, routes });
+        let (routes, fallbacks) = translate(vs, clusters, warnings);
+        out.push(BoundVs { vs, gateways, routes, fallbacks });
     }
     out
 }
@@ -92,20 +97,22 @@ pub fn route_configuration(
     servers: &[BoundServer<'_>],
     side: Side,
 ) -> RouteConfiguration {
-    let mut hosts: BTreeMap<String, (Vec<Route>, bool)> = BTreeMap::new();
+    let mut hosts: BTreeMap<String, (Vec<Route>, bool, BTreeSet<&str>)> = BTreeMap::new();
     for b in bound {
         for (host, redirect) in served_hosts(b, servers, side) {
             let entry = hosts.entry(host).or_default();
             entry.0.extend(b.routes.iter().cloned());
             entry.1 |= redirect;
+            entry.2.extend(b.fallbacks.iter().map(String::as_str));
         }
     }
     let virtual_hosts = hosts
         .into_iter()
-        .map(|(host, (routes, redirect))| VirtualHost {
+        .map(|(host, (routes, redirect, fallbacks))| VirtualHost {
             domains: domains(&host),
             name: host,
-            routes,
+            // The second requests of replaced answers match before anything.
+            routes: fallbacks.into_iter().map(fallback::fallback_route).chain(routes).collect(),
             require_tls: if redirect { TlsRequirementType::All as i32 } else { TlsRequirementType::None as i32 },
             ..Default::default()
         })
@@ -125,28 +132,35 @@ fn domains(host: &str) -> Vec<String> {
     if host.starts_with('*') { vec![host.to_string()] } else { vec![host.to_string(), format!("{host}:*")] }
 }
 
-/// One VirtualService's `http[]` → routes, one per match, in order.
+/// One VirtualService's `http[]` → routes, one per match, in order, and
+/// the default backends whose answers replace others.
 fn translate(
     vs: &Named<'_, VirtualServiceSpec>,
     clusters: &mut Clusters<'_>,
     warnings: &mut Vec<Warning>,
-) -> Vec<Route> {
+) -> (Vec<Route>, BTreeSet<String>) {
     let mut routes = Vec::new();
+    let mut fallbacks = BTreeSet::new();
     for (i, http) in vs.spec.http.iter().enumerate() {
         let at = if http.name.is_empty() {
             format!("VirtualService {}: http[{i}]", vs.key())
         } else {
             format!("VirtualService {}: http[{i}] ({})", vs.key(), http.name)
         };
-        let (action, destination_headers) = match &http.redirect {
-            Some(r) => (route::Action::Redirect(redirect_action(r, &at, warnings)), None),
+        let (action, destination_headers, replacing) = match &http.redirect {
+            Some(r) => (route::Action::Redirect(redirect_action(r, &at, warnings)), None, None),
             None if http.route.is_empty() => {
                 warnings.push(Warning::new(at, Reason::Unservable, "no route; left out"));
                 continue;
             }
             None => action(http, &at, clusters, warnings),
         };
-        let base = route_base(http, destination_headers);
+        let mut base = route_base(http, destination_headers);
+        if let (Some(cluster), Some(d)) = (replacing, &http.default_backend) {
+            let config = fallback::custom_response(&d.codes, &cluster, &d.headers);
+            base.typed_per_filter_config.insert(fallback::CUSTOM_RESPONSE_FILTER.into(), pack_any(config));
+            fallbacks.insert(cluster);
+        }
         let matches: Vec<RouteMatch> = if http.matches.is_empty() {
             vec![prefix_match("/")]
         } else {
@@ -159,7 +173,7 @@ fn translate(
             ..base.clone()
         }));
     }
-    routes
+    (routes, fallbacks)
 }
 
 fn prefix_match(prefix: &str) -> RouteMatch {
@@ -239,16 +253,19 @@ fn mirror_policy(cluster: String, share: Option<Percent>) -> route_action::Reque
     route_action::RequestMirrorPolicy { cluster, runtime_fraction, ..Default::default() }
 }
 
-/// The action of an `http[]` entry, and the header operations of its one
-/// destination when it has one (they go on the route, as Pilot puts them).
-/// Destinations without a cluster are left out so that no route names a
-/// cluster the Envoy lacks; with none left the route answers 503.
+/// The action of an `http[]` entry, the header operations of its one
+/// destination when it has one (they go on the route, as Pilot puts them),
+/// and the default backend's cluster when it replaces the route's answers
+/// with codes. Destinations without a cluster are left out so that no route
+/// names a cluster the Envoy lacks; with none left the route goes to its
+/// default backend, or answers 503. With a default backend each cluster is
+/// the aggregate of it and the default backend's.
 fn action<'h>(
     http: &'h HttpRoute,
     at: &str,
     clusters: &mut Clusters<'_>,
     warnings: &mut Vec<Warning>,
-) -> (route::Action, Option<&'h Headers>) {
+) -> (route::Action, Option<&'h Headers>, Option<String>) {
     // Istio: one destination takes all traffic whatever its weight; with
     // several, a zero weight takes none, and all unset means an even split.
     let weighted = http.route.len() > 1 && http.route.iter().any(|d| d.weight.unwrap_or(0) > 0);
@@ -269,17 +286,43 @@ fn action<'h>(
             Err(reason) => missing.push(reason),
         }
     }
-    if targets.is_empty() {
-        for reason in missing {
-            warnings.push(Warning::new(at, Reason::NoCluster, format!("{reason}; answering 503")));
-        }
-        return (route::Action::DirectResponse(DirectResponseAction { status: 503, ..Default::default() }), None);
-    }
-    for reason in missing {
-        warnings.push(Warning::new(at, Reason::NoCluster, format!("{reason}; left out of the weighted route")));
-    }
+    let default_backend = http.default_backend.as_ref().and_then(|d| {
+        clusters
+            .resolve_default_backend(&d.destination)
+            .map_err(|reason| {
+                let detail = format!("default backend: {reason}; left out");
+                warnings.push(Warning::new(at, Reason::NoCluster, detail));
+            })
+            .ok()
+    });
     // A consistent-hash rule on a target's host hashes on the route.
     let hash_policy: Vec<_> = targets.iter().find_map(|(name, _, _)| clusters.hash_policy(name)).into_iter().collect();
+    let mut replacing = None;
+    if targets.is_empty() {
+        let Some(backend) = &default_backend else {
+            for reason in missing {
+                warnings.push(Warning::new(at, Reason::NoCluster, format!("{reason}; answering 503")));
+            }
+            let answer = DirectResponseAction { status: 503, ..Default::default() };
+            return (route::Action::DirectResponse(answer), None, None);
+        };
+        // Nothing else to send to: ingress-nginx's "no endpoints" case.
+        for reason in missing {
+            warnings.push(Warning::new(at, Reason::NoCluster, format!("{reason}; the default backend answers")));
+        }
+        targets.push((backend.clone(), 1, None));
+    } else {
+        for reason in missing {
+            warnings.push(Warning::new(at, Reason::NoCluster, format!("{reason}; left out of the weighted route")));
+        }
+        if let Some(backend) = &default_backend {
+            // A route to the default backend itself has nothing to fall back from.
+            for (name, _, _) in targets.iter_mut().filter(|(name, _, _)| name != backend) {
+                *name = clusters.with_default_backend(name, backend);
+            }
+            replacing = http.default_backend.as_ref().filter(|d| !d.codes.is_empty()).map(|_| backend.clone());
+        }
+    }
     let mut single_headers = None;
     let cluster_specifier = if let [(name, _, headers)] = targets.as_slice() {
         single_headers = *headers;
@@ -340,5 +383,5 @@ fn action<'h>(
             ra.host_rewrite_specifier = Some(route_action::HostRewriteSpecifier::HostRewriteLiteral(authority.into()));
         }
     }
-    (route::Action::Route(ra), single_headers)
+    (route::Action::Route(ra), single_headers, replacing)
 }

@@ -67,6 +67,7 @@ impl Translator<'_> {
             ("mirror", p.mirror.is_some()),
             ("source ranges", p.source_ranges.is_some()),
             ("rate limit", p.rate_limit.is_some()),
+            ("default-backend", p.default_backend.is_some()),
         ];
         let ignored: Vec<&str> = copied.iter().filter(|(_, set)| *set).map(|(what, _)| *what).collect();
         if !ignored.is_empty() {

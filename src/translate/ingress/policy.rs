@@ -21,7 +21,8 @@ use std::collections::BTreeMap;
 
 use meshbridge_registries::clip;
 
-use super::syntax::{is_token, parse_bool};
+use super::fallback::{Fallback, read_fallback};
+use super::syntax::{is_token, parse_bool, whole_number};
 use super::traffic::{Mirror, read_mirror, read_source_ranges};
 use crate::translate::model::{
     CorsPolicy, HeaderOperations, Headers, HttpMatch, HttpRoute, LocalRateLimit, ProtoDuration, Redirect, Retry,
@@ -101,6 +102,9 @@ pub struct RoutePolicy {
     /// `route-limit-rpm` / `-rps` with `-burst-multiplier`: the standalone
     /// gateway's only.
     pub rate_limit: Option<LocalRateLimit>,
+    /// `default-backend` with `custom-http-errors`: the standalone
+    /// gateway's only (see `fallback.rs`).
+    pub default_backend: Option<Fallback>,
 }
 
 impl RoutePolicy {
@@ -285,6 +289,7 @@ pub fn read(get: &mut Lookup<'_>, warnings: &mut Vec<String>) -> RoutePolicy {
     out.rate_limit = read_rate_limit(get, &mut warn);
     out.mirror = read_mirror(get, warnings);
     out.source_ranges = read_source_ranges(get, warnings);
+    out.default_backend = read_fallback(get, warnings);
     out
 }
 
@@ -318,14 +323,6 @@ fn read_rate_limit(get: &mut Lookup<'_>, warn: &mut Warn<'_>) -> Option<LocalRat
 /// A rate or a multiplier: a whole number from 1 to 4294967295.
 fn rate(v: &str) -> Option<u32> {
     whole_number(v).and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0)
-}
-
-/// Digits only (around spaces), as a number; `None` for anything else or
-/// more than a u64 holds.
-fn whole_number(v: &str) -> Option<u64> {
-    let t = v.trim();
-    let ok = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
-    ok.then(|| t.parse::<u64>().ok()).flatten()
 }
 
 type Warn<'w> = dyn FnMut(&str, PolicyError, &str) + 'w;

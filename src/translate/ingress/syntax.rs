@@ -1,4 +1,5 @@
-//! The value syntax annotations share: Go's booleans and RFC 7230 tokens.
+//! The value syntax annotations share: Go's booleans, RFC 7230 tokens and
+//! whole numbers.
 
 /// Go's `strconv.ParseBool`, which Higress uses for boolean annotations.
 pub fn parse_bool(s: &str) -> Option<bool> {
@@ -12,6 +13,14 @@ pub fn parse_bool(s: &str) -> Option<bool> {
 /// An RFC 7230 token: what header, cookie and method names are made of.
 pub fn is_token(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Digits only (around spaces), as a number; `None` for anything else or
+/// more than a u64 holds.
+pub fn whole_number(v: &str) -> Option<u64> {
+    let t = v.trim();
+    let ok = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    ok.then(|| t.parse::<u64>().ok()).flatten()
 }
 
 /// `count` strings of up to `max_len` pieces of `alphabet`, from a fixed
