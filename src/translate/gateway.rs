@@ -21,6 +21,7 @@
 //! answers 503. The xDS server pushes CDS, EDS, LDS, RDS in that order, so
 //! the clusters are there before any route names them.
 
+mod canonical;
 mod clusters;
 mod fallback;
 mod listeners;
@@ -111,7 +112,7 @@ pub fn envoy_gateway<'a>(
     for port in &http_ports {
         let name = format!("http.{port}");
         let rc = routes::route_configuration(name.clone(), &bound, &servers, Side::Http);
-        out.routes.push(Resource::new(name.clone(), pack_any(rc)));
+        out.routes.push(Resource::new(name.clone(), canonical::route_configuration_any(rc)));
         out.listeners.push(Resource::new(name.clone(), pack_any(listeners::http_listener(&name, *port))));
     }
 
@@ -127,7 +128,7 @@ pub fn envoy_gateway<'a>(
             ));
         } else {
             let rc = routes::route_configuration(name.clone(), &bound, &servers, Side::Https);
-            out.routes.push(Resource::new(name.clone(), pack_any(rc)));
+            out.routes.push(Resource::new(name.clone(), canonical::route_configuration_any(rc)));
             let listener = listeners::https_listener(&name, opts.https_port, chains);
             out.listeners.push(Resource::new(name, pack_any(listener)));
             out.secrets = secrets.into_values().collect();
