@@ -242,6 +242,17 @@ fn tls(
         }
         return (None, None);
     }
+    let mode = match (&secret, https) {
+        (Some(_), _) => ClientTlsMode::Mutual,
+        (None, true) => ClientTlsMode::Simple,
+        (None, false) => {
+            // HTTP2 or GRPC, and no usable Secret: no TLS.
+            for (key, _) in [&f.ssl_verify, &f.ssl_name, &f.ssl_server_name].into_iter().flatten() {
+                warnings.push(format!("annotation {key} has no effect without TLS to the backend"));
+            }
+            return (None, None);
+        }
+    };
     let sni = match (&f.ssl_name, server_name) {
         (Some((key, name)), Some(true)) => {
             let name = name.trim();
@@ -257,17 +268,6 @@ fn tls(
             None
         }
         (None, _) => None,
-    };
-    let mode = match (&secret, https) {
-        (Some(_), _) => ClientTlsMode::Mutual,
-        (None, true) => ClientTlsMode::Simple,
-        (None, false) => {
-            // HTTP2 or GRPC, and no usable Secret: no TLS.
-            for (key, _) in [&f.ssl_verify, &f.ssl_name, &f.ssl_server_name].into_iter().flatten() {
-                warnings.push(format!("annotation {key} has no effect without TLS to the backend"));
-            }
-            return (None, None);
-        }
     };
     let verified = mode == ClientTlsMode::Mutual && verify == Some(true);
     if let (ClientTlsMode::Simple, Some(true), Some((key, _))) = (mode, verify, &f.ssl_verify) {
