@@ -17,19 +17,25 @@
 //! - a malformed `proxy-ssl-secret`: a warning naming the Ingress and the
 //!   annotation.
 //!
-//! Through a REAL istiod (config only): the DestinationRule istiod holds,
-//! and the cluster it builds for the gateway Envoy (the certificate and CA
-//! by SDS, the SNI). istiod serves a `credentialName` over SDS only to an
-//! authenticated proxy (its TLS xDS port, normally through the Istio agent);
-//! the harness's Envoy connects in plaintext with no agent, so istiod
-//! withholds the Secret (its log says so) and no request is sent that way.
+//! Through a REAL istiod, on both builds: the DestinationRule istiod
+//! holds, the cluster it builds for the gateway Envoy (the certificate and
+//! CA by SDS, the SNI), and the same request answered 200 with the
+//! backend seeing the certificate and the SNI. istiod serves a
+//! `credentialName` Secret over SDS only to a proxy it has identified, so
+//! this Envoy connects to istiod's TLS xDS port with a client certificate
+//! of the gateway's SPIFFE identity (what the Istio agent does in a
+//! cluster; [`Istiod::secure_gateway_envoy`]), the Secret is in the API
+//! server istiod reads, and the gateway's ServiceAccount may list Secrets
+//! there (istiod asks with a SubjectAccessReview).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use meshbridge::run::{App, RunArgs};
 use meshbridge::testing::pki::{Issued, TestPki};
+use meshbridge_e2e::apiserver::ApiServer;
 use meshbridge_e2e::gateway::{Gateway, Via};
-use meshbridge_e2e::istiod::Version;
+use meshbridge_e2e::istiod::{Istiod, Options, Version};
 use meshbridge_e2e::istiod_tests;
 use meshbridge_e2e::tls_backend::TlsBackend;
 use meshbridge_e2e::traffic::{config_warning, mcp_ingress, mcpbridge, static_registry};
@@ -170,28 +176,41 @@ async fn proxy_ssl_presents_the_client_certificate_to_the_backend() {
 
 // Once per istiod build. Needs `source e2e/env.sh envoy kubetools
 // kube-apiserver istiod istiod-1.27`.
-istiod_tests!(proxy_ssl_destination_rule_through_istiod);
+istiod_tests!(proxy_ssl_through_istiod);
 
-/// What istiod makes of `proxy-ssl-*`: the DestinationRule it holds and the
-/// gateway cluster it builds. The mutual-TLS Ingress is added once the
-/// gateway Envoy runs: its cluster waits for a Secret istiod does not serve
-/// this Envoy (see the module doc), and a cluster warming in Envoy's first
-/// CDS would hold back its listeners.
-async fn proxy_ssl_destination_rule_through_istiod(version: Version) {
+/// What istiod makes of `proxy-ssl-*`, and the traffic: the DestinationRule
+/// it holds, the gateway cluster it builds, and a request through an Envoy
+/// that istiod identifies (its TLS xDS port, as the Istio agent connects)
+/// and so serves the Secret by SDS. The mutual-TLS Ingress is added once the
+/// gateway Envoy runs, so that its listener does not wait on the Secret.
+async fn proxy_ssl_through_istiod(version: Version) {
     let ca = TestPki::new("meshbridge upstream ca").unwrap();
     let client = ca.issue("gateway-client", &["DNS:gateway.client".into()]).unwrap();
+    let backend =
+        TlsBackend::start_with(&["127.0.0.1:0".parse().unwrap()], mutual_server_config(&ca), "secure").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let addr = "127.0.0.1:9".parse().unwrap();
-    let registries = [static_registry("mtls", addr), static_registry("plain", addr)];
+    let registries = [static_registry("mtls", backend.addrs[0]), static_registry("plain", backend.addrs[0])];
     std::fs::write(dir.path().join("mcpbridge.yaml"), mcpbridge(&registries)).unwrap();
-    std::fs::write(dir.path().join("secret.yaml"), secret_yaml("upstream-client", &client, &ca.ca.cert)).unwrap();
     // A route first, so that the gateway has a listener.
     let plain = mcp_ingress("plain", 1, HOST, "plain.static:80", &[], &["/plain"]);
     std::fs::write(dir.path().join("plain.yaml"), plain).unwrap();
-    let gw = Gateway::start(dir.path(), Via::Istiod(version)).await.expect("start meshbridge, istiod and the gateway");
-    let (api, istiod) = gw.istiod.as_ref().unwrap();
-    // The Secret where istiod would read it, as in a cluster.
+    let app = App::start(RunArgs::loopback(dir.path())).await.unwrap();
+    let api = ApiServer::start().await.unwrap();
+    let options = Options { version, upstream_envoy: true, stock_gateway_listeners: true, secure_xds: true };
+    let istiod = Istiod::start(&api, app.xds_addr, options).await.unwrap();
+    // The Secret where istiod reads it, and the gateway's ServiceAccount
+    // allowed to (istiod asks the API server with a SubjectAccessReview).
     api.apply(&secret_yaml("upstream-client", &client, &ca.ca.cert)).await.unwrap();
+    api.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{ name: gateway-secrets, namespace: {GW_NS} }}\n\
+         rules: [{{ apiGroups: [\"\"], resources: [secrets], verbs: [get, list, watch] }}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{ name: gateway-secrets, namespace: {GW_NS} }}\n\
+         roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: gateway-secrets }}\n\
+         subjects: [{{ kind: ServiceAccount, name: higress-gateway, namespace: {GW_NS} }}]\n"
+    ))
+    .await
+    .unwrap();
+    let envoy = istiod.secure_gateway_envoy(&api).await.expect("the gateway Envoy over istiod's TLS port");
 
     let nginx = |k: &str| format!("nginx.ingress.kubernetes.io/{k}");
     let annotations = [
@@ -214,7 +233,11 @@ async fn proxy_ssl_destination_rule_through_istiod(version: Version) {
         {
             break dr.clone();
         }
-        assert!(Instant::now() < deadline, "{version} has no DestinationRule for mtls.static\n{}", gw.istiod_log());
+        assert!(
+            Instant::now() < deadline,
+            "{version} has no DestinationRule for mtls.static\n{}",
+            istiod.log_tail(4000)
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let tls = &rule["spec"]["trafficPolicy"]["tls"];
@@ -223,37 +246,42 @@ async fn proxy_ssl_destination_rule_through_istiod(version: Version) {
     assert_eq!(tls["sni"], SNI, "{rule:#}");
     assert!(tls.get("insecureSkipVerify").is_none_or(|v| v == false), "verify on: {rule:#}");
 
-    // The cluster istiod builds: the certificate and its CA by SDS, the SNI.
+    // Traffic: the backend sees the Secret's certificate and the SNI.
     let deadline = Instant::now() + Duration::from_secs(30);
-    let cluster = loop {
-        let dump = gw.envoy.admin("/config_dump?resource=dynamic_warming_clusters").await.unwrap_or_default();
-        let active = gw.envoy.admin("/config_dump?resource=dynamic_active_clusters").await.unwrap_or_default();
-        let found = [dump, active].iter().find_map(|d| {
-            let v: serde_json::Value = serde_json::from_str(d).ok()?;
-            v["configs"]
-                .as_array()?
-                .iter()
-                .map(|c| c["cluster"].clone())
-                .find(|c| c["name"] == "outbound|80||mtls.static" && c.get("transport_socket").is_some())
-        });
-        if let Some(c) = found {
-            break c;
+    loop {
+        if envoy.get_host("/mtls", HOST).await.is_ok_and(|(status, _)| status == 200) {
+            break;
         }
-        assert!(Instant::now() < deadline, "{version}: no TLS cluster for mtls.static\n{}", gw.envoy.log());
+        assert!(
+            Instant::now() < deadline,
+            "{version}: /mtls never answered 200\n{}\n{}",
+            envoy.log(),
+            istiod.log().lines().filter(|l| l.contains("warn") || l.contains("rror")).collect::<Vec<_>>().join("\n")
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    }
+    let seen = backend.handshakes();
+    assert!(!seen.is_empty());
+    for h in &seen {
+        assert_eq!(h.server_name.as_deref(), Some(SNI), "{seen:?}");
+        assert_eq!(h.client_cert.as_deref(), Some(der(&client).as_slice()));
+    }
+
+    // The cluster istiod built: the certificate and its CA by SDS, the SNI.
+    let dump = envoy.admin("/config_dump?resource=dynamic_active_clusters").await.unwrap();
+    let dump: serde_json::Value = serde_json::from_str(&dump).unwrap();
+    let cluster = dump["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["cluster"].clone())
+        .find(|c| c["name"] == "outbound|80||mtls.static")
+        .expect("the mtls.static cluster");
     let ctx = &cluster["transport_socket"]["typed_config"];
     assert_eq!(ctx["sni"], SNI, "{cluster:#}");
     let common = &ctx["common_tls_context"];
     assert_eq!(common["tls_certificate_sds_secret_configs"][0]["name"], "kubernetes://upstream-client", "{cluster:#}");
     let ca_sds = &common["combined_validation_context"]["validation_context_sds_secret_config"]["name"];
     assert_eq!(*ca_sds, "kubernetes://upstream-client-cacert", "{cluster:#}");
-
-    // istiod withholds the Secret from an unauthenticated proxy.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !istiod.log().contains("is not authorized to receive") {
-        assert!(Instant::now() < deadline, "{version} never refused the Secret\n{}", gw.istiod_log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    gw.app.stop().await;
+    app.stop().await;
 }
