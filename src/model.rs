@@ -104,14 +104,18 @@ impl IngressDoc {
     }
 }
 
-/// A certificate from a `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`),
-/// named by Gateway servers' `credentialName`. Its `Debug` never shows the key.
+/// A certificate from a `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`,
+/// and `ca.crt` when it has one), named by Gateway servers' and
+/// DestinationRules' `credentialName`. Its `Debug` never shows the key.
 #[derive(Clone, PartialEq, Eq)]
 pub struct TlsSecret {
     pub namespace: String,
     pub name: String,
     pub cert_chain_pem: String,
     pub private_key_pem: Secret,
+    /// `ca.crt`: what a client certificate's upstream is verified against
+    /// (`proxy-ssl-verify`).
+    pub ca_cert_pem: Option<String>,
 }
 
 impl fmt::Debug for TlsSecret {
@@ -121,6 +125,7 @@ impl fmt::Debug for TlsSecret {
             .field("name", &self.name)
             .field("cert_chain_pem", &format_args!("<{} bytes>", self.cert_chain_pem.len()))
             .field("private_key_pem", &self.private_key_pem)
+            .field("ca_cert_pem", &self.ca_cert_pem.as_ref().map(|c| format!("<{} bytes>", c.len())))
             .finish()
     }
 }

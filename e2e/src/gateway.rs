@@ -52,7 +52,8 @@ impl Gateway {
             Via::Istiod(version) => {
                 let app = App::start(RunArgs::loopback(dir)).await?;
                 let api = ApiServer::start().await?;
-                let options = Options { version, upstream_envoy: true, stock_gateway_listeners: true };
+                let options =
+                    Options { version, upstream_envoy: true, stock_gateway_listeners: true, secure_xds: false };
                 let istiod = Istiod::start(&api, app.xds_addr, options).await?;
                 let envoy = istiod.gateway_envoy(&api).await?;
                 Ok(Gateway { via, app, envoy, istiod: Some((api, istiod)) })

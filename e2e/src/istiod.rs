@@ -17,7 +17,9 @@
 //!   endpoints, 8080), `--monitoringAddr` (metrics and debug, 15014),
 //!   `--ctrlz_port` (9876); `--secureGRPCAddr ""` and `--httpsAddr ""`
 //!   turn off the TLS xDS port (15012) and the webhook port (15017: its
-//!   handlers move onto `--httpAddr`), which need the certificates of a CA;
+//!   handlers move onto `--httpAddr`), which need the certificates of a CA
+//!   ([`Options::secure_xds`] turns the TLS xDS port on, with a test CA's
+//!   certificate given as `--tlsCertFile`/`--tlsKeyFile`/`--caCertFile`);
 //! - `ENABLE_CA_SERVER=false`: no CA, so no `istio-ca-secret` and no DNS
 //!   certificate (`PILOT_CERT_PROVIDER` is then "not implemented", a warning);
 //!   `VALIDATION_WEBHOOK_CONFIG_NAME=""`: no webhook configuration to patch;
@@ -165,6 +167,11 @@ pub struct Options {
     /// Istio proxy offers upstream for protocol sniffing, which a gateway
     /// to plain backends does not use.
     pub stock_gateway_listeners: bool,
+    /// Also serve xDS over TLS (15012 in a cluster), with a certificate of
+    /// the test's own CA, authenticating proxies by a client certificate
+    /// that CA signed ([`Istiod::secure_gateway_envoy`]): istiod serves a
+    /// `credentialName` Secret over SDS only to a proxy it has identified.
+    pub secure_xds: bool,
 }
 
 /// Starts tried when a port picked free was taken meanwhile.
@@ -176,6 +183,9 @@ pub struct Istiod {
     pub version: Version,
     /// Plaintext gRPC xDS (15010 in a cluster).
     pub grpc_addr: SocketAddr,
+    /// With [`Options::secure_xds`]: xDS over TLS (15012 in a cluster),
+    /// and the CA that signed its certificate and signs the proxies'.
+    pub secure: Option<(SocketAddr, std::sync::Arc<meshbridge::testing::pki::TestPki>)>,
     /// `/ready` and `/debug/...` (8080 in a cluster).
     pub http_addr: SocketAddr,
     /// Prometheus metrics (15014 in a cluster).
@@ -228,7 +238,7 @@ impl Istiod {
                 .args(["--grpcAddr", &grpc_addr.to_string()])
                 .args(["--httpAddr", &http_addr.to_string()])
                 .args(["--monitoringAddr", &monitoring_addr.to_string()])
-                .args(["--secureGRPCAddr", "", "--httpsAddr", ""])
+                .args(["--httpsAddr", ""])
                 .args(["--ctrlz_address", "127.0.0.1", "--ctrlz_port", &free_port().to_string()])
                 .args(["--log_output_level", "default:info"])
                 // Relative paths it reads (./var/lib/istio/inject, ./etc/...)
@@ -243,6 +253,22 @@ impl Istiod {
                 .env("VALIDATION_WEBHOOK_CONFIG_NAME", "")
                 // Go's runtime sizes itself by the cores it sees: 2 here.
                 .env("GOMAXPROCS", "2");
+            let secure = if options.secure_xds {
+                let ca = meshbridge::testing::pki::TestPki::new("istiod e2e ca")?;
+                let cert = ca.server("istiod", &["istiod.istio-system.svc"], &[])?;
+                let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+                cmd.args(["--secureGRPCAddr", &addr.to_string()])
+                    .arg("--tlsCertFile")
+                    .arg(&cert.cert)
+                    .arg("--tlsKeyFile")
+                    .arg(&cert.key)
+                    .arg("--caCertFile")
+                    .arg(&ca.ca.cert);
+                Some((addr, std::sync::Arc::new(ca)))
+            } else {
+                cmd.args(["--secureGRPCAddr", ""]);
+                None
+            };
             if options.upstream_envoy {
                 cmd.env("PILOT_ENABLE_METADATA_EXCHANGE", "false");
             }
@@ -252,7 +278,8 @@ impl Istiod {
             let guard = ChildGuard::spawn("istiod", cmd, dir.path().join("istiod.log"))?;
             let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
             let gateway_port = None;
-            let mut istiod = Istiod { version, grpc_addr, http_addr, monitoring_addr, gateway_port, http, guard, dir };
+            let mut istiod =
+                Istiod { version, grpc_addr, secure, http_addr, monitoring_addr, gateway_port, http, guard, dir };
             match istiod.wait_ready().await {
                 Ok(()) if options.stock_gateway_listeners => {
                     istiod.gateway_port = Some(istiod.add_gateway_service(api).await?);
@@ -333,6 +360,56 @@ impl Istiod {
             metadata: Some(format!("{{ LABELS: {{ {} }}, NAMESPACE: {GATEWAY_NAMESPACE} }}", gateway_selector())),
         };
         let envoy = Envoy::start_gateway_as(&node, self.grpc_addr, AdsMode::Sotw, listen_port).await?;
+        self.wait_gateway_listener(api, envoy, listen_port).await
+    }
+
+    /// [`Istiod::gateway_envoy`] over istiod's TLS xDS port, presenting a
+    /// client certificate of the gateway's identity
+    /// (`spiffe://cluster.local/ns/higress-system/sa/higress-gateway`), as
+    /// an Istio agent does for it: istiod then serves it the Secrets its
+    /// clusters name (`credentialName`), where the ServiceAccount may list
+    /// Secrets (a SubjectAccessReview). Needs [`Options::secure_xds`].
+    pub async fn secure_gateway_envoy(&self, api: &ApiServer) -> anyhow::Result<Envoy> {
+        let listen_port = self
+            .gateway_port
+            .with_context(|| format!("{}: started without Options::stock_gateway_listeners", self.version))?;
+        let (addr, ca) =
+            self.secure.as_ref().with_context(|| format!("{}: started without secure_xds", self.version))?;
+        let identity = format!("URI:spiffe://cluster.local/ns/{GATEWAY_NAMESPACE}/sa/{GATEWAY_SERVICE}");
+        let client = ca.issue("gateway", &[identity])?;
+        let pem = |p: &std::path::Path| -> anyhow::Result<String> {
+            Ok(serde_json::to_string(&std::fs::read_to_string(p)?)?)
+        };
+        // CLUSTER_ID as the agent sends it: istiod reads the proxy's
+        // Secrets from the cluster it names (istiod's own is `Kubernetes`).
+        let node = Node {
+            id: GATEWAY_NODE.into(),
+            cluster: GATEWAY_SERVICE.into(),
+            metadata: Some(format!(
+                "{{ LABELS: {{ {} }}, NAMESPACE: {GATEWAY_NAMESPACE}, CLUSTER_ID: Kubernetes }}",
+                gateway_selector()
+            )),
+        };
+        let mut yaml =
+            crate::envoy::bootstrap(&node, *addr, AdsMode::Sotw, 0, listen_port, crate::envoy::Listeners::Ads);
+        let socket = format!(
+            "      transport_socket:\n        name: envoy.transport_sockets.tls\n        typed_config:\n          \
+             \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n          \
+             sni: istiod.istio-system.svc\n          common_tls_context:\n            alpn_protocols: [h2]\n            \
+             tls_certificates:\n              - certificate_chain: {{ inline_string: {} }}\n                \
+             private_key: {{ inline_string: {} }}\n            validation_context:\n              \
+             trusted_ca: {{ inline_string: {} }}\n",
+            pem(&client.cert)?,
+            pem(&client.key)?,
+            pem(&ca.ca.cert)?
+        );
+        let at = yaml.find("      connect_timeout: 1s\n").context("the xds cluster in the bootstrap")?;
+        yaml.insert_str(at, &socket);
+        let envoy = Envoy::start_bootstrap(&yaml, 0, listen_port).await?;
+        self.wait_gateway_listener(api, envoy, listen_port).await
+    }
+
+    async fn wait_gateway_listener(&self, api: &ApiServer, envoy: Envoy, listen_port: u16) -> anyhow::Result<Envoy> {
         // Until its listener is on the target port: see
         // [`Istiod::refresh_gateway`] (1.27 needs one relabelling once the
         // Envoy is connected; master has it at once).

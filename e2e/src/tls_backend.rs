@@ -1,6 +1,8 @@
 //! A tiny HTTPS backend with a self-signed certificate (made by the openssl
-//! CLI in a temp dir): it records the TLS server name (SNI) of every
-//! connection and answers every HTTP/1.1 request `200 {name}`.
+//! CLI in a temp dir), or with a server config of the test's own (one that
+//! requires a client certificate: [`TlsBackend::start_with`]): it records
+//! the TLS server name (SNI) and the client certificate of every connection
+//! it accepts and answers every HTTP/1.1 request `200 {name}`.
 
 use std::net::SocketAddr;
 use std::process::Command;
@@ -18,9 +20,17 @@ use tokio_rustls::TlsAcceptor;
 pub struct TlsBackend {
     pub addrs: Vec<SocketAddr>,
     pub name: String,
-    server_names: Arc<Mutex<Vec<Option<String>>>>,
+    handshakes: Arc<Mutex<Vec<Handshake>>>,
     tasks: Vec<JoinHandle<()>>,
-    _dir: TempDir,
+    _dir: Option<TempDir>,
+}
+
+/// What one accepted connection's handshake showed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handshake {
+    pub server_name: Option<String>,
+    /// The DER of the client's leaf certificate, when it sent one.
+    pub client_cert: Option<Vec<u8>>,
 }
 
 /// A P-256 certificate for `dns_name`, valid for two days: (cert, key) PEM.
@@ -55,31 +65,51 @@ impl TlsBackend {
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
             .with_single_cert(certs, key)?;
-        let acceptor = TlsAcceptor::from(Arc::new(config));
-        let server_names = Arc::new(Mutex::new(Vec::new()));
+        let mut backend = TlsBackend::start_with(addrs, Arc::new(config), name).await?;
+        backend._dir = Some(dir);
+        Ok(backend)
+    }
+
+    /// Listen on every address in `addrs` with `config`; `name` is the body
+    /// of every answer. A connection whose handshake fails (no client
+    /// certificate where `config` requires one) is not recorded.
+    pub async fn start_with(
+        addrs: &[SocketAddr],
+        config: Arc<rustls::ServerConfig>,
+        name: &str,
+    ) -> anyhow::Result<TlsBackend> {
+        let acceptor = TlsAcceptor::from(config);
+        let handshakes = Arc::new(Mutex::new(Vec::new()));
         let mut bound = Vec::new();
         let mut tasks = Vec::new();
         for addr in addrs {
             let listener = TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
             bound.push(listener.local_addr()?);
-            tasks.push(tokio::spawn(serve(listener, acceptor.clone(), server_names.clone(), name.to_string())));
+            tasks.push(tokio::spawn(serve(listener, acceptor.clone(), handshakes.clone(), name.to_string())));
         }
-        Ok(TlsBackend { addrs: bound, name: name.to_string(), server_names, tasks, _dir: dir })
+        Ok(TlsBackend { addrs: bound, name: name.to_string(), handshakes, tasks, _dir: None })
     }
 
     /// The SNI of every TLS connection accepted so far, in order.
     pub fn server_names(&self) -> Vec<Option<String>> {
-        self.server_names.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.handshakes().into_iter().map(|h| h.server_name).collect()
+    }
+
+    /// Every TLS connection accepted so far, in order.
+    pub fn handshakes(&self) -> Vec<Handshake> {
+        self.handshakes.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 }
 
-async fn serve(listener: TcpListener, acceptor: TlsAcceptor, names: Arc<Mutex<Vec<Option<String>>>>, body: String) {
+async fn serve(listener: TcpListener, acceptor: TlsAcceptor, seen: Arc<Mutex<Vec<Handshake>>>, body: String) {
     while let Ok((sock, _)) = listener.accept().await {
-        let (acceptor, names, body) = (acceptor.clone(), names.clone(), body.clone());
+        let (acceptor, seen, body) = (acceptor.clone(), seen.clone(), body.clone());
         tokio::spawn(async move {
             let Ok(mut tls) = acceptor.accept(sock).await else { return };
-            let sni = tls.get_ref().1.server_name().map(str::to_string);
-            names.lock().unwrap_or_else(PoisonError::into_inner).push(sni);
+            let conn = tls.get_ref().1;
+            let server_name = conn.server_name().map(str::to_string);
+            let client_cert = conn.peer_certificates().and_then(|c| c.first()).map(|c| c.to_vec());
+            seen.lock().unwrap_or_else(PoisonError::into_inner).push(Handshake { server_name, client_cert });
             let mut buf = vec![0u8; 8192];
             let mut seen = Vec::new();
             // Keep-alive: answer each request head on the connection.

@@ -68,7 +68,7 @@ async fn canary_routes_reach_istiod_and_carry_traffic_through_its_gateway(versio
     std::fs::write(dir.path().join("shop.yaml"), canary_ingresses(HOST).join("---\n")).unwrap();
     let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
     let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
-    let options = Options { version, upstream_envoy: true, stock_gateway_listeners: true };
+    let options = Options { version, upstream_envoy: true, stock_gateway_listeners: true, secure_xds: false };
     let istiod = Istiod::start(&api, app.xds_addr, options)
         .await
         .unwrap_or_else(|e| panic!("start {version} (source e2e/env.sh istiod istiod-1.27): {e:#}"));

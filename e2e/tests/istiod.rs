@@ -147,7 +147,7 @@ impl Stack {
         std::fs::write(dir.path().join("mcpbridge.yaml"), config(&consul)).unwrap();
         let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
         let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
-        let options = Options { version, upstream_envoy: true, stock_gateway_listeners: false };
+        let options = Options { version, upstream_envoy: true, stock_gateway_listeners: false, secure_xds: false };
         let istiod = Istiod::start(&api, app.xds_addr, options)
             .await
             .unwrap_or_else(|e| panic!("start {version} (source e2e/env.sh istiod istiod-1.27): {e:#}"));
@@ -397,7 +397,7 @@ impl Figure {
     async fn start(app: &App, version: Version) -> Figure {
         let api = ApiServer::start().await.expect("start kube-apiserver");
         let started = Instant::now();
-        let options = Options { version, upstream_envoy: true, stock_gateway_listeners: false };
+        let options = Options { version, upstream_envoy: true, stock_gateway_listeners: false, secure_xds: false };
         let istiod =
             Istiod::start(&api, app.xds_addr, options).await.unwrap_or_else(|e| panic!("start {version}: {e:#}"));
         println!("{version} ready in {:?}", started.elapsed());

@@ -86,10 +86,13 @@ async fn a_service_in_two_registries_reaches_istiod_merged_and_fails_over_by_pri
     std::fs::write(dir.path().join("mcpbridge.yaml"), bridge(&east, &west, "")).unwrap();
     let app = App::start(RunArgs::loopback(dir.path())).await.expect("start meshbridge");
     let api = ApiServer::start().await.expect("start kube-apiserver (source e2e/env.sh kube-apiserver kubetools)");
-    let istiod =
-        Istiod::start(&api, app.xds_addr, Options { version, upstream_envoy: true, stock_gateway_listeners: false })
-            .await
-            .unwrap_or_else(|e| panic!("start {version} (source e2e/env.sh istiod istiod-1.27): {e:#}"));
+    let istiod = Istiod::start(
+        &api,
+        app.xds_addr,
+        Options { version, upstream_envoy: true, stock_gateway_listeners: false, secure_xds: false },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("start {version} (source e2e/env.sh istiod istiod-1.27): {e:#}"));
 
     // One ServiceEntry with both registries' endpoints, each labelled.
     let se =

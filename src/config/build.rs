@@ -105,6 +105,7 @@ impl Builder {
                             name: s.name.clone(),
                             cert_chain_pem: crt.expose().to_string(),
                             private_key_pem: key.clone(),
+                            ca_cert_pem: s.data.get("ca.crt").map(|ca| ca.expose().to_string()),
                         });
                     }
                     secrets.entry(s.name.as_str()).or_default().push(s)

@@ -389,3 +389,26 @@ fn fields_condition_names_what_is_pruned() {
     let s = super::with_fields_condition(status, &CrdFields::Complete, None, SystemTime::UNIX_EPOCH);
     assert_eq!(s["conditions"][0]["status"], "True");
 }
+
+/// A `proxy-ssl-secret` is a referenced Secret (read by name), in the
+/// Ingress's namespace unless it names one; a malformed one is none.
+#[test]
+fn proxy_ssl_secrets_are_referenced() {
+    let with = |value: &str, key: &str| {
+        let mut i = ingress(None, Some("higress"));
+        i.metadata.annotations.get_or_insert_default().insert(key.into(), value.into());
+        Arc::new(i)
+    };
+    let a = super::watch::Assembler::new("higress".into());
+    let ingresses = [
+        with("client", "nginx.ingress.kubernetes.io/proxy-ssl-secret"),
+        with("higress-system/gw-client", "higress.io/proxy-ssl-secret"),
+        with("a/b/c", "higress.io/proxy-ssl-secret"),
+    ];
+    let refs = a.referenced(&[], &ingresses, &[]);
+    let want: BTreeSet<(String, String)> = [("n", "client"), ("higress-system", "gw-client")]
+        .iter()
+        .map(|(n, s)| (n.to_string(), s.to_string()))
+        .collect();
+    assert_eq!(refs, want);
+}

@@ -2,7 +2,8 @@
 //! a `get`, when a reference to it appears and again every
 //! `--secret-resync-interval` ([`SECRET_RESYNC`] by default). No Secret is listed or watched, so RBAC needs only
 //! `get` on Secrets, and only in the namespaces that hold referenced ones:
-//! the McpBridges' (`authSecretName`) and the Ingresses' (`spec.tls[]`).
+//! the McpBridges' (`authSecretName`) and the Ingresses' (`spec.tls[]`),
+//! or the one a `proxy-ssl-secret` names.
 //!
 //! The trade-off, against a watch: a changed Secret (a rotated
 //! certificate, a new token) is seen within the resync interval, not at once,

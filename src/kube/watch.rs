@@ -5,8 +5,9 @@
 //! Objects go through `config::parse_object` and `config::Builder`, the
 //! functions the directory source uses, so a McpBridge means the same thing
 //! whichever way it arrives. Only referenced Secrets are read: those named
-//! by an `authSecretName` (in its McpBridge's namespace) and by an
-//! Ingress's `spec.tls[].secretName` (in the Ingress's namespace). A
+//! by an `authSecretName` (in its McpBridge's namespace), by an
+//! Ingress's `spec.tls[].secretName` (in the Ingress's namespace) and by its
+//! `proxy-ssl-secret` (`[namespace/]name`). A
 //! Secret's data ends up in the registry spec it resolves into, so the
 //! reconciler, which restarts a watcher only when its spec changed, restarts
 //! exactly the watchers that use a changed Secret.
@@ -34,6 +35,7 @@ use super::args::{DEFAULT_MCPBRIDGE, KubeError, SourceOptions};
 use super::secrets::{SecretRef, Secrets};
 use crate::config::{Builder, Desired, Document, FieldError, IngressDoc, parse_object};
 use crate::model::ingress;
+use crate::model::ingress::{PROXY_SSL_SECRET_KEYS, secret_ref};
 
 /// Wait this long after a change for the rest of a burst (a relist, a
 /// `kubectl apply` of several objects) before rebuilding.
@@ -278,7 +280,8 @@ impl Assembler {
 
     /// The Secrets the stores' objects reference: each McpBridge entry's
     /// `authSecretName` in the McpBridge's namespace, and the
-    /// `spec.tls[].secretName` of each Ingress of our class in its own.
+    /// `spec.tls[].secretName` of each Ingress of our class in its own, and
+    /// its `proxy-ssl-secret` (`[namespace/]name`).
     fn references(&self, stores: &Stores) -> BTreeSet<SecretRef> {
         let classes = stores.classes.state();
         self.referenced(&stores.bridges.state(), &stores.ingresses.state(), &classes)
@@ -309,6 +312,11 @@ impl Assembler {
             let ns = ing.namespace().unwrap_or_default();
             for tls in ing.spec.iter().flat_map(|s| s.tls.iter().flatten()) {
                 refs.extend(tls.secret_name.clone().filter(|n| !n.is_empty()).map(|n| (ns.clone(), n)));
+            }
+            // The client certificate for mutual TLS to the backends.
+            let annotations = ing.annotations();
+            if let Some(v) = PROXY_SSL_SECRET_KEYS.iter().find_map(|k| annotations.get(*k)) {
+                refs.extend(secret_ref(v, &ns).ok());
             }
         }
         refs

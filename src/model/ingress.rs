@@ -383,6 +383,43 @@ impl Metadata {
     }
 }
 
+// ---- proxy-ssl-secret ------------------------------------------------------
+
+/// The keys `proxy-ssl-secret` is read under, as Higress reads it
+/// (`higress.io/` first).
+pub const PROXY_SSL_SECRET_KEYS: [&str; 2] =
+    ["higress.io/proxy-ssl-secret", "nginx.ingress.kubernetes.io/proxy-ssl-secret"];
+
+/// Why a `proxy-ssl-secret` value names no Secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretNameError {
+    /// Not `[namespace/]name` with a DNS-1123 label and subdomain (shown
+    /// clipped).
+    #[error("{0:?} is not [namespace/]name of a Secret")]
+    Form(String),
+}
+
+/// `proxy-ssl-secret`'s `[namespace/]name` (Higress's
+/// `util.SplitNamespacedName`), as `(namespace, name)`: the Ingress's
+/// namespace when none is given.
+pub fn secret_ref(value: &str, ingress_namespace: &str) -> Result<(String, String), SecretNameError> {
+    let v = value.trim();
+    let (ns, name) = v.split_once('/').unwrap_or((ingress_namespace, v));
+    if valid_dns_label(ns) && meshbridge_registries::names::is_dns1123_subdomain(name) {
+        Ok((ns.to_owned(), name.to_owned()))
+    } else {
+        Err(SecretNameError::Form(clip(value).into_owned()))
+    }
+}
+
+impl Metadata {
+    /// The Secret `proxy-ssl-secret` names, when it names one.
+    pub fn proxy_ssl_secret(&self, ingress_namespace: &str) -> Option<(String, String)> {
+        let v = PROXY_SSL_SECRET_KEYS.iter().find_map(|k| self.annotation(k))?;
+        secret_ref(v, ingress_namespace).ok()
+    }
+}
+
 // ---- higress.io/destination ------------------------------------------------
 
 /// One line of `higress.io/destination`: `[NN%] host[:port] [subset]`.

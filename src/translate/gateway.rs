@@ -70,7 +70,8 @@ pub struct GatewayOutput {
     pub clusters: Vec<Resource>,
     /// The subset clusters' endpoints (an aggregate cluster has none).
     pub load_assignments: Vec<Resource>,
-    /// SDS Secrets (certificate and key) the HTTPS chains name.
+    /// SDS Secrets (certificate and key) the HTTPS chains and the clusters'
+    /// mutual TLS name.
     pub secrets: Vec<Resource>,
     /// Objects, servers, routes and destinations left out, and why.
     pub warnings: Vec<Warning>,
@@ -91,7 +92,7 @@ pub fn envoy_gateway<'a>(
     let mut warnings = Vec::new();
     let specs = spec::collect(objects, &mut warnings);
     let servers = servers::servers(&specs.gateways, tls, &mut warnings);
-    let mut clusters = clusters::Clusters::new(services, &specs.destination_rules);
+    let mut clusters = clusters::Clusters::new(services, &specs.destination_rules, tls);
     let bound = routes::bind(&specs, &mut clusters, &mut warnings);
 
     for b in &bound {
@@ -126,16 +127,20 @@ pub fn envoy_gateway<'a>(
                 Reason::Unservable,
                 format!("HTTPS port {} is also an HTTP port; no HTTPS listener", opts.https_port),
             ));
+            secrets.clear();
         } else {
             let rc = routes::route_configuration(name.clone(), &bound, &servers, Side::Https);
             out.routes.push(Resource::new(name.clone(), canonical::route_configuration_any(rc)));
             let listener = listeners::https_listener(&name, opts.https_port, chains);
             out.listeners.push(Resource::new(name, pack_any(listener)));
-            out.secrets = secrets.into_values().collect();
         }
     }
 
-    (out.clusters, out.load_assignments, out.referenced) = clusters.into_resources();
+    let made = clusters.into_resources();
+    (out.clusters, out.load_assignments, out.referenced) = (made.clusters, made.load_assignments, made.referenced);
+    // One SDS Secret for a certificate both served and presented upstream.
+    secrets.extend(made.secrets);
+    out.secrets = secrets.into_values().collect();
     out.listeners.sort_by(|a, b| a.name.cmp(&b.name));
     out.routes.sort_by(|a, b| a.name.cmp(&b.name));
     dedup_keep_order(&mut warnings);

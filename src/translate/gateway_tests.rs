@@ -109,6 +109,7 @@ fn tls(namespace: &str, name: &str) -> GatewayTls {
         name: name.into(),
         cert_chain_pem: CERT.into(),
         private_key_pem: Secret::new(KEY),
+        ca_cert_pem: None,
     }
 }
 
@@ -971,3 +972,6 @@ fn a_local_rate_limit_is_the_filter_config_of_its_route() {
 
 #[path = "gateway/fallback_tests.rs"]
 mod fallback_tests;
+
+#[path = "gateway_mtls_tests.rs"]
+mod mtls;

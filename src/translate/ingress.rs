@@ -61,6 +61,8 @@ mod fallback_tests;
 mod ingress_tests;
 #[cfg(test)]
 mod policy_route_tests;
+#[cfg(test)]
+mod upstream_tls_tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -197,7 +199,8 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
                 None
             }
         };
-        let ann = IngressAnnotations::read(&ingress.metadata);
+        let mut ann = IngressAnnotations::read(&ingress.metadata, &doc.namespace);
+        t.client_certificate(&id, &mut ann);
         for key in &ann.ignored {
             t.ignored_annotations += 1;
             t.warnings.push(Warning::new(
@@ -811,6 +814,42 @@ impl Translator<'_> {
         };
         let port = port.map(|n| PortSelector { number: n.into() });
         Some(Destination { host, subset: None, port, port_name: None })
+    }
+
+    /// Name `proxy-ssl-secret`'s Secret in the `MUTUAL` policy as stock
+    /// istiod reads a DestinationRule's `credentialName`: plainly when it
+    /// is in the gateway's namespace (the proxy's, where Istio looks), else
+    /// as `kubernetes-gateway://{namespace}/{name}`, which the standalone
+    /// gateway reads but stock istiod serves only to a Gateway allowed that
+    /// Secret (Higress's fork reads its own `kubernetes-ingress://` names).
+    fn client_certificate(&mut self, id: &str, ann: &mut IngressAnnotations) {
+        let Some(secret) = &ann.client_secret else { return };
+        let Some(tls) = ann.upstream.as_mut().and_then(|p| p.tls.as_mut()) else { return };
+        let (key, ns, name) = (&secret.key, &secret.namespace, &secret.name);
+        let gateway_ns = &self.opts.gateway_namespace;
+        tls.credential_name =
+            Some(if ns == gateway_ns { name.clone() } else { format!("kubernetes-gateway://{ns}/{name}") });
+        if !self.opts.known_secrets.contains(&(ns.clone(), name.clone())) {
+            self.warnings.push(Warning::new(
+                format!("Ingress {id}"),
+                Reason::MissingSecret,
+                format!(
+                    "annotation {key}: no Secret {ns}/{name} with tls.crt and tls.key; connections to the backend \
+                     present no client certificate and fail"
+                ),
+            ));
+        }
+        if ns != gateway_ns {
+            self.warnings.push(Warning::new(
+                format!("Ingress {id}"),
+                Reason::StandaloneOnly,
+                format!(
+                    "annotation {key}: Secret {ns}/{name} is not in the gateway's namespace {gateway_ns}; stock istiod \
+                     serves a DestinationRule's credentialName only from there, so through istiod the backend gets \
+                     no client certificate (copy the Secret into {gateway_ns})"
+                ),
+            ));
+        }
     }
 
     /// Where a backend sends traffic, or why it cannot be routed; the

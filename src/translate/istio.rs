@@ -96,6 +96,7 @@ pub fn destination_rule(registry: &RegistryKey, svc: &Service, preferred: Option
                     mode: ClientTlsMode::Simple,
                     sni: tls.sni.clone(),
                     insecure_skip_verify: None,
+                    credential_name: None,
                 },
             })
             .collect(),

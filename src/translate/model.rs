@@ -241,14 +241,23 @@ impl DestinationRuleSpec {
             (Some(p), Some(f)) if p.port_level_settings.is_empty() => {
                 // In Istio a port's settings replace the rule's, not add to
                 // them: each registry port keeps this rule's load balancing
-                // and pool beside the registry's TLS.
+                // and pool beside the registry's TLS. This rule's mutual
+                // TLS (a client certificate the backend asks for) replaces
+                // the registry's, whose SNI it keeps when it has none.
                 let (lb, pool) = (p.load_balancer.clone(), p.connection_pool.clone());
+                let mutual = p.tls.clone().filter(|t| t.mode == ClientTlsMode::Mutual);
                 p.port_level_settings = f
                     .port_level_settings
                     .iter()
                     .map(|port| PortTrafficPolicy {
                         load_balancer: port.load_balancer.clone().or_else(|| lb.clone()),
                         connection_pool: port.connection_pool.clone().or_else(|| pool.clone()),
+                        tls: match &mutual {
+                            Some(t) => {
+                                ClientTlsSettings { sni: t.sni.clone().or_else(|| port.tls.sni.clone()), ..t.clone() }
+                            }
+                            None => port.tls.clone(),
+                        },
                         ..port.clone()
                     })
                     .collect();
@@ -441,7 +450,8 @@ pub enum H2UpgradePolicy {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClientTlsSettings {
-    /// `SIMPLE`: TLS to the upstream, no client certificate.
+    /// `SIMPLE`: TLS to the upstream, no client certificate; `MUTUAL`: with
+    /// the client certificate of `credential_name`.
     pub mode: ClientTlsMode,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sni: Option<String>,
@@ -449,6 +459,11 @@ pub struct ClientTlsSettings {
     /// not checked (Higress's `backend-protocol: HTTPS`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub insecure_skip_verify: Option<bool>,
+    /// `MUTUAL`: the Secret with the client certificate (`tls.crt`,
+    /// `tls.key`) and, to verify the upstream, its CA (`ca.crt`): a name in
+    /// the gateway's namespace, or `kubernetes-gateway://{namespace}/{name}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_name: Option<String>,
 }
 
 /// `ClientTLSSettings.TLSmode`.

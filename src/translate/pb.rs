@@ -191,11 +191,12 @@ impl From<&ConnectionPoolSettings> for pb::ConnectionPoolSettings {
 
 impl From<&ClientTlsSettings> for pb::ClientTlsSettings {
     fn from(t: &ClientTlsSettings) -> Self {
-        let ClientTlsSettings { mode, sni, insecure_skip_verify } = t;
+        let ClientTlsSettings { mode, sni, insecure_skip_verify, credential_name } = t;
         pb::ClientTlsSettings {
             mode: *mode as i32,
             sni: sni.clone().unwrap_or_default(),
             insecure_skip_verify: *insecure_skip_verify,
+            credential_name: credential_name.clone().unwrap_or_default(),
             ..Default::default()
         }
     }

@@ -211,6 +211,20 @@ spec:
     assert_eq!(clusters, ["outbound|8080||orders.eureka", "outbound|8080||UserService.DEFAULT-GROUP.public.nacos"]);
 }
 
+/// The DestinationRule of a registry service reached over TLS: per-port
+/// SIMPLE TLS.
+fn registry_tls_rule() -> model::DestinationRuleSpec {
+    let set = config_set(&view(tls_services()));
+    set.objects("DestinationRule")
+        .find_map(|o| match &o.spec {
+            model::Spec::DestinationRule(d) if !d.traffic_policy.as_ref().unwrap().port_level_settings.is_empty() => {
+                Some(d.clone())
+            }
+            _ => None,
+        })
+        .expect("a registry rule with per-port TLS")
+}
+
 /// Istio takes a port's settings instead of the rule's: when an Ingress
 /// rule with an upstream policy takes a registry rule's per-port TLS, each
 /// port keeps the Ingress's load balancing and pool beside that TLS.
@@ -220,16 +234,7 @@ fn an_ingress_policy_reaches_the_registry_rules_ports() {
         ConnectionPoolSettings, ConsistentHash, DestinationRuleSpec, H2UpgradePolicy, HttpPoolSettings,
         LoadBalancerSettings, TrafficPolicy,
     };
-    let set = config_set(&view(tls_services()));
-    let registry = set
-        .objects("DestinationRule")
-        .find_map(|o| match &o.spec {
-            model::Spec::DestinationRule(d) if !d.traffic_policy.as_ref().unwrap().port_level_settings.is_empty() => {
-                Some(d.clone())
-            }
-            _ => None,
-        })
-        .expect("a registry rule with per-port TLS");
+    let registry = registry_tls_rule();
     let lb = LoadBalancerSettings::ConsistentHash(ConsistentHash::UseSourceIp(true));
     let pool = ConnectionPoolSettings { http: HttpPoolSettings { h2_upgrade_policy: H2UpgradePolicy::Upgrade } };
     let mut ingress = DestinationRuleSpec {
@@ -249,6 +254,33 @@ fn an_ingress_policy_reaches_the_registry_rules_ports() {
     for p in ports {
         assert_eq!((p.load_balancer.as_ref(), p.connection_pool.as_ref()), (Some(&lb), Some(&pool)), "{p:?}");
         assert_eq!(p.tls.mode, model::ClientTlsMode::Simple);
+    }
+}
+
+/// An Ingress's mutual TLS (`proxy-ssl-secret`) replaces a registry rule's
+/// per-port SIMPLE TLS, keeping the registry's SNI when it has none, since
+/// the backend asks for the certificate.
+#[test]
+fn an_ingress_client_certificate_replaces_the_registry_rules_tls() {
+    use crate::translate::model::{ClientTlsMode, ClientTlsSettings, DestinationRuleSpec, TrafficPolicy};
+    let registry = registry_tls_rule();
+    let mutual = ClientTlsSettings {
+        mode: ClientTlsMode::Mutual,
+        sni: None,
+        insecure_skip_verify: Some(true),
+        credential_name: Some("client".into()),
+    };
+    let mut ingress = DestinationRuleSpec {
+        host: registry.host.clone(),
+        traffic_policy: Some(TrafficPolicy { tls: Some(mutual.clone()), ..TrafficPolicy::default() }),
+        subsets: vec![],
+    };
+    ingress.fill_unset(&registry);
+    let registry_ports = registry.traffic_policy.unwrap().port_level_settings;
+    let ports = ingress.traffic_policy.unwrap().port_level_settings;
+    assert_eq!(ports.len(), registry_ports.len());
+    for (p, r) in ports.iter().zip(&registry_ports) {
+        assert_eq!(p.tls, ClientTlsSettings { sni: r.tls.sni.clone(), ..mutual.clone() }, "{p:?}");
     }
 }
 

@@ -13,12 +13,20 @@ use envoy_types::util::pack_any;
 use meshbridge_registries::{Service, Tls};
 use prost::Message;
 
+use envoy_types::pb::envoy::config::core::v3::{TransportSocket, transport_socket};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CertificateValidationContext, CommonTlsContext, SdsSecretConfig, UpstreamTlsContext,
+    common_tls_context::ValidationContextType,
+};
+
 use super::fallback;
+use super::listeners::{TLS_TRANSPORT_SOCKET, ads, inline, secret_name, tls_secret};
+use super::servers::{find_tls, is_pem};
 use super::spec::Named;
-use crate::model::CachedService;
+use crate::model::{CachedService, TlsSecret as GatewayTls};
 use crate::resources::Resource;
 use crate::translate::model::{
-    ClientTlsSettings, ConsistentHash, Destination, DestinationRuleSpec, H2UpgradePolicy, HttpCookie,
+    ClientTlsMode, ClientTlsSettings, ConsistentHash, Destination, DestinationRuleSpec, H2UpgradePolicy, HttpCookie,
     LoadBalancerSettings, PortSelector, SimpleLb,
 };
 use crate::translate::{envoy, merge};
@@ -64,6 +72,10 @@ pub enum NoCluster {
     /// The destination names a subset, and no DestinationRule is for the host.
     #[error("subset {subset:?}: no DestinationRule for host {host}")]
     NoDestinationRule { host: String, subset: String },
+    /// A DestinationRule's `MUTUAL` TLS names no usable client certificate
+    /// (no such Secret, or verification asked for and no `ca.crt`).
+    #[error("host {host}: no client certificate for mutual TLS: {why}")]
+    ClientCertificate { host: String, why: String },
     /// The service's own cluster could not be read back to derive a subset
     /// cluster from it (a bug, not bad input).
     #[error("cluster {base} could not be decoded to derive {name}")]
@@ -72,6 +84,10 @@ pub enum NoCluster {
 
 pub struct Clusters<'a> {
     services: &'a ServiceLookup<'a>,
+    /// The certificates there are, for `MUTUAL` TLS's `credentialName`.
+    tls: &'a [GatewayTls],
+    /// The SDS Secrets of the client certificates clusters name, by name.
+    secrets: BTreeMap<String, Resource>,
     /// DestinationRules by host, in `namespace/name` order: looked up for
     /// every destination, so not scanned whole each time.
     rules: BTreeMap<&'a str, Vec<&'a Named<'a, DestinationRuleSpec>>>,
@@ -85,20 +101,28 @@ pub struct Clusters<'a> {
 
 /// What an Ingress DestinationRule asks of a host's cluster on one port.
 #[derive(Debug, Clone, Default, PartialEq)]
-struct Policy {
+struct Policy<'a> {
     lb: Option<LoadBalancerSettings>,
     h2: bool,
     tls: Option<ClientTlsSettings>,
+    /// The rule's namespace, where a `credentialName` is looked up.
+    namespace: &'a str,
 }
 
 impl<'a> Clusters<'a> {
-    pub fn new(services: &'a ServiceLookup<'a>, rules: &'a [Named<'a, DestinationRuleSpec>]) -> Self {
+    pub fn new(
+        services: &'a ServiceLookup<'a>,
+        rules: &'a [Named<'a, DestinationRuleSpec>],
+        tls: &'a [GatewayTls],
+    ) -> Self {
         let mut by_host: BTreeMap<&str, Vec<_>> = BTreeMap::new();
         for rule in rules {
             by_host.entry(rule.spec.host.as_str()).or_default().push(rule);
         }
         Clusters {
             services,
+            tls,
+            secrets: BTreeMap::new(),
             rules: by_host,
             made: BTreeMap::new(),
             referenced: BTreeSet::new(),
@@ -146,7 +170,11 @@ impl<'a> Clusters<'a> {
                 Some(subset) => self.subset_labels(host, subset)?,
                 None => &NO_LABELS,
             };
-            let made = subset_cluster(&svc, &registry.name, port, &name, labels, policy.as_ref())?;
+            let client = match policy.as_ref() {
+                Some(p) => self.client_certificate(host, p)?,
+                None => None,
+            };
+            let made = subset_cluster(&svc, &registry.name, port, &name, labels, policy.as_ref(), client)?;
             if let Some(LoadBalancerSettings::ConsistentHash(key)) = policy.as_ref().and_then(|p| p.lb.as_ref()) {
                 self.hashes.insert(name.clone(), hash_policy(key));
             }
@@ -186,18 +214,44 @@ impl<'a> Clusters<'a> {
 
     /// The upstream policy of `host`'s DestinationRule on `port`, as Istio
     /// applies it: the port's own settings when the rule has some (they
-    /// carry the registry's TLS, already on the host's cluster), else the
-    /// rule's. `None` when it asks for nothing.
-    fn policy(&self, host: &str, port: u16) -> Option<Policy> {
+    /// carry the registry's TLS, already on the host's cluster, or an
+    /// Ingress's mutual TLS in its place), else the rule's. `None` when it
+    /// asks for nothing.
+    fn policy(&self, host: &str, port: u16) -> Option<Policy<'a>> {
         let rule = self.rules.get(host)?.iter().find(|r| r.spec.traffic_policy.is_some())?;
         let tp = rule.spec.traffic_policy.as_ref()?;
         let (lb, pool, tls) = match tp.port_level_settings.iter().find(|p| p.port.number == u32::from(port)) {
-            Some(p) => (&p.load_balancer, &p.connection_pool, None),
+            Some(p) => (&p.load_balancer, &p.connection_pool, Some(p.tls.clone()).filter(is_mutual)),
             None => (&tp.load_balancer, &tp.connection_pool, tp.tls.clone()),
         };
         let h2 = pool.as_ref().is_some_and(|p| p.http.h2_upgrade_policy == H2UpgradePolicy::Upgrade);
-        let policy = Policy { lb: lb.clone(), h2, tls };
-        (policy != Policy::default()).then_some(policy)
+        let namespace = rule.namespace;
+        let policy = Policy { lb: lb.clone(), h2, tls, namespace };
+        (policy != Policy { namespace, ..Policy::default() }).then_some(policy)
+    }
+
+    /// The client certificate of a `MUTUAL` policy, its SDS Secret noted
+    /// for the Envoy; `None` for any other policy.
+    fn client_certificate(&mut self, host: &str, p: &Policy<'_>) -> Result<Option<&'a GatewayTls>, NoCluster> {
+        let Some(tls) = p.tls.as_ref().filter(|t| is_mutual(t)) else { return Ok(None) };
+        let why = |why: String| NoCluster::ClientCertificate { host: host.to_string(), why };
+        let credential = tls.credential_name.as_deref().unwrap_or_default();
+        if credential.is_empty() {
+            return Err(why("no credentialName (certificate files are not supported)".into()));
+        }
+        let cert = find_tls(credential, p.namespace, self.tls).map_err(|e| why(e.to_string()))?;
+        if !is_pem(&cert.cert_chain_pem) || !is_pem(cert.private_key_pem.expose()) {
+            return Err(why(format!("secret {}/{}: tls.crt or tls.key is not PEM", cert.namespace, cert.name)));
+        }
+        let verify = tls.insecure_skip_verify != Some(true);
+        if verify && !cert.ca_cert_pem.as_deref().is_some_and(is_pem) {
+            return Err(why(format!(
+                "secret {}/{} has no PEM ca.crt to verify the backend against (proxy-ssl-verify: on)",
+                cert.namespace, cert.name
+            )));
+        }
+        self.secrets.entry(secret_name(cert)).or_insert_with(|| tls_secret(cert));
+        Ok(Some(cert))
     }
 
     /// The labels of `subset` for `host`: the first DestinationRule (by
@@ -219,12 +273,31 @@ impl<'a> Clusters<'a> {
         })
     }
 
-    /// The subset clusters and their load assignments, sorted by name, and
-    /// every host a destination named.
-    pub fn into_resources(self) -> (Vec<Resource>, Vec<Resource>, BTreeSet<String>) {
+    /// The subset clusters and their load assignments, sorted by name,
+    /// every host a destination named, and the SDS Secrets of the client
+    /// certificates the clusters name.
+    pub fn into_resources(self) -> ClusterResources {
         let (clusters, assignments): (Vec<Resource>, Vec<Option<Resource>>) = self.made.into_values().unzip();
-        (clusters, assignments.into_iter().flatten().collect(), self.referenced)
+        ClusterResources {
+            clusters,
+            load_assignments: assignments.into_iter().flatten().collect(),
+            referenced: self.referenced,
+            secrets: self.secrets,
+        }
     }
+}
+
+/// What [`Clusters`] made.
+pub struct ClusterResources {
+    pub clusters: Vec<Resource>,
+    pub load_assignments: Vec<Resource>,
+    pub referenced: BTreeSet<String>,
+    /// By name.
+    pub secrets: BTreeMap<String, Resource>,
+}
+
+fn is_mutual(t: &ClientTlsSettings) -> bool {
+    t.mode == ClientTlsMode::Mutual
 }
 
 /// A subset cluster: the service's own cluster for `port` under another name
@@ -237,7 +310,8 @@ fn subset_cluster(
     port: u16,
     name: &str,
     labels: &BTreeMap<String, String>,
-    policy: Option<&Policy>,
+    policy: Option<&Policy<'_>>,
+    client: Option<&GatewayTls>,
 ) -> Result<(Resource, Option<Resource>), NoCluster> {
     let base = envoy::cluster_name(port, "", &svc.host);
     let broken = || NoCluster::Undecodable { base: base.clone(), name: name.to_string() };
@@ -252,7 +326,7 @@ fn subset_cluster(
         eds.service_name.clear();
     }
     if let Some(p) = policy {
-        apply(&mut cluster, p);
+        apply(&mut cluster, p, client);
     }
 
     let matching = Service {
@@ -276,8 +350,9 @@ fn subset_cluster(
 
 /// An upstream policy on a cluster, as Pilot applies a DestinationRule:
 /// the balancer (a consistent hash is a ring), HTTP/2, and TLS origination
-/// unless the cluster has TLS already (the registry's).
-fn apply(cluster: &mut Cluster, p: &Policy) {
+/// unless the cluster has TLS already (the registry's); mutual TLS with
+/// `client`'s certificate in any case.
+fn apply(cluster: &mut Cluster, p: &Policy<'_>, client: Option<&GatewayTls>) {
     if let Some(lb) = &p.lb {
         let policy = match lb {
             LoadBalancerSettings::Simple(SimpleLb::LeastConn | SimpleLb::LeastRequest) => LbPolicy::LeastRequest,
@@ -290,11 +365,41 @@ fn apply(cluster: &mut Cluster, p: &Policy) {
     if p.h2 && !envoy::is_http2(cluster) {
         envoy::set_http2(cluster);
     }
-    if let Some(t) = &p.tls
-        && cluster.transport_socket.is_none()
-    {
-        let h2 = envoy::is_http2(cluster);
+    let Some(t) = &p.tls else { return };
+    let h2 = envoy::is_http2(cluster);
+    if let Some(cert) = client {
+        cluster.transport_socket = Some(mutual_tls_socket(t, cert, h2));
+    } else if cluster.transport_socket.is_none() {
         cluster.transport_socket = Some(envoy::tls_socket(&Tls { sni: t.sni.clone() }, h2, &[]));
+    }
+}
+
+/// Mutual TLS as Pilot builds it for a `credentialName`: the certificate by
+/// SDS (the cluster carries no key; the xDS server hands the Secret only to
+/// authenticated clients), and, unless `insecureSkipVerify`, the Secret's
+/// `ca.crt` to verify the backend's chain (inline: it is public). Like
+/// Pilot with an `sni` and no `subjectAltNames`, the name is not checked.
+fn mutual_tls_socket(t: &ClientTlsSettings, cert: &GatewayTls, h2: bool) -> TransportSocket {
+    let validation = cert.ca_cert_pem.as_deref().filter(|_| t.insecure_skip_verify != Some(true)).map(|ca| {
+        ValidationContextType::ValidationContext(CertificateValidationContext {
+            trusted_ca: Some(inline(ca)),
+            ..Default::default()
+        })
+    });
+    let common = CommonTlsContext {
+        alpn_protocols: if h2 { vec!["h2".into()] } else { Vec::new() },
+        tls_certificate_sds_secret_configs: vec![SdsSecretConfig { name: secret_name(cert), sds_config: Some(ads()) }],
+        validation_context_type: validation,
+        ..Default::default()
+    };
+    let context = UpstreamTlsContext {
+        sni: t.sni.clone().unwrap_or_default(),
+        common_tls_context: Some(common),
+        ..Default::default()
+    };
+    TransportSocket {
+        name: TLS_TRANSPORT_SOCKET.into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(context))),
     }
 }
 

@@ -45,7 +45,7 @@ pub const ROUTER_FILTER: &str = "envoy.filters.http.router";
 pub const TLS_INSPECTOR: &str = "envoy.filters.listener.tls_inspector";
 pub const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
 
-fn ads() -> ConfigSource {
+pub(super) fn ads() -> ConfigSource {
     ConfigSource {
         resource_api_version: ApiVersion::V3 as i32,
         config_source_specifier: Some(ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
@@ -221,7 +221,7 @@ pub fn https_chains(
     chains
 }
 
-fn inline(pem: &str) -> DataSource {
+pub(super) fn inline(pem: &str) -> DataSource {
     DataSource { specifier: Some(Specifier::InlineString(pem.to_string())), ..Default::default() }
 }
 

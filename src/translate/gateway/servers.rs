@@ -163,7 +163,7 @@ fn classify<'a>(
 
 /// A cheap check that spares Envoy a NACK of the whole listener; it never
 /// looks past the armour line, so nothing of the key can end up in a warning.
-fn is_pem(s: &str) -> bool {
+pub fn is_pem(s: &str) -> bool {
     s.contains("-----BEGIN ")
 }
 

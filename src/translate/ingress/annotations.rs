@@ -68,8 +68,12 @@ pub struct IngressAnnotations {
     /// non-canary routes they repeat instead of making routes of their own.
     pub canary: Option<Canary>,
     /// The upstream group's traffic policy, for the DestinationRule of every
-    /// service this Ingress routes to; `None` when it sets none.
+    /// service this Ingress routes to; `None` when it sets none. A `MUTUAL`
+    /// policy's `credentialName` is left for the translator to fill from
+    /// `client_secret`.
     pub upstream: Option<TrafficPolicy>,
+    /// `proxy-ssl-secret`, when the policy is `MUTUAL`.
+    pub client_secret: Option<upstream::ClientSecret>,
     /// Redirects, timeout, retries, header control, upstream-vhost, CORS.
     pub policy: RoutePolicy,
     /// `match-method`, `*-match-header-*`, `*-match-query-*`.
@@ -262,7 +266,8 @@ impl IngressAnnotations {
 }
 
 impl IngressAnnotations {
-    pub fn read(meta: &Metadata) -> IngressAnnotations {
+    /// Read `meta`'s annotations; `namespace` is the Ingress's.
+    pub fn read(meta: &Metadata, namespace: &str) -> IngressAnnotations {
         let mut out = IngressAnnotations {
             destination: None,
             rewrite: None,
@@ -270,6 +275,7 @@ impl IngressAnnotations {
             ignore_path_case: false,
             canary: None,
             upstream: None,
+            client_secret: None,
             policy: RoutePolicy::default(),
             conditions: Conditions::default(),
             ignored: Vec::new(),
@@ -332,8 +338,12 @@ impl IngressAnnotations {
             cookie_max_age: get(upstream::SESSION_COOKIE_MAX_AGE, true),
             cookie_expires: get(upstream::SESSION_COOKIE_EXPIRES, true),
             backend_protocol: get(upstream::BACKEND_PROTOCOL, true),
+            ssl_secret: get(upstream::PROXY_SSL_SECRET, true),
+            ssl_verify: get(upstream::PROXY_SSL_VERIFY, true),
+            ssl_name: get(upstream::PROXY_SSL_NAME, true),
+            ssl_server_name: get(upstream::PROXY_SSL_SERVER_NAME, true),
         };
-        out.upstream = upstream::read(&found, &mut out.warnings);
+        (out.upstream, out.client_secret) = upstream::read(&found, namespace, &mut out.warnings);
 
         let canary: Vec<Option<(String, String)>> = CANARY_KEYS.iter().map(|k| get(k, true)).collect();
         out.canary = read_canary(&canary, &mut out.warnings);
