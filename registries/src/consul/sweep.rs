@@ -15,7 +15,7 @@ use super::ctx::{Ctx, Event, is_outage};
 use crate::watcher::RegistryError;
 
 /// Index probes pipelined per request batch on one connection.
-pub(crate) const PROBE_BATCH: usize = 64;
+pub(crate) const PROBE_BATCH: usize = 16;
 
 /// What the supervisor and a running sweep share: how far the sweep goes
 /// and what it probes first. A sweep covers positions `0..end` of its
