@@ -378,11 +378,8 @@ where
 type Answer<T> = Pin<Box<dyn Future<Output = Result<Indexed<T>, RegistryError>> + Send>>;
 
 async fn watch_catalog(ctx: Arc<Ctx>, index: u64, tx: mpsc::Sender<Event>) {
-    let query = |ctx: Arc<Ctx>, index: u64| -> Answer<BTreeMap<String, Vec<String>>> {
-        Box::pin(async move {
-            let answer = ctx.client.catalog_services(index, ctx.wait).await?;
-            Ok(Indexed { value: ctx.watched(answer.value), index: answer.index })
-        })
+    let query = |ctx: Arc<Ctx>, index: u64| -> Answer<Vec<u8>> {
+        Box::pin(async move { ctx.client.catalog_services_body(index, ctx.wait).await })
     };
     detect(ctx, "catalog", index, tx, query, Event::Catalog).await;
 }

@@ -76,6 +76,8 @@ pub(crate) struct Client {
     /// Index probes pipelined on raw connections (off: one request at a
     /// time, for measuring what pipelining gains).
     pipelining: bool,
+    /// The query of every index probe (`?tag=…`, `dc`, `ns`), encoded once.
+    probe_query: String,
 }
 
 /// A blocking-query answer and its `X-Consul-Index`.
@@ -166,7 +168,7 @@ impl Client {
             }
             None => None,
         };
-        Ok(Client {
+        let mut client = Client {
             pool: Pool::new(host, port, max_conns, CONNECT_TIMEOUT, tls),
             authority: format!("{host}:{port}"),
             base,
@@ -175,7 +177,10 @@ impl Client {
             datacenter: spec.consul_datacenter.clone().filter(|s| !s.is_empty()),
             namespace: None,
             pipelining: true,
-        })
+            probe_query: String::new(),
+        };
+        client.probe_query = client.encode_probe_query();
+        Ok(client)
     }
 
     pub fn set_pipelining(&mut self, on: bool) {
@@ -185,6 +190,32 @@ impl Client {
     /// Send `ns` on every call from now on (Consul Enterprise only).
     pub fn set_namespace(&mut self, namespace: Option<String>) {
         self.namespace = namespace;
+        self.probe_query = self.encode_probe_query();
+    }
+
+    /// `?tag=…` with `dc` and `ns`, as [`Client::target`] encodes it.
+    fn encode_probe_query(&self) -> String {
+        let target = self.target(&["x"], &[("tag", PROBE_TAG)]);
+        target.find('?').map_or_else(String::new, |at| target[at..].to_string())
+    }
+
+    /// Append the request target of [`Client::service_index`] for `name`.
+    /// A name of URL-safe characters alone (the usual service name) needs
+    /// no encoding and is written as it is; any other goes through
+    /// [`Client::target`].
+    fn write_probe_target(&self, out: &mut Vec<u8>, name: &str) {
+        let plain = !name.is_empty()
+            && name != "."
+            && name != ".."
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'));
+        if plain {
+            out.extend_from_slice(b"/v1/health/service/");
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(self.probe_query.as_bytes());
+        } else {
+            let target = self.target(&["v1", "health", "service", name], &[("tag", PROBE_TAG)]);
+            out.extend_from_slice(target.as_bytes());
+        }
     }
 
     /// The agent's datacenter and version, from `GET /v1/agent/self`.
@@ -228,10 +259,21 @@ impl Client {
         index: u64,
         wait: Duration,
     ) -> Result<Indexed<BTreeMap<String, Vec<String>>>, RegistryError> {
+        let answer = self.catalog_services_body(index, wait).await?;
+        Ok(Indexed { value: self.decode_catalog(&answer.value)?, index: answer.index })
+    }
+
+    /// [`Client::catalog_services`] not decoded yet: the detector's answer,
+    /// which an instance added or removed leaves byte for byte the same.
+    pub async fn catalog_services_body(&self, index: u64, wait: Duration) -> Result<Indexed<Vec<u8>>, RegistryError> {
         let what = "/v1/catalog/services";
         let (body, index) = self.blocking(what, &["v1", "catalog", "services"], &[], index, wait).await?;
-        let value = decode_catalog(&body).map_err(|e| self.bad(what, e.to_string()))?;
-        Ok(Indexed { value, index })
+        Ok(Indexed { value: body, index })
+    }
+
+    /// Decode a `GET /v1/catalog/services` body.
+    pub fn decode_catalog(&self, body: &[u8]) -> Result<BTreeMap<String, Vec<String>>, RegistryError> {
+        decode_catalog(body).map_err(|e| self.bad("/v1/catalog/services", e.to_string()))
     }
 
     /// `GET /v1/catalog/nodes` (node -> `ModifyIndex`), blocking when
@@ -370,8 +412,7 @@ impl Client {
         }
         let mut requests = Vec::with_capacity(names.len() * 256);
         for name in names {
-            let target = self.target(&["v1", "health", "service", name], &[("tag", PROBE_TAG)]);
-            write_get(&mut requests, &target, &self.authority, self.token.as_ref());
+            write_get(&mut requests, |out| self.write_probe_target(out, name), &self.authority, self.token.as_ref());
         }
         let call = async {
             let mut lease = self.pool.checkout_raw().await.ok()?;
@@ -503,11 +544,11 @@ impl Client {
     }
 }
 
-/// Append a GET request for `target` as [`Client::get`] sends it (`Host`,
-/// `User-Agent`, the token if any) to `out`.
-fn write_get(out: &mut Vec<u8>, target: &str, authority: &str, token: Option<&HeaderValue>) {
+/// Append a GET request for the target `target` writes as [`Client::get`]
+/// sends it (`Host`, `User-Agent`, the token if any) to `out`.
+fn write_get(out: &mut Vec<u8>, target: impl FnOnce(&mut Vec<u8>), authority: &str, token: Option<&HeaderValue>) {
     out.extend_from_slice(b"GET ");
-    out.extend_from_slice(target.as_bytes());
+    target(out);
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
     out.extend_from_slice(authority.as_bytes());
     out.extend_from_slice(b"\r\nUser-Agent: meshbridge\r\n");
@@ -558,6 +599,21 @@ mod tests {
         spec.auth.insert("consulToken".into(), crate::Secret::new("s3cret"));
         assert!(Client::new(&spec, 4).is_ok());
         assert!(!format!("{spec:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn probe_targets_are_encoded_as_any_other_target() {
+        let mut spec = RegistrySpec::new(crate::RegistryKind::Consul, "c", "127.0.0.1", 8500);
+        spec.consul_datacenter = Some("dc 1&x".into());
+        let mut client = Client::new(&spec, 4).unwrap();
+        client.set_namespace(Some("team/a".into()));
+        for name in ["svc-1", "a.b_c~d", "web api", "a/b", "ünï", "..", ".", "", "%41", "a?b#c"] {
+            let mut fast = Vec::new();
+            client.write_probe_target(&mut fast, name);
+            let slow = client.target(&["v1", "health", "service", name], &[("tag", PROBE_TAG)]);
+            assert_eq!(String::from_utf8(fast).unwrap(), slow, "{name:?}");
+        }
+        assert!(client.probe_query.contains("dc=dc+1%26x") && client.probe_query.contains("ns=team%2Fa"));
     }
 
     #[test]

@@ -128,8 +128,9 @@ impl Ctx {
 
 /// What the loops tell the supervisor.
 pub(crate) enum Event {
-    /// The catalog detector's answer (tag filter applied).
-    Catalog(Indexed<BTreeMap<String, Vec<String>>>),
+    /// The catalog detector's answer, its body not decoded: the supervisor
+    /// decodes it only when it differs from the last one it decoded.
+    Catalog(Indexed<Vec<u8>>),
     /// A health detector's answer: the checks in one failing state.
     Checks(CheckState, Indexed<CheckPrints>),
     /// The nodes detector's answer: node -> `ModifyIndex`.

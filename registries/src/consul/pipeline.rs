@@ -11,10 +11,18 @@
 //! close`, a body without `Content-Length`, no index, over a cap) ends the
 //! batch: the probes not answered go through the one-request path, which
 //! reports errors as every other call does, and the connection is closed.
+//!
+//! A plain TCP connection is read on a shared tick rather than through
+//! tokio's reactor ([`Raw::Polled`], [`POLL_TICK`]): Consul sends each
+//! answer as its own segment, and the reactor woke a worker for every one.
+
+use std::io::{ErrorKind, Read, Write};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::pool::Io;
+use super::pool::{Io, Raw};
 
 /// The most header bytes of one answer (Consul's are about 300).
 pub(crate) const MAX_HEAD_BYTES: usize = 8 << 10;
@@ -25,6 +33,8 @@ pub(crate) const MAX_PROBE_BODY_BYTES: usize = 64 << 10;
 const MAX_HEADERS: usize = 32;
 /// Bytes asked of the stream per read.
 const READ_CHUNK: usize = 16 << 10;
+/// Bytes asked of a polled socket per read (on the stack).
+const POLLED_CHUNK: usize = 8 << 10;
 
 /// Why a batch ended before its last answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +75,18 @@ impl Answers {
         self.buf.drain(..self.start);
         self.start = 0;
         self.buf.extend_from_slice(bytes);
+    }
+
+    /// Parse every whole answer there is into `indexes`, up to `count` of
+    /// them (more is left pending: [`Oddity::Extra`]).
+    pub fn take_into(&mut self, indexes: &mut Vec<u64>, count: usize) -> Result<(), Oddity> {
+        while indexes.len() < count {
+            match self.next()? {
+                Some(index) => indexes.push(index),
+                None => break,
+            }
+        }
+        Ok(())
     }
 
     /// Bytes received and not yet part of a parsed answer.
@@ -128,12 +150,90 @@ impl Answers {
     }
 }
 
-/// Write `requests` (`count` of them) on `io` and read their answers' indexes
-/// in order. Returns the indexes read, and why it stopped early if it did;
-/// the connection is reusable only when all `count` came with nothing extra.
-/// Answers are read while the requests are still being written, so a batch
-/// larger than the socket buffers cannot deadlock.
-pub(crate) async fn exchange(io: &mut Io, requests: &[u8], count: usize) -> (Vec<u64>, Answers, Option<Oddity>) {
+/// How often a polled connection ([`Raw::Polled`]) is read while a batch
+/// is out. Every polled connection of the process is read on the same
+/// ticks (multiples of this since one epoch), so one timer wake-up serves
+/// every batch in flight: about 1 / `POLL_TICK` wake-ups a second while a
+/// sweep runs, instead of one per answer. An answer waits at most this long
+/// to be read.
+pub(crate) const POLL_TICK: Duration = Duration::from_millis(5);
+
+/// Write `requests` (`count` of them) on `raw` and read their answers'
+/// indexes in order. Returns the indexes read, and why it stopped early if
+/// it did; the connection is reusable only when all `count` came with
+/// nothing extra.
+pub(crate) async fn exchange(raw: &mut Raw, requests: &[u8], count: usize) -> (Vec<u64>, Answers, Option<Oddity>) {
+    match raw {
+        Raw::Polled(tcp) => exchange_polled(tcp, requests, count).await,
+        Raw::Stream(io) => exchange_stream(io, requests, count).await,
+    }
+}
+
+/// [`exchange`] on a non-blocking socket outside the reactor: written and
+/// read without waiting, then again at the next [`POLL_TICK`] until done.
+async fn exchange_polled(
+    tcp: &std::net::TcpStream,
+    requests: &[u8],
+    count: usize,
+) -> (Vec<u64>, Answers, Option<Oddity>) {
+    let mut answers = Answers::default();
+    let mut indexes = Vec::with_capacity(count);
+    let mut chunk = [0u8; POLLED_CHUNK];
+    let mut written = 0;
+    loop {
+        while written < requests.len() {
+            match (&*tcp).write(&requests[written..]) {
+                Ok(0) => return (indexes, answers, Some(Oddity::Closed)),
+                Ok(n) => written += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(_) => return (indexes, answers, Some(Oddity::Closed)),
+            }
+        }
+        loop {
+            match (&*tcp).read(&mut chunk) {
+                Ok(0) => {
+                    // Whatever came before the hang-up still counts.
+                    if let Err(odd) = answers.take_into(&mut indexes, count) {
+                        return (indexes, answers, Some(odd));
+                    }
+                    return (indexes, answers, Some(Oddity::Closed));
+                }
+                Ok(n) => answers.feed(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(_) => return (indexes, answers, Some(Oddity::Closed)),
+            }
+            // Parse as it comes, so that a full socket buffer never holds
+            // more than one chunk unparsed.
+            if let Err(odd) = answers.take_into(&mut indexes, count) {
+                return (indexes, answers, Some(odd));
+            }
+        }
+        if indexes.len() == count {
+            let extra = (answers.pending() > 0).then_some(Oddity::Extra);
+            return (indexes, answers, extra);
+        }
+        tokio::time::sleep_until(next_tick(Instant::now(), POLL_TICK).into()).await;
+    }
+}
+
+/// The first multiple of `tick` after `now`, counted from one epoch for
+/// the whole process, so that every connection polled on that tick is
+/// read on the same timer wake-up.
+pub(crate) fn next_tick(now: Instant, tick: Duration) -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    let tick_ns = tick.as_nanos().max(1);
+    let ticks = now.saturating_duration_since(epoch).as_nanos() / tick_ns + 1;
+    let at = u64::try_from(ticks * tick_ns).unwrap_or(u64::MAX);
+    epoch + Duration::from_nanos(at)
+}
+
+/// [`exchange`] on a stream in the reactor (TLS). Answers are read while
+/// the requests are still being written, so a batch larger than the socket
+/// buffers cannot deadlock.
+async fn exchange_stream(io: &mut Io, requests: &[u8], count: usize) -> (Vec<u64>, Answers, Option<Oddity>) {
     let (mut rd, mut wr) = tokio::io::split(io);
     let write = async move {
         let written = wr.write_all(requests).await;

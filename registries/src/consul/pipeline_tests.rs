@@ -112,7 +112,10 @@ fn reads_are_capped() {
 /// A pipelining server on one end of an in-memory stream: reads requests
 /// and answers each with `reply(n)` as it completes (so answers interleave
 /// with requests still arriving).
-async fn serve(mut io: tokio::io::DuplexStream, reply: impl Fn(usize) -> String) -> Vec<String> {
+async fn serve<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut io: S,
+    reply: impl Fn(usize) -> String,
+) -> Vec<String> {
     let mut got = Vec::new();
     let mut buf = Vec::new();
     let mut chunk = [0u8; 97];
@@ -139,7 +142,7 @@ fn requests(n: usize) -> Vec<u8> {
 async fn exchange_reads_every_answer_in_order() {
     let (client, server) = tokio::io::duplex(512);
     let served = tokio::spawn(serve(server, |n| answer(100 + n as u64)));
-    let mut io: Io = Box::new(client);
+    let mut io = Raw::Stream(Box::new(client));
     let (indexes, _, odd) = exchange(&mut io, &requests(50), 50).await;
     assert_eq!(odd, None);
     assert_eq!(indexes, (101..=150).collect::<Vec<u64>>());
@@ -156,7 +159,7 @@ async fn exchange_stops_at_an_oddity_or_a_hang_up() {
     tokio::spawn(serve(server, |n| {
         if n == 3 { "HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\n\r\n".into() } else { answer(n as u64) }
     }));
-    let mut io: Io = Box::new(client);
+    let mut io = Raw::Stream(Box::new(client));
     let (indexes, _, odd) = exchange(&mut io, &requests(6), 6).await;
     assert_eq!((indexes, odd), (vec![1, 2], Some(Oddity::Status(429))));
 
@@ -167,7 +170,7 @@ async fn exchange_stops_at_an_oddity_or_a_hang_up() {
         let _ = server.read(&mut buf).await;
         let _ = server.write_all(answer(9).as_bytes()).await;
     });
-    let mut io: Io = Box::new(client);
+    let mut io = Raw::Stream(Box::new(client));
     let (indexes, _, odd) = exchange(&mut io, &requests(4), 4).await;
     assert_eq!((indexes, odd), (vec![9], Some(Oddity::Closed)));
 
@@ -179,7 +182,74 @@ async fn exchange_stops_at_an_oddity_or_a_hang_up() {
         let _ = server.write_all(format!("{}{}", answer(1), answer(2)).as_bytes()).await;
         let _ = server.read(&mut buf).await;
     });
-    let mut io: Io = Box::new(client);
+    let mut io = Raw::Stream(Box::new(client));
     let (indexes, _, odd) = exchange(&mut io, &requests(1), 1).await;
     assert_eq!((indexes, odd), (vec![1], Some(Oddity::Extra)));
+}
+
+/// A polled (non-reactor) socket to a [`serve`] on real TCP.
+async fn polled_pair(reply: impl Fn(usize) -> String + Send + 'static) -> (Raw, tokio::task::JoinHandle<Vec<String>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let served = tokio::spawn(async move {
+        let (conn, _) = listener.accept().await.unwrap();
+        serve(conn, reply).await
+    });
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    (Raw::Polled(tcp.into_std().unwrap()), served)
+}
+
+#[tokio::test]
+async fn polled_exchange_reads_every_answer_in_order() {
+    // More requests and answers than one read chunk or socket write holds.
+    let (mut raw, served) = polled_pair(|n| answer(100 + n as u64)).await;
+    let n = 600;
+    let (indexes, answers, odd) = exchange(&mut raw, &requests(n), n).await;
+    assert_eq!(odd, None);
+    assert_eq!(indexes, (101..=100 + n as u64).collect::<Vec<u64>>());
+    assert_eq!(answers.body_bytes, 2 * n as u64);
+    // The connection is good for another batch.
+    let (again, _, odd) = exchange(&mut raw, &requests(3), 3).await;
+    assert_eq!((again, odd), (vec![701, 702, 703], None));
+    drop(raw);
+    let heads = served.await.unwrap();
+    assert_eq!(heads.len(), n + 3);
+    assert!(heads[n - 1].starts_with(&format!("GET /v1/health/service/s{}?tag=x ", n - 1)), "{}", heads[n - 1]);
+}
+
+#[tokio::test]
+async fn polled_exchange_stops_at_an_oddity_or_a_hang_up() {
+    let (mut raw, _) = polled_pair(|n| {
+        if n == 3 { "HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\n\r\n".into() } else { answer(n as u64) }
+    })
+    .await;
+    let (indexes, _, odd) = exchange(&mut raw, &requests(6), 6).await;
+    assert_eq!((indexes, odd), (vec![1, 2], Some(Oddity::Status(429))));
+
+    // The server answers one request and hangs up.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 64];
+        let _ = conn.read(&mut buf).await;
+        let _ = conn.write_all(answer(9).as_bytes()).await;
+    });
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut raw = Raw::Polled(tcp.into_std().unwrap());
+    let (indexes, _, odd) = exchange(&mut raw, &requests(4), 4).await;
+    assert_eq!((indexes, odd), (vec![9], Some(Oddity::Closed)));
+}
+
+#[test]
+fn ticks_are_shared_and_ahead() {
+    let tick = Duration::from_millis(2);
+    let now = Instant::now();
+    let at = next_tick(now, tick);
+    assert!(at > now && at <= now + tick, "{:?}", at - now);
+    // Any instant before a tick is due at that same tick.
+    assert_eq!(next_tick(at - Duration::from_micros(1500), tick), at);
+    assert_eq!(next_tick(at - Duration::from_nanos(1), tick), at);
+    // At a tick, the next one.
+    assert_eq!(next_tick(at, tick), at + tick);
 }

@@ -38,11 +38,32 @@ pub(crate) trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
 pub(crate) type Io = Box<dyn Stream>;
 
+/// A connection lent raw for pipelined probes. A plain TCP one is kept out
+/// of tokio's reactor (`Polled`): its answers arrive one TCP segment each
+/// (Consul writes every answer on its own, with `TCP_NODELAY`), and a
+/// socket in the reactor wakes a parked worker for every segment, which
+/// was most of a probe's CPU (`pipeline.rs` reads it on a timer instead).
+/// A TLS one stays an ordinary stream.
+pub(crate) enum Raw {
+    Polled(std::net::TcpStream),
+    Stream(Io),
+}
+
+impl Raw {
+    /// Back into the reactor, for hyper.
+    fn into_io(self) -> io::Result<Io> {
+        match self {
+            Raw::Polled(tcp) => Ok(Box::new(TcpStream::from_std(tcp)?)),
+            Raw::Stream(io) => Ok(io),
+        }
+    }
+}
+
 /// An idle connection: driven by hyper, or raw (last used for pipelined
 /// probes; hyper takes it over with a handshake, which sends nothing).
 enum Idle {
     Http(Sender),
-    Raw(Io),
+    Raw(Raw),
 }
 
 /// How long a pooled connection may take to say it is ready again.
@@ -157,8 +178,8 @@ impl Pool {
                     // slot frees its place) and look again.
                     debug!("idle consul connection closed");
                 }
-                Some(Idle::Raw(io)) => {
-                    slot.conn = Some(handshake(io).await?);
+                Some(Idle::Raw(raw)) => {
+                    slot.conn = Some(handshake(raw.into_io().map_err(PoolError::Connect)?).await?);
                     slot.reused = true;
                     return Ok(slot);
                 }
@@ -180,7 +201,7 @@ impl Pool {
             .claim(|st| {
                 if let Some(at) = st.idle.iter().rposition(|c| matches!(c, Idle::Raw(_))) {
                     match st.idle.swap_remove(at) {
-                        Idle::Raw(io) => Some(Some(io)),
+                        Idle::Raw(raw) => Some(Some(raw)),
                         Idle::Http(_) => unreachable!("position of a raw connection"),
                     }
                 } else if st.live < st.cap {
@@ -197,8 +218,9 @@ impl Pool {
             .await;
         let mut slot = RawLease { pool: self, io: None, reusable: false };
         slot.io = Some(match idle {
-            Some(io) => io,
-            None => self.connect().await?,
+            Some(raw) => raw,
+            None if self.tls.is_some() => Raw::Stream(self.connect().await?),
+            None => Raw::Polled(self.connect_tcp().await?.into_std().map_err(PoolError::Connect)?),
         });
         Ok(slot)
     }
@@ -218,7 +240,7 @@ impl Pool {
         }
     }
 
-    async fn connect(&self) -> Result<Io, PoolError> {
+    async fn connect_tcp(&self) -> Result<TcpStream, PoolError> {
         let connect = TcpStream::connect((self.host.as_str(), self.port));
         let stream = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(stream)) => stream,
@@ -226,6 +248,11 @@ impl Pool {
             Err(_) => return Err(PoolError::ConnectTimeout),
         };
         let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+
+    async fn connect(&self) -> Result<Io, PoolError> {
+        let stream = self.connect_tcp().await?;
         let Some(tls) = &self.tls else {
             return Ok(Box::new(stream));
         };
@@ -322,12 +349,12 @@ impl Drop for Lease<'_> {
 /// closed otherwise (answers may still be on their way).
 pub(crate) struct RawLease<'a> {
     pool: &'a Pool,
-    io: Option<Io>,
+    io: Option<Raw>,
     reusable: bool,
 }
 
 impl RawLease<'_> {
-    pub fn io(&mut self) -> Option<&mut Io> {
+    pub fn io(&mut self) -> Option<&mut Raw> {
         self.io.as_mut()
     }
 
@@ -463,21 +490,30 @@ mod tests {
         assert!(pool.live() <= 2, "{}", pool.live());
     }
 
+    /// One request on a raw connection, which plain TCP lends polled.
+    async fn raw_get(raw: &mut Raw) {
+        use std::io::{ErrorKind, Read, Write};
+        let Raw::Polled(tcp) = raw else { panic!("plain TCP is lent polled") };
+        (&*tcp).write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+        let mut buf = [0u8; 64];
+        let mut got = 0;
+        while !buf[..got].ends_with(b"ok") {
+            match (&*tcp).read(&mut buf[got..]) {
+                Ok(0) => panic!("closed"),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => tokio::time::sleep(Duration::from_millis(1)).await,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
     #[tokio::test]
     async fn raw_and_http_leases_share_the_cap_and_the_connections() {
         let (port, accepted) = server(Duration::from_millis(1)).await;
         let pool = Pool::new("127.0.0.1", port, 2, Duration::from_secs(1), None);
         // A raw lease given back whole is taken over by hyper: no new connection.
         let mut raw = pool.checkout_raw().await.unwrap();
-        {
-            let io = raw.io().unwrap();
-            io.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
-            let mut buf = [0u8; 64];
-            let mut got = 0;
-            while !buf[..got].ends_with(b"ok") {
-                got += io.read(&mut buf[got..]).await.unwrap();
-            }
-        }
+        raw_get(raw.io().unwrap()).await;
         raw.done();
         drop(raw);
         get(&pool).await;

@@ -51,6 +51,7 @@ impl Supervisor {
                     self.ctx.sink.repaired(RepairKind::MissedChange, &hosts.into_iter().collect::<Vec<_>>());
                 }
                 self.catalog = answer.value;
+                self.catalog_body = None;
                 self.set_members("service left the catalog (anti-entropy)");
                 self.update_degraded();
             }

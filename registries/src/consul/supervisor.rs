@@ -97,6 +97,11 @@ pub(crate) struct Supervisor {
     /// The last catalog answer (tag filter applied), selected or not, so a
     /// new selection is applied without asking Consul.
     catalog: BTreeMap<String, Vec<String>>,
+    /// The catalog detector's answer body `catalog` was decoded from
+    /// (`None`: it came from elsewhere, a full sync or a listing). An
+    /// instance added or removed leaves the body as it was: no decoding,
+    /// no comparing of members then.
+    catalog_body: Option<Vec<u8>>,
     selector: Selector,
     selection: Selection,
     catalog_index: u64,
@@ -172,6 +177,7 @@ impl Supervisor {
             ctx,
             services: BTreeMap::new(),
             catalog: BTreeMap::new(),
+            catalog_body: None,
             selector,
             selection,
             catalog_index: 0,
@@ -339,6 +345,7 @@ impl Supervisor {
             self.services.insert(name.clone(), tracked);
         }
         self.catalog = catalog.value;
+        self.catalog_body = None;
         for read in reads {
             self.apply_read(read, false);
         }
@@ -390,7 +397,7 @@ impl Supervisor {
         }
     }
 
-    fn on_catalog(&mut self, answer: Indexed<BTreeMap<String, Vec<String>>>) {
+    fn on_catalog(&mut self, answer: Indexed<Vec<u8>>) {
         if answer.index < self.catalog_index && self.sync_floor == 0 {
             info!(index = answer.index, was = self.catalog_index, "consul's catalog index went back");
             self.on_reset();
@@ -407,8 +414,22 @@ impl Supervisor {
             return;
         }
         self.sync_floor = 0;
-        self.catalog = answer.value;
-        self.set_members("service left the catalog");
+        if self.catalog_body.as_ref() != Some(&answer.value) {
+            match self.ctx.client.decode_catalog(&answer.value) {
+                Ok(catalog) => {
+                    self.catalog = self.ctx.watched(catalog);
+                    self.catalog_body = Some(answer.value);
+                    self.set_members("service left the catalog");
+                }
+                Err(e) => {
+                    // Unusable: what was sent stays, and a full sync reads
+                    // the catalog again (paced by its backoff).
+                    self.ctx.health.fail(&e);
+                    self.resync_at.get_or_insert_with(Instant::now);
+                    return;
+                }
+            }
+        }
         if answer.index != self.catalog_index {
             // One answer can stand for many writes (a burst, a transaction,
             // a node deregistered), and the catalog names none of the

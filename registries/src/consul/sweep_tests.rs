@@ -200,28 +200,32 @@ async fn a_server_that_closes_connections_is_still_swept_whole() {
 
 #[test]
 fn an_extended_sweep_covers_every_service_once_from_where_it_was() {
-    let order: Vec<(String, u64)> = (0..40).map(|i| (format!("s{i}"), 1)).collect();
+    // Two and a half batches after the 3 recent ones.
+    let n = 3 + 2 * PROBE_BATCH + PROBE_BATCH / 2;
+    let order: Vec<(String, u64)> = (0..n).map(|i| (format!("s{i}"), 1)).collect();
     let names = |b: Vec<(String, u64)>| b.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
     let mut c = SweepCtl::new(order.len());
-    // The 3 recent ones alone, then batches of 16 up to the lap's end.
+    // The 3 recent ones alone, then whole batches up to the lap's end.
     assert_eq!(names(c.next_batch(&order, 3).unwrap()), ["s0", "s1", "s2"]);
     assert_eq!(c.next_batch(&order, 3).unwrap().len(), PROBE_BATCH);
     assert_eq!(c.next, 3 + PROBE_BATCH);
-    // A change now: every service once more from position 19, recent first.
+    // A change now: every service once more from the next position, recent
+    // first.
     assert!(c.extend(order.len(), vec![("s0".into(), 1)]));
     assert_eq!(names(c.next_batch(&order, 3).unwrap()), ["s0"]);
     let mut seen = Vec::new();
     while let Some(batch) = c.next_batch(&order, 3) {
+        assert!(batch.len() <= PROBE_BATCH);
         seen.extend(names(batch));
     }
-    // The rest of the first lap (s19..s39), then s0..s18 of the second.
-    assert_eq!(seen.len(), 40);
+    // The rest of the first lap, then the start of the second up to there.
+    assert_eq!(seen.len(), n);
     let mut sorted = seen.clone();
     sorted.sort();
     sorted.dedup();
-    assert_eq!(sorted.len(), 40, "each service once");
-    assert_eq!(seen[0], "s19");
-    assert_eq!(seen.last().map(String::as_str), Some("s18"));
+    assert_eq!(sorted.len(), n, "each service once");
+    assert_eq!(seen[0], format!("s{}", 3 + PROBE_BATCH));
+    assert_eq!(seen.last().cloned(), Some(format!("s{}", 2 + PROBE_BATCH)));
     assert!(c.closed && !c.extend(order.len(), vec![]), "too late once done");
 }
 
@@ -239,6 +243,13 @@ fn recent_changes_are_swept_first() {
     assert_eq!((names, first), (vec!["s3", "s1", "s0", "s2", "s4"], 2));
 }
 
+/// A catalog detector's answer naming `names` (no tags), as Consul
+/// sends it.
+fn catalog_answer(names: &[&str], index: u64) -> Indexed<Vec<u8>> {
+    let map: BTreeMap<&str, Vec<String>> = names.iter().map(|n| (*n, vec![])).collect();
+    Indexed { value: serde_json::to_vec(&map).unwrap(), index }
+}
+
 fn supervisor(ctx: Arc<Ctx>) -> Supervisor {
     let (tx, rx) = mpsc::channel(8);
     std::mem::forget(rx);
@@ -250,14 +261,12 @@ fn supervisor(ctx: Arc<Ctx>) -> Supervisor {
 #[tokio::test]
 async fn every_catalog_change_is_swept_and_a_burst_shares_one_sweep() {
     let mut sup = supervisor(ctx(1, 8));
-    let catalog = |index| Indexed { value: BTreeMap::from([("web".to_string(), vec![])]), index };
-    sup.on_catalog(catalog(10));
+    let catalog = |index| catalog_answer(&["web", "api"], index);
+    sup.on_catalog(catalog_answer(&["web"], 10));
     sup.unswept = None;
     // A new service named by the catalog does not excuse the sweep: the
     // same write (a transaction) may have changed others.
-    let mut named = catalog(11);
-    named.value.insert("api".into(), vec![]);
-    sup.on_catalog(named);
+    sup.on_catalog(catalog(11));
     let (first, due) = sup.unswept.expect("swept although a service was named");
     assert!(due <= first + SWEEP_QUIET);
     // The next change of the burst moves the sweep on, but never past the
@@ -275,12 +284,10 @@ async fn every_catalog_change_is_swept_and_a_burst_shares_one_sweep() {
     sup.on_catalog(catalog(13));
     assert!(!sup.sweep_again && sup.unswept.is_none());
     let (ctl, len) = sup.running.as_ref().map(|r| (r.ctl.clone(), r.len)).unwrap();
-    assert_eq!((len, ctl.lock().unwrap().end), (1, 1 + 1), "one lap of the service from the next position");
+    assert_eq!((len, ctl.lock().unwrap().end), (2, 1 + 2), "one lap of the services from the next position");
     // A service added since the sweep began is not in its order: one more
     // sweep after it, then.
-    let mut more = catalog(14);
-    more.value.extend([("api".to_string(), vec![]), ("db".to_string(), vec![])]);
-    sup.on_catalog(more);
+    sup.on_catalog(catalog_answer(&["web", "api", "db"], 14));
     assert!(sup.sweep_again);
     // Too late to extend a sweep that has started its last batch.
     sup.sweep_again = false;
@@ -401,7 +408,7 @@ fn answer(seq: u64, min_index: u64, index: u64, addr: &str) -> Read {
 #[tokio::test]
 async fn a_catalog_index_that_goes_back_is_a_reset_resynced_and_judged() {
     let mut sup = supervisor(ctx(1, 8));
-    let catalog = |index| Indexed { value: BTreeMap::from([("web".to_string(), vec![])]), index };
+    let catalog = |index| catalog_answer(&["web"], index);
     sup.on_catalog(catalog(100));
     assert!(sup.resync_at.is_none() && sup.resync_kind.is_none());
     // A snapshot restore: the detector's next answer is far below.
@@ -441,7 +448,7 @@ async fn the_anti_entropy_listing_repairs_what_no_index_announced() {
         value: names.iter().map(|n| (n.to_string(), vec![])).collect::<BTreeMap<_, _>>(),
         index,
     };
-    sup.on_catalog(catalog(&["web"], 50));
+    sup.on_catalog(catalog_answer(&["web"], 50));
     sup.services.get_mut("web").unwrap().sent = Some(sup.ctx.naming.service("web", vec![], None));
     // Newer than the detector's view: the detector will bring it.
     sup.on_event(Event::Listed(Ok(catalog(&["web", "api"], 51))));
@@ -457,4 +464,32 @@ async fn the_anti_entropy_listing_repairs_what_no_index_announced() {
     );
     assert!(sup.services.contains_key("api") && !sup.services.contains_key("web"));
     assert!(sup.queue.contains(&"api".to_string()), "api is read");
+}
+
+#[tokio::test]
+async fn a_catalog_body_is_decoded_only_when_it_differs_from_what_was_applied() {
+    let mut sup = supervisor(ctx(1, 8));
+    sup.on_catalog(catalog_answer(&["web", "api"], 10));
+    assert_eq!(sup.services.keys().collect::<Vec<_>>(), ["api", "web"]);
+    // An instance added: the same body at a new index. Members are left
+    // as they are (a service dropped by hand stays dropped), and the move
+    // is still swept.
+    sup.services.remove("api");
+    sup.unswept = None;
+    sup.sweep_due = None;
+    sup.last_sweep = None;
+    sup.on_catalog(catalog_answer(&["web", "api"], 11));
+    assert_eq!(sup.services.keys().collect::<Vec<_>>(), ["web"], "the same body is not applied again");
+    assert!(sup.sweep_due.is_some() || sup.unswept.is_some(), "the move is swept");
+    assert_eq!(sup.catalog_index, 11);
+    // The catalog set from elsewhere (the anti-entropy listing at the
+    // detector's index, here without "api"): the detector's next body, the
+    // same as its last, is applied again, and "api" comes back.
+    sup.on_event(Event::Listed(Ok(Indexed { value: BTreeMap::from([("web".to_string(), vec![])]), index: 11 })));
+    sup.on_catalog(catalog_answer(&["web", "api"], 12));
+    assert_eq!(sup.services.keys().collect::<Vec<_>>(), ["api", "web"]);
+    // A body that does not decode changes nothing and asks for a resync.
+    sup.on_catalog(Indexed { value: b"{\"web\": 7".to_vec(), index: 13 });
+    assert_eq!(sup.services.keys().collect::<Vec<_>>(), ["api", "web"]);
+    assert!(sup.resync_at.is_some(), "a full sync reads the catalog again");
 }
