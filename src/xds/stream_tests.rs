@@ -504,3 +504,31 @@ async fn sotw_without_a_push_window_sends_each_answered_change_at_once() {
         assert_eq!(s.due(), None);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn sotw_routes_wait_behind_clusters_held_by_the_push_window() {
+    use std::time::Duration;
+    use tokio::time::advance;
+    const WINDOW: Duration = Duration::from_millis(500);
+    const ROUTE: &str = crate::translate::envoy::ROUTE_TYPE;
+    let clients = Clients::new();
+    let mut s = SotwStream::with_window(clients.connect("test", "sotw"), WINDOW);
+    let mut set = with_cluster(&small(&[]), "x", "x1");
+    set.envoy.entry(ROUTE).or_default().insert(set.revision, res("http.80", "to x"));
+    let cds = s.on_request(&DiscoveryRequest { type_url: CLUSTER_TYPE.into(), ..Default::default() }, &set);
+    let rds = DiscoveryRequest { type_url: ROUTE.into(), resource_names: vec!["http.80".into()], ..Default::default() };
+    let routes = s.on_request(&rds, &set);
+    assert!(s.on_request(&cds[0].ack(&[]), &set).is_empty());
+    assert!(s.on_request(&routes[0].ack(&["http.80".into()]), &set).is_empty());
+
+    // Within CDS's window, a new cluster and a route to it: neither goes yet.
+    advance(Duration::from_millis(100)).await;
+    let mut next = with_cluster(&set, "y", "y1");
+    next.envoy.get_mut(ROUTE).expect("rds").insert(next.revision, res("http.80", "to x and y"));
+    assert!(s.on_change(&next).is_empty(), "the route would name a cluster not yet sent");
+    // When the window ends: CDS, then the route, in one step.
+    advance(WINDOW).await;
+    let out = s.on_change(&next);
+    assert_eq!(out.iter().map(|r| r.type_url.as_str()).collect::<Vec<_>>(), [CLUSTER_TYPE, ROUTE]);
+    assert_eq!(s.due(), None);
+}
