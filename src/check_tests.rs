@@ -117,7 +117,7 @@ fn translation_warnings_are_the_servers() {
     let yaml = format!(
         "{BRIDGE}  - {{type: nacos2, name: nacos, domain: 127.0.0.1, port: 8848}}\n{}",
         ingress("{resource: {apiGroup: networking.higress.io, kind: McpBridge, name: default}}")
-            .replace("annotations: {", "annotations: {higress.io/auth-tls-secret: \"ca\", ")
+            .replace("annotations: {", "annotations: {nginx.ingress.kubernetes.io/auth-tls-verify-depth: \"2\", ")
     );
     let r = report(&yaml, &[]);
     assert_eq!(r.warnings.len(), 1, "{r:#?}");

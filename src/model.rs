@@ -130,6 +130,17 @@ impl fmt::Debug for TlsSecret {
     }
 }
 
+/// The CA certificates of a Secret (its `cacert`, else its `ca.crt`, the
+/// keys Istio reads in that order), whatever else it holds: what an
+/// Ingress's `auth-tls-secret` names, to verify client certificates
+/// against. Certificates only, public: no key is kept here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaSecret {
+    pub namespace: String,
+    pub name: String,
+    pub ca_cert_pem: String,
+}
+
 /// A validated `McpBridge.spec.proxies[]` entry: an HTTP CONNECT proxy that
 /// registries with a matching `proxyName` are reached through.
 #[derive(Debug, Clone, PartialEq)]

@@ -187,6 +187,7 @@ pub(crate) fn inputs<'a>(desired: &'a Desired, opts: &PublishOptions) -> Inputs<
     Inputs {
         ingresses: &desired.ingresses,
         tls_secrets: &desired.tls_secrets,
+        ca_secrets: &desired.ca_secrets,
         ingress: opts.ingress.clone(),
         gateway: opts.gateway.clone(),
         proxies: &desired.proxies,
@@ -235,6 +236,7 @@ impl GatewayArgs {
                 gateway_namespace: self.gateway_namespace.clone(),
                 gateway_name: self.gateway_name.clone(),
                 known_secrets: Default::default(),
+                known_ca_secrets: Default::default(),
                 service_hosts: Default::default(),
             },
             gateway: GatewayOptions { http_ports: self.gateway_http_port.clone(), https_port: self.gateway_https_port },

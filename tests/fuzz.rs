@@ -246,6 +246,8 @@ fn annotations() -> impl Strategy<Value = Value> {
         Just("nginx.ingress.kubernetes.io/upstream-vhost".to_owned()),
         Just("higress.io/enable-cors".to_owned()),
         Just("higress.io/cors-allow-origin".to_owned()),
+        Just("higress.io/auth-tls-secret".to_owned()),
+        Just("nginx.ingress.kubernetes.io/auth-tls-secret".to_owned()),
         Just("kubernetes.io/ingress.class".to_owned()),
         "higress\\.io/[a-z-]{1,12}",
         word(),
@@ -257,6 +259,8 @@ fn annotations() -> impl Strategy<Value = Value> {
         Just("https://a.example/x".to_owned()),
         Just("5".to_owned()),
         Just("x-a 1\nx-b".to_owned()),
+        Just("default/tls".to_owned()),
+        Just("tls-cacert".to_owned()),
         word(),
     ];
     prop::collection::btree_map(key, value, 0..4).prop_map(|m| json!(m))
@@ -449,6 +453,7 @@ fn check_ingresses(ingresses: &[IngressDoc], class: Option<String>) -> Result<()
         gateway_namespace: "higress-system".into(),
         gateway_name: "higress-gateway".into(),
         known_secrets: [("default".to_owned(), "tls".to_owned())].into_iter().collect(),
+        known_ca_secrets: [("default".to_owned(), "tls".to_owned())].into_iter().collect(),
         service_hosts: [("svc.dc1.consul".to_owned(), "svc.dc1.consul".to_owned())].into_iter().collect(),
     };
     let out = translate(ingresses, &opts);

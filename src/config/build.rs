@@ -9,7 +9,7 @@ use meshbridge_registries::{RegistryKind, RegistrySpec};
 use tracing::warn;
 
 use super::model::{Document, McpBridgeDoc, SecretDoc};
-use super::types::{Desired, ProxySpec, TlsSecret};
+use super::types::{CaSecret, Desired, ProxySpec, TlsSecret};
 use super::validate::{self, CheckedRegistry, FieldError, MIN_REFRESH_INTERVAL};
 
 /// (McpBridge `namespace/name`, entry name): what "the same registry" (or
@@ -106,6 +106,14 @@ impl Builder {
                             cert_chain_pem: crt.expose().to_string(),
                             private_key_pem: key.clone(),
                             ca_cert_pem: s.data.get("ca.crt").map(|ca| ca.expose().to_string()),
+                        });
+                    }
+                    // Istio's order: `cacert` first, then `ca.crt`.
+                    if let Some(ca) = ["cacert", "ca.crt"].iter().find_map(|k| s.data.get(*k)) {
+                        run.desired.ca_secrets.push(CaSecret {
+                            namespace: s.namespace.clone(),
+                            name: s.name.clone(),
+                            ca_cert_pem: ca.expose().to_string(),
                         });
                     }
                     secrets.entry(s.name.as_str()).or_default().push(s)
@@ -228,6 +236,7 @@ impl Builder {
         d.proxies.sort_by(|a, b| a.name.cmp(&b.name));
         d.ingresses.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         d.tls_secrets.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        d.ca_secrets.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         // Messages echo names and values from files: bound each line.
         d.errors = run.errors.into_iter().map(clip_message).collect();
         Built { desired: run.desired, warnings: run.warnings.into_iter().map(clip_message).collect() }

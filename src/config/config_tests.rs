@@ -919,3 +919,20 @@ fn a_kubectl_list_is_read_item_by_item() {
     let err = parse_documents("list.yaml", bad).unwrap_err().to_string();
     assert!(err.contains("items[0].metadata"), "{err}");
 }
+
+/// A Secret with CA certificates, whatever else it holds, is a CA for
+/// client certificates: `cacert` before `ca.crt`, as Istio reads them; a
+/// certificate Secret without `ca.crt` is none.
+#[test]
+fn secrets_with_ca_certificates_are_client_cas() {
+    let text = "apiVersion: v1\nkind: Secret\nmetadata: {name: only-ca, namespace: shop}\n\
+                stringData: {ca.crt: ONLYCA}\n---\n\
+                apiVersion: v1\nkind: Secret\nmetadata: {name: both, namespace: shop}\n\
+                stringData: {cacert: FIRST, ca.crt: SECOND}\n---\n\
+                apiVersion: v1\nkind: Secret\nmetadata: {name: cert, namespace: shop}\ntype: kubernetes.io/tls\n\
+                stringData: {tls.crt: C, tls.key: K}\n";
+    let d = build_text(text).desired;
+    let cas: Vec<(&str, &str)> = d.ca_secrets.iter().map(|c| (c.name.as_str(), c.ca_cert_pem.as_str())).collect();
+    assert_eq!(cas, [("both", "FIRST"), ("only-ca", "ONLYCA")]);
+    assert_eq!(d.tls_secrets.len(), 1, "a CA alone is no certificate");
+}

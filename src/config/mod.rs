@@ -38,7 +38,7 @@ pub use model::{Document, IngressDoc, McpBridgeDoc, RawEntry, SecretDoc};
 pub(crate) use model::{PROXY_FIELDS, REGISTRY_FIELDS};
 pub use parse::{parse_documents, parse_object};
 pub use state::ConfigState;
-pub use types::{ConfigError, DEFAULT_PROXY_CONNECT_TIMEOUT, Desired, FileStatus, ProxySpec, TlsSecret};
+pub use types::{CaSecret, ConfigError, DEFAULT_PROXY_CONNECT_TIMEOUT, Desired, FileStatus, ProxySpec, TlsSecret};
 pub use validate::FieldError;
 pub use validate::MIN_REFRESH_INTERVAL;
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use meshbridge_registries::RegistrySpec;
 
 use super::model::IngressDoc;
-pub use crate::model::{DEFAULT_PROXY_CONNECT_TIMEOUT, ProxySpec, TlsSecret};
+pub use crate::model::{CaSecret, DEFAULT_PROXY_CONNECT_TIMEOUT, ProxySpec, TlsSecret};
 
 /// Everything the config sources say we should be doing.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -21,6 +21,10 @@ pub struct Desired {
     /// Secrets holding `tls.crt` and `tls.key`, sorted by (namespace, name):
     /// certificates for the standalone gateway's HTTPS listener.
     pub tls_secrets: Vec<TlsSecret>,
+    /// Secrets holding CA certificates (`cacert` or `ca.crt`), sorted by
+    /// (namespace, name): what client certificates are verified against
+    /// (`auth-tls-secret`).
+    pub ca_secrets: Vec<CaSecret>,
     /// Every current problem, human-readable, for logs and `/debug`.
     pub errors: Vec<String>,
     /// Each file of a file-based source and whether it is in force

@@ -390,10 +390,11 @@ fn fields_condition_names_what_is_pruned() {
     assert_eq!(s["conditions"][0]["status"], "True");
 }
 
-/// A `proxy-ssl-secret` is a referenced Secret (read by name), in the
-/// Ingress's namespace unless it names one; a malformed one is none.
+/// A `proxy-ssl-secret` or `auth-tls-secret` is a referenced Secret (read
+/// by name), in the Ingress's namespace unless it names one; a malformed
+/// one is none.
 #[test]
-fn proxy_ssl_secrets_are_referenced() {
+fn proxy_ssl_and_auth_tls_secrets_are_referenced() {
     let with = |value: &str, key: &str| {
         let mut i = ingress(None, Some("higress"));
         i.metadata.annotations.get_or_insert_default().insert(key.into(), value.into());
@@ -404,11 +405,14 @@ fn proxy_ssl_secrets_are_referenced() {
         with("client", "nginx.ingress.kubernetes.io/proxy-ssl-secret"),
         with("higress-system/gw-client", "higress.io/proxy-ssl-secret"),
         with("a/b/c", "higress.io/proxy-ssl-secret"),
+        with("clients-ca", "higress.io/auth-tls-secret"),
+        with("pki/root", "nginx.ingress.kubernetes.io/auth-tls-secret"),
     ];
     let refs = a.referenced(&[], &ingresses, &[]);
-    let want: BTreeSet<(String, String)> = [("n", "client"), ("higress-system", "gw-client")]
-        .iter()
-        .map(|(n, s)| (n.to_string(), s.to_string()))
-        .collect();
+    let want: BTreeSet<(String, String)> =
+        [("n", "client"), ("higress-system", "gw-client"), ("n", "clients-ca"), ("pki", "root")]
+            .iter()
+            .map(|(n, s)| (n.to_string(), s.to_string()))
+            .collect();
     assert_eq!(refs, want);
 }

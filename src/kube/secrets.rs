@@ -3,7 +3,7 @@
 //! `--secret-resync-interval` ([`SECRET_RESYNC`] by default). No Secret is listed or watched, so RBAC needs only
 //! `get` on Secrets, and only in the namespaces that hold referenced ones:
 //! the McpBridges' (`authSecretName`) and the Ingresses' (`spec.tls[]`),
-//! or the one a `proxy-ssl-secret` names.
+//! or the one a `proxy-ssl-secret` or an `auth-tls-secret` names.
 //!
 //! The trade-off, against a watch: a changed Secret (a rotated
 //! certificate, a new token) is seen within the resync interval, not at once,

@@ -7,7 +7,7 @@
 //! whichever way it arrives. Only referenced Secrets are read: those named
 //! by an `authSecretName` (in its McpBridge's namespace), by an
 //! Ingress's `spec.tls[].secretName` (in the Ingress's namespace) and by its
-//! `proxy-ssl-secret` (`[namespace/]name`). A
+//! `proxy-ssl-secret` and `auth-tls-secret` (`[namespace/]name`). A
 //! Secret's data ends up in the registry spec it resolves into, so the
 //! reconciler, which restarts a watcher only when its spec changed, restarts
 //! exactly the watchers that use a changed Secret.
@@ -35,7 +35,7 @@ use super::args::{DEFAULT_MCPBRIDGE, KubeError, SourceOptions};
 use super::secrets::{SecretRef, Secrets};
 use crate::config::{Builder, Desired, Document, FieldError, IngressDoc, parse_object};
 use crate::model::ingress;
-use crate::model::ingress::{PROXY_SSL_SECRET_KEYS, secret_ref};
+use crate::model::ingress::{AUTH_TLS_SECRET_KEYS, PROXY_SSL_SECRET_KEYS, secret_ref};
 
 /// Wait this long after a change for the rest of a burst (a relist, a
 /// `kubectl apply` of several objects) before rebuilding.
@@ -281,7 +281,7 @@ impl Assembler {
     /// The Secrets the stores' objects reference: each McpBridge entry's
     /// `authSecretName` in the McpBridge's namespace, and the
     /// `spec.tls[].secretName` of each Ingress of our class in its own, and
-    /// its `proxy-ssl-secret` (`[namespace/]name`).
+    /// its `proxy-ssl-secret` and `auth-tls-secret` (`[namespace/]name`).
     fn references(&self, stores: &Stores) -> BTreeSet<SecretRef> {
         let classes = stores.classes.state();
         self.referenced(&stores.bridges.state(), &stores.ingresses.state(), &classes)
@@ -316,6 +316,10 @@ impl Assembler {
             // The client certificate for mutual TLS to the backends.
             let annotations = ing.annotations();
             if let Some(v) = PROXY_SSL_SECRET_KEYS.iter().find_map(|k| annotations.get(*k)) {
+                refs.extend(secret_ref(v, &ns).ok());
+            }
+            // The CA that clients' certificates are verified against.
+            if let Some(v) = AUTH_TLS_SECRET_KEYS.iter().find_map(|k| annotations.get(*k)) {
                 refs.extend(secret_ref(v, &ns).ok());
             }
         }

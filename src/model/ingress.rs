@@ -390,7 +390,12 @@ impl Metadata {
 pub const PROXY_SSL_SECRET_KEYS: [&str; 2] =
     ["higress.io/proxy-ssl-secret", "nginx.ingress.kubernetes.io/proxy-ssl-secret"];
 
-/// Why a `proxy-ssl-secret` value names no Secret.
+/// The keys `auth-tls-secret` (the CA client certificates are verified
+/// against) is read under, `higress.io/` first as every key here.
+pub const AUTH_TLS_SECRET_KEYS: [&str; 2] =
+    ["higress.io/auth-tls-secret", "nginx.ingress.kubernetes.io/auth-tls-secret"];
+
+/// Why a `proxy-ssl-secret` or `auth-tls-secret` value names no Secret.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SecretNameError {
     /// Not `[namespace/]name` with a DNS-1123 label and subdomain (shown
@@ -399,7 +404,7 @@ pub enum SecretNameError {
     Form(String),
 }
 
-/// `proxy-ssl-secret`'s `[namespace/]name` (Higress's
+/// `proxy-ssl-secret`'s and `auth-tls-secret`'s `[namespace/]name` (Higress's
 /// `util.SplitNamespacedName`), as `(namespace, name)`: the Ingress's
 /// namespace when none is given.
 pub fn secret_ref(value: &str, ingress_namespace: &str) -> Result<(String, String), SecretNameError> {

@@ -405,6 +405,7 @@ impl Translator {
         // the services there are now. O(Ingresses).
         let mut opts = inputs.ingress.clone();
         opts.known_secrets.extend(inputs.tls_secrets.iter().map(|t| (t.namespace.clone(), t.name.clone())));
+        opts.known_ca_secrets.extend(inputs.ca_secrets.iter().map(|t| (t.namespace.clone(), t.name.clone())));
         if !inputs.ingresses.is_empty() {
             opts.service_hosts = self.service_hosts.clone();
         }
@@ -440,7 +441,8 @@ impl Translator {
 
         let services = &self.services;
         let lookup = |host: &str| -> Option<CachedService> { services.get(host).cloned() };
-        let gw: GatewayOutput = gateway::envoy_gateway(&objects, &lookup, inputs.tls_secrets, &inputs.gateway);
+        let gw: GatewayOutput =
+            gateway::envoy_gateway(&objects, &lookup, inputs.tls_secrets, inputs.ca_secrets, &inputs.gateway);
         d.warnings.extend(gw.warnings);
         d.referenced.extend(gw.referenced.iter().map(|h| h.to_ascii_lowercase()));
         for r in &proxied.load_assignments {

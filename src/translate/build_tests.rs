@@ -119,6 +119,7 @@ fn inputs_full<'a>(
     Inputs {
         ingresses,
         tls_secrets: &[],
+        ca_secrets: &[],
         ingress: IngressOptions {
             ingress_class: Some("higress".into()),
             gateway_namespace: "higress-system".into(),

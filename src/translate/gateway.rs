@@ -3,8 +3,8 @@
 //! get from Pilot, without Pilot).
 //!
 //! - Listeners: `http.{port}` for each HTTP port, and `https.{port}` when at
-//!   least one Gateway server has `tls.mode: SIMPLE` with a known
-//!   certificate. Each takes its routes by RDS over ADS from the
+//!   least one Gateway server has `tls.mode: SIMPLE` or `MUTUAL` with a
+//!   known certificate. Each takes its routes by RDS over ADS from the
 //!   RouteConfiguration of the same name, and its certificates by SDS over
 //!   ADS from Secrets named `namespace/name`.
 //! - Routes: a virtual host per VirtualService host bound to a Gateway
@@ -56,6 +56,8 @@ impl Default for GatewayOptions {
     }
 }
 
+/// CA certificates that verify clients' certificates, from a Secret.
+pub use crate::model::CaSecret;
 /// A TLS certificate for the HTTPS listener, from a `kubernetes.io/tls` Secret.
 pub use crate::model::TlsSecret as GatewayTls;
 
@@ -83,20 +85,29 @@ pub struct GatewayOutput {
 /// Translate the Istio objects (anything other than Gateways,
 /// VirtualServices and DestinationRules is ignored) into the standalone
 /// gateway's Envoy resources. `services` looks up a registry service by host.
+///
+/// `ca` holds the CA certificates of Secrets, for servers that verify
+/// client certificates. Such a server's chain routes by a
+/// RouteConfiguration of its own (`https.{port}.{gateway}.{index}`) with
+/// its hosts only, and the other chains' routes leave those hosts out: a
+/// client that names another host in its SNI, or none, cannot reach them
+/// with a `Host` header.
 pub fn envoy_gateway<'a>(
     objects: impl IntoIterator<Item = &'a IstioObject>,
     services: &ServiceLookup<'_>,
     tls: &[GatewayTls],
+    ca: &[CaSecret],
     opts: &GatewayOptions,
 ) -> GatewayOutput {
     let mut warnings = Vec::new();
     let specs = spec::collect(objects, &mut warnings);
-    let servers = servers::servers(&specs.gateways, tls, &mut warnings);
+    let servers = servers::servers(&specs.gateways, tls, ca, &mut warnings);
+    let all: Vec<&servers::BoundServer<'_>> = servers.iter().collect();
     let mut clusters = clusters::Clusters::new(services, &specs.destination_rules, tls);
     let bound = routes::bind(&specs, &mut clusters, &mut warnings);
 
     for b in &bound {
-        let served = [Side::Http, Side::Https].iter().any(|side| !routes::served_hosts(b, &servers, *side).is_empty());
+        let served = [Side::Http, Side::Https].iter().any(|side| !routes::served_hosts(b, &all, *side).is_empty());
         if !served {
             warnings.push(Warning::new(
                 format!("VirtualService {}", b.vs.key()),
@@ -112,14 +123,16 @@ pub fn envoy_gateway<'a>(
     http_ports.dedup();
     for port in &http_ports {
         let name = format!("http.{port}");
-        let rc = routes::route_configuration(name.clone(), &bound, &servers, Side::Http);
+        let rc = routes::route_configuration(name.clone(), &bound, &all, Side::Http);
         out.routes.push(Resource::new(name.clone(), canonical::route_configuration_any(rc)));
         out.listeners.push(Resource::new(name.clone(), pack_any(listeners::http_listener(&name, *port))));
     }
 
     let name = format!("https.{}", opts.https_port);
+    let own_routes = |s: &servers::BoundServer<'_>| format!("{name}.{}.{}", s.gateway.key(), s.index);
+    let route_config = |s: &servers::BoundServer<'_>| if s.client_certs.asked() { own_routes(s) } else { name.clone() };
     let mut secrets = std::collections::BTreeMap::new();
-    let chains = listeners::https_chains(&servers, &name, &mut secrets, &mut warnings);
+    let chains = listeners::https_chains(&servers, route_config, &mut secrets, &mut warnings);
     if !chains.is_empty() {
         if http_ports.contains(&opts.https_port) {
             warnings.push(Warning::new(
@@ -129,8 +142,19 @@ pub fn envoy_gateway<'a>(
             ));
             secrets.clear();
         } else {
-            let rc = routes::route_configuration(name.clone(), &bound, &servers, Side::Https);
+            let (verifying, plain): (Vec<&servers::BoundServer<'_>>, Vec<_>) =
+                all.iter().copied().partition(|s| s.client_certs.asked());
+            // Hosts that need a client certificate are in no other chain's routes.
+            let guarded: BTreeSet<&str> =
+                verifying.iter().flat_map(|s| s.hosts.iter().map(|h| h.host.as_str())).collect();
+            let mut rc = routes::route_configuration(name.clone(), &bound, &plain, Side::Https);
+            rc.virtual_hosts.retain(|vh| !guarded.contains(vh.name.as_str()));
             out.routes.push(Resource::new(name.clone(), canonical::route_configuration_any(rc)));
+            for s in verifying.iter().filter(|s| s.client_certs != servers::ClientCerts::NoCa) {
+                let own = own_routes(s);
+                let rc = routes::route_configuration(own.clone(), &bound, &[s], Side::Https);
+                out.routes.push(Resource::new(own, canonical::route_configuration_any(rc)));
+            }
             let listener = listeners::https_listener(&name, opts.https_port, chains);
             out.listeners.push(Resource::new(name, pack_any(listener)));
         }

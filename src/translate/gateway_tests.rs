@@ -119,7 +119,7 @@ fn lookup(services: BTreeMap<String, Arc<Service>>) -> impl Fn(&str) -> Option<C
 }
 
 fn gateway(objects: &[IstioObject], secrets: &[GatewayTls]) -> GatewayOutput {
-    envoy_gateway(objects, &lookup(services()), secrets, &opts())
+    envoy_gateway(objects, &lookup(services()), secrets, &[], &opts())
 }
 
 fn run(objects: &[IstioObject]) -> GatewayOutput {
@@ -414,7 +414,7 @@ fn https_listener_with_a_known_secret() {
         vs("web", &["web.example.com", "a.shop.example.com"], json!([{"route": [dest("web.dc1.consul", 8080)]}])),
     ];
     let secrets = [tls("other", "web-cert"), tls(GW_NS, "web-cert")];
-    let out = envoy_gateway(&objects, &lookup(services()), &secrets, &opts());
+    let out = envoy_gateway(&objects, &lookup(services()), &secrets, &[], &opts());
     assert_routes_resolve(&out);
     assert_eq!(texts(&out.warnings), Vec::<String>::new());
     let names: Vec<&str> = out.listeners.iter().map(|r| &*r.name).collect();
@@ -447,7 +447,8 @@ fn https_listener_sni_names_are_not_claimed_twice() {
             "hosts": ["web.example.com", "b.example.com"], "tls": {"mode": "SIMPLE", "credentialName": "higress-system/b-cert"}}]}),
     );
     let objects = [https_gateway(&["web.example.com"], "web-cert"), second];
-    let out = envoy_gateway(&objects, &lookup(services()), &[tls(GW_NS, "web-cert"), tls(GW_NS, "b-cert")], &opts());
+    let out =
+        envoy_gateway(&objects, &lookup(services()), &[tls(GW_NS, "web-cert"), tls(GW_NS, "b-cert")], &[], &opts());
     let listener = view_listener(out.listeners.iter().find(|l| &*l.name == "https.10443").unwrap()).listener;
     let sni: Vec<Vec<String>> =
         listener.filter_chains.iter().map(|c| c.filter_chain_match.clone().unwrap().server_names).collect();
@@ -466,7 +467,7 @@ fn https_server_with_a_missing_secret_gets_no_chain() {
         https_gateway(&["web.example.com"], "missing-cert"),
         vs("web", &["web.example.com"], json!([{"route": [dest("web.dc1.consul", 8080)]}])),
     ];
-    let out = envoy_gateway(&objects, &lookup(services()), &[tls(GW_NS, "web-cert")], &opts());
+    let out = envoy_gateway(&objects, &lookup(services()), &[tls(GW_NS, "web-cert")], &[], &opts());
     let names: Vec<&str> = out.listeners.iter().map(|r| &*r.name).collect();
     assert_eq!(names, ["http.10080"]);
     assert_eq!(out.routes.len(), 1);
@@ -559,7 +560,7 @@ fn listener_rds_names_match_route_configurations() {
         vs("web", &["web.example.com"], json!([{"route": [dest("web.dc1.consul", 8080)]}])),
     ];
     let o = GatewayOptions { http_ports: vec![10080, 80, 10080], https_port: 10443 };
-    let out = envoy_gateway(&objects, &lookup(services()), &[tls(GW_NS, "web-cert")], &o);
+    let out = envoy_gateway(&objects, &lookup(services()), &[tls(GW_NS, "web-cert")], &[], &o);
     let route_names: Vec<&str> = out.routes.iter().map(|r| &*r.name).collect();
     assert_eq!(route_names, ["http.10080", "http.80", "https.10443"]);
     for r in &out.listeners {
@@ -975,3 +976,6 @@ mod fallback_tests;
 
 #[path = "gateway_mtls_tests.rs"]
 mod mtls;
+
+#[path = "gateway_client_cert_tests.rs"]
+mod client_certs;

@@ -10,7 +10,8 @@
 //!   Higress's gateway pods: `higress: {gateway_namespace}-{gateway_name}`
 //!   (Higress's `--gatewaySelectorKey`/`--gatewaySelectorValue` defaults,
 //!   `higress` / `higress-system-higress-gateway`). An HTTP server on 80 for
-//!   every routed host, and an HTTPS server on 443 per TLS Secret. A Secret
+//!   every routed host, and an HTTPS server on 443 per TLS Secret (and per
+//!   client CA, see below). A Secret
 //!   in the gateway's namespace is named plainly in `credentialName`, one
 //!   elsewhere (an Ingress's Secret lives in the Ingress's namespace) as
 //!   `kubernetes-gateway://{namespace}/{name}`: Istio's own cross-namespace
@@ -46,15 +47,22 @@
 //!   HTTPS redirect and `app-root` add routes of their own; see [`policy`]).
 //!   `default-backend` and `custom-http-errors` set a route field only the
 //!   standalone gateway reads (see [`fallback`]).
+//! - **Client certificates.** `auth-tls-secret` puts the Ingress's TLS
+//!   hosts on an HTTPS server that asks for them: `MUTUAL` where istiod
+//!   finds the CA, and the CA Secret for the standalone gateway (see
+//!   [`downstream`]).
 
 mod annotations;
 mod canary;
+mod downstream;
 mod fallback;
 mod policy;
 mod syntax;
 mod traffic;
 mod upstream;
 
+#[cfg(test)]
+mod downstream_tests;
 #[cfg(test)]
 mod fallback_tests;
 #[cfg(test)]
@@ -78,10 +86,10 @@ use self::traffic::MirrorTarget;
 use super::model::{
     AuthorizationAction, AuthorizationPolicySpec, AuthorizationRule, DefaultBackend, Destination, DestinationRuleSpec,
     GatewaySpec, HttpMatch, HttpRoute, IstioObject, Percent, PortSelector, RegexRewrite, Rewrite, RouteDestination,
-    RuleFrom, RuleOperation, RuleSource, RuleTo, Server, ServerPort, ServerTls, ServerTlsMode, SourceRanges, Spec,
-    StringMatch, Subset, TrafficPolicy, VirtualServiceSpec, WorkloadSelector,
+    RuleFrom, RuleOperation, RuleSource, RuleTo, Server, ServerPort, SourceRanges, Spec, StringMatch, Subset,
+    TrafficPolicy, VirtualServiceSpec, WorkloadSelector,
 };
-use super::names::short_hash;
+use super::names::{sanitize, short_hash};
 use super::warning::{Reason, Warning};
 use crate::model::IngressDoc;
 use crate::model::ingress::{Backend, CLASS_ANNOTATION, HttpPath, Ingress};
@@ -134,6 +142,9 @@ pub struct IngressOptions {
     pub gateway_name: String,
     /// (namespace, name) of the TLS Secrets that exist.
     pub known_secrets: BTreeSet<(String, String)>,
+    /// (namespace, name) of the Secrets with CA certificates
+    /// (`auth-tls-secret`).
+    pub known_ca_secrets: BTreeSet<(String, String)>,
     /// Registry service hosts by their ASCII-lowercase form: a
     /// `higress.io/destination` host names a service ignoring case (DNS
     /// names are case-insensitive, and Consul and Eureka hosts are
@@ -165,7 +176,6 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
     let mut t = Translator {
         opts,
         hosts: BTreeMap::new(),
-        tls_servers: BTreeMap::new(),
         tls_hosts: BTreeMap::new(),
         policies: BTreeMap::new(),
         warnings: Vec::new(),
@@ -248,6 +258,10 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
                 Reason::InvalidIngress,
                 "neither rules nor defaultBackend; nothing to route",
             ));
+        }
+        if let Some(ca) = &ing.ann.client_ca {
+            let has_tls = !ing.ingress.spec.tls.is_empty();
+            downstream::check_unused(&ing.id, ca, ing.ann.canary.is_some(), has_tls, &mut t.warnings);
         }
         if ing.ann.canary.is_none() {
             t.tls(ing);
@@ -375,19 +389,12 @@ struct HostRoutes {
     app_root: Option<(String, String, String)>,
 }
 
-/// An HTTPS server being built: hosts served with one Secret.
-#[derive(Default)]
-struct TlsServer {
-    hosts: BTreeSet<String>,
-}
-
 struct Translator<'a> {
     opts: &'a IngressOptions,
     hosts: BTreeMap<String, HostRoutes>,
-    /// (namespace, secret) → server.
-    tls_servers: BTreeMap<(String, String), TlsServer>,
-    /// TLS host → (namespace, secret, Ingress) that claimed it first.
-    tls_hosts: BTreeMap<String, (String, String, String)>,
+    /// TLS host → its Secret, and the Ingresses serving it (each asking
+    /// for client certificates or not).
+    tls_hosts: BTreeMap<String, downstream::TlsHost>,
     /// Destination host → the upstream policy of the first Ingress (oldest)
     /// that routes to it with one, and that Ingress.
     policies: BTreeMap<String, (TrafficPolicy, String)>,
@@ -508,21 +515,20 @@ impl Translator<'_> {
                     ));
                     continue;
                 };
-                match self.tls_hosts.get(&host) {
-                    Some((ns, s, owner)) if (ns, s) != (&key.0, &key.1) => {
-                        self.warnings.push(Warning::new(
-                            format!("Ingress {}", ing.id),
-                            Reason::IngressConflict,
-                            format!("TLS host {host} already uses Secret {ns}/{s} (Ingress {owner}); ignored"),
-                        ));
-                        continue;
-                    }
-                    Some(_) => {}
-                    None => {
-                        self.tls_hosts.insert(host.clone(), (key.0.clone(), key.1.clone(), ing.id.clone()));
-                    }
+                let claimed = self
+                    .tls_hosts
+                    .entry(host.clone())
+                    .or_insert_with(|| downstream::TlsHost::new(key.clone(), ing.id.clone()));
+                if claimed.secret != key {
+                    let ((ns, s), owner) = (&claimed.secret, &claimed.owner);
+                    self.warnings.push(Warning::new(
+                        format!("Ingress {}", ing.id),
+                        Reason::IngressConflict,
+                        format!("TLS host {host} already uses Secret {ns}/{s} (Ingress {owner}); ignored"),
+                    ));
+                    continue;
                 }
-                self.tls_servers.entry(key.clone()).or_default().hosts.insert(host);
+                claimed.claim(&host, &ing.id, ing.ann.client_ca.as_ref(), &mut self.warnings);
             }
         }
     }
@@ -1006,21 +1012,13 @@ impl Translator<'_> {
                 tls: None,
             });
         }
-        let mut taken = BTreeSet::new();
-        for ((secret_ns, secret), server) in std::mem::take(&mut self.tls_servers) {
-            let mut name = format!("https-{HTTPS_PORT}-ingress-{}", sanitize(&format!("{secret_ns}-{secret}")));
-            if !taken.insert(name.clone()) {
-                name = format!("{name}-{}", short_hash(&format!("{secret_ns}/{secret}")));
-                taken.insert(name.clone());
-            }
-            let credential_name =
-                if secret_ns == ns { secret } else { format!("kubernetes-gateway://{secret_ns}/{secret}") };
-            servers.push(Server {
-                port: ServerPort { number: HTTPS_PORT, protocol: "HTTPS".into(), name },
-                hosts: server.hosts.into_iter().collect(),
-                tls: Some(ServerTls { https_redirect: false, mode: Some(ServerTlsMode::Simple), credential_name }),
-            });
-        }
+        servers.extend(downstream::https_servers(
+            std::mem::take(&mut self.tls_hosts),
+            HTTPS_PORT,
+            &ns,
+            &self.opts.known_ca_secrets,
+            &mut self.warnings,
+        ));
         if !servers.is_empty() {
             let selector = self.gateway_selector();
             let mut gateway =
@@ -1243,17 +1241,4 @@ fn object_names<'h>(hosts: impl IntoIterator<Item = &'h str>) -> BTreeMap<&'h st
         }
     }
     out
-}
-
-/// Lowercase letters, digits and `-`, at most 200 characters (room for a
-/// hash suffix within Kubernetes' 253).
-fn sanitize(s: &str) -> String {
-    let mapped: String =
-        s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
-    let trimmed = mapped.trim_matches('-');
-    match trimmed {
-        "" => "host".into(),
-        t if t.len() > 200 => format!("{}-{}", t[..191].trim_end_matches('-'), short_hash(s)),
-        t => t.into(),
-    }
 }

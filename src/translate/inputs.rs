@@ -6,13 +6,16 @@ use meshbridge_registries::Migration;
 
 use super::gateway::GatewayOptions;
 use super::ingress::IngressOptions;
-use crate::model::{IngressDoc, ProxySpec, RegistryKey, TlsSecret};
+use crate::model::{CaSecret, IngressDoc, ProxySpec, RegistryKey, TlsSecret};
 
 #[derive(Debug, Clone, Default)]
 pub struct Inputs<'a> {
     pub ingresses: &'a [IngressDoc],
     pub tls_secrets: &'a [TlsSecret],
-    /// `known_secrets` is filled from `tls_secrets`.
+    /// CA certificates by Secret, for client certificate validation.
+    pub ca_secrets: &'a [CaSecret],
+    /// `known_secrets` is filled from `tls_secrets`, `known_ca_secrets`
+    /// from `ca_secrets`.
     pub ingress: IngressOptions,
     pub gateway: GatewayOptions,
     /// McpBridge `spec.proxies[]`, validated.

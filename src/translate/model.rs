@@ -530,6 +530,15 @@ pub struct ServerTls {
     pub mode: Option<ServerTlsMode>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub credential_name: String,
+    /// The Secret (namespace, name) whose CA certificates client
+    /// certificates are verified against (`auth-tls-secret`). The
+    /// standalone gateway's: it requires and verifies client certificates
+    /// for this server's hosts whatever `mode` says, and `mode` says what
+    /// istiod does (`MUTUAL` only where stock istiod finds this CA from
+    /// `credentialName`). Not an Istio field: neither serialized nor
+    /// encoded.
+    #[serde(skip)]
+    pub client_ca: Option<(String, String)>,
 }
 
 /// `ServerTLSSettings.TLSmode`.

@@ -57,6 +57,19 @@ pub fn short_hash(s: &str) -> String {
     content_hash(s.as_bytes())[..8].to_owned()
 }
 
+/// Lowercase letters, digits and `-`, at most 200 characters (room for a
+/// hash suffix within Kubernetes' 253).
+pub fn sanitize(s: &str) -> String {
+    let mapped: String =
+        s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    let trimmed = mapped.trim_matches('-');
+    match trimmed {
+        "" => "host".into(),
+        t if t.len() > 200 => format!("{}-{}", t[..191].trim_end_matches('-'), short_hash(s)),
+        t => t.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,14 +28,15 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
     http_connection_manager::RouteSpecifier, http_filter,
 };
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    CommonTlsContext, DownstreamTlsContext, SdsSecretConfig, Secret, TlsCertificate, secret,
+    CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SdsSecretConfig, Secret, TlsCertificate,
+    common_tls_context::ValidationContextType, secret,
 };
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
 use super::fallback::CUSTOM_RESPONSE_FILTER;
 use super::policy::{CORS_FILTER, LOCAL_RATE_LIMIT_FILTER, RBAC_FILTER};
-use super::servers::{BoundServer, Side};
+use super::servers::{BoundServer, ClientCerts, Side};
 use crate::model::TlsSecret as GatewayTls;
 use crate::resources::Resource;
 use crate::translate::warning::{Reason, Warning};
@@ -148,20 +149,23 @@ pub fn tls_secret(tls: &GatewayTls) -> Resource {
     Resource::new(name, pack_any(body))
 }
 
-/// The HTTPS filter chains, one per HTTPS server, in Gateway order. An SNI
-/// name already taken by an earlier server is left out of later ones, since
-/// Envoy rejects the whole listener when two chains match alike. The
-/// Secrets the chains name are added to `secrets`, by name.
+/// The HTTPS filter chains, one per HTTPS server, in Gateway order, each
+/// routing by the RouteConfiguration `route_config` names for its server.
+/// An SNI name already taken by an earlier server is left out of later
+/// ones, since Envoy rejects the whole listener when two chains match
+/// alike. The Secrets the chains name are added to `secrets`, by name. A
+/// server asking for client certificates without a CA to verify them
+/// makes no chain.
 pub fn https_chains(
     servers: &[BoundServer<'_>],
-    route_config: &str,
+    route_config: impl Fn(&BoundServer<'_>) -> String,
     secrets: &mut BTreeMap<String, Resource>,
     warnings: &mut Vec<Warning>,
 ) -> Vec<FilterChain> {
     let mut taken: BTreeSet<String> = BTreeSet::new();
     let mut catch_all_taken = false;
     let mut chains = Vec::new();
-    for server in servers.iter().filter(|s| s.side == Side::Https) {
+    for server in servers.iter().filter(|s| s.side == Side::Https && s.client_certs != ClientCerts::NoCa) {
         let Some(secret) = server.tls else { continue };
         // `*` means any SNI, including none: a chain without server_names.
         let catch_all = server.hosts.iter().any(|h| h.host == "*");
@@ -199,18 +203,31 @@ pub fn https_chains(
         };
         let name = secret_name(secret);
         secrets.entry(name.clone()).or_insert_with(|| tls_secret(secret));
+        // The CA is public: inline, as istiod's SDS would serve it.
+        let (require, validation) = match server.client_certs {
+            ClientCerts::Verified(ca) => (
+                Some(BoolValue { value: true }),
+                Some(ValidationContextType::ValidationContext(CertificateValidationContext {
+                    trusted_ca: Some(inline(&ca.ca_cert_pem)),
+                    ..Default::default()
+                })),
+            ),
+            ClientCerts::NotAsked | ClientCerts::NoCa => (None, None),
+        };
         let tls = DownstreamTlsContext {
             common_tls_context: Some(CommonTlsContext {
                 tls_certificate_sds_secret_configs: vec![SdsSecretConfig { name, sds_config: Some(ads()) }],
                 alpn_protocols: vec!["h2".into(), "http/1.1".into()],
+                validation_context_type: validation,
                 ..Default::default()
             }),
+            require_client_certificate: require,
             ..Default::default()
         };
         chains.push(FilterChain {
             name: server.label(),
             filter_chain_match: Some(FilterChainMatch { server_names, ..Default::default() }),
-            filters: vec![hcm(route_config)],
+            filters: vec![hcm(&route_config(server))],
             transport_socket: Some(TransportSocket {
                 name: TLS_TRANSPORT_SOCKET.into(),
                 config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(tls))),

@@ -75,7 +75,7 @@ pub fn bind<'a>(specs: &'a Specs<'a>, clusters: &mut Clusters<'_>, warnings: &mu
 
 /// The hosts a VirtualService serves on one listener side, each with
 /// whether a server asks for an HTTPS redirect.
-pub fn served_hosts(bound: &BoundVs<'_>, servers: &[BoundServer<'_>], side: Side) -> BTreeMap<String, bool> {
+pub fn served_hosts(bound: &BoundVs<'_>, servers: &[&BoundServer<'_>], side: Side) -> BTreeMap<String, bool> {
     let mut out: BTreeMap<String, bool> = BTreeMap::new();
     let servers = servers.iter().filter(|s| s.side == side && bound.gateways.contains(&s.gateway.key()));
     for server in servers {
@@ -90,11 +90,12 @@ pub fn served_hosts(bound: &BoundVs<'_>, servers: &[BoundServer<'_>], side: Side
     out
 }
 
-/// The RouteConfiguration of one listener: a virtual host per served host.
+/// The RouteConfiguration of one listener (or of some of its filter
+/// chains): a virtual host per host `servers` serve.
 pub fn route_configuration(
     name: String,
     bound: &[BoundVs<'_>],
-    servers: &[BoundServer<'_>],
+    servers: &[&BoundServer<'_>],
     side: Side,
 ) -> RouteConfiguration {
     let mut hosts: BTreeMap<String, (Vec<Route>, bool, BTreeSet<&str>)> = BTreeMap::new();

@@ -3,13 +3,19 @@
 //! The Envoy listens on its own ports (`--gateway-http-port`, the HTTPS
 //! port), not on the numbers a Gateway names (80, 443 under Higress), so a
 //! server is placed by protocol: HTTP, HTTP2 and GRPC servers feed every
-//! HTTP listener, `HTTPS` servers with `tls.mode: SIMPLE` and a known
-//! credential feed the HTTPS listener. Gateway `selector`s are not read: the
-//! standalone Envoy is every Gateway's workload.
+//! HTTP listener, `HTTPS` servers with `tls.mode: SIMPLE` or `MUTUAL` and a
+//! known credential feed the HTTPS listener. Gateway `selector`s are not
+//! read: the standalone Envoy is every Gateway's workload.
+//!
+//! A server asks for client certificates when its `tls.mode` is `MUTUAL` or
+//! it names a client CA (`ServerTls::client_ca`, an Ingress's
+//! `auth-tls-secret`): verified against that Secret's CA certificates, or,
+//! for `MUTUAL` alone, where istiod looks for them (the Secret
+//! `{credentialName}-cacert`, else the credential's own).
 
 use super::spec::Named;
-use crate::model::TlsSecret as GatewayTls;
-use crate::translate::model::{GatewaySpec, Server, ServerTlsMode};
+use crate::model::{CaSecret, TlsSecret as GatewayTls};
+use crate::translate::model::{GatewaySpec, Server, ServerTls, ServerTlsMode};
 use crate::translate::warning::{Reason, Warning};
 
 /// The listener kind a server feeds.
@@ -31,6 +37,26 @@ pub struct BoundServer<'a> {
     pub hosts: Vec<ServerHost>,
     /// The certificate, for an HTTPS server.
     pub tls: Option<&'a GatewayTls>,
+    /// Whether clients must present a certificate, and what verifies it.
+    pub client_certs: ClientCerts<'a>,
+}
+
+/// What an HTTPS server asks of its clients' certificates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientCerts<'a> {
+    /// Nothing: no certificate asked for.
+    NotAsked,
+    /// A certificate these CA certificates verify is required.
+    Verified(&'a CaSecret),
+    /// Required, but there is no CA to verify one with: the server is not
+    /// served, and its hosts are in no other server's routes.
+    NoCa,
+}
+
+impl ClientCerts<'_> {
+    pub fn asked(self) -> bool {
+        self != ClientCerts::NotAsked
+    }
 }
 
 impl BoundServer<'_> {
@@ -86,6 +112,7 @@ impl ServerHost {
 pub fn servers<'a>(
     gateways: &'a [Named<'a, GatewaySpec>],
     tls: &'a [GatewayTls],
+    ca: &'a [CaSecret],
     warnings: &mut Vec<Warning>,
 ) -> Vec<BoundServer<'a>> {
     let mut out = Vec::new();
@@ -93,6 +120,21 @@ pub fn servers<'a>(
         for (index, server) in gw.spec.servers.iter().enumerate() {
             match classify(gw, server, tls) {
                 Ok((side, tls)) => {
+                    let client_certs = match (tls, &server.tls) {
+                        (Some(cert), Some(t)) => client_certs(cert, t, ca),
+                        _ => ClientCerts::NotAsked,
+                    };
+                    if client_certs == ClientCerts::NoCa {
+                        warnings.push(Warning::new(
+                            format!("Gateway {} servers[{index}]", gw.key()),
+                            Reason::MissingSecret,
+                            format!(
+                                "client certificates are required and no Secret with CA certificates (ca.crt or \
+                                 cacert) is there to verify them ({}); left out",
+                                ca_wanted(tls, server.tls.as_ref())
+                            ),
+                        ));
+                    }
                     let hosts: Vec<ServerHost> =
                         server.hosts.iter().map(|h| ServerHost::parse(h, gw.namespace)).collect();
                     let bound = BoundServer {
@@ -102,6 +144,7 @@ pub fn servers<'a>(
                         https_redirect: side == Side::Http && server.tls.as_ref().is_some_and(|t| t.https_redirect),
                         hosts,
                         tls,
+                        client_certs,
                     };
                     if bound.hosts.is_empty() {
                         warnings.push(Warning::new(
@@ -135,9 +178,9 @@ fn classify<'a>(
         "HTTPS" => {
             let Some(t) = &server.tls else { return Err(unservable("HTTPS without tls".into())) };
             let mode = t.mode.unwrap_or(ServerTlsMode::Passthrough);
-            if mode != ServerTlsMode::Simple {
+            if !matches!(mode, ServerTlsMode::Simple | ServerTlsMode::Mutual) {
                 return Err(unservable(format!(
-                    "tls.mode {} is not supported by the standalone gateway (SIMPLE only)",
+                    "tls.mode {} is not supported by the standalone gateway (SIMPLE and MUTUAL only)",
                     mode.as_str()
                 )));
             }
@@ -158,6 +201,31 @@ fn classify<'a>(
             Ok((Side::Https, Some(secret)))
         }
         other => Err(unservable(format!("protocol {other:?} is not supported by the standalone gateway"))),
+    }
+}
+
+/// The client certificates an HTTPS server with certificate `cert` asks
+/// for: verified against its `client_ca`, or for `MUTUAL` alone against
+/// `{credential}-cacert` beside the certificate, else the certificate's
+/// own Secret, as istiod looks (its `GetCaCert`).
+fn client_certs<'a>(cert: &GatewayTls, t: &ServerTls, ca: &'a [CaSecret]) -> ClientCerts<'a> {
+    let find = |ns: &str, name: &str| ca.iter().find(|c| c.namespace == ns && c.name == name && is_pem(&c.ca_cert_pem));
+    let found = match &t.client_ca {
+        Some((ns, name)) => find(ns, name),
+        None if t.mode == Some(ServerTlsMode::Mutual) => {
+            find(&cert.namespace, &format!("{}-cacert", cert.name)).or_else(|| find(&cert.namespace, &cert.name))
+        }
+        None => return ClientCerts::NotAsked,
+    };
+    found.map_or(ClientCerts::NoCa, ClientCerts::Verified)
+}
+
+/// Which Secrets a server's client CA was looked for in, for a warning.
+fn ca_wanted(cert: Option<&GatewayTls>, t: Option<&ServerTls>) -> String {
+    match (t.and_then(|t| t.client_ca.as_ref()), cert) {
+        (Some((ns, name)), _) => format!("Secret {ns}/{name}"),
+        (None, Some(c)) => format!("Secret {0}/{1}-cacert or {0}/{1}", c.namespace, c.name),
+        (None, None) => String::new(),
     }
 }
 

@@ -5,13 +5,14 @@
 //! under `higress.io/`. The canary group (`canary`, `canary-by-*`,
 //! `canary-weight*`) is read under both prefixes too, and so are the route
 //! policy annotations, each under the prefixes Higress reads it with (see
-//! [`policy`]). Any other key under those two prefixes is counted as
-//! ignored.
+//! [`policy`]), and `auth-tls-secret` ([`downstream`]). Any other key under
+//! those two prefixes is counted as ignored.
 
 use std::collections::BTreeMap;
 
 use meshbridge_registries::clip;
 
+use super::downstream::{self, ClientCa};
 use super::policy::{self, RoutePolicy};
 use super::syntax::{is_token, parse_bool};
 use super::upstream;
@@ -74,6 +75,9 @@ pub struct IngressAnnotations {
     pub upstream: Option<TrafficPolicy>,
     /// `proxy-ssl-secret`, when the policy is `MUTUAL`.
     pub client_secret: Option<upstream::ClientSecret>,
+    /// `auth-tls-secret`: the CA client certificates on this Ingress's TLS
+    /// hosts are verified against.
+    pub client_ca: Option<ClientCa>,
     /// Redirects, timeout, retries, header control, upstream-vhost, CORS.
     pub policy: RoutePolicy,
     /// `match-method`, `*-match-header-*`, `*-match-query-*`.
@@ -276,6 +280,7 @@ impl IngressAnnotations {
             canary: None,
             upstream: None,
             client_secret: None,
+            client_ca: None,
             policy: RoutePolicy::default(),
             conditions: Conditions::default(),
             ignored: Vec::new(),
@@ -344,6 +349,7 @@ impl IngressAnnotations {
             ssl_server_name: get(upstream::PROXY_SSL_SERVER_NAME, true),
         };
         (out.upstream, out.client_secret) = upstream::read(&found, namespace, &mut out.warnings);
+        out.client_ca = downstream::read(get(downstream::AUTH_TLS_SECRET, true), namespace, &mut out.warnings);
 
         let canary: Vec<Option<(String, String)>> = CANARY_KEYS.iter().map(|k| get(k, true)).collect();
         out.canary = read_canary(&canary, &mut out.warnings);

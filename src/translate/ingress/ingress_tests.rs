@@ -16,12 +16,26 @@ pub(super) fn opts() -> IngressOptions {
             ("shop".to_owned(), "other-tls".to_owned()),
             ("higress-system".to_owned(), "wildcard-tls".to_owned()),
         ]),
+        known_ca_secrets: BTreeSet::from([
+            ("shop".to_owned(), "shop-tls".to_owned()),
+            ("shop".to_owned(), "shop-tls-cacert".to_owned()),
+            ("shop".to_owned(), "clients-ca".to_owned()),
+        ]),
         service_hosts: Default::default(),
     }
 }
 
 pub(super) fn run(yaml: &str) -> IngressTranslation {
     translate(&docs(yaml), &opts())
+}
+
+/// The (reason, detail) of each warning about Ingress `shop/{ingress}`.
+pub(super) fn warnings_of(t: &IngressTranslation, ingress: &str) -> Vec<(String, String)> {
+    t.warnings
+        .iter()
+        .filter(|w| w.object == format!("Ingress shop/{ingress}"))
+        .map(|w| (w.reason.as_str().to_owned(), w.detail.clone()))
+        .collect()
 }
 
 /// Route names of every VirtualService, in order: what a test about which

@@ -2,7 +2,7 @@
 //! `upstreamtls.go` reads it, in the DestinationRule of each host it
 //! routes to, with the `credentialName` stock istiod reads.
 
-use super::ingress_tests::run;
+use super::ingress_tests::{run, warnings_of};
 use super::*;
 
 fn ingress(name: &str, dest: &str, annotations: &[(&str, &str)]) -> String {
@@ -31,14 +31,6 @@ fn tls_of(t: &IngressTranslation, host: &str) -> serde_json::Value {
         })
         .map(|p| p["tls"].clone())
         .unwrap_or(serde_json::Value::Null)
-}
-
-fn warnings_of(t: &IngressTranslation, ingress: &str) -> Vec<(String, String)> {
-    t.warnings
-        .iter()
-        .filter(|w| w.object == format!("Ingress shop/{ingress}"))
-        .map(|w| (w.reason.as_str().to_owned(), w.detail.clone()))
-        .collect()
 }
 
 const NGINX: &str = "nginx.ingress.kubernetes.io/";
