@@ -193,6 +193,10 @@ pub struct Istiod {
     /// With [`Options::stock_gateway_listeners`]: the gateway Service's
     /// target port, which [`Istiod::gateway_envoy`] listens on.
     pub gateway_port: Option<u16>,
+    /// With [`Options::stock_gateway_listeners`]: the target port of the
+    /// gateway Service's port 443, where istiod puts the listener of the
+    /// Gateway's HTTPS servers.
+    pub gateway_https_port: Option<u16>,
     http: reqwest::Client,
     guard: ChildGuard,
     dir: tempfile::TempDir,
@@ -277,12 +281,23 @@ impl Istiod {
             }
             let guard = ChildGuard::spawn("istiod", cmd, dir.path().join("istiod.log"))?;
             let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
-            let gateway_port = None;
-            let mut istiod =
-                Istiod { version, grpc_addr, secure, http_addr, monitoring_addr, gateway_port, http, guard, dir };
+            let (gateway_port, gateway_https_port) = (None, None);
+            let mut istiod = Istiod {
+                version,
+                grpc_addr,
+                secure,
+                http_addr,
+                monitoring_addr,
+                gateway_port,
+                gateway_https_port,
+                http,
+                guard,
+                dir,
+            };
             match istiod.wait_ready().await {
                 Ok(()) if options.stock_gateway_listeners => {
-                    istiod.gateway_port = Some(istiod.add_gateway_service(api).await?);
+                    let (http, https) = istiod.add_gateway_service(api).await?;
+                    (istiod.gateway_port, istiod.gateway_https_port) = (Some(http), Some(https));
                     return Ok(istiod);
                 }
                 Ok(()) => return Ok(istiod),
@@ -294,18 +309,20 @@ impl Istiod {
         }
     }
 
-    /// Write the gateway's Service (port 80 to a free target port), wait
-    /// until istiod lists it, and return the target port. Gateway proxies
-    /// that connect later still need [`Istiod::refresh_gateway`] on 1.27.
-    async fn add_gateway_service(&self, api: &ApiServer) -> anyhow::Result<u16> {
+    /// Write the gateway's Service (ports 80 and 443 to free target
+    /// ports), wait until istiod lists it, and return the target ports.
+    /// Gateway proxies that connect later still need
+    /// [`Istiod::refresh_gateway`] on 1.27.
+    async fn add_gateway_service(&self, api: &ApiServer) -> anyhow::Result<(u16, u16)> {
         match api.kubectl(&["create", "namespace", GATEWAY_NAMESPACE]).await {
             Err(e) if !e.to_string().contains("AlreadyExists") => return Err(e),
             _ => {}
         }
-        let target = free_port();
+        let (target, https_target) = (free_port(), free_port());
         api.apply(&format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{ name: {GATEWAY_SERVICE}, namespace: {GATEWAY_NAMESPACE} }}\n\
-             spec:\n  selector: {{ {} }}\n  ports:\n    - {{ name: http-80, port: 80, targetPort: {target} }}\n",
+             spec:\n  selector: {{ {} }}\n  ports:\n    - {{ name: http-80, port: 80, targetPort: {target} }}\n    \
+             - {{ name: https-443, port: 443, targetPort: {https_target} }}\n",
             gateway_selector()
         ))
         .await?;
@@ -315,7 +332,7 @@ impl Istiod {
             anyhow::ensure!(Instant::now() < deadline, "{} never listed the gateway Service {host}", self.version);
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Ok(target)
+        Ok((target, https_target))
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
@@ -407,6 +424,22 @@ impl Istiod {
         yaml.insert_str(at, &socket);
         let envoy = Envoy::start_bootstrap(&yaml, 0, listen_port).await?;
         self.wait_gateway_listener(api, envoy, listen_port).await
+    }
+
+    /// Let the gateway's ServiceAccount read Secrets in its namespace, as
+    /// istiod checks (a SubjectAccessReview) before it serves a proxy a
+    /// `credentialName` Secret over SDS.
+    pub async fn allow_gateway_secrets(&self, api: &ApiServer) -> anyhow::Result<()> {
+        let ns = GATEWAY_NAMESPACE;
+        api.apply(&format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{ name: gateway-secrets, namespace: {ns} }}\n\
+             rules: [{{ apiGroups: [\"\"], resources: [secrets], verbs: [get, list, watch] }}]\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{ name: gateway-secrets, namespace: {ns} }}\n\
+             roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: gateway-secrets }}\n\
+             subjects: [{{ kind: ServiceAccount, name: {GATEWAY_SERVICE}, namespace: {ns} }}]\n"
+        ))
+        .await?;
+        Ok(())
     }
 
     async fn wait_gateway_listener(&self, api: &ApiServer, envoy: Envoy, listen_port: u16) -> anyhow::Result<Envoy> {

@@ -35,10 +35,19 @@ pub fn mcpbridge(registries: &[String]) -> String {
 /// meshbridge on `dir` (already written) as the config source of a
 /// standalone Envoy gateway listening on `gateway_port`.
 pub async fn start_gateway(dir: &Path, gateway_port: u16) -> anyhow::Result<App> {
+    start_https_gateway(dir, gateway_port, GatewayArgs::default().gateway_https_port).await
+}
+
+/// [`start_gateway`], with the gateway's HTTPS listener on `https_port`.
+pub async fn start_https_gateway(dir: &Path, http_port: u16, https_port: u16) -> anyhow::Result<App> {
     App::launch(RunCommand {
         args: RunArgs::loopback(dir),
         admin: AdminArgs::default(),
-        gateway: GatewayArgs { gateway_http_port: vec![gateway_port], ..GatewayArgs::default() },
+        gateway: GatewayArgs {
+            gateway_http_port: vec![http_port],
+            gateway_https_port: https_port,
+            ..GatewayArgs::default()
+        },
         lifecycle: Default::default(),
         xds: Default::default(),
         kube: Default::default(),

@@ -11,12 +11,12 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use meshbridge::run::{AdminArgs, App, GatewayArgs, RunArgs, RunCommand};
+use meshbridge::run::App;
 use meshbridge::testing::pki::{Issued, TestPki};
 use meshbridge_e2e::backend::EchoBackend;
 use meshbridge_e2e::envoy::{AdsMode, Envoy};
 use meshbridge_e2e::free_port;
-use meshbridge_e2e::traffic::{mcp_ingress, mcpbridge};
+use meshbridge_e2e::traffic::{mcp_ingress, mcpbridge, start_https_gateway};
 use reqwest::Method;
 use reqwest::header::HeaderMap;
 
@@ -69,20 +69,7 @@ impl Gateway {
         std::fs::write(dir.path().join("mcpbridge.yaml"), bridge).unwrap();
         std::fs::write(dir.path().join("shop.yaml"), ingresses).unwrap();
         let (http_port, https_port) = (free_port(), free_port());
-        let app = App::launch(RunCommand {
-            args: RunArgs::loopback(dir.path()),
-            admin: AdminArgs::default(),
-            gateway: GatewayArgs {
-                gateway_http_port: vec![http_port],
-                gateway_https_port: https_port,
-                ..GatewayArgs::default()
-            },
-            lifecycle: Default::default(),
-            xds: Default::default(),
-            kube: Default::default(),
-        })
-        .await
-        .expect("start meshbridge");
+        let app = start_https_gateway(dir.path(), http_port, https_port).await.expect("start meshbridge");
         let envoy = Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, http_port).await.expect("start envoy");
         let gw = Gateway { app, envoy, backend, http_port, https_port, _dir: dir };
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -201,15 +201,7 @@ async fn proxy_ssl_through_istiod(version: Version) {
     // The Secret where istiod reads it, and the gateway's ServiceAccount
     // allowed to (istiod asks the API server with a SubjectAccessReview).
     api.apply(&secret_yaml("upstream-client", &client, &ca.ca.cert)).await.unwrap();
-    api.apply(&format!(
-        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{ name: gateway-secrets, namespace: {GW_NS} }}\n\
-         rules: [{{ apiGroups: [\"\"], resources: [secrets], verbs: [get, list, watch] }}]\n---\n\
-         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{ name: gateway-secrets, namespace: {GW_NS} }}\n\
-         roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: gateway-secrets }}\n\
-         subjects: [{{ kind: ServiceAccount, name: higress-gateway, namespace: {GW_NS} }}]\n"
-    ))
-    .await
-    .unwrap();
+    istiod.allow_gateway_secrets(&api).await.unwrap();
     let envoy = istiod.secure_gateway_envoy(&api).await.expect("the gateway Envoy over istiod's TLS port");
 
     let nginx = |k: &str| format!("nginx.ingress.kubernetes.io/{k}");
