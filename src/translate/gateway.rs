@@ -144,11 +144,13 @@ pub fn envoy_gateway<'a>(
         } else {
             let (verifying, plain): (Vec<&servers::BoundServer<'_>>, Vec<_>) =
                 all.iter().copied().partition(|s| s.client_certs.asked());
-            // Hosts that need a client certificate are in no other chain's routes.
+            // Hosts that need a client certificate (those a verifying
+            // server's host names or covers) are in no other chain's routes.
             let guarded: BTreeSet<&str> =
                 verifying.iter().flat_map(|s| s.hosts.iter().map(|h| h.host.as_str())).collect();
             let mut rc = routes::route_configuration(name.clone(), &bound, &plain, Side::Https);
-            rc.virtual_hosts.retain(|vh| !guarded.contains(vh.name.as_str()));
+            rc.virtual_hosts
+                .retain(|vh| !guarded.iter().any(|g| servers::intersect(g, &vh.name).is_some_and(|h| h == vh.name)));
             out.routes.push(Resource::new(name.clone(), canonical::route_configuration_any(rc)));
             for s in verifying.iter().filter(|s| s.client_certs != servers::ClientCerts::NoCa) {
                 let own = own_routes(s);

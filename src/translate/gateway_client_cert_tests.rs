@@ -80,7 +80,7 @@ fn trusted_ca(ctx: &DownstreamTlsContext) -> String {
 
 #[test]
 fn a_server_asking_for_client_certificates_requires_and_verifies_them_on_its_own_routes() {
-    let hosts = ["web.example.com", "api.example.com", "mutual.example.com", "gone.example.com"];
+    let hosts = ["web.example.com", "api.example.com", "mutual.example.com", "gone.example.com", "a.wild.example.com"];
     let objects = [
         gateway_of(&[
             (&["web.example.com"], "SIMPLE", None),
@@ -90,6 +90,8 @@ fn a_server_asking_for_client_certificates_requires_and_verifies_them_on_its_own
             (&["mutual.example.com"], "MUTUAL", None),
             // A CA that is not there.
             (&["gone.example.com"], "MUTUAL", Some(("shop", "nope"))),
+            // A wildcard: every name it covers is guarded.
+            (&["*.wild.example.com"], "SIMPLE", Some(("shop", "clients-ca"))),
             // A catch-all, which must not carry the guarded hosts' routes.
             (&["*"], "SIMPLE", None),
         ]),
@@ -108,7 +110,7 @@ fn a_server_asking_for_client_certificates_requires_and_verifies_them_on_its_own
     assert!(out.warnings[0].reason == Reason::MissingSecret);
 
     let chains = chains(&out);
-    assert_eq!(chains.len(), 4, "no chain for the server without a CA");
+    assert_eq!(chains.len(), 5, "no chain for the server without a CA");
     let web = tls_context(chain_for(&chains, "web.example.com"));
     assert_eq!(web.require_client_certificate, None);
     assert_eq!(web.common_tls_context.as_ref().unwrap().validation_context_type, None);
@@ -132,6 +134,8 @@ fn a_server_asking_for_client_certificates_requires_and_verifies_them_on_its_own
     assert_eq!(shared, ["web.example.com"], "a Host header cannot reach a guarded host over another SNI");
     let route_names: Vec<&str> = out.routes.iter().map(|r| &*r.name).collect();
     assert!(!route_names.iter().any(|n| n.ends_with("gw.4")), "no routes for the server left out: {route_names:?}");
+    let wild = rds_name(chain_for(&chains, "*.wild.example.com"));
+    assert_eq!(virtual_hosts(&out, &wild), ["a.wild.example.com"]);
     // Only the certificate's key is served; the CAs are public and inline.
     let names: Vec<&str> = out.secrets.iter().map(|r| &*r.name).collect();
     assert_eq!(names, [format!("{GW_NS}/web-cert")]);
