@@ -341,6 +341,41 @@ async fn meshbridge_runs_as_the_shipped_service_account() {
     .await;
     assert_eq!(synced("kb-a"), Some(plain_before), "a watcher not using the Secret restarted");
 
+    // An Ingress's TLS Secret and the CA its auth-tls-secret names, each
+    // read by name: the Gateway server of its host asks for client
+    // certificates, verified against that CA.
+    let pem = |what: &str| format!("-----BEGIN {what}-----\nAAAA\n-----END {what}-----\n");
+    for (name, data) in [
+        ("kb-cert", json!({"tls.crt": pem("CERTIFICATE"), "tls.key": pem("PRIVATE KEY")})),
+        ("kb-cert-cacert", json!({"ca.crt": pem("CERTIFICATE")})),
+    ] {
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NS},
+            "stringData": data});
+        api.apply(&secret.to_string()).await.unwrap();
+    }
+    let mtls = json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": "mtls", "namespace": NS, "annotations": {"higress.io/destination": "kb-a.static:80",
+            "nginx.ingress.kubernetes.io/auth-tls-secret": "kb-cert-cacert"}},
+        "spec": {"ingressClassName": "higress", "tls": [{"hosts": ["mtls.example.com"], "secretName": "kb-cert"}],
+            "rules": [{"host": "mtls.example.com", "http": {"paths": [{"path": "/", "pathType": "Prefix",
+            "backend": {"resource": {"apiGroup": "networking.higress.io", "kind": "McpBridge", "name": "default"}}}]}}]}});
+    api.apply(&mtls.to_string()).await.unwrap();
+    let client_ca = |app: &App| {
+        let config = app.config.borrow();
+        let servers = config.objects("Gateway").flat_map(|o| match &o.spec {
+            meshbridge::translate::model::Spec::Gateway(g) => g.servers.clone(),
+            _ => Vec::new(),
+        });
+        let mtls = servers.into_iter().find(|s| s.hosts.iter().any(|h| h == "mtls.example.com") && s.tls.is_some())?;
+        let tls = mtls.tls?;
+        Some((tls.mode.map(|m| m.as_str()), tls.client_ca))
+    };
+    let want = (Some("MUTUAL"), Some((NS.to_owned(), "kb-cert-cacert".to_owned())));
+    until("the client CA on the Gateway", Duration::from_secs(30), || async {
+        client_ca(&app).filter(|got| *got == want).map(|_| ())
+    })
+    .await;
+
     // The ServiceAccount token is in no log line.
     let kubeconfig_text = std::fs::read_to_string(&kubeconfig).unwrap();
     let token = kubeconfig_text.lines().find_map(|l| l.trim().strip_prefix("token: ")).unwrap();
@@ -350,10 +385,10 @@ async fn meshbridge_runs_as_the_shipped_service_account() {
     // No more than enough: every verb the shipped Roles grant is one
     // meshbridge used, by the API server's audit log.
     assert_eq!(api.requests_by(SA).unwrap(), granted(), "what meshbridge did (left) and what RBAC grants (right)");
-    // The Secrets it read: the referenced one, by name, and no other.
+    // The Secrets it read: the referenced ones, by name, and no other.
     assert_eq!(
         api.secrets_read_by(SA).unwrap(),
-        std::collections::BTreeSet::from([format!("get {NS}/kb-auth")]),
+        ["kb-auth", "kb-cert", "kb-cert-cacert"].map(|n| format!("get {NS}/{n}")).into_iter().collect(),
         "Secrets read, from the audit log"
     );
 
