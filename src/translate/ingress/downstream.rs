@@ -206,8 +206,11 @@ pub fn https_servers(
             }
         }
         if !taken.insert(name.clone()) {
-            let key =
-                format!("{secret_ns}/{secret} {}", ca.as_ref().map(|(n, s)| format!("{n}/{s}")).unwrap_or_default());
+            // Without a CA, the key names had before client CAs existed.
+            let key = match &ca {
+                None => format!("{secret_ns}/{secret}"),
+                Some((n, s)) => format!("{secret_ns}/{secret} {n}/{s}"),
+            };
             name = format!("{name}-{}", short_hash(&key));
             taken.insert(name.clone());
         }

@@ -197,3 +197,19 @@ fn ingress_nginx_keys_higress_does_not_read_stay_ignored() {
     assert_eq!(t.ignored_annotations, 1);
     assert_eq!(server_of(&t, "d.example.com").1, "MUTUAL");
 }
+
+#[test]
+fn server_names_that_collide_keep_the_suffix_they_had() {
+    // `shop/a-b` and `shop-a/b` both sanitize to `shop-a-b`: the second
+    // gets the hash of its Secret, as before client CAs existed.
+    let yaml = [
+        ingress("one", 1, "one.example.com", "a-b", &[]),
+        ingress("two", 2, "two.example.com", "b", &[]).replace("namespace: shop", "namespace: shop-a"),
+    ]
+    .concat();
+    let known = [("shop", "a-b"), ("shop-a", "b")].map(|(n, s)| (n.to_owned(), s.to_owned()));
+    let opts = IngressOptions { known_secrets: known.into_iter().collect(), ..super::ingress_tests::opts() };
+    let t = translate(&crate::config::ingress_docs(&yaml), &opts);
+    assert_eq!(server_of(&t, "one.example.com").0, "https-443-ingress-shop-a-b");
+    assert_eq!(server_of(&t, "two.example.com").0, format!("https-443-ingress-shop-a-b-{}", short_hash("shop-a/b")));
+}
