@@ -32,7 +32,8 @@ pub mod pki;
 async fn channel(
     addr: std::net::SocketAddr,
 ) -> anyhow::Result<AggregatedDiscoveryServiceClient<tonic::transport::Channel>> {
-    Ok(AggregatedDiscoveryServiceClient::connect(format!("http://{addr}")).await?)
+    // As big an answer as Envoy takes (its gRPC client has no cap).
+    Ok(AggregatedDiscoveryServiceClient::connect(format!("http://{addr}")).await?.max_decoding_message_size(256 << 20))
 }
 
 fn client(channel: tonic::transport::Channel) -> AggregatedDiscoveryServiceClient<tonic::transport::Channel> {

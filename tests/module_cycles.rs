@@ -448,8 +448,14 @@ fn translate_reads_its_inputs_from_the_leaf() {
 /// free-form itself (an EnvoyFilter patch value, a `google.protobuf.Struct`).
 #[test]
 fn translation_and_the_reconciler_read_types_not_json() {
-    const JSON_ALLOWED: [&[&str]; 3] =
-        [&["translate", "model"], &["translate", "pb"], &["translate", "proxy", "filters"]];
+    // The model and its encoding, and the two builders of EnvoyFilter patch
+    // values: the proxies' and the local rate limit's.
+    const JSON_ALLOWED: [&[&str]; 4] = [
+        &["translate", "model"],
+        &["translate", "pb"],
+        &["translate", "proxy", "filters"],
+        &["translate", "ingress", "limit"],
+    ];
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"));
     let krate = load(&workspace.join("src"));
     let mut wrong = Vec::new();

@@ -189,3 +189,26 @@ async fn silent_and_idle_connections_are_closed() {
     f.sink.update(Update::Upsert(svc(1, "10.0.0.2")));
     assert_eq!(c.recv().await.resources.len(), 2);
 }
+
+/// An Envoy's first EDS request names every cluster: at 100k clusters of
+/// the bench's names (about 63 bytes each) it is 6.3 MB, which the old
+/// 4 MiB default refused, so Envoy never got an endpoint (BENCHMARKS.md,
+/// "100k services"). The default takes it and answers.
+#[tokio::test]
+async fn the_default_limit_takes_an_eds_request_naming_100k_clusters() {
+    use meshbridge::translate::envoy::{ENDPOINT_TYPE, cluster_name};
+    let f = XdsFixture::start_with(vec![svc(0, "10.0.0.1")], XdsLimits::default()).await;
+    let known = cluster_name(8080, "", &svc(0, "10.0.0.1").host);
+    let mut names: Vec<String> =
+        (1..100_000).map(|i| cluster_name(8080, "", &format!("providers:com.bench.Svc{i}:1.0.0:.zookeeper"))).collect();
+    names.push(known.clone());
+    let bytes: usize = names.iter().map(|n| n.len() + 2).sum();
+    assert!(bytes > 4 << 20, "the request passes the old 4 MiB default: {bytes} bytes");
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+
+    let mut c = SotwClient::connect(f.addr).await.unwrap();
+    c.send(SotwClient::request(ENDPOINT_TYPE, &names, "", "")).await;
+    let resp = c.next_within(WAIT).await.expect("not refused").expect("an answer");
+    assert_eq!(resp.type_url, ENDPOINT_TYPE);
+    assert!(!resp.resources.is_empty(), "the known cluster's endpoints are sent");
+}

@@ -293,6 +293,11 @@ impl Envoy {
     }
 
     /// Envoy's own log (for failure messages).
+    /// The Envoy process's id (for its memory and CPU in the benches).
+    pub fn pid(&self) -> Option<u32> {
+        self.guard.id()
+    }
+
     pub fn log(&self) -> String {
         let dir: PathBuf = self._dir.path().into();
         let mut s = std::fs::read_to_string(dir.join("envoy.log")).unwrap_or_default();

@@ -23,6 +23,9 @@ pub enum Event {
     Degraded(RegistryError),
     /// [`Sink::repaired`]: services the anti-entropy pass corrected, and why.
     Repaired(RepairKind, Vec<String>),
+    /// [`Sink::synced`]: a full sync took this long. Kept apart, in
+    /// [`Recorder::passes`], not among the events.
+    Synced(Duration),
 }
 
 struct ChannelSink(mpsc::UnboundedSender<(Instant, Event)>);
@@ -42,6 +45,9 @@ impl Sink for ChannelSink {
     }
     fn repaired(&self, kind: RepairKind, hosts: &[String]) {
         let _ = self.0.send((Instant::now(), Event::Repaired(kind, hosts.to_vec())));
+    }
+    fn synced(&self, took: Duration) {
+        let _ = self.0.send((Instant::now(), Event::Synced(took)));
     }
 }
 
@@ -91,6 +97,9 @@ pub struct Recorder<V: View = Hosts> {
     pub view: V,
     /// How long [`Recorder::until`] waits.
     deadline: Duration,
+    /// Each sync the watcher reported ([`Sink::synced`]): when it began
+    /// and when it ended.
+    pub passes: Vec<(Instant, Instant)>,
 }
 
 impl<V: View> Drop for Recorder<V> {
@@ -104,7 +113,7 @@ impl<V: View> Recorder<V> {
     pub fn start(watcher: Box<dyn Watcher>, deadline: Duration) -> Recorder<V> {
         let (tx, rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(watcher.run(Arc::new(ChannelSink(tx))));
-        Recorder { task, rx, events: Vec::new(), times: Vec::new(), view: V::default(), deadline }
+        Recorder { task, rx, events: Vec::new(), times: Vec::new(), view: V::default(), deadline, passes: Vec::new() }
     }
 
     /// Wait until `pred` holds, re-checking after every sink call.
@@ -128,6 +137,10 @@ impl<V: View> Recorder<V> {
     }
 
     fn push(&mut self, (at, event): (Instant, Event)) {
+        if let Event::Synced(took) = event {
+            self.passes.push((at.checked_sub(took).unwrap_or(at), at));
+            return;
+        }
         if let Event::Update(update) = &event {
             self.view.apply(update);
         }

@@ -26,6 +26,8 @@ pub const MAX_SESSION: Duration = Duration::from_secs(3);
 /// another test before ZooKeeper binds it.
 const START_ATTEMPTS: usize = 3;
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The JVM heap for the tests' trees.
+const DEFAULT_HEAP_MB: usize = 256;
 
 pub struct ZooKeeper {
     pub port: u16,
@@ -37,6 +39,8 @@ pub struct ZooKeeper {
     dir: TempDir,
     /// The server's `maxSessionTimeout`, and the test clients' session.
     max_session: Duration,
+    /// The JVM's `-Xmx`, in MiB.
+    heap_mb: usize,
 }
 
 impl ZooKeeper {
@@ -55,14 +59,20 @@ impl ZooKeeper {
     /// a loaded machine, where a 3 s session's 1.2 s answer limit can be
     /// missed by the JVM.
     pub async fn start_with(host: Host, max_session: Duration) -> anyhow::Result<ZooKeeper> {
+        ZooKeeper::start_sized(host, max_session, DEFAULT_HEAP_MB).await
+    }
+
+    /// [`ZooKeeper::start_with`] with a heap of `heap_mb` MiB, for catalogs
+    /// past the tests' few thousand nodes (the benches' 100k services).
+    pub async fn start_sized(host: Host, max_session: Duration, heap_mb: usize) -> anyhow::Result<ZooKeeper> {
         let jar = binary_from_env(JAR_VAR)?;
         let mut last_err = None;
         for _ in 0..START_ATTEMPTS {
             let dir = tempfile::Builder::new().prefix("meshbridge-zk-").tempdir()?;
             let port = free_port();
             std::fs::write(dir.path().join("zoo.cfg"), config(&host, port, dir.path(), max_session))?;
-            let guard = spawn(&host, &jar, dir.path())?;
-            let mut zk = ZooKeeper { port, host: host.clone(), jar: jar.clone(), guard, dir, max_session };
+            let guard = spawn(&host, &jar, dir.path(), heap_mb)?;
+            let mut zk = ZooKeeper { port, host: host.clone(), jar: jar.clone(), guard, dir, max_session, heap_mb };
             match zk.wait_ready().await {
                 Ok(()) => return Ok(zk),
                 Err(e) => last_err = Some(e.context(format!("zookeeper log:\n{}", zk.log()))),
@@ -96,7 +106,7 @@ impl ZooKeeper {
     /// Start the server again on the same port and data dir.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.guard.kill();
-        self.guard = spawn(&self.host, &self.jar, self.dir.path())?;
+        self.guard = spawn(&self.host, &self.jar, self.dir.path(), self.heap_mb)?;
         self.wait_ready().await.with_context(|| format!("zookeeper log:\n{}", self.log()))
     }
 
@@ -145,7 +155,7 @@ fn config(host: &Host, port: u16, dir: &Path, max_session: Duration) -> String {
     )
 }
 
-fn spawn(host: &Host, jar: &Path, dir: &Path) -> anyhow::Result<ChildGuard> {
+fn spawn(host: &Host, jar: &Path, dir: &Path, heap_mb: usize) -> anyhow::Result<ChildGuard> {
     // Debian's zookeeper.jar names its dependencies in its manifest; a
     // logging backend is all it lacks.
     let mut classpath = jar.display().to_string();
@@ -154,7 +164,8 @@ fn spawn(host: &Host, jar: &Path, dir: &Path) -> anyhow::Result<ChildGuard> {
     }
     let java = std::env::var_os("JAVA_HOME").map(|h| PathBuf::from(h).join("bin/java")).filter(|j| j.exists());
     let mut cmd = host.command(java.unwrap_or_else(|| "java".into()));
-    cmd.args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Dzookeeper.admin.enableServer=false"])
+    cmd.arg(format!("-Xmx{heap_mb}m"))
+        .args(["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Dzookeeper.admin.enableServer=false"])
         .arg("-cp")
         .arg(classpath)
         .arg("org.apache.zookeeper.server.ZooKeeperServerMain")

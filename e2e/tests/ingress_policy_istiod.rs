@@ -8,10 +8,10 @@
 //!
 //! Then a stock Envoy fed only by istiod, as the Ingress Gateway, carries
 //! real requests to an echo backend, as `ingress_policy_envoy.rs` and
-//! `ingress_traffic_envoy.rs` do on the standalone gateway: the redirects,
-//! a timeout that gives a 504, a 503 retried, the headers added and
-//! removed, the Host rewrite, a path rewrite, a CORS preflight and the
-//! mirror.
+//! `ingress_traffic_envoy.rs` do on the standalone gateway: the redirects
+//! (HTTPS, permanent, temporal, app-root), a timeout that gives a 504, a
+//! 503 retried, the headers added and removed, the Host rewrite, a path
+//! rewrite, a CORS preflight and the mirror.
 //!
 //! Runs once per istiod build (`istiod_tests!`). Needs `source e2e/env.sh
 //! envoy kubetools kube-apiserver istiod istiod-1.27`.
@@ -54,7 +54,13 @@ fn ingresses() -> String {
         // The policies without the HTTPS redirect, for plain HTTP traffic
         // (a 1 s timeout, to see it); and a path rewrite.
         ingress("tuned", 4, &with(&[("higress.io/timeout", "1")]), "/tuned"),
-        ingress("moved", 5, &[("higress.io/rewrite-target", "/v2")], "/v1"),
+        // `/` on the host: a 302 to /tuned.
+        ingress(
+            "moved",
+            5,
+            &[("higress.io/rewrite-target", "/v2"), ("nginx.ingress.kubernetes.io/app-root", "/tuned")],
+            "/v1",
+        ),
         ingress(
             "api",
             1,
@@ -62,6 +68,16 @@ fn ingresses() -> String {
             "/api",
         ),
         ingress("old", 2, &[("higress.io/permanent-redirect", "https://new.example.com/catalog")], "/old"),
+        // temporal-redirect wins over permanent-redirect, with a 302.
+        ingress(
+            "sale",
+            6,
+            &[
+                ("nginx.ingress.kubernetes.io/temporal-redirect", "https://sale.example.com/now"),
+                ("higress.io/permanent-redirect", "https://never.example.com/"),
+            ],
+            "/sale",
+        ),
         ingress(
             "shadowed",
             3,
@@ -128,6 +144,11 @@ async fn policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway(v
     assert_eq!(main["headers"]["request"]["add"]["x-env"], "staging", "{main}");
     assert_eq!(by_name("shop-api-0-ssl-redirect")["match"][0]["scheme"]["exact"], "http", "{vs}");
     assert_eq!(by_name("shop-old-0")["redirect"]["authority"], "new.example.com", "{vs}");
+    let sale = &by_name("shop-sale-0")["redirect"];
+    assert_eq!((sale["authority"].as_str(), sale["redirectCode"].as_i64()), (Some("sale.example.com"), Some(302)));
+    let root = &by_name("shop-moved-app-root")["redirect"];
+    assert_eq!((root["uri"].as_str(), root["redirectCode"].as_i64()), (Some("/tuned"), Some(302)), "{vs}");
+    assert_eq!(http[0]["name"], "shop-moved-app-root", "app-root goes before every route of the host: {vs}");
     let shadowed = by_name("shop-shadowed-0");
     assert_eq!(
         (shadowed["mirror"]["host"].as_str(), shadowed["mirrorPercentage"]["value"].as_f64()),
@@ -136,7 +157,9 @@ async fn policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway(v
     );
 
     // The routes istiod builds for the gateway from them.
-    let routes = istiod.gateway_routes(&api, HOST, 7).await;
+    // Two Envoy routes for each Prefix path and for the HTTPS redirect of
+    // one, one for the regex path and for app-root's `/`.
+    let routes = istiod.gateway_routes(&api, HOST, 14).await;
     let named = |name: &str| {
         routes.iter().find(|r| r.name == name).unwrap_or_else(|| {
             let names: Vec<&String> = routes.iter().map(|r| &r.name).collect();
@@ -153,6 +176,19 @@ async fn policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway(v
     let old = named("shop-old-0");
     let Some(route::Action::Redirect(redirect)) = &old.action else { panic!("{old:?}") };
     assert_eq!((redirect.host_redirect.as_str(), redirect.response_code), ("new.example.com", 0), "{redirect:?}");
+
+    // temporal-redirect: 302 to the URL's scheme, host and path.
+    let sale = named("shop-sale-0");
+    let Some(route::Action::Redirect(redirect)) = &sale.action else { panic!("{sale:?}") };
+    assert_eq!(
+        (redirect.host_redirect.as_str(), redirect.response_code),
+        ("sale.example.com", RedirectResponseCode::Found as i32)
+    );
+    // app-root: `/` exactly, first in the host, 302 to the root.
+    let root = named("shop-moved-app-root");
+    assert_eq!(routes[0].name, root.name, "app-root is not first: {routes:?}");
+    let Some(route::Action::Redirect(redirect)) = &root.action else { panic!("{root:?}") };
+    assert_eq!(redirect.response_code, RedirectResponseCode::Found as i32, "{redirect:?}");
 
     let main = named("shop-api-0");
     let Some(route::Action::Route(ra)) = &main.action else { panic!("{main:?}") };
@@ -195,7 +231,15 @@ async fn policy_annotations_reach_istiod_and_carry_traffic_through_its_gateway(v
     // permanent-redirect: 301 to the URL's scheme, host and path.
     let (status, h, _) = get("/old/page").await;
     assert_eq!((status, header(&h, "location")), (301, Some("https://new.example.com/catalog")));
-    assert_eq!(backend.hits("/api/cart?id=7") + backend.hits("/old/page"), 0, "a redirect reached the backend");
+    // temporal-redirect: 302, the URL as given.
+    let (status, h, _) = get("/sale").await;
+    assert_eq!((status, header(&h, "location")), (302, Some("https://sale.example.com/now")));
+    // app-root: `/` on the host, 302 to the root; a deeper path is routed.
+    let (status, h, _) = get("/").await;
+    assert_eq!((status, header(&h, "location")), (302, Some("http://shop.example.com/tuned")));
+    for path in ["/api/cart?id=7", "/old/page", "/sale", "/"] {
+        assert_eq!(backend.hits(path), 0, "a redirect of {path} reached the backend");
+    }
 
     // Headers: one added for the backend, one removed from the answer; the
     // Host rewritten.

@@ -13,7 +13,9 @@
 //! standalone gateway and through a REAL istiod (both builds), where the
 //! ranges are AuthorizationPolicies.
 //!
-//! `route-limit-rpm`: the route's token bucket, 429 once it is empty.
+//! `route-limit-rpm`: the route's token bucket, 429 once it is empty, while
+//! an open route answers, on the standalone gateway and through a REAL
+//! istiod (both builds), where the limit is an EnvoyFilter.
 
 use std::time::{Duration, Instant};
 
@@ -223,13 +225,26 @@ async fn source_ranges(via: Via) {
     gw.app.stop().await;
 }
 
-/// Higress's local rate limit on the standalone gateway:
-/// `route-limit-rpm: 2` with a burst multiplier of 1 is a bucket of two
-/// tokens, refilled once a minute, so of four quick requests the first two
-/// reach the backend and the others get a 429; a route without a limit is
-/// not touched, and `/v1/config` says istiod would not enforce it.
+/// Higress's local rate limit: `route-limit-rpm: 2` with a burst
+/// multiplier of 1 is a bucket of two tokens, refilled once a minute, so of
+/// four quick requests the first two reach the backend and the others get
+/// a 429; a route without a limit on the same gateway keeps answering 200.
+/// No warning: both paths enforce it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_limit_answers_429_once_its_tokens_are_spent_through_envoy() {
+    route_limit(Via::Standalone).await;
+}
+
+// Through istiod, the limit is an EnvoyFilter on the gateway's pods: the
+// filter before the router, and the bucket merged into the route by name.
+// Needs `source e2e/env.sh envoy kubetools kube-apiserver istiod istiod-1.27`.
+istiod_tests!(a_route_limit_answers_429_once_its_tokens_are_spent_through_istiod);
+
+async fn a_route_limit_answers_429_once_its_tokens_are_spent_through_istiod(version: Version) {
+    route_limit(Via::Istiod(version)).await;
+}
+
+async fn route_limit(via: Via) {
     let main = EchoBackend::start("127.0.0.1", "main").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let bridge = mcpbridge(&[static_registry("main", main.addr)]);
@@ -238,25 +253,44 @@ async fn a_route_limit_answers_429_once_its_tokens_are_spent_through_envoy() {
     let limits = [("higress.io/route-limit-rpm", "2"), ("higress.io/route-limit-burst-multiplier", "1")];
     let yaml = [ingress("limited", 1, &limits, "/limited"), ingress("open", 2, &[], "/open")].join("---\n");
     std::fs::write(dir.path().join("shop.yaml"), yaml).unwrap();
-    let port = free_port();
-    let app = start_gateway(dir.path(), port).await.expect("start meshbridge");
-    let said = config_warning(app.admin_addr, "Ingress shop/limited").await;
-    assert_eq!(said["reason"], "standalone_only", "{said}");
+    let gw = Gateway::start(dir.path(), via).await.expect("start meshbridge and the gateway");
+    let envoy = &gw.envoy;
 
-    let envoy = Envoy::start_gateway(app.xds_addr, AdsMode::Sotw, port).await.expect("start envoy");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !matches!(envoy.get_host("/open", HOST).await, Ok((200, _))) {
-        assert!(Instant::now() < deadline, "routes never arrived:\n{}", envoy.log());
+    // Ready once the open route answers and the limit is in the Envoy: the
+    // filter in its listener and the bucket in its routes (asking the
+    // limited route would spend its tokens).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let open = matches!(envoy.get_host("/open", HOST).await, Ok((200, _)));
+        let listeners = envoy.admin("/config_dump?resource=dynamic_listeners").await.unwrap_or_default();
+        let routes = envoy.admin("/config_dump?resource=dynamic_route_configs").await.unwrap_or_default();
+        let limited =
+            listeners.contains("envoy.filters.http.local_ratelimit") && routes.contains("route_local_rate_limit");
+        if open && limited {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "routes or the limit never arrived ({via:?}; open: {open}):\n{routes}\n{}\n{}",
+            envoy.log(),
+            gw.istiod_log()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let url = format!("http://{}/v1/config", gw.app.admin_addr);
+    let config: serde_json::Value = reqwest::get(&url).await.unwrap().json().await.unwrap();
+    let said: Vec<&serde_json::Value> = config["warnings"].as_array().into_iter().flatten().collect();
+    assert!(said.is_empty(), "{via:?}: {said:?}");
+
     let mut got = Vec::new();
     for _ in 0..4 {
         got.push(envoy.get_host("/limited", HOST).await.map(|(status, _)| status).unwrap_or_default());
     }
-    assert_eq!(got, [200, 200, 429, 429], "two tokens, then none for a minute");
-    assert_eq!(main.hits("/limited"), 2, "the limited requests never reached the backend");
+    assert_eq!(got, [200, 200, 429, 429], "two tokens, then none for a minute ({via:?})");
+    assert_eq!(main.hits("/limited"), 2, "the limited requests never reached the backend ({via:?})");
     for _ in 0..5 {
-        assert_eq!(envoy.get_host("/open", HOST).await.map(|(s, _)| s).unwrap_or_default(), 200, "an open route");
+        let status = envoy.get_host("/open", HOST).await.map(|(s, _)| s).unwrap_or_default();
+        assert_eq!(status, 200, "an open route on the same gateway ({via:?})");
     }
-    app.stop().await;
+    gw.app.stop().await;
 }

@@ -630,3 +630,68 @@ async fn meshbridge_is_ready_degraded_then_counts_the_repair() {
     assert_eq!(repairs.get("unreadable"), Some(&1), "{repairs:?}");
     assert_eq!(repairs.get("missed_change"), Some(&0), "{repairs:?}");
 }
+
+/// A change made while a pass over the whole catalog runs (a verify, or the
+/// anti-entropy full read) is read and sent at once, between the pass's
+/// answers, not when the pass ends: at 100k services a verify took 7 s and
+/// held every change that long (BENCHMARKS.md, "100k services"). Here a
+/// catalog of a few thousand services makes passes last long enough for
+/// writes to land inside them. A write counts once the pass it landed in
+/// still had `AHEAD` to run (an event that arrives after the pass's last
+/// answer waits for its end, by design); it must then be sent within half
+/// of that. Before, it was sent at the pass's end: a verify applies what
+/// it found changed when it ends, a full read sends its snapshot.
+#[tokio::test]
+async fn a_change_during_a_pass_is_sent_before_the_pass_ends() {
+    use futures::StreamExt;
+    const SERVICES: usize = 3000;
+    const WANTED: usize = 5;
+    const AHEAD: Duration = Duration::from_millis(200);
+    let (zk, c) = zookeeper().await;
+    let iface = |k: usize| format!("com.bench.Svc{k}");
+    let url = |k: usize, ip: u8| format!("dubbo://127.0.1.{ip}:20880/com.bench.Svc{k}");
+    futures::stream::iter(0..SERVICES)
+        .map(|k| {
+            let c = &c;
+            async move { c.add_dubbo_provider(&iface(k), &url(k, 1)).await.unwrap() }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+    let mut spec = spec(zk.port);
+    spec.anti_entropy_interval = Some(Duration::from_secs(1));
+    // Verifies back to back (100 ms apart), a full read every second.
+    let (mut rec, _) = watch(spec, Duration::from_millis(100));
+    rec.until("startup snapshot", |r| r.snapshot_since(0).is_some_and(|s| s.len() == SERVICES)).await;
+
+    let (mut inside, mut k) = (0, 0);
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while inside < WANTED {
+        let lengths = || rec.passes.iter().map(|(start, end)| *end - *start).collect::<Vec<_>>();
+        assert!(Instant::now() < give_up, "only {inside} of {k} writes landed inside a pass; passes: {:?}", lengths());
+        // Services in a fixed, spread order.
+        let svc = (k * 7919) % SERVICES;
+        k += 1;
+        let host = format!("providers:{}:0.0.0:.zookeeper", iface(svc));
+        let before = Instant::now();
+        c.add_dubbo_provider(&iface(svc), &url(svc, 2)).await.unwrap();
+        let after = Instant::now();
+        rec.until("the new provider", |r| r.endpoints(&host).is_some_and(|e| e.len() == 2)).await;
+        let seen = rec.last_at().unwrap();
+        rec.until("a pass ending after the write", |r| r.passes.last().is_some_and(|(_, end)| *end >= after)).await;
+        let Some(&(start, end)) = rec.passes.iter().find(|(start, end)| *start <= before && *end >= after + AHEAD)
+        else {
+            continue;
+        };
+        inside += 1;
+        assert!(
+            seen - after <= (end - after) / 2,
+            "write {k} landed {:?} into a pass of {:?}, and was sent {:?} after it, {:?} before the pass ended",
+            before - start,
+            end - start,
+            seen - after,
+            end.saturating_duration_since(seen)
+        );
+    }
+    assert!(rec.drift_since(0).is_empty(), "changes seen by the watches are no drift:\n{:?}", rec.drift_since(0));
+}

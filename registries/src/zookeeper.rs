@@ -288,16 +288,21 @@ async fn run_session(
     loop {
         if need_sync && tokio::time::Instant::now() >= retry_at {
             let started = Instant::now();
+            let mut mid = MidPass::new(&mut rx, &ctx.tree);
             let result = if full {
-                full_sync(&reader, view, &mut watches).await.map(Ok)
+                full_sync(&reader, view, &mut watches, &mut mid).await.map(Ok)
             } else {
-                verify(&reader, view, &mut watches).await.map(Err)
+                verify(&reader, view, &mut watches, &mut mid).await.map(Err)
             };
+            let during = mid.noticed;
             match result {
                 Ok(mut done) => {
-                    // Events from before the sync began are covered by it;
-                    // later ones (still in `rx`) are not.
+                    // Events from before the sync began are covered by it,
+                    // and so are those it read again as they came; later
+                    // ones (still in `rx`) are not.
                     let mut noticed = std::mem::take(&mut dirty);
+                    noticed.services.extend(during.services);
+                    noticed.roots.extend(during.roots);
                     let mut suspects = match &done {
                         Ok(sync) if periodic => view.differing(sync),
                         Ok(_) => Vec::new(),
@@ -449,7 +454,12 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
 /// read keeps what was sent of it (see [`View::keep`]).
 ///
 /// [`Update::Snapshot`]: crate::Update::Snapshot
-async fn full_sync(reader: &Reader<'_>, view: &View, watches: &mut Watches) -> Result<Sync, RegistryError> {
+async fn full_sync(
+    reader: &Reader<'_>,
+    view: &mut View,
+    watches: &mut Watches,
+    mid: &mut MidPass<'_>,
+) -> Result<Sync, RegistryError> {
     let keys = list_and_watch(reader, view, watches).await?;
     let mut sync = Sync::default();
     let mut reads = std::pin::pin!(reader.reads(keys.into_iter().map(|key| (key, None)).collect()));
@@ -460,8 +470,98 @@ async fn full_sync(reader: &Reader<'_>, view: &View, watches: &mut Watches) -> R
             Err(e) if is_outage(&e) => return Err(e),
             Err(e) => view.keep(&mut sync, key, e),
         }
+        mid.serve(reader, view, watches, Pass::Full(&mut sync)).await?;
     }
     Ok(sync)
+}
+
+/// The watch events that come while a pass over the whole catalog (a full
+/// sync or a verify) runs. The services they name are read and sent at
+/// once, between two of the pass's answers, so that a change waits for a
+/// few reads, not for the pass: at 100k services a verify takes seconds and
+/// a full sync longer (BENCHMARKS.md, "100k services").
+///
+/// What the pass had already read of such a service is older than this
+/// read, and is replaced by it ([`Pass`]); what the pass reads of it later
+/// is newer still, and is kept. ZooKeeper answers one session in order, so
+/// "later" is the order of the answers.
+struct MidPass<'a> {
+    rx: &'a mut mpsc::UnboundedReceiver<(usize, zk::WatchedEvent)>,
+    tree: &'a Tree,
+    /// Every event taken during the pass: the drift judgement ([`missed`])
+    /// counts them as noticed.
+    noticed: Dirty,
+}
+
+/// What a pass has gathered so far, for [`MidPass::serve`] to bring up to
+/// date.
+enum Pass<'a> {
+    Full(&'a mut Sync),
+    /// A verify's reads that differ from what was sent, not sent yet.
+    Verify(&'a mut Vec<(ServiceKey, Read)>),
+}
+
+impl<'a> MidPass<'a> {
+    fn new(rx: &'a mut mpsc::UnboundedReceiver<(usize, zk::WatchedEvent)>, tree: &'a Tree) -> MidPass<'a> {
+        MidPass { rx, tree, noticed: Dirty::default() }
+    }
+
+    /// Read and send the services named by the events that came so far,
+    /// if any; only an outage fails it.
+    async fn serve(
+        &mut self,
+        reader: &Reader<'_>,
+        view: &mut View,
+        watches: &mut Watches,
+        mut pass: Pass<'_>,
+    ) -> Result<(), RegistryError> {
+        let mut dirty = Dirty::default();
+        while let Ok((root, event)) = self.rx.try_recv() {
+            dirty.note(self.tree, root, &event);
+        }
+        if dirty.is_empty() {
+            return Ok(());
+        }
+        self.noticed.services.extend(dirty.services.iter().cloned());
+        self.noticed.roots.extend(dirty.roots.iter().copied());
+        let keys = dirty_keys(reader, view, dirty).await?;
+        watches.services(reader, &keys, false).await?;
+        let mut reads = std::pin::pin!(reader.reads(keys.into_iter().map(|key| (key, None)).collect()));
+        while let Some((key, read)) = reads.next().await {
+            match read {
+                Ok(None) => {}
+                Ok(Some(mut read)) => {
+                    match (&mut pass, &mut read) {
+                        (Pass::Full(sync), Read::Gone) => {
+                            sync.failed.retain(|(k, _)| k != &key);
+                            View::drop_read(sync, &key);
+                        }
+                        (Pass::Full(sync), Read::Present { members, malformed, dropped_labels, version }) => {
+                            sync.failed.retain(|(k, _)| k != &key);
+                            // The sync counts the malformed nodes and
+                            // keeps them as seen; the send below must not
+                            // count them again.
+                            let gathered = Read::Present {
+                                members: members.clone(),
+                                malformed: std::mem::take(malformed),
+                                dropped_labels: std::mem::take(dropped_labels),
+                                version: *version,
+                            };
+                            view.add(sync, reader.tree, key.clone(), gathered);
+                        }
+                        (Pass::Verify(deferred), _) => deferred.retain(|(k, _)| k != &key),
+                    }
+                    if matches!(read, Read::Gone) {
+                        watches.forget(&key);
+                    }
+                    view.apply(reader.tree, key, read);
+                }
+                Err(e) if is_outage(&e) => return Err(e),
+                Err(e) => view.failing.fail(key, e),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A periodic resync that sends only what differs from what was sent:
@@ -479,6 +579,7 @@ async fn verify(
     reader: &Reader<'_>,
     view: &mut View,
     watches: &mut Watches,
+    mid: &mut MidPass<'_>,
 ) -> Result<Vec<(ServiceKey, Read)>, RegistryError> {
     let keys = list_and_watch(reader, view, watches).await?;
     let listed: HashSet<&ServiceKey> = keys.iter().collect();
@@ -491,7 +592,7 @@ async fn verify(
             (key, version)
         })
         .collect();
-    read_into(reader, view, watches, checks, Some(&mut deferred)).await?;
+    read_into(reader, view, watches, checks, Some((&mut deferred, mid))).await?;
     Ok(deferred)
 }
 
@@ -566,16 +667,21 @@ async fn refresh(
     watches: &mut Watches,
     dirty: Dirty,
 ) -> Result<bool, RegistryError> {
-    let tree = reader.tree;
+    let keys = dirty_keys(reader, view, dirty).await?;
+    watches.services(reader, &keys, false).await?;
+    read_into(reader, view, watches, keys.into_iter().map(|key| (key, None)).collect(), None).await
+}
+
+/// The selected services `dirty` names: each service, and every service of
+/// a root that changed (listed again, and those sent).
+async fn dirty_keys(reader: &Reader<'_>, view: &View, dirty: Dirty) -> Result<Vec<ServiceKey>, RegistryError> {
     let mut keys = dirty.services;
     for root in dirty.roots {
         keys.extend(reader.list_root(root).await?);
         keys.extend(view.sent.keys().filter(|k| k.root == root).cloned());
     }
-    keys.retain(|key| may_select(tree, &view.selection, key));
-    let keys: Vec<ServiceKey> = keys.into_iter().collect();
-    watches.services(reader, &keys, false).await?;
-    read_into(reader, view, watches, keys.into_iter().map(|key| (key, None)).collect(), None).await
+    keys.retain(|key| may_select(reader.tree, &view.selection, key));
+    Ok(keys.into_iter().collect())
 }
 
 /// Read (or check) `keys` and send what differs, as each answer arrives;
@@ -587,7 +693,7 @@ async fn read_into(
     view: &mut View,
     watches: &mut Watches,
     keys: Vec<(ServiceKey, Option<i64>)>,
-    mut defer: Option<&mut Vec<(ServiceKey, Read)>>,
+    mut defer: Option<(&mut Vec<(ServiceKey, Read)>, &mut MidPass<'_>)>,
 ) -> Result<bool, RegistryError> {
     let (mut first_error, mut sent) = (None, false);
     let mut reads = std::pin::pin!(reader.reads(keys));
@@ -595,21 +701,26 @@ async fn read_into(
         match read {
             Ok(None) => {}
             Ok(Some(read)) => {
-                if let Some(deferred) = defer.as_deref_mut()
+                if let Some((deferred, _)) = defer.as_mut()
                     && view.differs(reader.tree, &key, &read)
                 {
                     deferred.push((key, read));
-                    continue;
+                } else {
+                    if matches!(read, Read::Gone) {
+                        watches.forget(&key);
+                    }
+                    sent |= view.apply(reader.tree, key, read);
                 }
-                if matches!(read, Read::Gone) {
-                    watches.forget(&key);
-                }
-                sent |= view.apply(reader.tree, key, read);
             }
             Err(e) if is_outage(&e) => {
                 first_error.get_or_insert(e);
             }
             Err(e) => view.failing.fail(key, e),
+        }
+        if let Some((deferred, mid)) = defer.as_mut()
+            && first_error.is_none()
+        {
+            mid.serve(reader, view, watches, Pass::Verify(deferred)).await?;
         }
     }
     first_error.map_or(Ok(sent), Err)

@@ -35,6 +35,8 @@ use std::collections::BTreeSet;
 use envoy_types::util::pack_any;
 
 pub use clusters::ServiceLookup;
+pub use listeners::{HCM_FILTER, ROUTER_FILTER};
+pub use policy::{LOCAL_RATE_LIMIT_FILTER, inert_local_rate_limit, local_rate_limit};
 use servers::Side;
 
 use super::model::IstioObject;

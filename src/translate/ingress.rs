@@ -46,7 +46,9 @@
 //!   `upstream-vhost` and CORS set fields of each route of the Ingress (an
 //!   HTTPS redirect and `app-root` add routes of their own; see [`policy`]).
 //!   `default-backend` and `custom-http-errors` set a route field only the
-//!   standalone gateway reads (see [`fallback`]).
+//!   standalone gateway reads (see [`fallback`]). The local rate limit is a
+//!   route field too, which istiod's gateway gets as an EnvoyFilter
+//!   patching the route by name (see [`limit`]).
 //! - **Client certificates.** `auth-tls-secret` puts the Ingress's TLS
 //!   hosts on an HTTPS server that asks for them: `MUTUAL` where istiod
 //!   finds the CA, and the CA Secret for the standalone gateway (see
@@ -56,6 +58,7 @@ mod annotations;
 mod canary;
 mod downstream;
 mod fallback;
+mod limit;
 mod policy;
 mod syntax;
 mod traffic;
@@ -67,6 +70,8 @@ mod downstream_tests;
 mod fallback_tests;
 #[cfg(test)]
 mod ingress_tests;
+#[cfg(test)]
+mod limit_tests;
 #[cfg(test)]
 mod policy_route_tests;
 #[cfg(test)]
@@ -231,15 +236,6 @@ pub fn translate(ingresses: &[IngressDoc], opts: &IngressOptions) -> IngressTran
                 .iter()
                 .map(|w| Warning::new(format!("Ingress {}", ing.id), Reason::InvalidIngress, w.clone())),
         );
-        if ing.ann.policy.rate_limit.is_some() {
-            t.warnings.push(Warning::new(
-                format!("Ingress {}", ing.id),
-                Reason::StandaloneOnly,
-                "route-limit-rps / route-limit-rpm are enforced by the standalone gateway only: stock Istio's \
-                 VirtualService has no field for them (Higress's fork has), so a gateway fed by istiod does not \
-                 limit",
-            ));
-        }
         if let Some(fallback) = &ing.ann.policy.default_backend {
             t.warnings.push(Warning::new(
                 format!("Ingress {}", ing.id),
@@ -982,6 +978,9 @@ impl Translator<'_> {
             vs.metadata.created = created[host.as_str()];
             objects.push(vs);
         }
+        // The routes' local rate limits, for istiod's gateway.
+        let selector = self.gateway_selector();
+        objects.extend(limit::envoy_filter(&objects, &self.opts.gateway_name, &ns, selector, &mut self.warnings));
 
         // A DestinationRule for each host with subsets or an upstream policy.
         let mut policies = std::mem::take(&mut self.policies);

@@ -204,9 +204,10 @@ mod tests {
             "c-example",
             "mcp",
             Spec::EnvoyFilter(EnvoyFilterSpec {
+                workload_selector: None,
                 config_patches: vec![EnvoyConfigObjectPatch {
                     apply_to: ApplyTo::Cluster,
-                    matches: PatchMatch { context: PatchContext::Gateway, cluster: None },
+                    matches: PatchMatch { context: PatchContext::Gateway, ..Default::default() },
                     patch: Patch { operation: Operation::Add, value: Some(serde_json::json!(["not", "a", "Struct"])) },
                 }],
             }),

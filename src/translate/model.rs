@@ -614,8 +614,10 @@ pub struct HttpRoute {
     /// it; it is neither serialized nor encoded for istiod.
     #[serde(skip)]
     pub source_ranges: Option<SourceRanges>,
-    /// Higress's `route-limit-rps` / `-rpm`. Not an Istio field either: the
-    /// standalone gateway's only, neither serialized nor encoded.
+    /// Higress's `route-limit-rps` / `-rpm`. Not an Istio field either:
+    /// neither serialized nor encoded; the standalone gateway reads it, and
+    /// istiod gets it as an EnvoyFilter on the route's `name`
+    /// (`ingress/limit.rs`).
     #[serde(skip)]
     pub local_rate_limit: Option<LocalRateLimit>,
     /// `default-backend` with `custom-http-errors`. Higress writes them
@@ -944,7 +946,18 @@ pub struct RuleOperation {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EnvoyFilterSpec {
+    /// The proxies it applies to, by their labels; unset, every proxy in
+    /// its namespace (every proxy, in Istio's root namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_selector: Option<EnvoyFilterSelector>,
     pub config_patches: Vec<EnvoyConfigObjectPatch>,
+}
+
+/// `networking.v1alpha3.WorkloadSelector` (an EnvoyFilter's; an
+/// AuthorizationPolicy's is [`WorkloadSelector`]).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct EnvoyFilterSelector {
+    pub labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -956,16 +969,69 @@ pub struct EnvoyConfigObjectPatch {
     pub patch: Patch,
 }
 
-/// `EnvoyConfigObjectMatch`, reduced to a context and a cluster name.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `EnvoyConfigObjectMatch`, reduced to a context and one object: a
+/// cluster by name, a listener's filter (and HTTP filter) by name, or a
+/// route by name. Istio's `object_types` is a oneof: at most one of them
+/// is set ([`super::pb`] refuses more).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PatchMatch {
     pub context: PatchContext,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listener: Option<ListenerMatch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route_configuration: Option<RouteConfigurationMatch>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterMatch>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClusterMatch {
+    pub name: String,
+}
+
+/// `ListenerMatch`, reduced to a filter of any filter chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerMatch {
+    pub filter_chain: FilterChainMatch,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FilterChainMatch {
+    pub filter: FilterMatch,
+}
+
+/// A network filter by name and, inside an HTTP connection manager, one of
+/// its HTTP filters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FilterMatch {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub_filter: Option<SubFilterMatch>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubFilterMatch {
+    pub name: String,
+}
+
+/// `RouteConfigurationMatch`, reduced to a route by name in any virtual
+/// host of any route configuration. Istio names an Envoy route after its
+/// VirtualService `http[].name`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouteConfigurationMatch {
+    pub vhost: VirtualHostMatch,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VirtualHostMatch {
+    pub route: RouteMatch,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouteMatch {
     pub name: String,
 }
 
@@ -994,9 +1060,10 @@ pub enum ApplyTo {
 }
 
 /// `EnvoyFilter.PatchContext`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum PatchContext {
+    #[default]
     Any = 0,
     SidecarInbound = 1,
     SidecarOutbound = 2,

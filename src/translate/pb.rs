@@ -6,9 +6,11 @@
 //! versions stay content hashes. Enums carry the proto's numbers as their
 //! discriminants.
 //!
-//! Only one thing in the model can fall outside the schema: an EnvoyFilter
-//! patch value is any JSON, and the proto wants a `google.protobuf.Struct`,
-//! that is a JSON object. That is the one error here.
+//! Only two things in the model can fall outside the schema, both in an
+//! EnvoyFilter patch: its value is any JSON, where the proto wants a
+//! `google.protobuf.Struct`, that is a JSON object; and its match may name
+//! more than one kind of object, where the proto has a oneof. Those are
+//! the errors here.
 
 use std::collections::BTreeMap;
 
@@ -21,9 +23,9 @@ use prost_types::value::Kind;
 use super::model::{
     AuthorizationPolicySpec, AuthorizationRule, ClientTlsSettings, ConnectionPoolSettings, ConsistentHash, CorsPolicy,
     Destination, DestinationRuleSpec, EnvoyConfigObjectPatch, EnvoyFilterSpec, GatewaySpec, HeaderOperations, Headers,
-    HttpCookie, HttpMatch, HttpPoolSettings, HttpRoute, LoadBalancerSettings, OutlierDetection, Patch, Port,
-    PortSelector, PortTrafficPolicy, ProtoDuration, Redirect, RegexRewrite, Retry, Rewrite, RouteDestination, Server,
-    ServerPort, ServerTls, ServiceEntrySpec, Spec, StringMatch, Subset, TrafficPolicy, VirtualServiceSpec,
+    HttpCookie, HttpMatch, HttpPoolSettings, HttpRoute, LoadBalancerSettings, OutlierDetection, Patch, PatchMatch,
+    Port, PortSelector, PortTrafficPolicy, ProtoDuration, Redirect, RegexRewrite, Retry, Rewrite, RouteDestination,
+    Server, ServerPort, ServerTls, ServiceEntrySpec, Spec, StringMatch, Subset, TrafficPolicy, VirtualServiceSpec,
     WorkloadEntry,
 };
 
@@ -33,6 +35,10 @@ pub enum PbError {
     /// `configPatches[i].patch.value` is JSON but not an object.
     #[error("configPatches[{index}].patch.value: must be a JSON object (google.protobuf.Struct), got {got}")]
     PatchValueNotObject { index: usize, got: &'static str },
+    /// `configPatches[i].match` names more than one of a listener, a route
+    /// configuration and a cluster (a oneof in the proto).
+    #[error("configPatches[{index}].match: at most one of listener, routeConfiguration and cluster")]
+    PatchMatchObjects { index: usize },
 }
 
 /// The spec's message, encoded: the `body` of an MCP resource.
@@ -449,17 +455,49 @@ impl TryFrom<&EnvoyFilterSpec> for pb::EnvoyFilter {
     fn try_from(f: &EnvoyFilterSpec) -> Result<Self, PbError> {
         let config_patches =
             f.config_patches.iter().enumerate().map(|(i, p)| patch(i, p)).collect::<Result<Vec<_>, _>>()?;
-        Ok(pb::EnvoyFilter { workload_selector: None, config_patches })
+        let workload_selector = f.workload_selector.as_ref().map(|s| pb::WorkloadSelector { labels: s.labels.clone() });
+        Ok(pb::EnvoyFilter { workload_selector, config_patches })
     }
 }
 
 fn patch(index: usize, p: &EnvoyConfigObjectPatch) -> Result<ef::EnvoyConfigObjectPatch, PbError> {
-    let object_types = p.matches.cluster.as_ref().map(|c| {
-        ef::envoy_config_object_match::ObjectTypes::Cluster(ef::ClusterMatch {
-            name: c.name.clone(),
+    use ef::envoy_config_object_match::ObjectTypes;
+    let PatchMatch { context, listener, route_configuration, cluster } = &p.matches;
+    let listener = listener.as_ref().map(|l| {
+        let f = &l.filter_chain.filter;
+        ObjectTypes::Listener(ef::ListenerMatch {
+            filter_chain: Some(ef::listener_match::FilterChainMatch {
+                filter: Some(ef::listener_match::FilterMatch {
+                    name: f.name.clone(),
+                    sub_filter: f
+                        .sub_filter
+                        .as_ref()
+                        .map(|s| ef::listener_match::SubFilterMatch { name: s.name.clone() }),
+                }),
+                ..Default::default()
+            }),
             ..Default::default()
         })
     });
+    let route_configuration = route_configuration.as_ref().map(|r| {
+        ObjectTypes::RouteConfiguration(ef::RouteConfigurationMatch {
+            vhost: Some(ef::route_configuration_match::VirtualHostMatch {
+                route: Some(ef::route_configuration_match::RouteMatch {
+                    name: r.vhost.route.name.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    });
+    let cluster =
+        cluster.as_ref().map(|c| ObjectTypes::Cluster(ef::ClusterMatch { name: c.name.clone(), ..Default::default() }));
+    let mut objects = [listener, route_configuration, cluster].into_iter().flatten();
+    let object_types = objects.next();
+    if objects.next().is_some() {
+        return Err(PbError::PatchMatchObjects { index });
+    }
     let Patch { operation, value } = &p.patch;
     let value = match value {
         None => None,
@@ -468,7 +506,7 @@ fn patch(index: usize, p: &EnvoyConfigObjectPatch) -> Result<ef::EnvoyConfigObje
     };
     Ok(ef::EnvoyConfigObjectPatch {
         apply_to: p.apply_to as i32,
-        r#match: Some(ef::EnvoyConfigObjectMatch { context: p.matches.context as i32, proxy: None, object_types }),
+        r#match: Some(ef::EnvoyConfigObjectMatch { context: *context as i32, proxy: None, object_types }),
         patch: Some(ef::Patch { operation: *operation as i32, value, filter_class: 0 }),
     })
 }

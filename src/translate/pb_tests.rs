@@ -174,6 +174,44 @@ fn envoy_filter_with_a_nested_struct_value() {
 }
 
 #[test]
+fn envoy_filter_with_a_workload_selector_and_listener_and_route_matches() {
+    assert_same(
+        "EnvoyFilter",
+        json!({
+            "workloadSelector": {"labels": {"higress": "higress-system-higress-gateway", "app": "gw"}},
+            "configPatches": [
+                {"applyTo": "HTTP_FILTER", "match": {"context": "GATEWAY", "listener": {"filterChain": {"filter": {
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "subFilter": {"name": "envoy.filters.http.router"}}}}},
+                 "patch": {"operation": "INSERT_BEFORE", "value": {"name": "envoy.filters.http.local_ratelimit"}}},
+                {"applyTo": "NETWORK_FILTER", "match": {"context": "ANY", "listener": {"filterChain": {"filter": {
+                    "name": "envoy.filters.network.tcp_proxy"}}}},
+                 "patch": {"operation": "REMOVE"}},
+                {"applyTo": "HTTP_ROUTE",
+                 "match": {"context": "GATEWAY", "routeConfiguration": {"vhost": {"route": {"name": "shop-api-0"}}}},
+                 "patch": {"operation": "MERGE", "value": {"typed_per_filter_config": {"x": {"tokens": 240}}}}},
+            ],
+        }),
+    );
+}
+
+#[test]
+fn a_match_naming_two_objects_is_an_error_naming_the_patch() {
+    let spec = Spec::from_json(
+        "EnvoyFilter",
+        json!({"configPatches": [
+            {"applyTo": "CLUSTER", "match": {"context": "GATEWAY", "cluster": {"name": "a"}},
+             "patch": {"operation": "REMOVE"}},
+            {"applyTo": "HTTP_ROUTE", "match": {"context": "GATEWAY", "cluster": {"name": "a"},
+             "routeConfiguration": {"vhost": {"route": {"name": "r"}}}},
+             "patch": {"operation": "REMOVE"}},
+        ]}),
+    )
+    .expect("the model holds both");
+    assert_eq!(encode(&spec).expect_err("a oneof"), PbError::PatchMatchObjects { index: 1 });
+}
+
+#[test]
 fn a_patch_value_that_is_not_an_object_is_an_error_naming_the_patch() {
     let spec = Spec::from_json(
         "EnvoyFilter",

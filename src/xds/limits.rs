@@ -35,6 +35,10 @@ use super::auth::PeerAuth;
 pub const MAX_TYPE_URL_BYTES: usize = 256;
 /// Longest resource name accepted (a cluster name is at most ~300 bytes).
 pub const MAX_RESOURCE_NAME_BYTES: usize = 1024;
+/// `--xds-max-request-bytes`'s default: 32 MiB. It was 4 MiB (istiod's
+/// gRPC default), which an Envoy with 100k clusters passes with its first
+/// EDS request (BENCHMARKS.md, "100k services").
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 32 << 20;
 /// Distinct type URLs one stream may ask for.
 pub const MAX_TYPES_PER_STREAM: usize = 64;
 
@@ -44,8 +48,11 @@ use crate::time::parse_duration;
 /// `m` or `h`; `0` turns a timeout off.
 #[derive(Debug, Clone, clap::Args)]
 pub struct XdsLimits {
-    /// Largest request accepted from a client, in bytes.
-    #[arg(long = "xds-max-request-bytes", env = "MESHBRIDGE_XDS_MAX_REQUEST_BYTES", default_value_t = 4 << 20)]
+    /// Largest request accepted from a client, in bytes. An Envoy's first
+    /// EDS request names every cluster (SotW and delta alike), about 63
+    /// bytes a name in the benches: 6.3 MB at 100k clusters, so the
+    /// default leaves room for several hundred thousand.
+    #[arg(long = "xds-max-request-bytes", env = "MESHBRIDGE_XDS_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
     /// Open ADS streams, all clients together; more are refused with RESOURCE_EXHAUSTED.
     #[arg(long = "xds-max-streams", env = "MESHBRIDGE_XDS_MAX_STREAMS", default_value_t = 4096)]
@@ -88,7 +95,7 @@ pub struct XdsLimits {
 impl Default for XdsLimits {
     fn default() -> Self {
         XdsLimits {
-            max_request_bytes: 4 << 20,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             max_streams: 4096,
             max_streams_per_connection: 16,
             keepalive_interval: Duration::from_secs(30),

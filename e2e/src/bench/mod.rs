@@ -144,7 +144,7 @@ fn ms(d: Duration) -> f64 {
 async fn measure(kind: Kind, n: usize, opts: &Options) -> anyhow::Result<Row> {
     let per = opts.per;
     let mut row = Row::new(kind, n, per);
-    let reg = Registry::start(kind).await?;
+    let reg = Registry::start_sized(kind, n * per).await?;
     let t = Instant::now();
     reg.fill(n, per).await?;
     row.fill_s = t.elapsed().as_secs_f64();
@@ -216,6 +216,14 @@ async fn drive(mb: &Meshbridge, reg: &Registry, row: &mut Row, opts: &Options, s
     let warm = envoy_warm(&envoy, clusters, opts.sync_timeout).await;
     row.envoy_sync_s = warm.then(|| t.elapsed().as_secs_f64());
     row.mem_envoy = mb.proc.memory();
+    if let Some(pid) = envoy.pid() {
+        let (p, mem) = (Proc::pid(pid), Proc::pid(pid).memory());
+        row.notes.push(format!(
+            "Envoy itself with {clusters} clusters: RSS {:.0} MiB, CPU {:.1} s since its start",
+            mem.rss,
+            p.cpu()
+        ));
+    }
 
     let sotw = Follower::start(FollowKind::Sotw, mb.xds_addr).await?;
     let delta = Follower::start(FollowKind::Delta, mb.xds_addr).await?;

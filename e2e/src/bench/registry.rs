@@ -16,6 +16,7 @@ use zookeeper_client as zk;
 
 use super::consul::ConsulDev;
 use crate::nacos::Rnacos;
+use crate::netns::Host;
 use crate::zookeeper::{ZooKeeper, dubbo_node_name};
 
 /// Concurrent registrations while filling a registry. Every harness call
@@ -28,6 +29,11 @@ const FILL_CONCURRENCY: usize = 32;
 const CONSUL_TXN_OPS: usize = 64;
 /// Per-call limit for the harness's own registry calls.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// ZooKeeper's heap for the benches: a base, and about 1.5 KB a node.
+pub const ZK_HEAP_BASE_MB: usize = 256;
+pub const ZK_HEAP_PER_1K_INSTANCES_MB: usize = 2;
+/// The benches' ZooKeeper sessions (and the server's cap on them).
+const ZK_BENCH_SESSION: Duration = Duration::from_secs(30);
 /// How often the bare Nacos client polls the instance list.
 const NACOS_POLL: Duration = Duration::from_millis(2);
 
@@ -143,13 +149,23 @@ where
 
 impl Registry {
     pub async fn start(kind: Kind) -> anyhow::Result<Registry> {
+        Registry::start_sized(kind, 0).await
+    }
+
+    /// [`Registry::start`] for a catalog of `instances`: ZooKeeper gets a
+    /// heap of [`ZK_HEAP_BASE_MB`] plus [`ZK_HEAP_PER_1K_INSTANCES_MB`] per
+    /// thousand instances (1.1M nodes at 100k × 10 do not fit the tests'
+    /// 256 MiB), and sessions of up to 30 s, so that a collection pause of
+    /// the server on a big tree does not expire the sessions.
+    pub async fn start_sized(kind: Kind, instances: usize) -> anyhow::Result<Registry> {
         let server = match kind {
             Kind::Consul => Server::Consul(ConsulDev::start().await?),
             Kind::Nacos | Kind::NacosHttp => Server::Nacos(Rnacos::start().await?),
             Kind::Zookeeper => {
-                let zk = ZooKeeper::start().await?;
+                let heap = ZK_HEAP_BASE_MB + instances.div_ceil(1000) * ZK_HEAP_PER_1K_INSTANCES_MB;
+                let zk = ZooKeeper::start_sized(Host::loopback(), ZK_BENCH_SESSION, heap).await?;
                 let client = zk::Client::connector()
-                    .with_session_timeout(Duration::from_secs(30))
+                    .with_session_timeout(ZK_BENCH_SESSION)
                     .connect(&zk.addr())
                     .await
                     .context("connect to zookeeper")?;

@@ -47,7 +47,9 @@ pub(super) struct Kept {
 #[derive(Default)]
 pub(super) struct Sync {
     pub(super) sent: BTreeMap<ServiceKey, Kept>,
-    pub(super) all: Vec<Service>,
+    /// The rendered services, per ZooKeeper service: a service read again
+    /// during the sync (a watch event named it) replaces its earlier read.
+    pub(super) all: BTreeMap<ServiceKey, Vec<Service>>,
     pub(super) seen: HashSet<String>,
     /// Services that could not be read.
     pub(super) failed: Vec<(ServiceKey, RegistryError)>,
@@ -69,8 +71,14 @@ impl View {
         self.count(malformed, dropped_labels, &mut sync.seen);
         let hosts = self.render(tree, &key, members, self.sent.get(&key).map(|k| &k.hosts));
         let kept = hosts.iter().map(|(host, service)| (host.clone(), Sent::of(service))).collect();
-        sync.all.extend(hosts.into_values());
+        sync.all.insert(key.clone(), hosts.into_values().collect());
         sync.sent.insert(key, Kept { hosts: kept, version });
+    }
+
+    /// A service gone during a full sync, after the sync had read it.
+    pub(super) fn drop_read(sync: &mut Sync, key: &ServiceKey) {
+        sync.all.remove(key);
+        sync.sent.remove(key);
     }
 
     /// One service a full sync could not read keeps what was sent of it,
@@ -161,6 +169,7 @@ impl View {
             }
         }
         self.sent = sent;
+        let all: Vec<Service> = all.into_values().flatten().collect();
         info!(services = all.len(), "full sync, sent service by service: a service sent before cannot be read");
         for service in all {
             self.sink.update(Update::Upsert(service));
@@ -169,9 +178,10 @@ impl View {
 
     /// Send a gathered full sync as one snapshot.
     fn snapshot(&mut self, sync: Sync) {
-        let Sync { sent, mut all, seen, .. } = sync;
+        let Sync { sent, all, seen, .. } = sync;
         self.malformed_seen = seen;
         self.sent = sent;
+        let mut all: Vec<Service> = all.into_values().flatten().collect();
         all.sort();
         info!(services = all.len(), "full sync");
         self.sink.update(Update::Snapshot(all));

@@ -19,7 +19,6 @@ use envoy_types::pb::envoy::config::listener::v3::{
 };
 use envoy_types::pb::envoy::extensions::filters::http::cors::v3::Cors;
 use envoy_types::pb::envoy::extensions::filters::http::custom_response::v3::CustomResponse;
-use envoy_types::pb::envoy::extensions::filters::http::local_ratelimit::v3::LocalRateLimit;
 use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
@@ -35,7 +34,7 @@ use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
 use super::fallback::CUSTOM_RESPONSE_FILTER;
-use super::policy::{CORS_FILTER, LOCAL_RATE_LIMIT_FILTER, RBAC_FILTER};
+use super::policy::{CORS_FILTER, LOCAL_RATE_LIMIT_FILTER, RBAC_FILTER, inert_local_rate_limit};
 use super::servers::{BoundServer, ClientCerts, Side};
 use crate::model::TlsSecret as GatewayTls;
 use crate::resources::Resource;
@@ -92,10 +91,7 @@ fn hcm(route_config: &str) -> Filter {
             // route's config turns it on for that route.
             HttpFilter {
                 name: LOCAL_RATE_LIMIT_FILTER.into(),
-                config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(LocalRateLimit {
-                    stat_prefix: "local_rate_limit".into(),
-                    ..Default::default()
-                }))),
+                config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(inert_local_rate_limit()))),
                 ..Default::default()
             },
             // Last before the router, so that the answers it replaces are

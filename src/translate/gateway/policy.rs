@@ -63,10 +63,18 @@ pub fn route_base(http: &HttpRoute, destination: Option<&Headers>) -> Route {
     route
 }
 
+/// The local rate limit filter as every listener runs it: with no token
+/// bucket of its own it passes every request; a route's config
+/// ([`local_rate_limit`]) turns it on for that route.
+pub fn inert_local_rate_limit() -> EnvoyLocalRateLimit {
+    EnvoyLocalRateLimit { stat_prefix: "local_rate_limit".into(), ..Default::default() }
+}
+
 /// The local rate limit filter's config for one route: its own token
 /// bucket (per route, per Envoy), enabled and enforced for every request,
-/// 429 when empty, as Higress answers.
-fn local_rate_limit(limit: &LocalRateLimit) -> EnvoyLocalRateLimit {
+/// 429 when empty, as Higress answers. istiod's gateway gets the same, by
+/// an EnvoyFilter (`ingress/limit.rs`).
+pub fn local_rate_limit(limit: &LocalRateLimit) -> EnvoyLocalRateLimit {
     let all = || RuntimeFractionalPercent {
         default_value: Some(FractionalPercent { numerator: 100, denominator: DenominatorType::Hundred as i32 }),
         runtime_key: String::new(),

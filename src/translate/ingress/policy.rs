@@ -99,8 +99,8 @@ pub struct RoutePolicy {
     /// `whitelist-source-range`, `denylist-source-range`: the standalone
     /// gateway's only (see `traffic.rs`).
     pub source_ranges: Option<SourceRanges>,
-    /// `route-limit-rpm` / `-rps` with `-burst-multiplier`: the standalone
-    /// gateway's only.
+    /// `route-limit-rpm` / `-rps` with `-burst-multiplier` (for istiod, see
+    /// `limit.rs`).
     pub rate_limit: Option<LocalRateLimit>,
     /// `default-backend` with `custom-http-errors`: the standalone
     /// gateway's only (see `fallback.rs`).

@@ -24,13 +24,13 @@ const SERVICE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const CONTEXT: PatchContext = PatchContext::Gateway;
 
 fn object(name: String, namespace: &str, config_patches: Vec<EnvoyConfigObjectPatch>) -> IstioObject {
-    IstioObject::new(name, namespace, Spec::EnvoyFilter(EnvoyFilterSpec { config_patches }))
+    IstioObject::new(name, namespace, Spec::EnvoyFilter(EnvoyFilterSpec { workload_selector: None, config_patches }))
 }
 
 fn add(apply_to: ApplyTo, value: Value) -> EnvoyConfigObjectPatch {
     EnvoyConfigObjectPatch {
         apply_to,
-        matches: PatchMatch { context: CONTEXT, cluster: None },
+        matches: PatchMatch { context: CONTEXT, ..Default::default() },
         patch: Patch { operation: Operation::Add, value: Some(value) },
     }
 }
@@ -98,7 +98,11 @@ pub fn service_filter(proxied: &[Proxied<'_>], namespace: &str) -> Option<IstioO
         for (name, h2) in p.clusters() {
             patches.push(EnvoyConfigObjectPatch {
                 apply_to: ApplyTo::Cluster,
-                matches: PatchMatch { context: CONTEXT, cluster: Some(ClusterMatch { name: name.clone() }) },
+                matches: PatchMatch {
+                    context: CONTEXT,
+                    cluster: Some(ClusterMatch { name: name.clone() }),
+                    ..Default::default()
+                },
                 patch: Patch { operation: Operation::Remove, value: None },
             });
             let mut tls = json!({
