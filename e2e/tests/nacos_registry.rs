@@ -357,8 +357,19 @@ async fn nacos_healthy_flag_is_honoured(kind: RegistryKind) {
     nacos.register(&nacos.instance("web", "127.0.0.2", 8080)).await.unwrap();
     let sick = Instance { healthy: false, ..nacos.instance("web", "127.0.0.3", 8080) };
     nacos.register(&sick).await.unwrap();
-    let listed = nacos.instances("web", "DEFAULT_GROUP", &nacos.namespace).await.unwrap();
-    assert!(listed.contains(r#""healthy":false"#), "registered unhealthy: {listed}");
+    // Nacos applies a persistent registration through its Raft log, so a
+    // list read right after the write may not show it yet (CI saw only the
+    // first instance once): wait for the server to list it, unhealthy.
+    let listed_by = Instant::now() + Duration::from_secs(15);
+    loop {
+        let listed = nacos.instances("web", "DEFAULT_GROUP", &nacos.namespace).await.unwrap();
+        if listed.contains(r#""ip":"127.0.0.3""#) {
+            assert!(listed.contains(r#""healthy":false"#), "registered unhealthy: {listed}");
+            break;
+        }
+        assert!(Instant::now() < listed_by, "the server never listed the second instance: {listed}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let mut rec = watch(target_spec(kind, &nacos));
     rec.until("only the healthy one", |r| r.endpoints(web) == eps(&["127.0.0.2:8080"])).await;
     let started = Instant::now();
