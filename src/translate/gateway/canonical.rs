@@ -18,6 +18,8 @@ use envoy_types::pb::envoy::config::route::v3::{Route, RouteConfiguration, Virtu
 use envoy_types::pb::google::protobuf::Any;
 use prost::Message;
 
+use crate::translate::envoy::ROUTE_TYPE;
+
 /// `RouteConfiguration.typed_per_filter_config`.
 const ROUTE_CONFIGURATION_FILTER_CONFIGS: u32 = 16;
 /// `RouteConfiguration.virtual_hosts`.
@@ -28,8 +30,6 @@ const VIRTUAL_HOST_FILTER_CONFIGS: u32 = 15;
 const VIRTUAL_HOST_ROUTES: u32 = 3;
 /// `Route.typed_per_filter_config`.
 const ROUTE_FILTER_CONFIGS: u32 = 13;
-
-const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 
 /// One map entry as protobuf writes it.
 #[derive(Clone, PartialEq, Message)]
