@@ -338,10 +338,7 @@ async fn run_session(
                         }
                         Err(deferred) => {
                             for (key, read) in deferred {
-                                if matches!(read, Read::Gone) {
-                                    watches.forget(&key);
-                                }
-                                view.apply(&ctx.tree, key, read);
+                                send(view, &mut watches, &ctx.tree, key, read);
                             }
                         }
                     }
@@ -524,20 +521,18 @@ impl<'a> MidPass<'a> {
         }
         self.noticed.services.extend(dirty.services.iter().cloned());
         self.noticed.roots.extend(dirty.roots.iter().copied());
-        let keys = dirty_keys(reader, view, dirty).await?;
-        watches.services(reader, &keys, false).await?;
+        let keys = dirty_keys(reader, view, watches, dirty).await?;
         let mut reads = std::pin::pin!(reader.reads(keys.into_iter().map(|key| (key, None)).collect()));
         while let Some((key, read)) = reads.next().await {
             match read {
                 Ok(None) => {}
                 Ok(Some(mut read)) => {
+                    if let Pass::Full(sync) = &mut pass {
+                        sync.failed.retain(|(k, _)| k != &key);
+                    }
                     match (&mut pass, &mut read) {
-                        (Pass::Full(sync), Read::Gone) => {
-                            sync.failed.retain(|(k, _)| k != &key);
-                            View::drop_read(sync, &key);
-                        }
+                        (Pass::Full(sync), Read::Gone) => View::drop_read(sync, &key),
                         (Pass::Full(sync), Read::Present { members, malformed, dropped_labels, version }) => {
-                            sync.failed.retain(|(k, _)| k != &key);
                             // The sync counts the malformed nodes and
                             // keeps them as seen; the send below must not
                             // count them again.
@@ -551,10 +546,7 @@ impl<'a> MidPass<'a> {
                         }
                         (Pass::Verify(deferred), _) => deferred.retain(|(k, _)| k != &key),
                     }
-                    if matches!(read, Read::Gone) {
-                        watches.forget(&key);
-                    }
-                    view.apply(reader.tree, key, read);
+                    send(view, watches, reader.tree, key, read);
                 }
                 Err(e) if is_outage(&e) => return Err(e),
                 Err(e) => view.failing.fail(key, e),
@@ -667,21 +659,37 @@ async fn refresh(
     watches: &mut Watches,
     dirty: Dirty,
 ) -> Result<bool, RegistryError> {
-    let keys = dirty_keys(reader, view, dirty).await?;
-    watches.services(reader, &keys, false).await?;
+    let keys = dirty_keys(reader, view, watches, dirty).await?;
     read_into(reader, view, watches, keys.into_iter().map(|key| (key, None)).collect(), None).await
 }
 
-/// The selected services `dirty` names: each service, and every service of
-/// a root that changed (listed again, and those sent).
-async fn dirty_keys(reader: &Reader<'_>, view: &View, dirty: Dirty) -> Result<Vec<ServiceKey>, RegistryError> {
+/// The selected services `dirty` names, watched before they are read: each
+/// service, and every service of a root that changed (listed again, and
+/// those sent).
+async fn dirty_keys(
+    reader: &Reader<'_>,
+    view: &View,
+    watches: &mut Watches,
+    dirty: Dirty,
+) -> Result<Vec<ServiceKey>, RegistryError> {
     let mut keys = dirty.services;
     for root in dirty.roots {
         keys.extend(reader.list_root(root).await?);
         keys.extend(view.sent.keys().filter(|k| k.root == root).cloned());
     }
     keys.retain(|key| may_select(reader.tree, &view.selection, key));
-    Ok(keys.into_iter().collect())
+    let keys: Vec<ServiceKey> = keys.into_iter().collect();
+    watches.services(reader, &keys, false).await?;
+    Ok(keys)
+}
+
+/// Send what `read` changes of `key` (a service gone is no longer
+/// watched); says whether it sent anything.
+fn send(view: &mut View, watches: &mut Watches, tree: &Tree, key: ServiceKey, read: Read) -> bool {
+    if matches!(read, Read::Gone) {
+        watches.forget(&key);
+    }
+    view.apply(tree, key, read)
 }
 
 /// Read (or check) `keys` and send what differs, as each answer arrives;
@@ -706,10 +714,7 @@ async fn read_into(
                 {
                     deferred.push((key, read));
                 } else {
-                    if matches!(read, Read::Gone) {
-                        watches.forget(&key);
-                    }
-                    sent |= view.apply(reader.tree, key, read);
+                    sent |= send(view, watches, reader.tree, key, read);
                 }
             }
             Err(e) if is_outage(&e) => {
