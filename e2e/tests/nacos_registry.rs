@@ -92,7 +92,9 @@ async fn new_service_within_a_probe_period(kind: RegistryKind, flavor: Flavor) {
     rec.until("the new service", |r| r.endpoints(cart) == eps(&["127.0.0.3:8083"])).await;
     let took = started.elapsed();
     println!("FIGURE nacos_new_service kind={kind} server={flavor:?} ms={}", took.as_millis());
-    assert!(took < Duration::from_secs(10), "{took:?}: not the probe");
+    // The probe runs every 500 ms; the rest is the listing, the read and a
+    // loaded CI machine. The refresh is a minute away.
+    assert!(took < Duration::from_secs(4), "{took:?}: not the probe");
     if kind == GRPC {
         // Its instances are pushed from now on (both servers keep the
         // service, empty: the count does not move, and HTTP waits for the
@@ -141,7 +143,7 @@ async fn new_service_in_a_second_group_within_a_probe_period(kind: RegistryKind,
     rec.until("the new service in shop_v2", |r| r.endpoints(cart) == eps(&["127.0.0.3:8083"])).await;
     let took = started.elapsed();
     println!("FIGURE nacos_new_service_second_group kind={kind} server={flavor:?} ms={}", took.as_millis());
-    assert!(took < Duration::from_secs(10), "{took:?}: not the probe");
+    assert!(took < Duration::from_secs(4), "{took:?}: not the probe");
     assert!(rec.errors_since(0).is_empty(), "{}", rec.dump());
 }
 

@@ -37,11 +37,12 @@
 //!   [`RepairKind::Unreadable`] repair;
 //! - a health probe, a real service list call per group for its first
 //!   [`api::PROBE_PAGE`] names (for gRPC after a TCP connect to the gRPC
-//!   port, which fails at once while the server is down), every min(refresh,
-//!   5 s) and before every listing. Each group's count and a digest of
-//!   those names ([`Probe`]) other than the last listing's probe lists again
-//!   and reads only the new services, so a new service in any group, or one
-//!   swapped for another, is served within 5 s, not a refresh interval
+//!   port, which fails at once while the server is down), every
+//!   [`PROBE_EVERY`] (500 ms) and before every listing. Each group's count
+//!   and a digest of those names ([`Probe`]) other than the last listing's
+//!   probe lists again and reads only the new services, so a new service in
+//!   any group, or one swapped for another, is served within a probe period
+//!   and a listing, not a refresh interval
 //!   (Nacos pushes nothing for a new service; a swap beyond the first page
 //!   of a larger group waits for the refresh). The gRPC
 //!   client also checks its connection itself and reconnects on its own,
@@ -96,7 +97,11 @@ use crate::worker::{last_port, on_worker_exit};
 
 const DEFAULT_REFRESH: Duration = Duration::from_secs(30);
 const MIN_REFRESH: Duration = Duration::from_secs(1);
-const MAX_PROBE: Duration = Duration::from_secs(5);
+/// How often the health probe asks each group for its count and first
+/// names. Nacos announces no new service, so this period is how late a new
+/// service can be: a probe costs one small call per group (a page of
+/// [`api::PROBE_PAGE`] names), and the server pages its name set for it.
+const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// Subscriptions in flight at once, and readers of pushed services (a
 /// full read's reads in flight are its [`Api::READS_IN_FLIGHT`]).
 const CONCURRENCY: usize = 8;
@@ -664,7 +669,7 @@ impl<A: Api> Session<A> {
         let mut resync = every(ctx.refresh);
         // Push clients: the anti-entropy pass (HTTP's every refresh is one).
         let mut full = every(ctx.anti_entropy);
-        let mut probe = every(ctx.refresh.min(MAX_PROBE));
+        let mut probe = every(ctx.refresh.min(PROBE_EVERY));
         let mut address = every(ctx.refresh);
         loop {
             tokio::select! {

@@ -25,7 +25,9 @@
 //!   connection, subscribed to the changed services) receives: the
 //!   server's push delay. meshbridge's CPU over the changes, per change;
 //! - new services: one registered (its instances in parallel), timed to
-//!   Envoy's cluster being active.
+//!   Envoy's cluster being active; each registration a different part of
+//!   5 s after the previous service showed, so that the watcher's probe
+//!   period is sampled at every phase, not always just after a probe.
 //!
 //! Over HTTP a change waits for the next full read (`nacosRefreshInterval`,
 //! 30 s), so fewer changes are made (`--http-changes`). It never fails on a
@@ -67,6 +69,8 @@ const CHANGE_LIMIT: Duration = Duration::from_secs(10);
 /// Over HTTP a change waits for the next full read (30 s) and that read.
 const HTTP_CHANGE_LIMIT: Duration = Duration::from_secs(90);
 const NEW_SERVICE_LIMIT: Duration = Duration::from_secs(90);
+/// The span over which new services' registrations are spread.
+const NEW_SERVICE_SPREAD: Duration = Duration::from_secs(5);
 /// The plain subscriber's health checks, as the Java client's.
 const KEEPALIVE: Duration = Duration::from_secs(5);
 /// The reads in flight the answer-time probe compares: meshbridge's
@@ -721,6 +725,12 @@ async fn new_services(o: &Opts, server: &Server, envoy: &Envoy, row: &mut Row) -
     let (n, per) = (o.services, o.per);
     let mut added = Vec::new();
     for m in 0..o.new_services {
+        // Each registration at another phase of the watcher's probe: the
+        // previous service was seen right after a probe, so registering at
+        // once would always wait a whole period. Golden-ratio steps over
+        // 5 s spread the phases evenly for any period that divides it.
+        let phase = (m as f64 * 0.618_033_988_75).fract() * NEW_SERVICE_SPREAD.as_secs_f64();
+        tokio::time::sleep(Duration::from_secs_f64(phase)).await;
         let (active, _) = cluster_counts(envoy).await.context("Envoy's cluster counts")?;
         let name = format!("new-{}-{m}", row.transport);
         let instances: Vec<Instance> =

@@ -379,7 +379,7 @@ async fn push_clients_read_only_new_services_between_full_reads() {
     run.abort();
 }
 
-/// A new service is read within a probe period (5 s), not a refresh
+/// A new service is read within a probe period (500 ms), not a refresh
 /// interval: the probe counts the services, and a count that differs from
 /// the last listing's lists again and reads only the new services. Both for
 /// push (gRPC) and polling (HTTP) clients.
@@ -395,7 +395,7 @@ async fn a_changed_service_count_lists_again_within_a_probe_period() {
         assert_eq!(hosts(updates(&drain(&mut rx))[0]).len(), 1);
 
         fake.set("DEFAULT_GROUP", "api", vec![instance("10.0.0.3", 81)]);
-        tokio::time::sleep(MAX_PROBE + Duration::from_millis(10)).await;
+        tokio::time::sleep(PROBE_EVERY + Duration::from_millis(10)).await;
         let events = drain(&mut rx);
         let ups = updates(&events);
         assert_eq!(ups.len(), 1, "{events:?}");
@@ -404,12 +404,12 @@ async fn a_changed_service_count_lists_again_within_a_probe_period() {
         assert_eq!((reads("web"), reads("api")), (1, 1), "only the new service is read");
 
         fake.delete("DEFAULT_GROUP", "api");
-        tokio::time::sleep(MAX_PROBE).await;
+        tokio::time::sleep(PROBE_EVERY).await;
         let events = drain(&mut rx);
         assert_eq!(updates(&events), vec![&Update::Remove("api.DEFAULT-GROUP.public.nacos".into())]);
 
         // The same count: nothing is listed or read until the refresh.
-        tokio::time::sleep(MAX_PROBE * 3).await;
+        tokio::time::sleep(PROBE_EVERY * 3).await;
         assert!(updates(&drain(&mut rx)).is_empty());
         assert_eq!(reads("web"), 1);
         run.abort();
@@ -557,7 +557,7 @@ async fn a_new_service_in_any_group_and_a_swap_are_read_within_a_probe_period() 
         assert_eq!(hosts(updates(&drain(&mut rx))[0]).len(), 1);
 
         fake.set("shop_v2", "cart", vec![instance("10.0.0.3", 81)]);
-        tokio::time::sleep(MAX_PROBE + Duration::from_millis(10)).await;
+        tokio::time::sleep(PROBE_EVERY + Duration::from_millis(10)).await;
         let events = drain(&mut rx);
         let ups = updates(&events);
         assert_eq!(ups.len(), 1, "{events:?}");
@@ -566,7 +566,7 @@ async fn a_new_service_in_any_group_and_a_swap_are_read_within_a_probe_period() 
         // One service deleted and another created between two probes.
         fake.delete("DEFAULT_GROUP", "web");
         fake.set("DEFAULT_GROUP", "api", vec![instance("10.0.0.4", 82)]);
-        tokio::time::sleep(MAX_PROBE).await;
+        tokio::time::sleep(PROBE_EVERY).await;
         let events = drain(&mut rx);
         let ups = updates(&events);
         assert_eq!(ups.len(), 2, "{events:?}");
@@ -575,7 +575,7 @@ async fn a_new_service_in_any_group_and_a_swap_are_read_within_a_probe_period() 
 
         // Nothing moved: nothing is listed or read until the refresh.
         let reads = fake.reads.lock().unwrap().clone();
-        tokio::time::sleep(MAX_PROBE * 3).await;
+        tokio::time::sleep(PROBE_EVERY * 3).await;
         assert!(updates(&drain(&mut rx)).is_empty());
         assert_eq!(*fake.reads.lock().unwrap(), reads);
         run.abort();
@@ -689,4 +689,13 @@ async fn a_full_read_keeps_its_clients_reads_in_flight() {
     let grpc = PushFake(Arc::new(FakeApi::default()));
     assert_eq!(reads_in_flight(&grpc, &grpc.0).await, PushFake::READS_IN_FLIGHT);
     assert_eq!(PushFake::READS_IN_FLIGHT, GrpcApi::READS_IN_FLIGHT);
+}
+
+/// The Nacos page states the probe period this watcher uses.
+#[test]
+fn the_registry_page_states_the_probe_period() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/registries/nacos.md");
+    let page = std::fs::read_to_string(path).expect("docs/src/registries/nacos.md");
+    let stated = format!("A health probe every {} ms", PROBE_EVERY.as_millis());
+    assert!(page.contains(&stated), "docs/src/registries/nacos.md does not say {stated:?}");
 }
