@@ -16,6 +16,7 @@ pub mod captured_logs;
 pub mod consul;
 pub mod consul_fake;
 pub mod convergence;
+pub mod delaying_proxy;
 pub mod dns_fake;
 pub mod dubbo;
 pub mod envoy;

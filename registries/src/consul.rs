@@ -60,6 +60,7 @@
 //! skipped and reported, and retried with backoff; while one is, the
 //! registry is not reported healthy.
 
+mod budget;
 mod client;
 mod ctx;
 pub(crate) mod decode;

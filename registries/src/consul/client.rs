@@ -7,6 +7,11 @@
 //! more TCP connections to Consul than the cap, whatever the catalog size
 //! (Consul's default `limits.http_max_conns_per_client` is 200 per client
 //! address). The URL is still built with reqwest's `Url` (percent-encoding).
+//!
+//! **Timeouts are budgets.** How long a call may take is decided in one
+//! place, [`super::budget`]: the small calls get a fixed 5 s after their
+//! wait, the catalog-wide reads a slack that grows with what Consul has
+//! shown it needs and doubles on the next try after a timeout.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,8 +24,10 @@ use hyper::header::{HOST, HeaderValue, USER_AGENT};
 use reqwest::Url;
 use serde::Deserialize;
 use tokio::io::AsyncReadExt;
+use tokio::time::Instant;
 use tracing::debug;
 
+use super::budget::{self, Budget, Budgets};
 use super::decode::{CheckPrints, Instances, decode_catalog, decode_checks_into, decode_health, decode_nodes};
 use super::pool::{Pool, PoolTls};
 use crate::body::{Capped, MAX_BODY_BYTES, collect_capped, too_large};
@@ -29,9 +36,6 @@ use crate::watcher::RegistryError;
 
 const TOKEN_HEADER: &str = "X-Consul-Token";
 const INDEX_HEADER: &str = "X-Consul-Index";
-/// Slack on top of `wait` and the up to `wait / 16` Consul adds to spread
-/// wake-ups, so that a healthy blocking query never hits our timeout.
-const TIMEOUT_SLACK: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A tag no instance carries: `?tag=` makes `/v1/health/service/:name`
 /// answer `[]` but still with the service's own `X-Consul-Index`. Consul
@@ -78,6 +82,8 @@ pub(crate) struct Client {
     pipelining: bool,
     /// The query of every index probe (`?tag=…`, `dc`, `ns`), encoded once.
     probe_query: String,
+    /// The catalog-wide reads' timeouts ([`super::budget`]).
+    budgets: Budgets,
 }
 
 /// A blocking-query answer and its `X-Consul-Index`.
@@ -178,6 +184,7 @@ impl Client {
             namespace: None,
             pipelining: true,
             probe_query: String::new(),
+            budgets: Budgets::default(),
         };
         client.probe_query = client.encode_probe_query();
         Ok(client)
@@ -233,7 +240,7 @@ impl Client {
             version: String,
         }
         let what = "/v1/agent/self";
-        let (body, _) = self.get(what, &["v1", "agent", "self"], &[], Duration::ZERO).await?;
+        let (body, _) = self.get(what, &["v1", "agent", "self"], &[], Duration::ZERO, None).await?;
         let agent: AgentSelf = serde_json::from_slice(&body).map_err(|e| self.bad(what, e.to_string()))?;
         if agent.config.datacenter.is_empty() {
             return Err(self.bad(what, "empty Config.Datacenter".into()));
@@ -245,7 +252,7 @@ impl Client {
     /// its cluster answer (no ACL needed). No leader is an error: reads fail then.
     pub async fn leader(&self) -> Result<String, RegistryError> {
         let what = "/v1/status/leader";
-        let (body, _) = self.get(what, &["v1", "status", "leader"], &[], Duration::ZERO).await?;
+        let (body, _) = self.get(what, &["v1", "status", "leader"], &[], Duration::ZERO, None).await?;
         let leader: String = serde_json::from_slice(&body).map_err(|e| self.bad(what, e.to_string()))?;
         if leader.is_empty() {
             return Err(self.bad(what, "no cluster leader".into()));
@@ -267,7 +274,8 @@ impl Client {
     /// which an instance added or removed leaves byte for byte the same.
     pub async fn catalog_services_body(&self, index: u64, wait: Duration) -> Result<Indexed<Vec<u8>>, RegistryError> {
         let what = "/v1/catalog/services";
-        let (body, index) = self.blocking(what, &["v1", "catalog", "services"], &[], index, wait).await?;
+        let budget = Some(&self.budgets.services);
+        let (body, index) = self.blocking(what, &["v1", "catalog", "services"], &[], index, wait, budget).await?;
         Ok(Indexed { value: body, index })
     }
 
@@ -286,7 +294,8 @@ impl Client {
         wait: Duration,
     ) -> Result<Indexed<BTreeMap<String, u64>>, RegistryError> {
         let what = "/v1/catalog/nodes";
-        let (body, index) = self.blocking(what, &["v1", "catalog", "nodes"], &[], index, wait).await?;
+        let budget = Some(&self.budgets.nodes);
+        let (body, index) = self.blocking(what, &["v1", "catalog", "nodes"], &[], index, wait, budget).await?;
         let value = decode_nodes(&body).map_err(|e| self.bad(what, e.to_string()))?;
         Ok(Indexed { value, index })
     }
@@ -311,7 +320,9 @@ impl Client {
         wait: Duration,
     ) -> Result<Indexed<CheckPrints>, RegistryError> {
         let what = state.path();
-        let (body, index) = self.blocking(what, &["v1", "health", "state", state.name()], &[], index, wait).await?;
+        let budget = Some(&self.budgets.checks[state as usize]);
+        let segments = ["v1", "health", "state", state.name()];
+        let (body, index) = self.blocking(what, &segments, &[], index, wait, budget).await?;
         let mut value = CheckPrints::default();
         decode_checks_into(&mut value, &body).map_err(|e| self.bad(what, e.to_string()))?;
         Ok(Indexed { value, index })
@@ -322,7 +333,7 @@ impl Client {
     pub async fn health_service(&self, name: &str) -> Result<Indexed<Instances>, RegistryError> {
         let what = format!("/v1/health/service/{name}");
         let segments = ["v1", "health", "service", name];
-        let (body, index) = self.blocking(&what, &segments, &[], 0, Duration::ZERO).await?;
+        let (body, index) = self.blocking(&what, &segments, &[], 0, Duration::ZERO, None).await?;
         let value = decode_health(&body).map_err(|e| self.bad(&what, e.to_string()))?;
         Ok(Indexed { value, index })
     }
@@ -334,7 +345,8 @@ impl Client {
     pub async fn service_index(&self, name: &str) -> Result<u64, RegistryError> {
         let what = format!("/v1/health/service/{name}");
         let segments = ["v1", "health", "service", name];
-        let (_, index) = self.blocking(&what, &segments, &[("tag", PROBE_TAG)], 0, Duration::ZERO).await?;
+        let query = [("tag", PROBE_TAG)];
+        let (_, index) = self.blocking(&what, &segments, &query, 0, Duration::ZERO, None).await?;
         Ok(index)
     }
 
@@ -345,6 +357,7 @@ impl Client {
         extra: &[(&str, &str)],
         index: u64,
         wait: Duration,
+        budget: Option<&Budget>,
     ) -> Result<(Vec<u8>, u64), RegistryError> {
         let index_s = index.to_string();
         let wait_s = format!("{}ms", wait.as_millis());
@@ -353,7 +366,8 @@ impl Client {
             query.push(("index", &index_s));
             query.push(("wait", &wait_s));
         }
-        let (body, header) = self.get(what, segments, &query, if index > 0 { wait } else { Duration::ZERO }).await?;
+        let wait = if index > 0 { wait } else { Duration::ZERO };
+        let (body, header) = self.get(what, segments, &query, wait, budget).await?;
         let index = header
             .as_deref()
             .ok_or_else(|| self.bad(what, format!("no {INDEX_HEADER} header")))?
@@ -429,18 +443,22 @@ impl Client {
             Some(indexes)
         };
         // As long as the same probes one at a time may take.
-        let timeout = CONNECT_TIMEOUT + TIMEOUT_SLACK;
+        let timeout = CONNECT_TIMEOUT + budget::BASE;
         tokio::time::timeout(timeout, call).await.ok().flatten().unwrap_or_default()
     }
 
-    /// One GET on a pooled connection. Returns the body and the
-    /// `X-Consul-Index` header if any.
+    /// One GET on a pooled connection, blocking for `wait` (zero: not
+    /// blocking). Its timeout comes from `budget` (a catalog-wide read) or
+    /// is the fixed [`budget::BASE`] after the wait (a small call), as
+    /// [`super::budget`] explains. Returns the body and the `X-Consul-Index`
+    /// header if any.
     async fn get(
         &self,
         what: &str,
         segments: &[&str],
         query: &[(&str, &str)],
         wait: Duration,
+        budget: Option<&Budget>,
     ) -> Result<(Vec<u8>, Option<String>), RegistryError> {
         let target = self.target(segments, query);
         let request = || {
@@ -451,17 +469,20 @@ impl Client {
             }
             req.body(Empty::<Bytes>::new()).map_err(|e| self.bad(what, e.to_string()))
         };
-        let timeout = wait + wait / 16 + TIMEOUT_SLACK;
+        let slack = budget.map_or(budget::BASE, Budget::slack);
+        let timeout = budget::timeout(wait, slack);
         let call = async {
             // A GET that a pooled connection lost before any byte of the
             // answer (a load balancer or NAT that dropped it while idle) is
             // sent again, as hyper's own pool does for idempotent requests.
             // Each such failure closes that connection, so this ends at a
             // new one, whose failure is the answer.
-            let (mut lease, resp) = loop {
+            let (mut lease, resp, sent) = loop {
                 let mut lease = self.pool.checkout().await.map_err(|e| self.unreachable(what, e.to_string()))?;
+                // Consul's answer time, not the wait for a free connection.
+                let sent = Instant::now();
                 match lease.send(request()?).await {
-                    Ok(resp) => break (lease, resp),
+                    Ok(resp) => break (lease, resp, sent),
                     Err(e) if e.closed_before_answer() && lease.reused() => {
                         debug!(what, error = %e, "a pooled connection was cut while idle; sending again");
                         RETRIED.fetch_add(1, Ordering::Relaxed);
@@ -483,12 +504,26 @@ impl Client {
             lease.done();
             ANSWERS.fetch_add(1, Ordering::Relaxed);
             BODY_BYTES.fetch_add(body.len() as u64, Ordering::Relaxed);
-            Ok((status, index, body))
+            Ok((status, index, body, sent.elapsed()))
         };
-        let (status, index, body) = match tokio::time::timeout(timeout, call).await {
+        let (status, index, body, took) = match tokio::time::timeout(timeout, call).await {
             Ok(result) => result?,
-            Err(_) => return Err(self.unreachable(what, "timed out".into())),
+            Err(_) => {
+                let Some(budget) = budget else {
+                    return Err(self.unreachable(what, format!("timed out after {}", secs(timeout))));
+                };
+                // Reported at once, as any failure; only the next try of
+                // this read waits longer.
+                let next = budget.timed_out(slack);
+                debug!(what, ?timeout, ?slack, next_slack = ?next, "no answer in time; the next try gets more slack");
+                let next = budget::timeout(wait, next);
+                let reason = format!("timed out after {}; the next try allows {}", secs(timeout), secs(next));
+                return Err(self.unreachable(what, reason));
+            }
         };
+        if let Some(budget) = budget.filter(|_| status.is_success()) {
+            budget.answered(wait, took);
+        }
         if status == StatusCode::TOO_MANY_REQUESTS {
             self.pool.limit_reached();
             return Err(self.limit(what, "429 Too Many Requests".into()));
@@ -542,6 +577,11 @@ impl Client {
     fn bad(&self, what: &str, reason: String) -> RegistryError {
         RegistryError::BadResponse { registry: self.registry.clone(), what: what.to_string(), reason }
     }
+}
+
+/// `d` in seconds, one decimal, for messages.
+fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
 }
 
 /// Append a GET request for the target `target` writes as [`Client::get`]

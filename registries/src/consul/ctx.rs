@@ -101,7 +101,11 @@ impl Ctx {
 
     /// Catalog, nodes, checks, then every selected service, `read_slots` at a time. A
     /// service whose answer is bad is kept in the result (skipped later); a
-    /// failure to reach Consul fails the whole sync.
+    /// failure to reach Consul fails the whole sync. Callers retry a failed
+    /// sync after a backoff; a catalog-wide read that timed out gets twice
+    /// the slack on that retry ([`super::budget`]), so an answer Consul is
+    /// slow to compute (a large catalog right after a mass registration)
+    /// gets through instead of timing out on every try.
     pub(super) async fn full_sync(&self, selection: &Selection) -> Result<FullSync, RegistryError> {
         use futures::StreamExt;
         let started = std::time::Instant::now();
