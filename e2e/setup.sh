@@ -34,6 +34,12 @@ cpu_now() {
 want=("$@")
 [ ${#want[@]} -eq 0 ] && want=(consul envoy)
 
+# One Go build cache for the Go group (kube-apiserver with etcd, helm and
+# both istiods, one after another): the standard library and the modules
+# they share at one version are compiled once. Removed when the run ends,
+# under the group's lock (another setup run may be building).
+GO_BUILD_CACHE="$CACHE/go/build"
+
 # Debian's mirror as this machine's apt already knows it: we only change the
 # suite, so no host is written down here.
 debian_mirror() {
@@ -135,12 +141,13 @@ install_rnacos() {
   if [ -x "$bin" ] && [ "$("$bin" --version 2>/dev/null)" = "rnacos $RNACOS_VERSION" ]; then
     log "rnacos $RNACOS_VERSION cached: $bin"; echo "$bin"; return
   fi
-  log "building rnacos $RNACOS_VERSION from crates.io (about 17 min on 2 cores)"
-  local t0=$SECONDS
-  CARGO_TARGET_DIR="$CACHE/rnacos-target" cargo install --locked --force --version "$RNACOS_VERSION" \
-    --root "$CACHE/rnacos" rnacos >&2
+  log "building rnacos $RNACOS_VERSION from crates.io at opt-level 1 (the longest install: 1,600 s of CPU)"
+  # Optimised, but at opt-level 1: the tests run it with a few services,
+  # and BENCHMARKS.md says which build its figures used.
+  local TIMEFORMAT="[setup] rnacos $RNACOS_VERSION built in %0R s wall, %0U s user + %0S s sys CPU"
+  time (CARGO_TARGET_DIR="$CACHE/rnacos-target" CARGO_PROFILE_RELEASE_OPT_LEVEL=1 cargo install --locked --force \
+    --version "$RNACOS_VERSION" --root "$CACHE/rnacos" rnacos) >&2
   rm -rf "$CACHE/rnacos-target"
-  log "rnacos built in $((SECONDS - t0)) s"
   echo "$bin"
 }
 
@@ -234,10 +241,9 @@ install_cargo_deny() {
   # build there is, for a tool that runs a few seconds per CI run: build it
   # with the dev profile and no debug info instead.
   log "building cargo-deny $CARGO_DENY_VERSION from crates.io (dev profile)"
-  local t0=$SECONDS
-  CARGO_PROFILE_DEV_DEBUG=0 CARGO_TARGET_DIR="$CACHE/cargo-deny-target" \
-    cargo install --locked --force --debug --version "$CARGO_DENY_VERSION" --root "$CACHE/cargo-deny" cargo-deny >&2
-  log "cargo-deny built in $((SECONDS - t0)) s"
+  local TIMEFORMAT="[setup] cargo-deny built in %0R s wall, %0U s user + %0S s sys CPU"
+  time (CARGO_PROFILE_DEV_DEBUG=0 CARGO_TARGET_DIR="$CACHE/cargo-deny-target" \
+    cargo install --locked --force --debug --version "$CARGO_DENY_VERSION" --root "$CACHE/cargo-deny" cargo-deny) >&2
   rm -rf "$CACHE/cargo-deny-target"
   echo "$bin"
 }
@@ -251,10 +257,9 @@ install_mdbook() {
   bin="$root/bin/mdbook"
   if [ -x "$bin" ]; then log "mdbook $MDBOOK_VERSION cached: $bin"; echo "$bin"; return; fi
   log "building mdbook $MDBOOK_VERSION from crates.io (dev profile, no default features)"
-  local t0=$SECONDS
-  CARGO_PROFILE_DEV_DEBUG=0 CARGO_TARGET_DIR="$CACHE/mdbook-target" \
-    cargo install --locked --debug --no-default-features --version "$MDBOOK_VERSION" --root "$root" mdbook >&2
-  log "mdbook built in $((SECONDS - t0)) s"
+  local TIMEFORMAT="[setup] mdbook built in %0R s wall, %0U s user + %0S s sys CPU"
+  time (CARGO_PROFILE_DEV_DEBUG=0 CARGO_TARGET_DIR="$CACHE/mdbook-target" \
+    cargo install --locked --debug --no-default-features --version "$MDBOOK_VERSION" --root "$root" mdbook) >&2
   rm -rf "$CACHE/mdbook-target"
   echo "$bin"
 }
@@ -268,7 +273,7 @@ install_mdbook() {
 # release (k8s.io/X v0.N.P for Kubernetes v1.N.P; etcd's siblings at etcd's
 # version). One module, so the packages both use are compiled once. Go's
 # module cache stays under $CACHE/go (a re-run after a failure reuses it);
-# the build cache is removed once both binaries are in place.
+# the build cache is the Go group's ($GO_BUILD_CACHE).
 KUBE_VERSION="${MESHBRIDGE_KUBE_VERSION:-v1.37.2}"
 ETCD_VERSION="${MESHBRIDGE_ETCD_VERSION:-v3.7.3}"
 install_kube_apiserver() {
@@ -277,7 +282,7 @@ install_kube_apiserver() {
     log "kube-apiserver $KUBE_VERSION and etcd $ETCD_VERSION cached: $dir/bin"; echo "$dir/bin"; return
   fi
   command -v go >/dev/null 2>&1 || { log "kube-apiserver needs Go (go.mod of k8s.io/kubernetes $KUBE_VERSION says which)"; exit 1; }
-  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build-kube" GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$GO_BUILD_CACHE" GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
   local mod="$CACHE/go/wrap-kube-apiserver-$KUBE_VERSION-etcd-$ETCD_VERSION"
   rm -rf "$mod"; mkdir -p "$mod" "$dir/bin"
   local t0=$SECONDS minor staging
@@ -312,7 +317,7 @@ install_kube_apiserver() {
   log "kube-apiserver $KUBE_VERSION built in $((SECONDS - t2)) s (total $((SECONDS - t0)) s)"
   mv "$dir/bin/etcd.tmp" "$dir/bin/etcd"; mv "$dir/bin/kube-apiserver.tmp" "$dir/bin/kube-apiserver"
   "$dir/bin/kube-apiserver" --version >&2; "$dir/bin/etcd" --version | head -n1 >&2
-  rm -rf "$GOCACHE" "$mod"
+  rm -rf "$mod"
   echo "$dir/bin"
 }
 
@@ -321,14 +326,13 @@ install_kube_apiserver() {
 # release: the version (else `helm version` says "v3.22"), and the
 # Kubernetes version `helm template` and `helm lint` assume without a
 # cluster (else 1.20), taken from the k8s.io/client-go it requires. Module
-# cache shared with the kube-apiserver build; its own build cache, removed
-# once the binary is in place. Helm 3, not 4: see e2e/README.md ("Helm").
+# and build caches shared with the other Go builds. Helm 3, not 4: see e2e/README.md ("Helm").
 HELM_VERSION="${MESHBRIDGE_HELM_VERSION:-v3.22.0}"
 install_helm() {
   local dir="$CACHE/helm-$HELM_VERSION"
   if [ -x "$dir/bin/helm" ]; then log "helm $HELM_VERSION cached: $dir/bin/helm"; echo "$dir/bin/helm"; return; fi
   command -v go >/dev/null 2>&1 || { log "helm needs Go (go.mod of helm.sh/helm/v3 $HELM_VERSION says which)"; exit 1; }
-  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build-helm" GOTOOLCHAIN="${GOTOOLCHAIN:-auto}" CGO_ENABLED=0
+  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$GO_BUILD_CACHE" GOTOOLCHAIN="${GOTOOLCHAIN:-auto}" CGO_ENABLED=0
   local mod="helm.sh/helm/v3" t0=$SECONDS
   log "building helm $HELM_VERSION with $(go version | cut -d' ' -f3) into $dir/bin"
   local kmod k8s minor
@@ -345,7 +349,6 @@ install_helm() {
       "$mod/cmd/helm@$HELM_VERSION") >&2
   rm -rf "$dir/bin"; mv "$dir/bin.tmp" "$dir/bin"
   "$dir/bin/helm" version --short >&2
-  rm -rf "$GOCACHE"
   log "helm: $((SECONDS - t0)) s in all ($(du -sh "$dir/bin/helm" | cut -f1) binary)"
   echo "$dir/bin/helm"
 }
@@ -361,8 +364,8 @@ install_helm() {
 #   commit older than this one (1.27.0 and 1.27.3 are refused).
 # istio.io/istio has no replace directives, but a throwaway module still
 # lets us fetch the graph and build as two timed steps, as for
-# kube-apiserver. Modules go to the shared $CACHE/go/mod; the build cache is
-# the build's own (one per version) and is removed afterwards. Each version
+# kube-apiserver. Modules go to the shared $CACHE/go/mod, and builds to the
+# Go group's cache ($GO_BUILD_CACHE). Each version
 # has its own install dir, so installing one never removes the other.
 #
 # 1.27.9's go.mod requires istio.io/api and istio.io/client-go at
@@ -395,7 +398,7 @@ install_istiod() {
     echo "$dir/bin"; return
   fi
   command -v go >/dev/null 2>&1 || { log "istiod needs Go (go.mod of istio.io/istio $version says which)"; exit 1; }
-  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build-istiod-$version" GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$GO_BUILD_CACHE" GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
   local mod="$CACHE/go/wrap-istiod-$version"
   rm -rf "$mod"; mkdir -p "$mod" "$dir/bin"
   local imod release rev="${version##*-}"
@@ -441,7 +444,7 @@ install_istiod() {
   log "pilot-discovery $release built in $took"
   mv "$dir/bin/pilot-discovery.tmp" "$dir/bin/pilot-discovery"
   "$dir/bin/pilot-discovery" version --short >&2
-  rm -rf "$GOCACHE" "$mod"
+  rm -rf "$mod"
   echo "$dir/bin"
 }
 
@@ -507,6 +510,10 @@ for i in "${!pids[@]}"; do
   wait "${pids[$i]}" || { log "${want[$i]}: install FAILED"; failed=1; }
 done
 for i in "${!want[@]}"; do cat "$out/$i" 2>/dev/null || true; done
+if [ -d "$GO_BUILD_CACHE" ]; then
+  log "Go build cache: $(du -sh "$GO_BUILD_CACHE" | cut -f1), removed"
+  (exec 9>"$CACHE/.setup-go.lock"; flock 9; chmod -R u+w "$GO_BUILD_CACHE"; rm -rf "$GO_BUILD_CACHE")
+fi
 if [ "$failed" = 0 ]; then log "${want[*]}: ready in $((SECONDS - started)) s"
 else log "some components failed to install (above), after $((SECONDS - started)) s"; fi
 exit "$failed"

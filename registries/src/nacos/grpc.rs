@@ -25,7 +25,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info};
 
-use super::api::{Api, PROBE_PAGE, Probe, is_auth_error, refused_read};
+use super::api::{Api, PROBE_PAGE, Probe, is_auth_error, list_all, refused_read};
 use super::auth::{ACCESS_TOKEN, Auth};
 use super::decode::{Instance, PUBLIC_NAMESPACE, ServiceKey};
 use super::pushed::Pushed;
@@ -42,8 +42,6 @@ const HEALTH_EVERY: Duration = Duration::from_secs(5);
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
 /// Subscriptions renewed at once after a reconnect.
 const RESUBSCRIBE_CONCURRENCY: usize = 16;
-const PAGE_SIZE: usize = 500;
-const MAX_PAGES: usize = 1000;
 
 pub(crate) struct GrpcApi {
     shared: Arc<Shared>,
@@ -344,16 +342,7 @@ impl GrpcApi {
 
 impl Api for GrpcApi {
     async fn list_services(&self, group: &str) -> Result<Vec<String>, RegistryError> {
-        let mut all = Vec::new();
-        for page in 1..=MAX_PAGES {
-            let (names, count) = self.service_page(group, page, PAGE_SIZE).await?;
-            let last = names.len() < PAGE_SIZE;
-            all.extend(names);
-            if last || all.len() >= count {
-                break;
-            }
-        }
-        Ok(all)
+        list_all(|page, size| self.service_page(group, page, size)).await
     }
 
     async fn instances(&self, key: &ServiceKey) -> Result<Vec<Instance>, RegistryError> {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use reqwest::header::{AUTHORIZATION, HeaderValue};
 use tracing::debug;
 
-use super::api::{Api, PROBE_PAGE, Probe, is_auth_error, refused_read};
+use super::api::{Api, PROBE_PAGE, Probe, is_auth_error, list_all, refused_read};
 use super::auth::{ACCESS_TOKEN, Auth};
 use super::decode::{Instance, ServiceKey, decode_instance_list, decode_service_list};
 use crate::body::{MAX_BODY_BYTES, read_capped};
@@ -23,10 +23,6 @@ use crate::watcher::RegistryError;
 const SERVICE_LIST: &str = "/nacos/v1/ns/service/list";
 const INSTANCE_LIST: &str = "/nacos/v1/ns/instance/list";
 const TIMEOUT: Duration = Duration::from_secs(10);
-const PAGE_SIZE: usize = 500;
-/// Enough pages for 500k services: a server whose `count` keeps growing
-/// cannot keep us paging forever.
-const MAX_PAGES: usize = 1000;
 
 pub(crate) struct HttpApi {
     http: reqwest::Client,
@@ -152,16 +148,7 @@ impl HttpApi {
 
 impl Api for HttpApi {
     async fn list_services(&self, group: &str) -> Result<Vec<String>, RegistryError> {
-        let mut all = Vec::new();
-        for page in 1..=MAX_PAGES {
-            let (names, count) = self.service_page(group, page, PAGE_SIZE).await?;
-            let last = names.len() < PAGE_SIZE;
-            all.extend(names);
-            if last || all.len() >= count {
-                break;
-            }
-        }
-        Ok(all)
+        list_all(|page, size| self.service_page(group, page, size)).await
     }
 
     async fn instances(&self, key: &ServiceKey) -> Result<Vec<Instance>, RegistryError> {

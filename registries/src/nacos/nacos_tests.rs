@@ -693,9 +693,15 @@ async fn a_full_read_keeps_its_clients_reads_in_flight() {
 
 /// The Nacos page states the probe period this watcher uses.
 #[test]
-fn the_registry_page_states_the_probe_period() {
+fn the_registry_page_states_the_probe_period_and_the_listing_page() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/registries/nacos.md");
     let page = std::fs::read_to_string(path).expect("docs/src/registries/nacos.md");
     let stated = format!("A health probe every {} ms", PROBE_EVERY.as_millis());
     assert!(page.contains(&stated), "docs/src/registries/nacos.md does not say {stated:?}");
+    let thousands = super::api::LIST_PAGE / 1000;
+    let stated = format!("A listing asks for {thousands},000 names a page");
+    assert!(
+        super::api::LIST_PAGE.is_multiple_of(1000) && page.contains(&stated),
+        "docs/src/registries/nacos.md does not say {stated:?}"
+    );
 }
