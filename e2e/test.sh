@@ -14,6 +14,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MESHBRIDGE_CACHE/target}"
 # run beside them: the installs leave CPU idle while they download, link
 # and wait on each other, and a cold run (nothing cached) spends about a
 # quarter of an hour in these builds. Their output is shown when they end.
+mkdir -p "$MESHBRIDGE_CACHE"
 build_log="$MESHBRIDGE_CACHE/last-build.log"
 (
   cargo clippy --workspace --all-targets --locked -- -D warnings &&
