@@ -425,14 +425,15 @@ async fn changes(
     }
     row.changes = total;
     let done = row.done.max(1) as f64;
-    row.cpu_per_change_ms = (mb.proc.cpu() - cpu_a) * 1e3 / done;
+    let spent = mb.proc.cpu() - cpu_a;
+    row.cpu_per_change_ms = spent * 1e3 / done;
     let split_b = mb.proc.cpu_user_sys();
     // The table's figure is everything spent in the window; a registry
     // whose changes are slow to arrive (rnacos batches its pushes) also
     // pays its rest rate (the Nacos probe) for longer, so the note gives
     // the figure without it too.
     let window_secs = window.elapsed().as_secs_f64();
-    let net = ((mb.proc.cpu() - cpu_a) - rest_rate * window_secs).max(0.0) * 1e3 / done;
+    let net = (spent - rest_rate * window_secs).max(0.0) * 1e3 / done;
     row.notes.push(format!(
         "CPU per change: user {:.2} ms, system {:.2} ms, over {window_secs:.1} s of changes; \
          {net:.2} ms without the rest rate",

@@ -691,7 +691,8 @@ async fn a_full_read_keeps_its_clients_reads_in_flight() {
     assert_eq!(PushFake::READS_IN_FLIGHT, GrpcApi::READS_IN_FLIGHT);
 }
 
-/// The Nacos page states the probe period this watcher uses.
+/// The Nacos page states the probe period and the listing page size this
+/// watcher uses.
 #[test]
 fn the_registry_page_states_the_probe_period_and_the_listing_page() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/registries/nacos.md");
