@@ -89,10 +89,18 @@ echo "== cargo deny (licenses, bans, sources; advisories need a database we cann
 cargo fetch --locked --quiet
 # Duplicate versions are warnings (deny.toml); a license or source problem fails.
 "$MESHBRIDGE_CARGO_DENY_BIN" deny --offline check --hide-inclusion-graph licenses bans sources
-echo "== cargo test"
+# The test binaries, built above, run two at a time (MESHBRIDGE_TEST_JOBS):
+# they mostly wait on the servers they start, so one at a time leaves a
+# core idle. e2e/run-tests.py runs them as cargo test would, longest first,
+# and prints each one's output whole when it ends.
+jobs="${MESHBRIDGE_TEST_JOBS:-2}"
+echo "== cargo test ($jobs test binaries at a time: e2e/run-tests.py)"
 log="$MESHBRIDGE_CACHE/last-test.log"
+binaries="$MESHBRIDGE_CACHE/test-binaries.json"
+cargo test --workspace --locked --no-run --lib --bins --tests --message-format=json > "$binaries"
 set +e
-cargo test --workspace --locked --no-fail-fast --lib --bins --tests -- --nocapture 2>&1 | tee "$log"
+e2e/run-tests.py --jobs "$jobs" --durations e2e/test-durations.tsv \
+  --durations-out "$MESHBRIDGE_CACHE/last-test-durations.tsv" -- --nocapture < "$binaries" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 echo "== figures"

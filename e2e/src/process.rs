@@ -16,22 +16,27 @@ use std::time::{Duration, Instant};
 /// twice; a port something already holds (on any address) is skipped. On a
 /// machine whose ephemeral range leaves no room below it, the port is the
 /// kernel's pick, as before.
+///
+/// Test binaries that run at the same time (e2e/run-tests.py's lanes) get
+/// disjoint shares of the range: `MESHBRIDGE_TEST_PORT_SLOT=k/n` gives this
+/// process share `k` of `n`, so no two lanes can hand out the same port.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     const LOW: u32 = 10_000;
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    static HIGH: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let high = *HIGH.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+    static RANGE: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    let (low, high) = *RANGE.get_or_init(|| {
+        let high = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
             .ok()
             .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
-            .unwrap_or(0)
+            .unwrap_or(0);
+        port_share(LOW, high, std::env::var("MESHBRIDGE_TEST_PORT_SLOT").ok().as_deref())
     });
-    if high > LOW + 1_000 {
-        let span = high - LOW;
+    if high > low + 1_000 {
+        let span = high - low;
         let start = std::process::id().wrapping_mul(7919);
         for _ in 0..span {
-            let port = LOW + start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+            let port = low + start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % span;
             let port = u16::try_from(port).expect("below the ephemeral range");
             if TcpListener::bind(("0.0.0.0", port)).is_ok() && TcpListener::bind(("127.0.0.1", port)).is_ok() {
                 return port;
@@ -39,6 +44,23 @@ pub fn free_port() -> u16 {
         }
     }
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("bind 127.0.0.1:0")
+}
+
+/// Share `k` of `n` (`slot` is "k/n") of the ports from `low` to `high`,
+/// or all of them when there is no slot. A malformed slot panics: it comes
+/// from the test runner, never from a user.
+fn port_share(low: u32, high: u32, slot: Option<&str>) -> (u32, u32) {
+    let Some(slot) = slot else { return (low, high) };
+    let parsed = slot.split_once('/').and_then(|(k, n)| Some((k.parse::<u32>().ok()?, n.parse::<u32>().ok()?)));
+    let (k, n) = match parsed {
+        Some((k, n)) if k < n => (k, n),
+        _ => panic!("MESHBRIDGE_TEST_PORT_SLOT={slot}: want k/n with k < n"),
+    };
+    if high <= low {
+        return (low, high);
+    }
+    let share = (high - low) / n;
+    (low + k * share, low + (k + 1) * share)
 }
 
 /// The path of a server binary installed by `e2e/setup.sh`, from `var`.
@@ -150,5 +172,26 @@ pub async fn wait_for_http(url: &str, timeout: Duration) -> anyhow::Result<()> {
         }
         anyhow::ensure!(Instant::now() < deadline, "{url} not ready after {timeout:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::port_share;
+
+    #[test]
+    fn lanes_get_disjoint_shares_of_the_port_range() {
+        assert_eq!(port_share(10_000, 32_768, None), (10_000, 32_768));
+        let (a, b) = (port_share(10_000, 32_768, Some("0/2")), port_share(10_000, 32_768, Some("1/2")));
+        assert_eq!(a, (10_000, 21_384));
+        assert_eq!(b, (21_384, 32_768));
+        let thirds: Vec<_> = (0..3).map(|k| port_share(10_000, 32_768, Some(&format!("{k}/3")))).collect();
+        assert!(thirds.windows(2).all(|w| w[0].1 == w[1].0), "{thirds:?}");
+    }
+
+    #[test]
+    #[should_panic(expected = "want k/n with k < n")]
+    fn a_slot_past_its_count_is_refused() {
+        port_share(10_000, 32_768, Some("2/2"));
     }
 }
