@@ -39,6 +39,10 @@ want=("$@")
 # they share at one version are compiled once. Removed when the run ends,
 # under the group's lock (another setup run may be building).
 GO_BUILD_CACHE="$CACHE/go/build"
+# Every Go build here strips its debug information at link (`-s -w`), so
+# the compiler need not write any: -dwarf=false took helm from 353 s to
+# 306 s of CPU (a cold build cache, 2 cores).
+GO_FLAGS=(-trimpath -gcflags=all=-dwarf=false)
 
 # Debian's mirror as this machine's apt already knows it: we only change the
 # suite, so no host is written down here.
@@ -310,10 +314,10 @@ install_kube_apiserver() {
   (cd "$mod" && go list -deps k8s.io/kubernetes/cmd/kube-apiserver go.etcd.io/etcd/server/v3 >/dev/null) >&2
   log "modules fetched in $((SECONDS - t0)) s ($(du -sh "$GOMODCACHE" | cut -f1) module cache)"
   local ldv="k8s.io/component-base/version" t1=$SECONDS
-  (cd "$mod" && go build -trimpath -ldflags "-s -w" -o "$dir/bin/etcd.tmp" go.etcd.io/etcd/server/v3) >&2
+  (cd "$mod" && go build "${GO_FLAGS[@]}" -ldflags "-s -w" -o "$dir/bin/etcd.tmp" go.etcd.io/etcd/server/v3) >&2
   log "etcd $ETCD_VERSION built in $((SECONDS - t1)) s"
   local t2=$SECONDS
-  (cd "$mod" && go build -trimpath -o "$dir/bin/kube-apiserver.tmp" -ldflags "-s -w \
+  (cd "$mod" && go build "${GO_FLAGS[@]}" -o "$dir/bin/kube-apiserver.tmp" -ldflags "-s -w \
       -X $ldv.gitVersion=$KUBE_VERSION -X $ldv.gitMajor=1 -X $ldv.gitMinor=$minor \
       -X $ldv.gitTreeState=clean -X $ldv.buildDate=1970-01-01T00:00:00Z" \
       k8s.io/kubernetes/cmd/kube-apiserver) >&2
@@ -345,7 +349,7 @@ install_helm() {
   [ -n "$minor" ] || { log "no k8s.io/client-go requirement in $kmod"; exit 1; }
   mkdir -p "$dir/bin.tmp"
   local TIMEFORMAT="[setup] helm $HELM_VERSION built in %0R s wall, %0U s user + %0S s sys CPU"
-  time (cd "$CACHE" && GOBIN="$dir/bin.tmp" go install -trimpath -ldflags "-s -w \
+  time (cd "$CACHE" && GOBIN="$dir/bin.tmp" go install "${GO_FLAGS[@]}" -ldflags "-s -w \
       -X $mod/internal/version.version=$HELM_VERSION -X $mod/internal/version.gitTreeState=clean \
       -X $mod/pkg/lint/rules.k8sVersionMajor=1 -X $mod/pkg/lint/rules.k8sVersionMinor=$minor \
       -X $mod/pkg/chartutil.k8sVersionMajor=1 -X $mod/pkg/chartutil.k8sVersionMinor=$minor" \
@@ -438,7 +442,7 @@ install_istiod() {
     { log "istiod $release: fetching modules FAILED"; exit 1; }
   log "istiod $release modules fetched in $took ($(du -sh "$GOMODCACHE" | cut -f1) module cache)"
   local ldv=istio.io/istio/pkg/version
-  took=$( { time (cd "$mod" && go build -trimpath -o "$dir/bin/pilot-discovery.tmp" -ldflags "-s -w \
+  took=$( { time (cd "$mod" && go build "${GO_FLAGS[@]}" -o "$dir/bin/pilot-discovery.tmp" -ldflags "-s -w \
       -X $ldv.buildVersion=$release -X $ldv.buildGitRevision=$rev -X $ldv.buildStatus=Clean \
       -X $ldv.buildTag=$version -X $ldv.buildHub=meshbridge.test" \
       istio.io/istio/pilot/cmd/pilot-discovery >&3 2>&3); } 2>&1 ) ||
