@@ -328,10 +328,11 @@ struct Ctx {
     /// Numbers answers in the order they were asked for.
     seq: AtomicU64,
     /// What the probe saw of every group (in `groups` order) just before
-    /// the last listing: a probe that sees otherwise lists again at once,
-    /// so a new service in any group is read within a probe period, not a
-    /// refresh interval. `None` before any listing.
-    probed: Mutex<Option<Vec<Probe>>>,
+    /// the latest listing, and that listing's number ([`Read::listed_at`]):
+    /// a probe that sees otherwise lists again at once, so a new service in
+    /// any group is read within a probe period, not a refresh interval.
+    /// `None` before any listing.
+    probed: Mutex<Option<(u64, Vec<Probe>)>>,
     /// Which services are read and subscribed to.
     selection: Mutex<Selection>,
 }
@@ -339,6 +340,12 @@ struct Ctx {
 #[derive(Default)]
 struct State {
     services: HashMap<ServiceKey, Tracked>,
+    /// The newest listing applied ([`Read::listed_at`]). A full read takes
+    /// seconds at 10k services and the probes' listings go on beside it, so
+    /// a listing can end after a newer one: it then adds and removes no
+    /// service (the newer one saw what came and went since), and only
+    /// updates the services still tracked.
+    listed_at: u64,
 }
 
 /// A watched service: the record last sent and the number of the answer it
@@ -385,6 +392,13 @@ fn missed_push(announced: Option<Announced>, read: &Service, read_seq: u64, pend
 /// service alone or it was not read (it keeps its last record).
 type Answer = (ServiceKey, u64, Option<Endpoints>);
 
+/// What a sync read.
+struct Read {
+    /// A number taken after its probe and before it listed ([`State::listed_at`]).
+    listed_at: u64,
+    answers: Vec<Answer>,
+}
+
 /// Which of the services already tracked a sync keeps without reading.
 type Keep<'a> = dyn Fn(&ServiceKey) -> bool + Sync + 'a;
 
@@ -402,11 +416,12 @@ impl Ctx {
     /// that service as it was, so one odd service cannot stop the rest.
     /// Services already tracked for which `keep` says so are not read again
     /// (their answer is `None`: kept as they are).
-    async fn full_sync<A: Api>(&self, api: &A, keep: &Keep<'_>) -> Result<Vec<Answer>, RegistryError> {
+    async fn full_sync<A: Api>(&self, api: &A, keep: &Keep<'_>) -> Result<Read, RegistryError> {
         // The probe fails fast while the server is down, rather than every
         // read failing on its own. Taken before the listing, so a change
         // made after it shows at the next probe.
         let probed = self.probe(api).await?;
+        let listed_at = self.next_seq();
         let mut keys = BTreeSet::new();
         let selection = self.selection.lock().unwrap_or_else(PoisonError::into_inner).clone();
         for group in &self.groups {
@@ -452,9 +467,15 @@ impl Ctx {
                 }
             }
         }
-        *self.probed.lock().unwrap_or_else(PoisonError::into_inner) = Some(probed);
+        // A listing that began later (a probe's, beside this full read)
+        // already saw at least as much.
+        let mut last = self.probed.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.as_ref().is_none_or(|(at, _)| *at < listed_at) {
+            *last = Some((listed_at, probed));
+        }
+        drop(last);
         self.health.ok();
-        Ok(out)
+        Ok(Read { listed_at, answers: out })
     }
 
     /// Probe every group, in `groups` order.
@@ -464,7 +485,7 @@ impl Ctx {
 
     /// Whether `probes` saw the groups as the last listing's probe did.
     fn probed_as_listed(&self, probes: &[Probe]) -> bool {
-        self.probed.lock().unwrap_or_else(PoisonError::into_inner).as_deref() == Some(probes)
+        self.probed.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|(_, p)| p == probes)
     }
 
     /// A full sync, applied: one [`Update::Snapshot`], after an
@@ -474,7 +495,7 @@ impl Ctx {
     async fn sync<A: Api>(&self, api: &A, judge: Option<&Pushed>) -> Result<(), RegistryError> {
         let started = Instant::now();
         let answers = self.full_sync(api, &|_| false).await?;
-        let read = answers.len();
+        let read = answers.answers.len();
         self.apply_sync(answers, true, judge);
         debug!(services = read, took = ?started.elapsed(), "full sync");
         self.sink.synced(started.elapsed());
@@ -486,7 +507,7 @@ impl Ctx {
     async fn refresh<A: Api>(&self, api: &A, keep: &Keep<'_>) -> Result<(), RegistryError> {
         let started = Instant::now();
         let answers = self.full_sync(api, keep).await?;
-        let read = answers.iter().filter(|(_, _, a)| a.is_some()).count();
+        let read = answers.answers.iter().filter(|(_, _, a)| a.is_some()).count();
         self.apply_sync(answers, false, None);
         debug!(read, took = ?started.elapsed(), "listed again");
         Ok(())
@@ -500,11 +521,17 @@ impl Ctx {
         Ok(())
     }
 
-    /// Apply the answers of a sync: services not answered for leave. With
+    /// Apply the answers of a sync: services not answered for leave, unless
+    /// a newer listing was applied already ([`State::listed_at`]). With
     /// `snapshot`, all are sent as one [`Update::Snapshot`]; otherwise only
     /// the ones that changed, one [`Update::Upsert`] each.
-    fn apply_sync(&self, answers: Vec<Answer>, snapshot: bool, judge: Option<&Pushed>) {
+    fn apply_sync(&self, read: Read, snapshot: bool, judge: Option<&Pushed>) {
+        let Read { listed_at, answers } = read;
         let mut st = self.state();
+        let newest = listed_at > st.listed_at;
+        if newest {
+            st.listed_at = listed_at;
+        }
         let mut old = std::mem::take(&mut st.services);
         let (mut skipped, mut dropped_labels) = (0, 0);
         let mut changed = Vec::new();
@@ -512,6 +539,9 @@ impl Ctx {
         let mut unreadable = Vec::new();
         for (key, seq, decoded) in answers {
             let prev = old.remove(&key);
+            if prev.is_none() && !newest {
+                continue;
+            }
             let tracked = match (prev, decoded) {
                 // A newer answer (from a push) already arrived, or the server
                 // refused this service just now: keep what we have.
@@ -552,6 +582,10 @@ impl Ctx {
             self.sink.repaired(RepairKind::Unreadable, &unreadable);
         }
         for (key, gone) in old {
+            if !newest {
+                st.services.insert(key, gone);
+                continue;
+            }
             info!(service = %key, host = %gone.sent.host, "service left the registry");
             self.sink.update(Update::Remove(gone.sent.host));
         }
@@ -619,6 +653,9 @@ impl Ctx {
     }
 }
 
+/// A full read in progress ([`Session::full_read`]).
+type FullRead = Pin<Box<dyn Future<Output = Result<(), RegistryError>> + Send>>;
+
 /// One client's life: the loops of one [`Api`].
 struct Session<A: Api> {
     api: Arc<A>,
@@ -671,20 +708,32 @@ impl<A: Api> Session<A> {
         let mut full = every(ctx.anti_entropy);
         let mut probe = every(ctx.refresh.min(PROBE_EVERY));
         let mut address = every(ctx.refresh);
+        // The periodic full read runs beside the loop, not in it: at 10k
+        // services it takes seconds (over HTTP 10,000 reads, 8 at a time),
+        // and the probes go on meanwhile, so a new service is not kept
+        // waiting for it. Anything that makes it stale drops it.
+        let mut reading: Option<FullRead> = None;
         loop {
             tokio::select! {
-                _ = resync.tick() => {
-                    let end = if A::PUSH { self.refresh(false).await } else { self.resync(true).await };
-                    if let Some(end) = end {
-                        return end;
+                _ = resync.tick(), if reading.is_none() => {
+                    if A::PUSH {
+                        if let Some(end) = self.refresh(false).await {
+                            return end;
+                        }
+                    } else {
+                        reading = Some(self.full_read());
                     }
                 }
-                _ = full.tick(), if A::PUSH => {
-                    if let Some(end) = self.resync(true).await {
+                _ = full.tick(), if A::PUSH && reading.is_none() => reading = Some(self.full_read()),
+                result = async { reading.as_mut().expect("guarded by is_some").await }, if reading.is_some() => {
+                    reading = None;
+                    if let Some(end) = self.synced(result).await {
                         return end;
                     }
                     // It listed and read everything a refresh would.
-                    resync.reset();
+                    if A::PUSH {
+                        resync.reset();
+                    }
                 }
                 _ = probe.tick() => {
                     if let Some(end) = self.probe().await {
@@ -701,7 +750,10 @@ impl<A: Api> Session<A> {
                 }
                 () = ctx.health.recovered().notified() => {
                     info!("nacos answers again, resyncing");
-                    if let Some(end) = self.resync(false).await {
+                    // This resync starts after the recovery; one begun before
+                    // it may have failed halfway.
+                    reading = None;
+                    if let Some(end) = self.resync().await {
                         return end;
                     }
                     resync.reset();
@@ -718,11 +770,19 @@ impl<A: Api> Session<A> {
                     // unsubscribed from, the others stay as they are.
                     *ctx.selection.lock().unwrap_or_else(PoisonError::into_inner) = selector.current();
                     info!("selection changed");
+                    // A full read in progress listed with the old selection:
+                    // it starts again after the reselection.
+                    let restart = reading.take().is_some();
                     match ctx.reselect(&*self.api).await {
-                        Ok(()) => self.reconcile().await,
+                        Ok(()) => {
+                            self.reconcile().await;
+                            if restart {
+                                reading = Some(self.full_read());
+                            }
+                        }
                         Err(e) => {
                             ctx.health.fail(&e);
-                            if let Some(end) = self.resync(false).await {
+                            if let Some(end) = self.resync().await {
                                 return end;
                             }
                         }
@@ -774,11 +834,24 @@ impl<A: Api> Session<A> {
         }
     }
 
-    /// A full read. A `periodic` one of a push client is judged for drift
-    /// (the HTTP client's every read is its change detection: never).
-    async fn resync(&mut self, periodic: bool) -> Option<End> {
-        let judge = (A::PUSH && periodic).then_some(&*self.pushed);
-        match self.ctx.sync(&*self.api, judge).await {
+    /// A full read, run inline (after a recovery or a failed reselection,
+    /// when nothing else is worth doing meanwhile), not judged for drift:
+    /// what it repairs is the outage's.
+    async fn resync(&mut self) -> Option<End> {
+        let result = self.ctx.sync(&*self.api, None).await;
+        self.synced(result).await
+    }
+
+    /// The periodic full read, to run beside the session's loop: a push
+    /// client's is judged for drift.
+    fn full_read(&self) -> FullRead {
+        let (ctx, api, pushed) = (self.ctx.clone(), self.api.clone(), self.pushed.clone());
+        Box::pin(async move { ctx.sync(&*api, A::PUSH.then_some(&*pushed)).await })
+    }
+
+    /// After a full read.
+    async fn synced(&mut self, result: Result<(), RegistryError>) -> Option<End> {
+        match result {
             Ok(()) => {
                 // This sync already is the recovery resync a failure during
                 // it would ask for.

@@ -210,7 +210,7 @@ async fn an_older_answer_never_overwrites_a_newer_one() {
     assert_eq!(svc.endpoints[0].address, "10.0.0.2");
     // A full sync whose read of web was asked before that push keeps the push's.
     let answers = vec![(key.clone(), old, Some(endpoints(vec![instance("10.0.0.5", 80)])))];
-    ctx.apply_sync(answers, true, None);
+    ctx.apply_sync(Read { listed_at: old, answers }, true, None);
     let events = drain(&mut rx);
     let Update::Snapshot(all) = updates(&events)[0] else { panic!() };
     assert_eq!(all[0].endpoints[0].address, "10.0.0.2");
@@ -241,6 +241,48 @@ async fn one_refused_service_keeps_its_state_but_outages_fail_the_sync() {
     api.down.store(true, Ordering::SeqCst);
     assert!(matches!(ctx.sync(&api, None).await, Err(RegistryError::Unreachable { .. })));
     assert!(updates(&drain(&mut rx)).is_empty());
+}
+
+/// A full read takes seconds at 10k services (over HTTP, 8 reads at a
+/// time). A new service is read at the next probe all the same, one
+/// deleted meanwhile leaves at the next probe, and the full read, which
+/// listed before either, undoes neither when it ends.
+#[tokio::test(start_paused = true)]
+async fn services_come_and_go_during_a_full_read_in_progress() {
+    let (ctx, mut rx) = ctx(&["DEFAULT_GROUP"]);
+    let api = Arc::new(FakeApi::default());
+    api.set("DEFAULT_GROUP", "web", vec![instance("10.0.0.1", 80)]);
+    api.set("DEFAULT_GROUP", "api", vec![instance("10.0.0.2", 81)]);
+    let task = spawn_session(Session::new_shared(api.clone(), ctx.clone()));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(updates(&drain(&mut rx)).len(), 1);
+    // The next full read (the refresh, at 2 s) takes 10 s: web's read.
+    api.slow.lock().unwrap().insert("web".into(), Duration::from_secs(10));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(api.in_flight.load(Ordering::SeqCst), 1, "the full read is under way");
+    let is = |name: &str, host: &str| host.starts_with(&format!("{name}."));
+
+    api.set("DEFAULT_GROUP", "cart", vec![instance("10.0.0.9", 90)]);
+    tokio::time::sleep(PROBE_EVERY + Duration::from_millis(100)).await;
+    let events = drain(&mut rx);
+    let ups = updates(&events);
+    assert!(ups.iter().any(|u| matches!(u, Update::Upsert(s) if is("cart", &s.host))), "cart late: {events:?}");
+
+    api.delete("DEFAULT_GROUP", "api");
+    tokio::time::sleep(PROBE_EVERY + Duration::from_millis(100)).await;
+    let events = drain(&mut rx);
+    let ups = updates(&events);
+    assert!(ups.iter().any(|u| matches!(u, Update::Remove(h) if is("api", h))), "api stays: {events:?}");
+
+    // The full read ends: cart stays, api stays gone.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let events = drain(&mut rx);
+    let ups = updates(&events);
+    let Some(Update::Snapshot(all)) = ups.last() else { panic!("no snapshot: {events:?}") };
+    let hosts: Vec<&str> = all.iter().map(|s| s.host.split('.').next().unwrap_or_default()).collect();
+    assert_eq!(hosts, ["cart", "web"], "{events:?}");
+    assert!(!ups.iter().any(|u| matches!(u, Update::Remove(h) if is("cart", h))), "{events:?}");
+    task.abort();
 }
 
 #[tokio::test(start_paused = true)]
