@@ -231,7 +231,6 @@ impl NacosWatcher {
             sink,
             state: Mutex::default(),
             seq: AtomicU64::new(0),
-            probed: Mutex::default(),
             selection: Mutex::new(self.selector.current()),
         });
         let auth = Arc::new(self.auth);
@@ -327,12 +326,6 @@ struct Ctx {
     state: Mutex<State>,
     /// Numbers answers in the order they were asked for.
     seq: AtomicU64,
-    /// What the probe saw of every group (in `groups` order) just before
-    /// the latest listing, and that listing's number ([`Read::listed_at`]):
-    /// a probe that sees otherwise lists again at once, so a new service in
-    /// any group is read within a probe period, not a refresh interval.
-    /// `None` before any listing.
-    probed: Mutex<Option<(u64, Vec<Probe>)>>,
     /// Which services are read and subscribed to.
     selection: Mutex<Selection>,
 }
@@ -346,6 +339,11 @@ struct State {
     /// service (the newer one saw what came and went since), and only
     /// updates the services still tracked.
     listed_at: u64,
+    /// What the probe saw of every group (in `groups` order) just before
+    /// that listing: a probe that sees otherwise lists again at once, so a
+    /// new service in any group is read within a probe period, not a
+    /// refresh interval. `None` before any listing.
+    probed: Option<Vec<Probe>>,
 }
 
 /// A watched service: the record last sent and the number of the answer it
@@ -396,6 +394,8 @@ type Answer = (ServiceKey, u64, Option<Endpoints>);
 struct Read {
     /// A number taken after its probe and before it listed ([`State::listed_at`]).
     listed_at: u64,
+    /// Its probe, taken just before it listed ([`State::probed`]).
+    probed: Vec<Probe>,
     answers: Vec<Answer>,
 }
 
@@ -467,15 +467,8 @@ impl Ctx {
                 }
             }
         }
-        // A listing that began later (a probe's, beside this full read)
-        // already saw at least as much.
-        let mut last = self.probed.lock().unwrap_or_else(PoisonError::into_inner);
-        if last.as_ref().is_none_or(|(at, _)| *at < listed_at) {
-            *last = Some((listed_at, probed));
-        }
-        drop(last);
         self.health.ok();
-        Ok(Read { listed_at, answers: out })
+        Ok(Read { listed_at, probed, answers: out })
     }
 
     /// Probe every group, in `groups` order.
@@ -485,7 +478,7 @@ impl Ctx {
 
     /// Whether `probes` saw the groups as the last listing's probe did.
     fn probed_as_listed(&self, probes: &[Probe]) -> bool {
-        self.probed.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|(_, p)| p == probes)
+        self.state().probed.as_deref() == Some(probes)
     }
 
     /// A full sync, applied: one [`Update::Snapshot`], after an
@@ -526,11 +519,12 @@ impl Ctx {
     /// `snapshot`, all are sent as one [`Update::Snapshot`]; otherwise only
     /// the ones that changed, one [`Update::Upsert`] each.
     fn apply_sync(&self, read: Read, snapshot: bool, judge: Option<&Pushed>) {
-        let Read { listed_at, answers } = read;
+        let Read { listed_at, probed, answers } = read;
         let mut st = self.state();
         let newest = listed_at > st.listed_at;
         if newest {
             st.listed_at = listed_at;
+            st.probed = Some(probed);
         }
         let mut old = std::mem::take(&mut st.services);
         let (mut skipped, mut dropped_labels) = (0, 0);

@@ -133,7 +133,6 @@ fn ctx(groups: &[&str]) -> (Arc<Ctx>, mpsc::UnboundedReceiver<Event>) {
         sink,
         state: Mutex::default(),
         seq: AtomicU64::new(0),
-        probed: Mutex::default(),
         selection: Mutex::new(crate::select::Selection::all()),
     };
     (Arc::new(ctx), rx)
@@ -210,7 +209,7 @@ async fn an_older_answer_never_overwrites_a_newer_one() {
     assert_eq!(svc.endpoints[0].address, "10.0.0.2");
     // A full sync whose read of web was asked before that push keeps the push's.
     let answers = vec![(key.clone(), old, Some(endpoints(vec![instance("10.0.0.5", 80)])))];
-    ctx.apply_sync(Read { listed_at: old, answers }, true, None);
+    ctx.apply_sync(Read { listed_at: old, probed: Vec::new(), answers }, true, None);
     let events = drain(&mut rx);
     let Update::Snapshot(all) = updates(&events)[0] else { panic!() };
     assert_eq!(all[0].endpoints[0].address, "10.0.0.2");
