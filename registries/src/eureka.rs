@@ -202,7 +202,7 @@ impl EurekaWatcher {
     ) -> Result<(), Vec<RegistryError>> {
         let started = Instant::now();
         let (server, apps) = self.client.fetch(APPS).await?;
-        self.replace(st, server, Registry::from_full(apps.instances), sink, expected, started);
+        self.replace(st, server, Registry::from_full(apps.groups), sink, expected, started);
         Ok(())
     }
 
@@ -213,7 +213,7 @@ impl EurekaWatcher {
     async fn anti_entropy(&mut self, st: &mut State, server: usize, sink: &dyn Sink) -> Result<(), Vec<RegistryError>> {
         let started = Instant::now();
         let (answered_by, apps) = self.client.fetch(APPS).await?;
-        let read = Registry::from_full(apps.instances);
+        let read = Registry::from_full(apps.groups);
         if answered_by != server {
             info!(server = %self.client.servers()[answered_by], "another server answered; its registry replaces the copy");
             self.replace(st, answered_by, read, sink, None, started);
@@ -297,14 +297,14 @@ impl EurekaWatcher {
         };
         // Applied in place: if the hashcode then disagrees, a full fetch
         // replaces the copy anyway.
-        let changed = st.registry.apply_delta(&delta.instances);
+        let changed = st.registry.apply_delta(delta.instances());
         let local = st.registry.reconcile_hash_code();
-        let remote = delta.hashcode.unwrap_or_default();
+        let remote = delta.hashcode.clone().unwrap_or_default();
         if local != remote {
-            let entries = delta.instances.len();
+            let entries = delta.len();
             warn!(client = %local, server = %remote, entries, "reconcile hashcodes differ; full fetch");
             let listed: Vec<String> =
-                delta.instances.iter().map(|i| format!("{}/{} {} {:?}", i.app, i.id, i.status, i.action)).collect();
+                delta.instances().map(|i| format!("{}/{} {} {:?}", i.app, i.id, i.status, i.action)).collect();
             debug!(entries = ?listed, "the delta that disagreed");
             // What the copy would have served with this delta applied: the
             // full fetch's differences from it are what the deltas missed.
@@ -314,7 +314,7 @@ impl EurekaWatcher {
         match read {
             Some(read) => {
                 let held = std::mem::take(&mut st.registry);
-                st.registry = self.judge(st, held, read, &delta.instances, &remote, sink);
+                st.registry = self.judge(st, held, read, &delta, &remote, sink);
                 self.publish(st, sink);
             }
             None => self.publish_apps(st, sink, &changed),
@@ -339,11 +339,11 @@ impl EurekaWatcher {
         st: &State,
         held: Registry,
         mut read: Registry,
-        delta: &[decode::Instance],
+        delta: &decode::Applications,
         hashcode: &str,
         sink: &dyn Sink,
     ) -> Registry {
-        read.apply_delta(delta);
+        read.apply_delta(delta.instances());
         if read.reconcile_hash_code() != hashcode {
             debug!(read = %read.reconcile_hash_code(), server = %hashcode, "the full read is of another moment than the delta; not judged");
             return held;

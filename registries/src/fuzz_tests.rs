@@ -263,7 +263,7 @@ fn eureka_apps() -> impl Strategy<Value = Value> {
 
 fn check_eureka(full: &[u8], delta: &[u8]) -> Result<(), TestCaseError> {
     let Ok(full) = eureka::decode::decode_apps(full) else { return Ok(()) };
-    let mut reg = eureka::decode::Registry::from_full(full.instances);
+    let mut reg = eureka::decode::Registry::from_full(full.groups);
     let _ = reg.reconcile_hash_code();
     let naming = eureka::decode::Naming::new(&RegistrySpec::new(RegistryKind::Eureka, "e", "127.0.0.1", 8761));
     let first = naming.services(&reg, &BTreeMap::new(), &crate::Selection::all());
@@ -271,7 +271,7 @@ fn check_eureka(full: &[u8], delta: &[u8]) -> Result<(), TestCaseError> {
         check_service(svc)?;
     }
     if let Ok(delta) = eureka::decode::decode_apps(delta) {
-        reg.apply_delta(&delta.instances);
+        reg.apply_delta(delta.instances());
         let hash = reg.reconcile_hash_code();
         prop_assert!(hash.is_empty() || hash.ends_with('_'), "odd hashcode {hash:?}");
         for svc in naming.services(&reg, &first, &crate::Selection::all()).values() {

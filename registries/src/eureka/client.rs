@@ -380,7 +380,7 @@ mod tests {
         let whole = super::super::decode::decode_apps(&body).unwrap();
         let url = serve_once(body.clone(), 777).await;
         let streamed = fetch(&url, body.len()).await.unwrap();
-        assert_eq!(streamed.instances, whole.instances);
+        assert_eq!(streamed.groups, whole.groups);
         assert_eq!(
             (streamed.hashcode, streamed.digest),
             (whole.hashcode, whole.digest),
@@ -452,7 +452,7 @@ mod tests {
             let whole = super::super::decode::decode_apps(&body).unwrap();
 
             let Ok((0, Delta::New(first))) = client.fetch_delta(None).await else { panic!("no first delta") };
-            assert_eq!((first.instances.len(), first.digest), (apps, whole.digest));
+            assert_eq!((first.len(), first.digest), (apps, whole.digest));
             assert_eq!(served.swap(0, std::sync::atomic::Ordering::SeqCst), 1);
 
             let Ok((0, Delta::Same)) = client.fetch_delta(Some(whole.digest)).await else {
@@ -463,7 +463,7 @@ mod tests {
             let Ok((0, Delta::New(again))) = client.fetch_delta(Some(whole.digest ^ 1)).await else {
                 panic!("a new delta was not decoded")
             };
-            assert_eq!(again.instances, whole.instances);
+            assert_eq!(again.groups, whole.groups);
             assert_eq!(again.digest, whole.digest);
             assert_eq!(served.swap(0, std::sync::atomic::Ordering::SeqCst), requests_when_new, "{apps} apps");
         }

@@ -104,10 +104,25 @@ impl Instance {
 #[derive(Debug, Default)]
 pub(crate) struct Applications {
     pub hashcode: Option<String>,
-    pub instances: Vec<Instance>,
+    /// The instances, one group per `application` element of the answer,
+    /// in its order: a full answer's groups become the registry's apps
+    /// as they are ([`Registry::from_full`]), never gathered into one
+    /// catalog-sized list first.
+    pub groups: Vec<Vec<Instance>>,
     /// A digest of the answer's bytes: the same delta again is told apart
     /// without being applied.
     pub digest: u64,
+}
+
+impl Applications {
+    /// Every instance, in the answer's order.
+    pub fn instances(&self) -> impl Iterator<Item = &Instance> {
+        self.groups.iter().flatten()
+    }
+
+    pub fn len(&self) -> usize {
+        self.groups.iter().map(Vec::len).sum()
+    }
 }
 
 #[derive(Deserialize)]
@@ -128,7 +143,22 @@ struct AppJson {
     #[serde(default)]
     name: String,
     #[serde(default, deserialize_with = "one_or_many")]
-    instance: Vec<RawInstance>,
+    instance: Vec<Decoded>,
+}
+
+/// One instance, turned into an [`Instance`] as soon as its object is read,
+/// so that only one [`RawInstance`] exists at a time. `None`: it has no id.
+/// The flag says whether it named its own `app`; if not, the application
+/// element's name is filled in once that is known (it may come after the
+/// instances).
+#[derive(Deserialize)]
+#[serde(from = "RawInstance")]
+struct Decoded(Option<(Instance, bool)>);
+
+impl From<RawInstance> for Decoded {
+    fn from(raw: RawInstance) -> Decoded {
+        Decoded(instance_from(raw))
+    }
 }
 
 /// An instance as the JSON has it, decoded straight into the fields we
@@ -380,36 +410,45 @@ pub(crate) fn decode_reader(
 }
 
 fn applications(root: Root, digest: u64) -> Result<Applications, serde_json::Error> {
-    let mut instances = Vec::new();
+    let mut groups = Vec::with_capacity(root.applications.application.len());
     for app in root.applications.application {
-        for raw in app.instance {
-            match instance_from(raw, &app.name) {
-                Some(i) => instances.push(i),
+        let mut group = Vec::with_capacity(app.instance.len());
+        for Decoded(decoded) in app.instance {
+            match decoded {
+                Some((i, true)) => group.push(i),
+                Some((i, false)) => group.push(Instance { app: app.name.to_uppercase(), ..i }),
                 None => debug!(app = %app.name, "instance without instanceId or hostName ignored"),
             }
         }
+        groups.push(group);
     }
-    Ok(Applications { hashcode: root.applications.hashcode, instances, digest })
+    Ok(Applications { hashcode: root.applications.hashcode, groups, digest })
 }
 
-/// One instance from its JSON object (tests).
+/// One instance from its JSON object, filed under `app_name` when it names
+/// no app of its own (tests).
 #[cfg(test)]
 fn instance_of(raw: &serde_json::Map<String, serde_json::Value>, app_name: &str) -> Option<Instance> {
     let raw: RawInstance = serde_json::from_value(serde_json::Value::Object(raw.clone())).ok()?;
-    instance_from(raw, app_name)
+    let (i, own_app) = instance_from(raw)?;
+    Some(if own_app { i } else { Instance { app: app_name.to_uppercase(), ..i } })
 }
 
-fn instance_from(raw: RawInstance, app_name: &str) -> Option<Instance> {
+/// An instance, and whether it named its own app (the app is empty if
+/// not).
+fn instance_from(raw: RawInstance) -> Option<(Instance, bool)> {
     let id = raw.instance_id.text().or_else(|| raw.host_name.text())?;
     // `updateDelta` files an instance under its own appName.
-    let app = raw.app.text().unwrap_or_else(|| app_name.to_string()).to_uppercase();
+    let app = raw.app.text().map(|a| a.to_uppercase());
+    let own_app = app.is_some();
+    let app = app.unwrap_or_default();
     let action = match raw.action_type.text().as_deref() {
         Some("ADDED") => Some(Action::Added),
         Some("MODIFIED") => Some(Action::Modified),
         Some("DELETED") => Some(Action::Deleted),
         _ => None,
     };
-    Some(Instance {
+    let instance = Instance {
         id,
         app,
         ip_addr: raw.ip_addr.text(),
@@ -418,7 +457,8 @@ fn instance_from(raw: RawInstance, app_name: &str) -> Option<Instance> {
         secure_port: port_of(raw.secure_port, false),
         metadata: raw.metadata.0,
         action,
-    })
+    };
+    Some((instance, own_app))
 }
 
 /// `InstanceStatus.toEnum`: case-insensitive, UNKNOWN for anything else.
@@ -434,22 +474,102 @@ fn port_of(raw: RawPort, enabled_by_default: bool) -> Option<PortInfo> {
     Some(PortInfo { number, enabled })
 }
 
-/// Our copy of the server's registry: app -> instance id -> instance, every
+/// One app's instances, sorted by id. An app has a few instances as a
+/// rule, and a vector holds them at their own size, where a map's node is
+/// sized for eleven: at 100k apps of 3 instances that node was 1.7 KB an
+/// app, most of the copy's memory.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct App(Vec<Instance>);
+
+impl App {
+    /// From one answer's instances of this app: sorted by id, the last of
+    /// a repeated id kept (as inserting them one by one would), actions
+    /// cleared.
+    fn from_instances(mut instances: Vec<Instance>) -> App {
+        instances.reverse();
+        // Stable: of equal ids the last listed comes first now, and
+        // `dedup_by` keeps the first of each run.
+        instances.sort_by(|a, b| a.id.cmp(&b.id));
+        instances.dedup_by(|a, b| a.id == b.id);
+        for i in &mut instances {
+            i.action = None;
+        }
+        instances.shrink_to_fit();
+        App(instances)
+    }
+
+    fn find(&self, id: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|i| i.id.as_str().cmp(id))
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Instance> {
+        self.find(id).ok().map(|at| &self.0[at])
+    }
+
+    /// Hold `i`, returning the instance it replaced.
+    fn insert(&mut self, i: Instance) -> Option<Instance> {
+        match self.find(&i.id) {
+            Ok(at) => Some(std::mem::replace(&mut self.0[at], i)),
+            Err(at) => {
+                self.0.insert(at, i);
+                None
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &str) -> Option<Instance> {
+        self.find(id).ok().map(|at| self.0.remove(at))
+    }
+
+    pub fn values(&self) -> std::slice::Iter<'_, Instance> {
+        self.0.iter()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::ops::Index<&str> for App {
+    type Output = Instance;
+
+    fn index(&self, id: &str) -> &Instance {
+        self.get(id).expect("no instance with that id")
+    }
+}
+
+/// Our copy of the server's registry: app -> its instances by id, every
 /// status included, as the Eureka client keeps it, with the number of
 /// instances in each status kept as it changes (the reconcile hashcode
 /// without a walk). Instances are held without their delta action.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Registry {
-    pub apps: BTreeMap<String, BTreeMap<String, Instance>>,
+    pub apps: BTreeMap<String, App>,
     counts: BTreeMap<&'static str, usize>,
 }
 
 impl Registry {
-    pub fn from_full(instances: Vec<Instance>) -> Registry {
+    /// From a full answer's groups ([`Applications::groups`]). A group
+    /// whose instances all name one app not seen before becomes that app
+    /// as it is; any other instance is put one at a time.
+    pub fn from_full(groups: Vec<Vec<Instance>>) -> Registry {
         let mut reg = Registry::default();
-        for mut i in instances {
-            i.action = None;
-            reg.put(i);
+        for group in groups {
+            let Some(first) = group.first() else { continue };
+            let whole = !reg.apps.contains_key(&first.app) && group.iter().all(|i| i.app == first.app);
+            if whole {
+                let name = first.app.clone();
+                let app = App::from_instances(group);
+                for i in app.values() {
+                    *reg.counts.entry(i.status).or_default() += 1;
+                }
+                reg.apps.insert(name, app);
+            } else {
+                for mut i in group {
+                    i.action = None;
+                    reg.put(i);
+                }
+            }
         }
         reg
     }
@@ -461,7 +581,7 @@ impl Registry {
             return false;
         }
         *self.counts.entry(i.status).or_default() += 1;
-        if let Some(old) = app.insert(i.id.clone(), i) {
+        if let Some(old) = app.insert(i) {
             self.uncount(old.status);
         }
         true
@@ -483,7 +603,7 @@ impl Registry {
     /// changed: an entry that repeats what is held (the server's delta
     /// queue keeps every change of its last three minutes, so most entries
     /// of a delta usually do) costs a comparison, and no copy.
-    pub fn apply_delta(&mut self, delta: &[Instance]) -> BTreeSet<String> {
+    pub fn apply_delta<'a>(&mut self, delta: impl IntoIterator<Item = &'a Instance>) -> BTreeSet<String> {
         let mut changed = BTreeSet::new();
         for i in delta {
             match i.action {

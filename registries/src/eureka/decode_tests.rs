@@ -43,20 +43,19 @@ fn full_answer_decodes() {
     );
     let apps = decode_apps(&b).unwrap();
     assert_eq!(apps.hashcode.as_deref(), Some("DOWN_1_UP_2_"));
-    let ids: Vec<(&str, &str, &str)> =
-        apps.instances.iter().map(|i| (i.app.as_str(), i.id.as_str(), i.status)).collect();
+    let ids: Vec<(&str, &str, &str)> = apps.instances().map(|i| (i.app.as_str(), i.id.as_str(), i.status)).collect();
     assert_eq!(ids, vec![("ORDERS", "o1", "UP"), ("ORDERS", "o2", "DOWN"), ("PAY_API", "p1", "UP")]);
-    let o1 = &apps.instances[0];
+    let o1 = apps.instances().next().unwrap();
     assert_eq!(o1.port, Some(PortInfo { number: 8080, enabled: true }));
     assert_eq!(o1.secure_port, Some(PortInfo { number: 443, enabled: false }));
     assert!(o1.metadata.is_empty(), "@class is the codec's empty-map marker");
-    assert_eq!(Registry::from_full(apps.instances).reconcile_hash_code(), "DOWN_1_UP_2_");
+    assert_eq!(Registry::from_full(apps.groups).reconcile_hash_code(), "DOWN_1_UP_2_");
 
     let single = json!({"applications": {"apps__hashcode": "UP_1_",
         "application": {"name": "A", "instance": inst("A", "a1", "10.0.0.9", 80, "UP")}}});
-    assert_eq!(decode_apps(single.to_string().as_bytes()).unwrap().instances.len(), 1);
+    assert_eq!(decode_apps(single.to_string().as_bytes()).unwrap().len(), 1);
     let empty = json!({"applications": {"versions__delta": "1", "apps__hashcode": "", "application": []}});
-    assert!(decode_apps(empty.to_string().as_bytes()).unwrap().instances.is_empty());
+    assert!(decode_apps(empty.to_string().as_bytes()).unwrap().len() == 0);
 }
 
 #[test]
@@ -102,11 +101,11 @@ fn action(v: Value, action: &str) -> Value {
 
 #[test]
 fn delta_adds_modifies_and_deletes() {
-    let mut reg = Registry::from_full(instances(vec![
+    let mut reg = Registry::from_full(vec![instances(vec![
         inst("A", "a1", "10.0.0.1", 80, "UP"),
         inst("A", "a2", "10.0.0.2", 80, "UP"),
         inst("B", "b1", "10.0.1.1", 80, "UP"),
-    ]));
+    ])]);
     assert_eq!(reg.reconcile_hash_code(), "UP_3_");
     reg.apply_delta(&instances(vec![
         action(inst("C", "c1", "10.0.2.1", 80, "STARTING"), "ADDED"),
@@ -138,11 +137,11 @@ fn walked_hash_code(reg: &Registry) -> String {
 /// come again round after round) change nothing and name nothing.
 #[test]
 fn a_delta_names_the_apps_it_changed_and_repeats_change_nothing() {
-    let mut reg = Registry::from_full(instances(vec![
+    let mut reg = Registry::from_full(vec![instances(vec![
         inst("A", "a1", "10.0.0.1", 80, "UP"),
         inst("B", "b1", "10.0.1.1", 80, "UP"),
         inst("C", "c1", "10.0.2.1", 80, "UP"),
-    ]));
+    ])]);
     let delta = instances(vec![
         action(inst("A", "a1", "10.0.0.1", 80, "UP"), "ADDED"),
         action(inst("B", "b1", "10.0.1.1", 80, "DOWN"), "MODIFIED"),
@@ -181,8 +180,8 @@ fn unknown_and_nested_fields_are_skipped_unread() {
         "UP_1_",
     );
     let apps = decode_apps(&b).unwrap();
-    assert_eq!(apps.instances.len(), 1);
-    let i = &apps.instances[0];
+    assert_eq!(apps.len(), 1);
+    let i = apps.instances().next().unwrap();
     assert_eq!((i.id.as_str(), i.ip_addr.as_deref()), ("a1", Some("10.0.0.1")));
     assert_eq!((i.port, i.secure_port), (None, None), "a port that is an array or null is no port");
     assert!(i.metadata.is_empty());
@@ -191,13 +190,13 @@ fn unknown_and_nested_fields_are_skipped_unread() {
 
 #[test]
 fn hashcode_counts_status_not_overrides_in_treemap_order() {
-    let reg = Registry::from_full(instances(vec![
+    let reg = Registry::from_full(vec![instances(vec![
         inst("A", "a1", "10.0.0.1", 80, "UP"),
         with(inst("A", "a2", "10.0.0.2", 80, "UP"), json!({"overriddenstatus": "OUT_OF_SERVICE"})),
         inst("B", "b1", "10.0.0.3", 80, "OUT_OF_SERVICE"),
         inst("B", "b2", "10.0.0.4", 80, "DOWN"),
         inst("B", "b3", "10.0.0.5", 80, "UNKNOWN"),
-    ]));
+    ])]);
     assert_eq!(reg.reconcile_hash_code(), "DOWN_1_OUT_OF_SERVICE_1_UNKNOWN_1_UP_2_");
 }
 
@@ -211,7 +210,7 @@ fn eps(s: &Service) -> Vec<String> {
 
 #[test]
 fn only_up_instances_count_and_the_status_decides_not_the_override() {
-    let reg = Registry::from_full(instances(vec![
+    let reg = Registry::from_full(vec![instances(vec![
         with(inst("ORDERS", "o1", "10.0.0.1", 8081, "UP"), json!({"metadata": {"version": "v1", "zone": "a b"}})),
         inst("ORDERS", "o2", "10.0.0.2", 8080, "DOWN"),
         inst("ORDERS", "o3", "10.0.0.3", 8080, "OUT_OF_SERVICE"),
@@ -222,7 +221,7 @@ fn only_up_instances_count_and_the_status_decides_not_the_override() {
         with(inst("ORDERS", "o7", "10.0.0.7", 8083, "UP"), json!({"overriddenStatus": "UP"})),
         inst("ORDERS", "o6", "not-an-ip", 8080, "UP"),
         inst("Pay_Api", "p1", "::ffff:10.0.0.9", 9000, "DOWN"),
-    ]));
+    ])]);
     let services = naming(&spec(), &reg);
     let hosts: Vec<&str> = services.keys().map(String::as_str).collect();
     assert_eq!(hosts, vec!["orders.eureka", "pay-api.eureka"]);
@@ -246,7 +245,7 @@ fn secure(v: Value, port: u16) -> Value {
 
 #[test]
 fn secure_ports_vports_and_protocols() {
-    let reg = Registry::from_full(instances(vec![
+    let reg = Registry::from_full(vec![instances(vec![
         secure(inst("S", "s1", "10.0.0.1", 8080, "UP"), 8443),
         secure(inst("S", "s2", "10.0.0.2", 8080, "UP"), 8444),
         inst("S", "s3", "10.0.0.3", 8080, "DOWN"),
@@ -254,7 +253,7 @@ fn secure_ports_vports_and_protocols() {
         secure(inst("M", "m1", "10.0.1.1", 8080, "UP"), 8443),
         with(inst("M", "m2", "10.0.1.2", 8081, "UP"), json!({"port": {"$": 8081, "@enabled": "false"}})),
         inst("M", "m3", "10.0.1.3", 8082, "UP"),
-    ]));
+    ])]);
     let mut spec = spec();
     spec.sni = Some("s.example.com".into());
     let services = naming(&spec, &reg);
@@ -277,11 +276,11 @@ fn secure_ports_vports_and_protocols() {
 
 #[test]
 fn only_selected_apps_become_services() {
-    let reg = Registry::from_full(instances(vec![
+    let reg = Registry::from_full(vec![instances(vec![
         inst("ORDERS", "o1", "10.0.0.1", 8081, "UP"),
         inst("PAY", "p1", "10.0.0.2", 8080, "UP"),
         inst("CART", "c1", "10.0.0.3", 8080, "UP"),
-    ]));
+    ])]);
     let (_tx, rx) = tokio::sync::watch::channel(std::sync::Arc::new(["orders.eureka".to_string()].into()));
     let spec_all = crate::WatchSpec { mode: crate::WatchMode::Referenced, include: vec!["c.*".into()] };
     let selection = crate::Selector::new("e", Some(&spec_all), rx).unwrap().current();
@@ -289,4 +288,42 @@ fn only_selected_apps_become_services() {
     let hosts: Vec<&str> = services.keys().map(String::as_str).collect();
     assert_eq!(hosts, ["cart.eureka", "orders.eureka"]);
     assert_eq!(reg.reconcile_hash_code(), "UP_3_", "the copy keeps every app for the delta hashcode");
+}
+
+/// A full answer's groups become the copy that putting its instances one
+/// at a time, in the answer's order, would give: an id listed twice keeps
+/// its last listing, an app split over two `application` elements or named
+/// differently by its instances is merged, and each app's instances are
+/// held sorted by id whatever order they came in.
+#[test]
+fn a_full_answer_becomes_the_copy_that_one_put_at_a_time_gives() {
+    let b = body(
+        json!([
+            {"name": "A", "instance": [
+                inst("A", "a3", "10.0.0.3", 80, "UP"),
+                inst("A", "a1", "10.0.0.1", 80, "UP"),
+                inst("A", "a3", "10.0.0.4", 81, "DOWN"),
+                inst("A", "a2", "10.0.0.2", 80, "STARTING"),
+            ]},
+            {"name": "B", "instance": [inst("B", "b1", "10.0.1.1", 80, "UP"), inst("A", "a0", "10.0.0.9", 80, "UP")]},
+            {"name": "A", "instance": [inst("A", "a1", "10.0.0.5", 82, "OUT_OF_SERVICE")]},
+            {"name": "C", "instance": []},
+        ]),
+        "",
+    );
+    let apps = decode_apps(&b).unwrap();
+    let mut one_by_one = Registry::default();
+    for i in apps.instances() {
+        one_by_one.put(Instance { action: None, ..i.clone() });
+    }
+    let reg = Registry::from_full(apps.groups);
+    assert_eq!(reg, one_by_one);
+    let ids: Vec<(&str, &str, u16)> = reg
+        .apps
+        .iter()
+        .flat_map(|(app, a)| a.values().map(move |i| (app.as_str(), i.id.as_str(), i.port.unwrap().number)))
+        .collect();
+    assert_eq!(ids, vec![("A", "a0", 80), ("A", "a1", 82), ("A", "a2", 80), ("A", "a3", 81), ("B", "b1", 80)]);
+    assert_eq!(reg.reconcile_hash_code(), "DOWN_1_OUT_OF_SERVICE_1_STARTING_1_UP_2_");
+    assert_eq!(reg.reconcile_hash_code(), walked_hash_code(&reg));
 }
