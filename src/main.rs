@@ -40,7 +40,8 @@ fn bound_malloc_arenas() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn bound_malloc_arenas() {}
 
-/// How often the free heap is looked at, and how much of it may stay.
+/// How often resident memory is looked at, and by how much it may grow
+/// before free heap is given back.
 const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 const FREE_HEAP_KEPT: usize = 64 << 20;
 
@@ -48,16 +49,18 @@ const FREE_HEAP_KEPT: usize = 64 << 20;
 /// what a catalog-sized read frees in the middle (Eureka's full read of
 /// 100k apps, a snapshot's translation) stays resident, though free, until
 /// the process ends. A thread of its own looks every [`TRIM_EVERY`] and,
-/// when more than [`FREE_HEAP_KEPT`] of resident memory is free heap, gives
-/// the free pages back ([`trim_free_heap`]; BENCHMARKS.md, Eureka at 100k).
+/// when resident memory has grown by more than [`FREE_HEAP_KEPT`] since
+/// the last trim, gives the free pages back ([`Trimmer`]; BENCHMARKS.md,
+/// Eureka at 100k).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn return_free_heap() {
     let spawned = std::thread::Builder::new().name("heap-trim".into()).spawn(|| {
+        let mut trimmer = Trimmer::new();
         loop {
             std::thread::sleep(TRIM_EVERY);
             let started = std::time::Instant::now();
-            if let Some(free) = trim_free_heap(FREE_HEAP_KEPT) {
-                tracing::debug!(target: "meshbridge::heap", free_resident_bytes = free, took = ?started.elapsed(), "free heap returned");
+            if let Some((before, after)) = trimmer.step(FREE_HEAP_KEPT) {
+                tracing::debug!(target: "meshbridge::heap", before, after, took = ?started.elapsed(), "free heap returned");
             }
         }
     });
@@ -66,31 +69,51 @@ fn return_free_heap() {
     }
 }
 
-/// When more than `kept` bytes of the process's resident memory are heap
-/// that malloc holds free (resident anonymous memory less what malloc has
-/// handed out), has `malloc_trim` give every free page back, and returns
-/// that many bytes. Once given back they are no longer resident, so the
-/// next look trims again only when as much is free and resident again.
+/// Trims when resident memory passes its low point since the last trim by
+/// more than a limit. Only `/proc/self/statm` is read between trims:
+/// malloc's own statistics (`mallinfo2`) walk every free chunk under the
+/// arena's lock, 0.2 s at 100k services.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+struct Trimmer {
+    /// Resident anonymous bytes after the last trim, or lower since.
+    low: usize,
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+impl Trimmer {
+    fn new() -> Trimmer {
+        Trimmer { low: anon_resident().unwrap_or(0) }
+    }
+
+    /// Resident memory before and after a trim, when one was made.
+    #[allow(unsafe_code)]
+    fn step(&mut self, kept: usize) -> Option<(usize, usize)> {
+        let before = anon_resident()?;
+        if before.saturating_sub(self.low) <= kept {
+            self.low = self.low.min(before);
+            return None;
+        }
+        // SAFETY: malloc_trim only releases free pages; any thread may call
+        // it at any time.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        let after = anon_resident()?;
+        self.low = after;
+        Some((before, after))
+    }
+}
+
+/// Resident memory less file-backed pages: the heap, stacks and the like.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
-fn trim_free_heap(kept: usize) -> Option<usize> {
+fn anon_resident() -> Option<usize> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let mut pages = statm.split_whitespace().skip(1).map(|n| n.parse::<usize>().ok());
     let (resident, shared) = (pages.next()??, pages.next()??);
     // SAFETY: sysconf only reads a system constant.
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
-    // SAFETY: mallinfo2 only reads malloc's statistics.
-    let info = unsafe { libc::mallinfo2() };
-    let idle = resident.saturating_sub(shared).saturating_mul(page).saturating_sub(info.uordblks + info.hblkhd);
-    if idle <= kept {
-        return None;
-    }
-    // SAFETY: malloc_trim only releases free pages; any thread may call it
-    // at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-    Some(idle)
+    Some(resident.saturating_sub(shared).saturating_mul(page))
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
@@ -98,27 +121,21 @@ fn return_free_heap() {}
 
 #[cfg(all(test, target_os = "linux", target_env = "gnu"))]
 mod tests {
-    use super::trim_free_heap;
-
-    fn rss_bytes() -> usize {
-        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-        let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-        pages * 4096
-    }
+    use super::{Trimmer, anon_resident};
 
     /// Free memory in the middle of the heap (small blocks, most of them
     /// freed, a few kept on every page run) stays resident until trimmed.
     #[test]
-    fn free_heap_in_the_middle_is_given_back_above_the_limit_only() {
+    fn free_heap_in_the_middle_is_given_back_once_resident_memory_grew_past_the_limit() {
+        let mut trimmer = Trimmer::new();
         let blocks: Vec<Vec<u8>> = (0..400_000).map(|i| vec![i as u8; 500]).collect();
         let kept: Vec<Vec<u8>> = blocks.into_iter().step_by(64).collect();
-        assert_eq!(trim_free_heap(usize::MAX), None, "below the limit nothing is trimmed");
-        let before = rss_bytes();
-        let free = trim_free_heap(64 << 20).expect("about 200 MB were freed");
-        let after = rss_bytes();
-        assert!(free > 150 << 20, "free {free}");
+        let mut later = Trimmer::new();
+        assert_eq!(later.step(64 << 20), None, "no growth since its low point: nothing is trimmed");
+        let (before, after) = trimmer.step(64 << 20).expect("resident memory grew by about 200 MB");
         assert!(before.saturating_sub(after) > 100 << 20, "RSS {before} -> {after}");
-        assert_eq!(trim_free_heap(64 << 20), None, "what was given back is not resident: no second trim");
+        assert!(anon_resident().unwrap() < before - (100 << 20));
+        assert_eq!(trimmer.step(64 << 20), None, "what was given back is not resident: no second trim");
         assert_eq!(kept.len(), 6250);
     }
 
