@@ -161,6 +161,15 @@ impl From<RawInstance> for Decoded {
     }
 }
 
+impl Decoded {
+    /// The instance, under `app_name` (the enclosing element's) when it
+    /// named no app of its own.
+    fn filed_under(self, app_name: &str) -> Option<Instance> {
+        let (i, own_app) = self.0?;
+        Some(if own_app { i } else { Instance { app: app_name.to_uppercase(), ..i } })
+    }
+}
+
 /// An instance as the JSON has it, decoded straight into the fields we
 /// use: every other field is skipped as it is read, so no document tree is
 /// ever built (a delta at 10k apps can be tens of MB). Each field takes
@@ -413,10 +422,9 @@ fn applications(root: Root, digest: u64) -> Result<Applications, serde_json::Err
     let mut groups = Vec::with_capacity(root.applications.application.len());
     for app in root.applications.application {
         let mut group = Vec::with_capacity(app.instance.len());
-        for Decoded(decoded) in app.instance {
-            match decoded {
-                Some((i, true)) => group.push(i),
-                Some((i, false)) => group.push(Instance { app: app.name.to_uppercase(), ..i }),
+        for decoded in app.instance {
+            match decoded.filed_under(&app.name) {
+                Some(i) => group.push(i),
                 None => debug!(app = %app.name, "instance without instanceId or hostName ignored"),
             }
         }
@@ -430,8 +438,7 @@ fn applications(root: Root, digest: u64) -> Result<Applications, serde_json::Err
 #[cfg(test)]
 fn instance_of(raw: &serde_json::Map<String, serde_json::Value>, app_name: &str) -> Option<Instance> {
     let raw: RawInstance = serde_json::from_value(serde_json::Value::Object(raw.clone())).ok()?;
-    let (i, own_app) = instance_from(raw)?;
-    Some(if own_app { i } else { Instance { app: app_name.to_uppercase(), ..i } })
+    Decoded::from(raw).filed_under(app_name)
 }
 
 /// An instance, and whether it named its own app (the app is empty if
